@@ -1,0 +1,29 @@
+"""Shared test set-up: offline assets from ../shared, and small helpers."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT))
+
+# Tests never touch the network: point tiktoken and the shakespeare source at the local copies.
+if (SHARED / "tiktoken_cache").is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken_cache"))
+if (SHARED / "data/tinyshakespeare/input.txt").is_file():
+    os.environ.setdefault("SMALLGPT_SHAKESPEARE", str(SHARED / "data/tinyshakespeare/input.txt"))
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def shakespeare_path() -> Path:
+    p = Path(os.environ["SMALLGPT_SHAKESPEARE"])
+    assert p.is_file(), f"tiny shakespeare not found at {p}"
+    return p
