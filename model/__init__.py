@@ -1,0 +1,3 @@
+from .gpt import GPT, GPTConfig, KVCache
+
+__all__ = ["GPT", "GPTConfig", "KVCache"]

@@ -1,0 +1,186 @@
+"""Conversion between our GPT and HF transformers' GPT-2 format (config.json + safetensors).
+
+Our parameter names are GPT-2's, so the only change is that HF's Conv1D stores its weight as
+(in, out) where nn.Linear stores (out, in): those four matrices per block are transposed.
+
+CLI:  python -m model.hf export --checkpoint out/small --out gpt2-small-hf
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+# the Conv1D weights of HF's GPT-2; every other tensor has the same layout in both
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+HF_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
+
+
+def _config_from_hf(hf: dict, **overrides):
+    from .gpt import GPTConfig
+
+    act = hf.get("activation_function", "gelu_new")
+    if act not in HF_ACTIVATIONS:
+        raise ValueError(f"unsupported activation_function {act!r} in config.json; expected one of {sorted(HF_ACTIVATIONS)}")
+    n_inner = hf.get("n_inner")
+    if n_inner not in (None, 4 * hf["n_embd"]):
+        raise ValueError(f"unsupported n_inner={n_inner} in config.json: this GPT uses 4 * n_embd")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if hf.get(flag):
+            raise ValueError(f"unsupported {flag}=true in config.json")
+    if hf.get("scale_attn_weights") is False:
+        raise ValueError("unsupported scale_attn_weights=false in config.json")
+    fields = dict(
+        block_size=hf["n_positions"],
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        n_embd=hf["n_embd"],
+        bias=True,
+        gelu_approximate=HF_ACTIVATIONS[act],
+        layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        dropout=0.0,
+    )
+    fields.update(overrides)
+    return GPTConfig(**fields)
+
+
+def _resolve_dir(name_or_dir: str) -> Path:
+    path = Path(name_or_dir)
+    if path.is_dir():
+        return path
+    # not a local directory: a hub name such as "gpt2" or "gpt2-medium" (needs the network once)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name_or_dir, allow_patterns=["config.json", "*.safetensors"]))
+    except Exception as e:  # offline, unknown repo, ...: the caller turns this into a clear message
+        raise FileNotFoundError(
+            f"{name_or_dir!r} is neither a local HF directory nor a reachable hub model ({type(e).__name__})"
+        ) from e
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if (path / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").is_file():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
+
+
+def load_hf_gpt2(cls, name_or_dir: str, **overrides):
+    path = _resolve_dir(name_or_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
+    config = _config_from_hf(json.loads((path / "config.json").read_text()), **overrides)
+    hf_sd = _read_state_dict(path)
+
+    model = cls(config)
+    ours = model.state_dict()
+    converted = {}
+    for key, tensor in hf_sd.items():
+        if not key.startswith(("transformer.", "lm_head.")):
+            key = "transformer." + key  # the original OpenAI-converted files have no "transformer." prefix
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers of older HF versions, not weights
+        if key == "lm_head.weight":
+            continue  # tied to wte
+        if key not in ours:
+            raise ValueError(f"unexpected tensor {key!r} in the HF checkpoint")
+        converted[key] = tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor
+    ours_names = {k for k in ours if k != "lm_head.weight"}
+    missing = ours_names - converted.keys()
+    if missing:
+        raise ValueError(f"the HF checkpoint lacks {sorted(missing)[:4]}")
+    for key, tensor in converted.items():
+        if tensor.shape != ours[key].shape:
+            raise ValueError(f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(ours[key].shape)}")
+    model.load_state_dict(converted, strict=False)  # strict=False only for the tied lm_head.weight
+    return model
+
+
+def export_hf_gpt2(model, out_dir, eos_token_id: int | None = None) -> None:
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for key, tensor in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # HF ties it to wte on load (tie_word_embeddings defaults to true)
+        tensor = tensor.detach().float().cpu()
+        tensors[key] = (tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor).contiguous()
+    if not cfg.bias:
+        # HF's GPT-2 always has biases: zeros are exactly "no bias"
+        for name, module in model.named_modules():
+            if hasattr(module, "weight") and getattr(module, "bias", None) is None and name != "lm_head":
+                if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)):
+                    n_out = module.weight.shape[0]
+                    tensors[f"{name}.bias"] = torch.zeros(n_out)
+    if eos_token_id is None and cfg.vocab_size > 50256:
+        eos_token_id = 50256  # GPT-2's <|endoftext|>
+    hf_config = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.block_size,
+        "n_ctx": cfg.block_size,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new" if cfg.gelu_approximate == "tanh" else "gelu",
+        "layer_norm_epsilon": cfg.layer_norm_eps,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "initializer_range": 0.02,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    # write each file beside its final name, then rename, so a crash never leaves half a directory
+    tmp = out / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(hf_config, indent=2) + "\n")
+    os.replace(tmp, out / "config.json")
+
+
+def main(argv=None) -> int:
+    from errors import UserError
+
+    p = argparse.ArgumentParser(prog="python -m model.hf", description="Export a checkpoint to HF GPT-2 format.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="write an HF GPT-2 directory from one of our checkpoints")
+    ex.add_argument("--checkpoint", required=True, help="a ckpt.pt file or a training out_dir")
+    ex.add_argument("--out", required=True, help="the directory to write (config.json, model.safetensors)")
+    args = p.parse_args(argv)
+
+    from training.checkpoint import load_checkpoint
+
+    from .gpt import GPT, GPTConfig
+
+    ckpt = load_checkpoint(args.checkpoint)
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    out = Path(args.out)
+    if (out / "model.safetensors").exists():
+        raise UserError(f"{out} already holds an exported model; choose another --out or delete it first")
+    model.export_hf(out)
+    print(f"wrote {out}/config.json and {out}/model.safetensors")
+    return 0
+
+
+if __name__ == "__main__":
+    from errors import run_cli
+
+    run_cli(main)
