@@ -1,0 +1,255 @@
+"""The model against outside references: torch's SDPA, a textbook attention written here, HF GPT-2."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig
+
+TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=24, vocab_size=97)
+
+
+def tiny(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**TINY, **kw}))
+
+
+def twin_models(**kw) -> tuple[GPT, GPT]:
+    """The same weights under both attention backends."""
+    sdpa = tiny(attn_backend="sdpa", **kw)
+    manual = GPT(GPTConfig(**{**TINY, **kw, "attn_backend": "manual"}))
+    manual.load_state_dict(sdpa.state_dict())
+    return sdpa, manual
+
+
+def tokens(B=3, T=24, vocab=TINY["vocab_size"], seed=1):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def left_pad(seqs: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(s) for s in seqs)
+    idx = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        idx[i, T - len(s):] = s
+        mask[i, T - len(s):] = True
+    return idx, mask
+
+
+# ---------------------------------------------------------------- manual vs sdpa
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_manual_and_sdpa_backends_agree_on_logits_and_all_gradients(dropout):
+    sdpa, manual = twin_models(dropout=dropout)
+    idx, targets = tokens(), tokens(seed=2)
+    if dropout:
+        # dropout masks come from different random streams in the two backends, so with dropout
+        # configured the comparison is in eval mode, where dropout is the identity
+        sdpa.eval(), manual.eval()
+    _, loss_s = sdpa(idx, targets)
+    _, loss_m = manual(idx, targets)
+    torch.testing.assert_close(sdpa(idx), manual(idx), rtol=0, atol=1e-5)
+    loss_s.backward()
+    loss_m.backward()
+    grads_m = dict(manual.named_parameters())
+    for name, p in sdpa.named_parameters():
+        torch.testing.assert_close(p.grad, grads_m[name].grad, rtol=0, atol=1e-5, msg=name)
+
+
+def test_manual_and_sdpa_backends_agree_with_a_padding_mask():
+    sdpa, manual = twin_models()
+    idx, mask = left_pad([tokens(1, 24)[0], tokens(1, 9, seed=3)[0], tokens(1, 1, seed=4)[0]])
+    out_s = sdpa(idx, pad_mask=mask)
+    out_m = manual(idx, pad_mask=mask)
+    torch.testing.assert_close(out_s[mask], out_m[mask], rtol=0, atol=1e-5)
+    targets = tokens(seed=2)
+    targets[~mask] = -1  # the loss, and so the gradients, see real positions only
+    sdpa(idx, targets, pad_mask=mask)[1].backward()
+    manual(idx, targets, pad_mask=mask)[1].backward()
+    grads_m = dict(manual.named_parameters())
+    for name, p in sdpa.named_parameters():
+        torch.testing.assert_close(p.grad, grads_m[name].grad, rtol=0, atol=1e-5, msg=name)
+
+
+# ---------------------------------------------------------------- textbook reference
+
+
+def textbook_attention(attn, x: torch.Tensor) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d) + causal) V, one head at a time, from the module's raw weights."""
+    B, T, C = x.shape
+    nh, hs = attn.n_head, C // attn.n_head
+    W, b = attn.c_attn.weight, attn.c_attn.bias  # (3C, C), (3C,)
+    out = torch.zeros(B, T, C)
+    for h in range(nh):
+        rows = lambda part: slice(part * C + h * hs, part * C + (h + 1) * hs)  # noqa: E731
+        q = x @ W[rows(0)].T + b[rows(0)]
+        k = x @ W[rows(1)].T + b[rows(1)]
+        v = x @ W[rows(2)].T + b[rows(2)]
+        scores = q @ k.transpose(1, 2) / math.sqrt(hs)
+        future = torch.arange(T)[None, :] > torch.arange(T)[:, None]
+        scores = scores.masked_fill(future, float("-inf"))
+        out[:, :, h * hs:(h + 1) * hs] = torch.softmax(scores, dim=-1) @ v
+    return out @ attn.c_proj.weight.T + attn.c_proj.bias
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "manual"])
+def test_attention_equals_textbook_formula_per_head(backend):
+    model = tiny(attn_backend=backend)
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():  # non-zero biases so that the bias path is checked too
+        attn.c_attn.bias.normal_()
+        attn.c_proj.bias.normal_()
+    x = torch.randn(2, 11, TINY["n_embd"])
+    torch.testing.assert_close(attn(x), textbook_attention(attn, x), rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- causality and padding
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "manual"])
+def test_changing_token_t_changes_no_logit_before_t(backend):
+    model = tiny(attn_backend=backend).eval()
+    idx = tokens(1)
+    t = 13
+    changed = idx.clone()
+    changed[0, t] = (idx[0, t] + 1) % TINY["vocab_size"]
+    a, b = model(idx), model(changed)
+    assert torch.equal(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t], b[:, t])  # the change does reach position t itself
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "manual"])
+def test_left_padded_batch_gives_each_sequence_its_solo_logits(backend):
+    model = tiny(attn_backend=backend).eval()
+    seqs = [tokens(1, 20, seed=5)[0], tokens(1, 7, seed=6)[0], tokens(1, 13, seed=7)[0]]
+    idx, mask = left_pad(seqs, pad_id=3)
+    batched = model(idx, pad_mask=mask)
+    for i, s in enumerate(seqs):
+        alone = model(s[None])
+        torch.testing.assert_close(batched[i, -len(s):], alone[0], rtol=0, atol=1e-5)
+
+
+def test_pad_token_values_do_not_leak_into_real_positions():
+    model = tiny().eval()
+    idx, mask = left_pad([tokens(1, 20)[0], tokens(1, 6, seed=8)[0]], pad_id=0)
+    other = idx.clone()
+    other[~mask] = 42
+    torch.testing.assert_close(model(idx, pad_mask=mask)[mask], model(other, pad_mask=mask)[mask], rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- loss
+
+
+def test_loss_is_mean_cross_entropy_over_targets_that_are_not_minus_one():
+    model = tiny().eval()
+    idx, targets = tokens(2, 10), tokens(2, 10, seed=9)
+    targets[0, :4] = -1
+    targets[1, 7] = -1
+    logits, loss = model(idx, targets)
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    keep = targets != -1
+    expected = -logp[keep].gather(1, targets[keep][:, None]).mean()
+    assert abs(loss.item() - expected.item()) < 1e-5
+
+
+# ---------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "manual"])
+def test_cached_decode_matches_full_forward(backend):
+    model = tiny(attn_backend=backend).eval()
+    idx = tokens(2, 24)
+    full = model(idx)
+    cache = model.new_kv_cache(batch_size=2, max_seq_len=24)
+    steps = [model(idx[:, :5], input_pos=torch.arange(5), kv_cache=cache)]  # prefill
+    for t in range(5, 24):  # then one token at a time
+        steps.append(model(idx[:, t:t + 1], input_pos=torch.tensor([t]), kv_cache=cache))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
+
+
+def test_cached_decode_with_left_padding_matches_each_sequence_alone():
+    model = tiny().eval()
+    seqs = [tokens(1, 9, seed=10)[0], tokens(1, 4, seed=11)[0]]
+    prompt, mask = left_pad(seqs)
+    n_new, P = 6, prompt.shape[1]
+    cont = tokens(2, n_new, seed=12)
+    pad = torch.cat([mask, torch.ones(2, n_new, dtype=torch.bool)], dim=1)  # (B, S)
+    cache = model.new_kv_cache(batch_size=2, max_seq_len=P + n_new)
+    out = [model(prompt, input_pos=torch.arange(P), kv_cache=cache, pad_mask=pad)[:, -1:]]
+    for t in range(n_new):
+        out.append(model(cont[:, t:t + 1], input_pos=torch.tensor([P + t]), kv_cache=cache, pad_mask=pad))
+    out = torch.cat(out, dim=1)  # logits after the prompt, then after each new token
+    for i, s in enumerate(seqs):
+        alone = model(torch.cat([s, cont[i]])[None])[0, len(s) - 1:]
+        torch.testing.assert_close(out[i], alone, rtol=0, atol=1e-5)
+
+
+def test_sequence_longer_than_block_size_is_refused():
+    model = tiny()
+    with pytest.raises(ValueError, match="block_size"):
+        model(tokens(1, TINY["block_size"] + 1))
+
+
+# ---------------------------------------------------------------- init, tying, sizes
+
+
+def test_init_uses_gpt2_stds_and_ties_the_lm_head():
+    cfg = dict(n_layer=8, n_head=4, n_embd=128, block_size=64, vocab_size=512)
+    model = tiny(**cfg)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    c_proj = torch.cat([p.flatten() for n, p in model.named_parameters() if n.endswith("c_proj.weight")])
+    expected = 0.02 / math.sqrt(2 * cfg["n_layer"])
+    assert abs(c_proj.std().item() - expected) < 0.05 * expected
+    c_fc = torch.cat([b.mlp.c_fc.weight.flatten() for b in model.transformer.h])
+    assert abs(c_fc.std().item() - 0.02) < 0.001
+    assert abs(model.transformer.wte.weight.std().item() - 0.02) < 0.001
+    assert all(b.attn.c_attn.bias.abs().max() == 0 for b in model.transformer.h)
+
+
+def test_parameter_count_equals_hand_count():
+    L, C, V, T = 2, 32, 97, 24
+    model = tiny()
+    per_block = (
+        2 * 2 * C  # ln_1, ln_2: weight + bias
+        + C * 3 * C + 3 * C  # c_attn
+        + C * C + C  # attn.c_proj
+        + C * 4 * C + 4 * C  # c_fc
+        + 4 * C * C + C  # mlp.c_proj
+    )
+    embeddings = V * C + T * C  # wte (shared with lm_head) + wpe
+    total = embeddings + L * per_block + 2 * C  # + ln_f
+    assert model.num_params(non_embedding=False) == total
+    assert model.num_params(non_embedding=True) == total - embeddings
+
+
+def test_flops_per_token_is_six_n_plus_attention_term():
+    L, C, V, T = 2, 32, 97, 24
+    model = tiny()
+    n = L * (12 * C * C + 13 * C) + 2 * C  # non-embedding params (see the hand count above)
+    assert model.flops_per_token() == 6 * (n + V * C) + 12 * L * C * T
+
+
+# ---------------------------------------------------------------- bad configs
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(n_embd=30, n_head=4), "n_embd"),
+        (dict(n_layer=0), "n_layer"),
+        (dict(n_head=-2), "n_head"),
+        (dict(block_size=0), "block_size"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(attn_backend="flash3"), "attn_backend"),
+        (dict(dropout=1.5), "dropout"),
+    ],
+)
+def test_bad_config_raises_value_error_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field) as err:
+        GPTConfig(**{**TINY, **kwargs})
+    if field == "attn_backend":
+        assert "sdpa" in str(err.value) and "manual" in str(err.value)
