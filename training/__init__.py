@@ -1,0 +1,1 @@
+"""Training helpers for train.py: each module does one thing. Nothing runs at import time."""
