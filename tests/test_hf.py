@@ -84,3 +84,48 @@ def test_from_pretrained_of_an_unreachable_hub_name_is_refused(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="neither a local HF directory nor a reachable hub model"):
         GPT.from_pretrained("gpt2-this-name-does-not-exist")
+
+
+def run_export_cli(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "model.hf", "export", *map(str, args)],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+
+
+def test_export_cli_writes_a_directory_transformers_loads(tmp_path):
+    import dataclasses
+
+    from training.checkpoint import save_checkpoint
+
+    torch.manual_seed(2)
+    ours = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50257)).eval()
+    save_checkpoint(tmp_path / "run" / "ckpt.pt", {"model": ours.state_dict(),
+                                                   "model_config": dataclasses.asdict(ours.config),
+                                                   "tokenizer": {"tokenizer": "gpt2", "chars": None}})
+    result = run_export_cli("--checkpoint", tmp_path / "run", "--out", tmp_path / "hf")
+    assert result.returncode == 0, result.stderr
+    reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert reloaded.config.eos_token_id == 50256
+    idx = random_tokens(T=16)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(idx).logits, ours(idx), rtol=0, atol=1e-4)
+
+    # a second export into the same directory is refused, and the first one is left as it was
+    before = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    again = run_export_cli("--checkpoint", tmp_path / "run", "--out", tmp_path / "hf")
+    assert again.returncode == 2
+    assert again.stderr.startswith("error:") and len(again.stderr.strip().splitlines()) == 1
+    assert "another --out" in again.stderr
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == before
+
+
+def test_export_cli_with_a_missing_checkpoint_fails_in_one_line(tmp_path):
+    result = run_export_cli("--checkpoint", tmp_path / "nope.pt", "--out", tmp_path / "hf")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "hf").exists()
