@@ -1,0 +1,149 @@
+"""training/config.py: YAML + CLI overrides resolve with types coerced; every bad case is a one-line
+UserError naming the problem and the fix; the resolved config round-trips through a checkpoint."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from errors import UserError
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.config import Config, load_config, resume_conflicts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _yaml(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_yaml_then_cli_overrides_resolve_with_types(tmp_path):
+    path = _yaml(tmp_path, "model:\n  n_layer: 3\n  bias: false\ntrain:\n  lr: 1e-3\n  max_iters: 50\n  out_dir: out/x\n")
+    cfg = load_config(["--config", path, "--train.max_iters=70", "--train.compile", "true", "--train.min_lr=2.5e-5",
+                       "--model.dropout", "0.2", "--data.tokenizer=char", "--wandb.run_name=42"])
+    # from the YAML (PyYAML reads "1e-3" as a string: it must still become the float 0.001)
+    assert cfg.model.n_layer == 3 and cfg.model.bias is False
+    assert cfg.train.lr == 0.001 and isinstance(cfg.train.lr, float)
+    assert cfg.train.out_dir == "out/x"
+    # the CLI wins over the YAML, in both --k=v and --k v forms
+    assert cfg.train.max_iters == 70 and cfg.train.compile is True and cfg.train.min_lr == 2.5e-5
+    assert cfg.model.dropout == 0.2 and cfg.data.tokenizer == "char" and cfg.wandb.run_name == "42"
+    # untouched keys keep their documented defaults
+    assert cfg.model.n_head == 4 and cfg.train.batch_size == 12 and cfg.train.resume == "auto"
+    assert cfg.data.dataset == "shakespeare" and cfg.wandb.mode == "online"
+
+
+@pytest.mark.parametrize("name", ["small", "small.yaml", "configs/small.yaml", str(ROOT / "configs" / "small.yaml")])
+def test_config_found_by_name_or_path(name, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(["--config", name])
+    assert cfg.train.out_dir == "out/small" and cfg.data.tokenizer == "gpt2"
+
+
+def test_shipped_configs_load_and_validate():
+    for name in ("small", "shakespeare_char", "gpt2_124m"):
+        load_config(["--config", name])
+    assert load_config(["--config", "shakespeare_char"]).data.tokenizer == "char"
+    big = load_config(["--config", "gpt2_124m"])
+    assert (big.model.n_layer, big.model.n_embd, big.train.dtype, big.train.compile) == (12, 768, "bfloat16", True)
+
+
+@pytest.mark.parametrize("raw,expected", [("true", True), ("False", False), ("1", True), ("0", False), ("yes", True)])
+def test_bool_coercion(raw, expected):
+    assert load_config([f"--train.compile={raw}"]).train.compile is expected
+
+
+def test_int_accepts_integral_scientific_notation():
+    assert load_config(["--train.max_iters=5e3"]).train.max_iters == 5000
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["--trian.lr=1"], r"unknown section 'trian'; valid sections: model, data, train, wandb"),
+    (["--train.lrr=1"], r"unknown key train.lrr \(did you mean 'lr'\?\); valid keys: batch_size, grad_accum_steps"),
+    (["--train.max_iters=ten"], r"train.max_iters expects an int, got 'ten'"),
+    (["--train.max_iters=2.5"], r"train.max_iters expects an int"),
+    (["--train.lr=fast"], r"train.lr expects a float \(e.g. 3e-4\), got 'fast'"),
+    (["--train.lr=nan"], r"train.lr expects a finite float"),
+    (["--train.compile=maybe"], r"train.compile expects a bool \(true/false\), got 'maybe'"),
+    (["--train.max_iters=0"], r"train.max_iters must be >= 1, got 0"),
+    (["--train.lr=-1e-3"], r"train.lr must be >= 0, got -0.001"),
+    (["--train.min_lr=1e-2", "--train.lr=1e-3"], r"train.min_lr must be between 0 and train.lr"),
+    (["--train.batch_size=0"], r"train.batch_size must be >= 1"),
+    (["--train.grad_accum_steps=0"], r"train.grad_accum_steps must be >= 1"),
+    (["--train.dtype=fp8"], r"train.dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"),
+    (["--train.resume=always"], r"train.resume must be one of auto, never"),
+    (["--train.device=tpu"], r"train.device must be auto, cpu, cuda, cuda:N or mps"),
+    (["--train.beta2=1.0"], r"train.beta2 must be in \[0, 1\)"),
+    (["--model.n_embd=100", "--model.n_head=3"], r"model.n_embd \(100\) must be divisible by model.n_head \(3\)"),
+    (["--model.dropout=1"], r"model.dropout must be in \[0, 1\)"),
+    (["--model.attn_backend=flash"], r"model.attn_backend must be one of sdpa, manual"),
+    (["--wandb.mode=cloud"], r"wandb.mode must be one of online, offline, disabled"),
+    (["--data.tokenizer=nope"], r"unknown tokenizer 'nope'"),
+    (["--data.val_fraction=1.5"], r"data.val_fraction must be a number strictly between 0 and 1"),
+    (["--lr=1"], r"unknown option --lr; did you mean --train.lr=\.\.\.\?"),
+    (["small.yaml"], r"unexpected argument 'small.yaml'; options look like --config small"),
+    (["--train.lr"], r"option --train.lr has no value; write --train.lr=VALUE"),
+    (["--config", "no_such_config"], r"config 'no_such_config' not found .*one of: .*small"),
+])
+def test_bad_config_raises_one_line_user_error(argv, pattern):
+    with pytest.raises(UserError, match=pattern) as ei:
+        load_config(argv)
+    assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("text,pattern", [
+    ("train:\n  lr: [1, 2\n", r"is not valid YAML at line \d+"),
+    ("- just\n- a list\n", r"must be a mapping of sections"),
+    ("train: 3\n", r"section 'train' must be a mapping"),
+    ("train:\n  max_iters: many\n", r"run.yaml: train.max_iters expects an int, got 'many'"),
+    ("optim:\n  lr: 1\n", r"unknown section 'optim'"),
+])
+def test_bad_yaml_raises_user_error_naming_the_file(tmp_path, text, pattern):
+    with pytest.raises(UserError, match=pattern):
+        load_config(["--config", _yaml(tmp_path, text)])
+
+
+def test_empty_yaml_means_all_defaults(tmp_path):
+    assert load_config(["--config", _yaml(tmp_path, "# nothing\n")]) == Config()
+
+
+def test_resolved_config_round_trips_through_a_checkpoint(tmp_path):
+    cfg = load_config(["--config", "small", "--train.lr=3e-4", "--model.bias=false", "--data.tokenizer=char",
+                       "--wandb.mode=disabled"])
+    save_checkpoint(tmp_path / "ckpt.pt", {"config": cfg.to_dict()})
+    back = Config.from_dict(load_checkpoint(tmp_path / "ckpt.pt")["config"])
+    assert back == cfg
+    assert back.train.lr == 3e-4 and back.model.bias is False and back.data.tokenizer == "char"
+
+
+def test_resume_conflicts_name_the_keys_that_matter():
+    old = load_config(["--model.n_layer=2", "--data.tokenizer=char"]).to_dict()
+    ok = load_config(["--model.n_layer=2", "--data.tokenizer=char", "--train.max_iters=9000",
+                      "--train.eval_interval=7", "--wandb.mode=disabled", "--train.log_interval=3"])
+    assert resume_conflicts(old, ok) == []
+    bad = load_config(["--model.n_layer=3", "--data.tokenizer=gpt2", "--train.batch_size=5"])
+    assert resume_conflicts(old, bad) == ["model.n_layer: 2 -> 3", "data.tokenizer: 'char' -> 'gpt2'",
+                                          "train.batch_size: 12 -> 5"]
+
+
+def test_help_lists_every_key_with_its_default(capsys):
+    with pytest.raises(SystemExit) as ei:
+        load_config(["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    assert "--train.max_iters=2000  (int)" in out and "--data.tokenizer='gpt2'  (str)" in out
+
+
+@pytest.mark.slow
+def test_cli_bad_config_prints_one_line_error_without_traceback(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", "small", "--train.max_iters=0",
+                        f"--train.out_dir={tmp_path / 'out'}"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: train.max_iters must be >= 1, got 0"
+    assert not (tmp_path / "out").exists()
