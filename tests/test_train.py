@@ -1,0 +1,371 @@
+"""train.py end to end on tiny models: loss falls, exact resume, SIGTERM, NaN guard, mixed precision,
+wandb offline, DDP (gloo) vs one rank, init_from, no host syncs per micro-step, bad-input refusals."""
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from data import BatchLoader, DataConfig, load_meta, prepare
+from errors import UserError, run_cli
+from model import GPT, GPTConfig
+from training.checkpoint import load_checkpoint
+from training.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread, and other jobs may share the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("prepared")
+    prepare(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    return root
+
+
+def tiny_argv(out_dir: Path, data_root: Path, *extra: str) -> list[str]:
+    return [
+        "--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out_dir}",
+        "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32",
+        "--train.batch_size=4", "--train.max_iters=30", "--train.warmup_iters=5", "--train.lr=3e-3",
+        "--train.min_lr=3e-4", "--train.eval_interval=10", "--train.eval_iters=4", "--train.log_interval=1",
+        "--train.dtype=float32", "--train.device=cpu", "--train.peak_flops=1e11", "--wandb.mode=disabled",
+        *extra,
+    ]
+
+
+def run(out_dir: Path, data_root: Path, *extra: str) -> dict:
+    return train.train(load_config(tiny_argv(out_dir, data_root, *extra)))
+
+
+def _sub_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+# ------------------------------------------------------------------------------------------ training
+
+def test_thirty_steps_lower_the_loss_and_write_checkpoints(tmp_path, data_root):
+    res = run(tmp_path / "out", data_root)
+    losses = res["losses"]
+    assert sorted(losses) == list(range(1, 31))
+    first, last = sum(losses[i] for i in range(1, 6)) / 5, sum(losses[i] for i in range(26, 31)) / 5
+    assert losses[1] > 4.0  # ~ln(65) at init
+    assert last < first - 0.5
+    assert res["eval"]["iter"] == 30 and res["eval"]["val/loss"] < 3.6  # from ~4.2
+    # bpb: loss in nats / ln 2 / bytes per token (char on ASCII text: one byte per token)
+    assert res["eval"]["val/bpb"] == pytest.approx(res["eval"]["val/loss"] / math.log(2), rel=1e-3)
+    ck = load_checkpoint(tmp_path / "out")
+    assert ck["iter"] == 30 and ck["tokens_seen"] == 30 * 4 * 32
+    meta = load_meta(prepare(DataConfig(tokenizer="char", root=str(data_root)), progress=False))
+    assert ck["tokenizer"] == {"tokenizer": "char", "chars": meta["chars"]}
+    assert ck["model_config"]["vocab_size"] == meta["vocab_size"] and ck["config"]["train"]["max_iters"] == 30
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ck["model"])
+    best = load_checkpoint(tmp_path / "out" / "best.pt")
+    assert best["best_val_loss"] == pytest.approx(res["best_val_loss"])
+    # the model rebuilds from the checkpoint alone, as sample.py does it
+    model = GPT(GPTConfig(**ck["model_config"]))
+    model.load_state_dict(ck["model"])
+
+
+def test_lr_actually_used_follows_the_hand_computed_schedule(tmp_path, data_root):
+    import json
+
+    run(tmp_path / "out", data_root, "--train.max_iters=12", "--train.warmup_iters=4", "--train.lr=1e-3",
+        "--train.min_lr=1e-4")
+    lrs = {r["iter"]: r["lr"] for r in map(json.loads, (tmp_path / "out" / "metrics.jsonl").read_text().splitlines())
+           if "lr" in r}
+    # iter i is logged after step i-1 ran: warmup 1e-3 * (s+1)/4, then cosine over steps 4..12
+    assert lrs[1] == pytest.approx(2.5e-4) and lrs[4] == pytest.approx(1e-3) and lrs[5] == pytest.approx(1e-3)
+    assert lrs[9] == pytest.approx(5.5e-4)  # step 8: halfway through the cosine
+    assert lrs[12] == pytest.approx(1e-4 + 9e-4 * 0.5 * (1 + math.cos(math.pi * 7 / 8)))
+
+
+def test_interrupted_and_resumed_run_is_bitwise_identical_to_uninterrupted(tmp_path, data_root):
+    common = ("--train.max_iters=12", "--train.grad_accum_steps=2", "--model.dropout=0.1", "--train.eval_interval=4")
+    full = run(tmp_path / "full", data_root, *common)
+    part1 = run(tmp_path / "resumed", data_root, *common, "--train.debug_interrupt_at_iter=5")
+    assert part1["stopped"] == "debug_interrupt_at_iter" and part1["iter"] == 5
+    assert load_checkpoint(tmp_path / "resumed")["iter"] == 5
+    part2 = run(tmp_path / "resumed", data_root, *common)  # resume=auto picks ckpt.pt up
+    assert sorted(part2["losses"]) == list(range(6, 13))
+    # same losses, bit for bit (== on floats), before and after the interruption
+    assert {**part1["losses"], **part2["losses"]} == full["losses"]
+    a = load_checkpoint(tmp_path / "full")
+    b = load_checkpoint(tmp_path / "resumed")
+    assert a["iter"] == b["iter"] == 12
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    assert a["best_val_loss"] == b["best_val_loss"]
+
+
+def test_resume_refuses_a_changed_architecture_and_keeps_the_checkpoint(tmp_path, data_root):
+    out = tmp_path / "out"
+    run(out, data_root, "--train.max_iters=3")
+    before = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(UserError, match=r"cannot resume .*model.n_layer: 2 -> 3; .*new --train.out_dir"):
+        run(out, data_root, "--train.max_iters=6", "--model.n_layer=3")
+    with pytest.raises(UserError, match=r"exists and train.resume=never refuses to overwrite it"):
+        run(out, data_root, "--train.max_iters=6", "--train.resume=never")
+    assert (out / "ckpt.pt").read_bytes() == before
+    res = run(out, data_root, "--train.max_iters=5", "--train.log_interval=2")  # allowed changes: continues
+    assert res["iter"] == 5 and sorted(res["losses"]) == [4, 5]
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_root, capsys):
+    common = ("--train.max_iters=12", "--train.checkpoint_interval=3", "--train.log_interval=100",
+              "--train.eval_interval=100")
+    # reference: the same run, stopped cleanly after step 6
+    run(tmp_path / "ref", data_root, *common, "--train.debug_interrupt_at_iter=6")
+    argv = tiny_argv(tmp_path / "out", data_root, *common, "--train.debug_nan_at_iter=7")
+    with pytest.raises(SystemExit) as ei:
+        run_cli(lambda: train.main(argv))
+    assert ei.value.code == 2
+    stderr = capsys.readouterr().err
+    errors = [l for l in re.split(r"[\r\n]", stderr) if l.startswith("error:")]  # tqdm shares stderr
+    assert len(errors) == 1 and "Traceback" not in stderr
+    assert errors[0].startswith("error: loss or grad norm became non-finite at iter 7; stopped, ")
+    assert "ckpt.pt still holds iter 6" in errors[0]
+    ck, ref = load_checkpoint(tmp_path / "out"), load_checkpoint(tmp_path / "ref")
+    assert ck["iter"] == 6 and ref["iter"] == 6
+    for k, v in ck["model"].items():
+        assert torch.isfinite(v).all(), k
+        assert torch.equal(v, ref["model"][k]), k
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_trains_on_cpu(tmp_path, data_root, dtype):
+    res = run(tmp_path / "out", data_root, f"--train.dtype={dtype}", "--train.max_iters=25")
+    assert res["dtype"] == dtype
+    losses = res["losses"]
+    assert sum(losses[i] for i in range(21, 26)) / 5 < sum(losses[i] for i in range(1, 6)) / 5 - 0.5
+    ck = load_checkpoint(tmp_path / "out")
+    if dtype == "float16":
+        assert ck["scaler"]["scale"] > 0 and "_growth_tracker" in ck["scaler"]
+        # and the fp16 run resumes with its scaler
+        res2 = run(tmp_path / "out", data_root, f"--train.dtype={dtype}", "--train.max_iters=27")
+        assert res2["iter"] == 27
+    else:
+        assert ck["scaler"] is None
+    assert all(v.dtype == torch.float32 for v in ck["model"].values())  # autocast: weights stay fp32
+
+
+def test_dtype_auto_measures_on_cpu_and_says_what_it_measured(tmp_path, data_root, capsys):
+    res = run(tmp_path / "out", data_root, "--train.dtype=auto", "--train.max_iters=2")
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("dtype auto -> "))
+    assert f"dtype auto -> {res['dtype']}: " in line and "bf16 autocast" in line and "GFLOP/s vs fp32" in line
+
+
+def test_compiled_model_saves_plain_state_dict(tmp_path, data_root, monkeypatch):
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **k: real(m, backend="eager"))  # no C++ build in tests
+    run(tmp_path / "out", data_root, "--train.compile=true", "--train.max_iters=2")
+    keys = load_checkpoint(tmp_path / "out")["model"].keys()
+    assert "transformer.wte.weight" in keys and not any("_orig_mod" in k for k in keys)
+
+
+def test_no_host_sync_per_micro_step(tmp_path, data_root, monkeypatch):
+    """The number of .item()/.cpu()/.tolist() calls must not grow with grad_accum_steps."""
+    counts = []
+    for accum in (1, 4):
+        n = {"sync": 0}
+        for name in ("item", "cpu", "tolist"):
+            real = getattr(torch.Tensor, name)
+
+            def counted(self, *a, _real=real, **k):
+                n["sync"] += 1
+                return _real(self, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+        run(tmp_path / f"a{accum}", data_root, f"--train.grad_accum_steps={accum}", "--train.max_iters=6",
+            "--train.log_interval=3", "--train.eval_interval=6")
+        monkeypatch.undo()
+        counts.append(n["sync"])
+    assert counts[0] == counts[1], counts
+
+
+def test_init_from_checkpoint_starts_from_its_weights(tmp_path, data_root):
+    first = run(tmp_path / "a", data_root, "--train.max_iters=20")
+    res = run(tmp_path / "b", data_root, f"--model.init_from={tmp_path / 'a'}", "--model.n_layer=4",
+              "--train.max_iters=2")
+    assert res["losses"][1] < first["losses"][1] - 0.5  # far below a fresh init's ~4.2
+    ck = load_checkpoint(tmp_path / "b")
+    assert ck["model_config"]["n_layer"] == 2 and ck["config"]["model"]["n_layer"] == 2  # taken from the source
+    assert ck["iter"] == 2  # a new run, not a resume
+
+
+def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root):
+    """The gpt2-tokenizer run: an HF-format GPT-2 directory as init; the first loss equals the
+    exported model's own loss on the same batch."""
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32))
+    ref.export_hf(tmp_path / "hf")
+    res = run(tmp_path / "out", data_root, "--data.tokenizer=gpt2", f"--model.init_from={tmp_path / 'hf'}",
+              "--train.max_iters=2", "--train.eval_interval=2")
+    data_dir = prepare(DataConfig(tokenizer="gpt2", root=str(data_root)), progress=False)
+    x, y = BatchLoader(data_dir, "train", block_size=32, batch_size=4, seed=1337).get_batch(0, 0)
+    with torch.no_grad():
+        _, expected = ref(x, y)
+    assert res["losses"][1] == pytest.approx(expected.item(), abs=1e-5)
+    ck = load_checkpoint(tmp_path / "out")
+    assert ck["model_config"]["block_size"] == 64 and ck["tokenizer"] == {"tokenizer": "gpt2", "chars": None}
+
+
+def test_init_from_hf_with_char_data_is_refused(tmp_path, data_root):
+    with pytest.raises(UserError, match=r"HF GPT-2, which needs data.tokenizer=gpt2"):
+        run(tmp_path / "out", data_root, "--model.init_from=gpt2")
+
+
+def test_grad_accum_not_divisible_by_ranks_is_refused(tmp_path, data_root, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"grad_accum_steps=3 \(global\) is not divisible by the 2 ranks"):
+        run(tmp_path / "out", data_root, "--train.grad_accum_steps=3")
+
+
+# ------------------------------------------------------------------------------------------- wandb
+
+def _wandb_records(run_file: Path):
+    """Records of a .wandb transaction log (leveldb-log framing: 32 KiB blocks, 7-byte record headers)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = run_file.read_bytes()
+    pos, block, pending = 7, 32768, b""  # 7 bytes of file header
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(pending)
+            yield rec
+
+
+def test_wandb_offline_run_has_summary_and_config_and_resume_reuses_the_id(tmp_path, data_root):
+    import json
+
+    out = tmp_path / "out"
+    common = ("--wandb.mode=offline", "--train.max_iters=6", "--train.eval_interval=6")
+    first = run(out, data_root, *common, "--train.debug_interrupt_at_iter=3")
+    run_id = first["wandb_run_id"]
+    assert load_checkpoint(out)["wandb_run_id"] == run_id
+    second = run(out, data_root, *common)
+    assert second["wandb_run_id"] == run_id and load_checkpoint(out)["wandb_run_id"] == run_id
+    run_dirs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in run_dirs)
+
+    summary, config, history_keys = {}, {}, set()
+    for rec in _wandb_records(run_dirs[-1] / f"run-{run_id}.wandb"):
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            assert rec.run.run_id == run_id
+            config.update({u.key: json.loads(u.value_json) for u in rec.run.config.update})
+        elif kind == "summary":
+            for u in rec.summary.update:
+                summary["/".join(u.nested_key) or u.key] = json.loads(u.value_json)
+        elif kind == "history":
+            history_keys |= {"/".join(i.nested_key) or i.key for i in rec.history.item}
+    assert summary["val/loss"] == pytest.approx(second["eval"]["val/loss"])
+    assert config["model"]["n_layer"] == 2 and config["model"]["n_embd"] == 32
+    assert {"train/loss", "val/loss", "val/bpb", "lr", "grad_norm", "tokens_per_sec", "mfu", "tokens_seen"} <= history_keys
+
+
+def test_wandb_online_without_api_key_falls_back_to_offline_with_hint(tmp_path):
+    from training.wandb_logger import resolve_mode
+
+    no_key = {"NETRC": str(tmp_path / "no_netrc")}
+    mode, hint = resolve_mode("online", no_key)
+    assert mode == "offline" and hint.startswith("wandb: no API key found") and "\n" not in hint
+    assert resolve_mode("online", {**no_key, "WANDB_API_KEY": "x" * 40}) == ("online", "")
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    assert resolve_mode("online", {"NETRC": str(netrc)}) == ("online", "")
+    assert resolve_mode("online", {**no_key, "WANDB_MODE": "disabled"}) == ("disabled", "")
+    assert resolve_mode("offline", {"WANDB_MODE": "online"}) == ("offline", "")  # env never makes it less private
+
+
+def test_wandb_failure_at_init_warns_once_and_training_continues(tmp_path, data_root, monkeypatch, capsys):
+    import wandb
+
+    def broken(*a, **k):
+        raise RuntimeError("wandb service exploded")
+
+    monkeypatch.setattr(wandb, "init", broken)
+    res = run(tmp_path / "out", data_root, "--wandb.mode=offline", "--train.max_iters=3")
+    assert res["iter"] == 3
+    warnings = [l for l in capsys.readouterr().out.splitlines() if "wandb failed to start" in l]
+    assert warnings == ["warning: wandb failed to start (RuntimeError: wandb service exploded); continuing without wandb"]
+
+
+# ------------------------------------------------------------------------------------ subprocesses
+
+@pytest.mark.slow
+def test_sigterm_mid_run_writes_checkpoint_and_exits_zero(tmp_path, data_root):
+    import json
+
+    out = tmp_path / "out"
+    argv = tiny_argv(out, data_root, "--train.max_iters=100000", "--train.eval_interval=100000")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_sub_env())
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 90
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "stopped by SIGTERM after iter" in stdout and "Traceback" not in stderr
+    ck = load_checkpoint(out)
+    last_logged = json.loads(metrics.read_text().splitlines()[-1])["iter"]
+    assert 3 <= ck["iter"] == last_logged < 100000
+
+
+@pytest.mark.slow
+def test_ddp_two_gloo_ranks_match_one_rank_with_twice_the_accumulation(tmp_path, data_root):
+    import json
+
+    common = ("--train.max_iters=4", "--train.grad_accum_steps=2", "--train.eval_interval=4")  # global accum
+    single = run(tmp_path / "one", data_root, *common)
+    argv = tiny_argv(tmp_path / "two", data_root, *common)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(ROOT / "train.py"), *argv], capture_output=True, text=True, env=_sub_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 rank(s)" in r.stdout
+    two = {rec["iter"]: rec["train/loss"] for rec in map(json.loads, (tmp_path / "two" / "metrics.jsonl").read_text().splitlines())
+           if "train/loss" in rec}
+    assert sorted(two) == sorted(single["losses"]) == [1, 2, 3, 4]
+    for i in two:
+        assert abs(two[i] - single["losses"][i]) < 1e-5, (i, two[i], single["losses"][i])
+    a, b = load_checkpoint(tmp_path / "one")["model"], load_checkpoint(tmp_path / "two")["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)

@@ -1,0 +1,96 @@
+"""Data parallelism from outside the model: process-group setup from torchrun's environment, the DDP
+wrapper, and the few collectives the loop needs."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_from_env() -> DistInfo:
+    """torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; without them this is a single process."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return DistInfo()
+    return DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+
+
+def init_distributed(info: DistInfo, device: torch.device) -> None:
+    """nccl on CUDA, gloo on CPU. MASTER_ADDR/PORT come from torchrun (--standalone or --rdzv-*)."""
+    if not info.enabled or dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size,
+                            timeout=datetime.timedelta(minutes=30), **kwargs)
+
+
+def destroy_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def apply_ddp(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """Wrap in DistributedDataParallel when running under torchrun; otherwise return the model unchanged."""
+    if not info.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= info.world_size
+    return t
+
+
+def any_rank(flag: bool, info: DistInfo, group=None) -> bool:
+    """True on every rank if it is True on any rank. Uses a CPU tensor, so on a gloo group no GPU sync."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def cpu_group(info: DistInfo, device: torch.device):
+    """A gloo group for CPU-side flags (stop requests), so that checking them never waits on the GPU."""
+    if not info.enabled:
+        return None
+    return dist.new_group(backend="gloo") if device.type == "cuda" else None
+
+
+def broadcast_object(obj, info: DistInfo):
+    """Rank 0's value on every rank (e.g. the measured dtype choice, so all ranks agree)."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()

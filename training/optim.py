@@ -1,0 +1,22 @@
+"""AdamW in two parameter groups: weight decay on matrices and embeddings, none on biases and norms."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Every parameter with 2+ dims (Linear weights, embeddings) decays; 1-dim ones (biases, LayerNorm) do not.
+    Tied parameters appear once (named_parameters de-duplicates)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+                   device_type: str) -> torch.optim.AdamW:
+    """The fused CUDA kernel on CUDA (one launch for all parameters); the foreach path elsewhere."""
+    fused = device_type == "cuda"
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=fused,
+                             foreach=None if fused else True)
