@@ -34,11 +34,12 @@ def dist_from_env() -> DistInfo:
 
 
 def init_distributed(info: DistInfo, device: torch.device) -> None:
-    """nccl on CUDA, gloo on CPU. MASTER_ADDR/PORT come from torchrun (--standalone or --rdzv-*)."""
-    if not info.enabled or dist.is_initialized():
-        return
+    """Make `device` this process's current GPU; under torchrun, join the process group: nccl on CUDA,
+    gloo on CPU. MASTER_ADDR/PORT come from torchrun (--standalone or --rdzv-*)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if not info.enabled or dist.is_initialized():
+        return
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size,

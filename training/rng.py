@@ -22,7 +22,8 @@ def get_rng_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
         "numpy": np_state,
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # this process's GPU only: get_rng_state_all() would create a context on every visible GPU
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
     }
 
 
@@ -33,6 +34,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np_state = {**np_state, "state": {**np_state["state"], "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}}
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"].cpu())
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+    cuda = state.get("cuda")
+    if isinstance(cuda, torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda.cpu())  # the current device (train.py sets it per rank)
