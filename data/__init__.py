@@ -1,0 +1,18 @@
+"""Data pipeline: text sources -> tokens on disk (prepare) -> random-window batches (BatchLoader).
+
+    from data import DataConfig, prepare, load_meta, get_tokenizer, tokenizer_from_meta, BatchLoader
+"""
+from .build import load_meta, prepare
+from .config import DataConfig
+from .tokenizer import Tokenizer, get_tokenizer, tokenizer_from_meta
+
+__all__ = ["BatchLoader", "DataConfig", "Tokenizer", "get_tokenizer", "load_meta", "prepare", "tokenizer_from_meta"]
+
+
+def __getattr__(name: str):
+    # BatchLoader needs torch, which takes ~2 s to import; `python -m data.prepare` never does.
+    if name == "BatchLoader":
+        from .loader import BatchLoader
+
+        return BatchLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,38 @@
+"""Prepare a dataset: python -m data.prepare --dataset shakespeare --tokenizer gpt2
+
+Prints the prepared directory on stdout. Bad input ends with a one-line `error: ...` and status 2.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from errors import run_cli
+
+from .build import prepare
+from .config import DataConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = DataConfig()
+    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default=defaults.dataset, help="'shakespeare', a .txt file, directory or glob, or 'hf:<name>'")
+    p.add_argument("--tokenizer", default=defaults.tokenizer, help="'char' or a tiktoken encoding name")
+    p.add_argument("--val-fraction", type=float, default=defaults.val_fraction)
+    p.add_argument("--root", default=defaults.root, help="where prepared dirs go")
+    p.add_argument("--local-path", default=defaults.local_path, help="a local copy of tiny shakespeare")
+    p.add_argument("--hf-subset", default=defaults.hf_subset)
+    p.add_argument("--hf-split", default=defaults.hf_split)
+    p.add_argument("--text-field", default=defaults.text_field)
+    p.add_argument("--streaming", action="store_true", help="stream the HF dataset instead of downloading it")
+    p.add_argument("--num-proc", type=int, default=defaults.num_proc, help="tokenizer threads (0 = one per core)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or status messages")
+    args = vars(p.parse_args(argv))
+    progress = not args.pop("no_progress")
+    cfg = DataConfig(**{f.name: args[f.name] for f in fields(DataConfig)})
+    print(prepare(cfg, progress=progress))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

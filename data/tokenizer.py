@@ -1,0 +1,156 @@
+"""Tokenizers: tiktoken encodings (gpt2 by default) and a character-level vocabulary.
+
+Both expose the same surface: `name`, `vocab_size`, `eot`, `chars`, `encode(str) -> list[int]`,
+`decode(list[int]) -> str`. Documents are separated by the `eot` id in the prepared token stream;
+`encode` never emits it, so the text "<|endoftext|>" inside a document is tokenized as plain text.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+import tiktoken
+
+from errors import UserError
+
+CHAR = "char"
+EOT_TEXT = "<|endoftext|>"
+
+
+class Tokenizer:
+    name: str
+    vocab_size: int
+    eot: int
+    chars: str | None = None  # the char vocabulary, None for tiktoken encodings
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def encode_arrays(self, texts: list[str], num_threads: int = 1) -> list[np.ndarray]:
+        """Encode many texts at once into integer arrays (the fast path used by prepare)."""
+        raise NotImplementedError
+
+    def token_byte_lengths(self) -> np.ndarray:
+        """UTF-8 byte length of every token id (0 for eot), so a split's byte count is a table lookup."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+def check_tokenizer_name(name: str) -> None:
+    if name != CHAR and name not in tiktoken.list_encoding_names():
+        raise UserError(
+            f"unknown tokenizer {name!r}; set data.tokenizer to 'char' or one of: {', '.join(tiktoken.list_encoding_names())}"
+        )
+
+
+class TiktokenTokenizer(Tokenizer):
+    def __init__(self, name: str):
+        check_tokenizer_name(name)
+        try:
+            self._enc = tiktoken.get_encoding(name)
+        except Exception as e:  # tiktoken fetches its BPE files over the network the first time
+            raise UserError(
+                f"could not load the tiktoken encoding {name!r} ({type(e).__name__}); connect to the network once, "
+                f"or set TIKTOKEN_CACHE_DIR to a directory holding its files"
+            ) from None
+        self.name = name
+        self.vocab_size = self._enc.n_vocab
+        self.eot = self._enc.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def encode_arrays(self, texts: list[str], num_threads: int = 1) -> list[np.ndarray]:
+        # tiktoken releases the GIL while encoding, so threads scale without pickling text to processes
+        return [np.array(ids, dtype=np.int64) for ids in self._enc.encode_ordinary_batch(texts, num_threads=num_threads)]
+
+    @cached_property
+    def _byte_lengths(self) -> np.ndarray:
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        specials = {self._enc.encode_single_token(s) for s in self._enc.special_tokens_set}
+        for i in range(self.vocab_size):
+            if i in specials:
+                continue
+            try:
+                lengths[i] = len(self._enc.decode_single_token_bytes(i))
+            except KeyError:  # some encodings leave unused ids below n_vocab
+                pass
+        return lengths
+
+    def token_byte_lengths(self) -> np.ndarray:
+        return self._byte_lengths
+
+
+class CharTokenizer(Tokenizer):
+    """One id per character of `chars` (sorted, unique), plus one extra id for eot: `len(chars)`.
+
+    Reserving an id keeps documents separated exactly as with gpt2, without guessing a separator
+    character; a single-document source such as shakespeare simply never uses it.
+    """
+
+    def __init__(self, chars: str):
+        if not isinstance(chars, str) or not chars:
+            raise UserError("the char tokenizer needs its vocabulary; build it with prepare, or load it from meta.json")
+        if "".join(sorted(set(chars))) != chars:
+            raise UserError("the char vocabulary is not a sorted string of unique characters; re-run prepare to rebuild it")
+        self.name = CHAR
+        self.chars = chars
+        self.eot = len(chars)
+        self.vocab_size = len(chars) + 1
+        # Sorted code points let numpy map a whole text to ids with one searchsorted.
+        self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
+
+    def _to_ids(self, text: str) -> np.ndarray:
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(self._codepoints, cps)
+        known = ids < len(self.chars)
+        known[known] = self._codepoints[ids[known]] == cps[known]
+        if not known.all():
+            unknown = sorted({chr(c) for c in cps[~known]})
+            shown = ", ".join(repr(c) for c in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            raise UserError(
+                f"{len(unknown)} character(s) not in the char vocabulary: {shown}; remove them from the text, "
+                f"or prepare data that contains them (or use the gpt2 tokenizer)"
+            )
+        return ids.astype(np.int64)
+
+    def encode(self, text: str) -> list[int]:
+        return self._to_ids(text).tolist()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(EOT_TEXT if i == self.eot else self.chars[i] for i in ids)
+
+    def encode_arrays(self, texts: list[str], num_threads: int = 1) -> list[np.ndarray]:
+        return [self._to_ids(t) for t in texts]
+
+    def token_byte_lengths(self) -> np.ndarray:
+        return np.array([len(c.encode("utf-8")) for c in self.chars] + [0], dtype=np.int64)
+
+
+def get_tokenizer(name: str, chars: str | None = None) -> Tokenizer:
+    """A tokenizer by name; "char" needs its vocabulary (`chars`, saved in meta.json by prepare)."""
+    if name == CHAR:
+        return CharTokenizer(chars)
+    return TiktokenTokenizer(name)
+
+
+def tokenizer_from_meta(meta: dict) -> Tokenizer:
+    """Rebuild the tokenizer from meta.json, or from the {"tokenizer", "chars"} subset a checkpoint keeps."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("tokenizer"), str):
+        raise UserError("no tokenizer name in the metadata; re-run prepare (or use a checkpoint that stores 'tokenizer')")
+    tok = get_tokenizer(meta["tokenizer"], meta.get("chars"))
+    if "vocab_size" in meta and meta["vocab_size"] != tok.vocab_size:
+        raise UserError(
+            f"metadata says vocab_size {meta['vocab_size']} but tokenizer {tok.name!r} has {tok.vocab_size}; "
+            f"re-run prepare with this tiktoken version"
+        )
+    return tok

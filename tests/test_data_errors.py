@@ -1,0 +1,229 @@
+"""Bad input: a one-line UserError naming the problem and the fix, and good prepared data untouched."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+from pathlib import Path
+
+import datasets
+import pytest
+
+import data.sources
+from data import BatchLoader, DataConfig, load_meta, prepare
+from errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def user_error(fn, *words: str) -> str:
+    """Run fn, expect a UserError whose message is one line, has a fix after ';', and names `words`."""
+    with pytest.raises(UserError) as e:
+        fn()
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    problem, _, fix = msg.partition(";")
+    assert problem.strip() and fix.strip(), f"no fix in: {msg}"
+    for w in words:
+        assert w in msg, f"{w!r} not in: {msg}"
+    return msg
+
+
+@pytest.fixture
+def good(tmp_path):
+    """A source prepared once (good data) and its config; tests break something and re-run."""
+    src = tmp_path / "src.txt"
+    src.write_text("To be, or not to be, that is the question. " * 40, encoding="utf-8")
+    cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(tmp_path / "prepared"))
+    out = prepare(cfg, progress=False)
+    return cfg, out, snapshot(out)
+
+
+def test_missing_local_path(good, tmp_path):
+    cfg, out, before = good
+    cfg.dataset = str(tmp_path / "no-such-file.txt")
+    user_error(lambda: prepare(cfg, progress=False), "no-such-file.txt", "does not exist", "shakespeare")
+    cfg.dataset = str(tmp_path / "nothing-*.txt")
+    user_error(lambda: prepare(cfg, progress=False), "no files match")
+    assert snapshot(out) == before
+
+
+def test_missing_shakespeare_copy_named_by_env_or_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMALLGPT_SHAKESPEARE", str(tmp_path / "gone.txt"))
+    user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", "gone.txt")
+    cfg = DataConfig(root=str(tmp_path), local_path=str(tmp_path / "also-gone.txt"))
+    user_error(lambda: prepare(cfg, progress=False), "data.local_path", "also-gone.txt")
+
+
+def test_offline_without_shakespeare_says_where_to_put_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def offline(*a, **k):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(data.sources.urllib.request, "urlopen", offline)
+    msg = user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", data.sources.SHAKESPEARE_URL)
+    assert str(tmp_path / "cache/smallgpt/tinyshakespeare/input.txt") in msg
+    assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
+
+
+def test_download_with_wrong_checksum_is_refused_and_not_cached(tmp_path, monkeypatch):
+    import io
+
+    monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(data.sources.urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"<html>captive portal</html>"))
+    user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "sha256")
+    assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
+
+
+def test_shakespeare_copy_with_other_content_is_refused(tmp_path, monkeypatch):
+    fake = tmp_path / "input.txt"
+    fake.write_text("not shakespeare", encoding="utf-8")
+    monkeypatch.setenv("SMALLGPT_SHAKESPEARE", str(fake))
+    user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "sha256", f"data.dataset: {fake}")
+
+
+def test_empty_source_leaves_the_good_data(good):
+    cfg, out, before = good
+    Path(cfg.dataset).write_text("", encoding="utf-8")
+    for tok in ("char", "gpt2"):
+        cfg.tokenizer = tok
+        user_error(lambda: prepare(cfg, progress=False), "no text")
+    assert snapshot(out) == before
+    assert not any(p.name.endswith(".tmp") for p in out.parent.rglob("*"))
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no empty gpt2 dir left behind
+
+
+def test_directory_without_txt_files_is_an_empty_source(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus/readme.md").write_text("words", encoding="utf-8")
+    user_error(lambda: prepare(DataConfig(dataset=str(tmp_path / "corpus"), root=str(tmp_path)), progress=False), "no .txt files", "glob")
+
+
+def test_source_too_small_to_split(tmp_path):
+    (tmp_path / "tiny.txt").write_text("hi", encoding="utf-8")
+    user_error(lambda: prepare(DataConfig(dataset=str(tmp_path / "tiny.txt"), root=str(tmp_path)), progress=False), "val_fraction")
+
+
+def test_split_shorter_than_block_size_plus_one(good):
+    cfg, out, before = good
+    val_tokens = load_meta(out)["splits"]["val"]["tokens"]
+    user_error(lambda: BatchLoader(out, "val", block_size=val_tokens, batch_size=2, seed=0), "val", "block_size", str(val_tokens))
+    BatchLoader(out, "val", block_size=val_tokens - 1, batch_size=2, seed=0)  # the largest that fits works
+    assert snapshot(out) == before
+
+
+def test_corrupt_bin_is_reported_then_rebuilt_by_prepare(good):
+    cfg, out, before = good
+    with open(out / "train.bin", "ab") as f:
+        f.write(b"\x00")  # uint16 data with an odd byte count
+    user_error(lambda: BatchLoader(out, "train", block_size=8, batch_size=2, seed=0), "train.bin", "multiple of 2", "data.prepare")
+    user_error(lambda: load_meta(out), "corrupt")
+    prepare(cfg, progress=False)  # corrupt data is not good data: prepare rebuilds it
+    assert snapshot(out) == before
+
+
+def test_bin_shorter_than_meta_says_is_reported(good):
+    cfg, out, before = good
+    (out / "val.bin").write_bytes((out / "val.bin").read_bytes()[:-2])
+    user_error(lambda: load_meta(out), "val.bin", "tokens", "data.prepare")
+
+
+def test_meta_disagreeing_with_requested_tokenizer(good, tmp_path):
+    cfg, out, before = good
+    user_error(lambda: load_meta(out, tokenizer="gpt2"), "'char'", "'gpt2'", "data.tokenizer")
+    # A char dir copied to where the gpt2 data would go: prepare must not overwrite it.
+    gpt2_dir = out.with_name(out.name.replace("-char", "-gpt2"))
+    shutil.copytree(out, gpt2_dir)
+    cfg.tokenizer = "gpt2"
+    user_error(lambda: prepare(cfg, progress=False), str(gpt2_dir), "'char'", "'gpt2'")
+    assert snapshot(gpt2_dir) == before and snapshot(out) == before
+
+
+def test_unknown_tokenizer_name(good):
+    cfg, out, before = good
+    cfg.tokenizer = "bpe-9000"
+    user_error(lambda: prepare(cfg, progress=False), "'bpe-9000'", "char", "gpt2")
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("val_fraction", 1.0, "val_fraction"),
+        ("val_fraction", 0, "val_fraction"),
+        ("dataset", "hf:", "hf:<name>"),
+        ("dataset", " ", "data.dataset"),
+        ("num_proc", -1, "num_proc"),
+        ("root", "", "data.root"),
+    ],
+)
+def test_bad_config_values(good, field, value, words):
+    cfg, out, before = good
+    setattr(cfg, field, value)
+    user_error(lambda: prepare(cfg, progress=False), words)
+    assert snapshot(out) == before
+
+
+def test_non_utf8_file_is_named(good):
+    cfg, out, before = good
+    Path(cfg.dataset).write_bytes(b"caf\xe9 latin-1 text " * 10)
+    user_error(lambda: prepare(cfg, progress=False), "src.txt", "UTF-8", "offset 3")
+    assert snapshot(out) == before
+
+
+def _serve(monkeypatch, ds):
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: ds)
+
+
+def test_hf_source_without_the_text_field(tmp_path, monkeypatch):
+    cfg = DataConfig(dataset="hf:x/y", root=str(tmp_path))
+    _serve(monkeypatch, datasets.Dataset.from_dict({"content": ["a", "b"], "id": [1, 2]}))
+    user_error(lambda: prepare(cfg, progress=False), "'text'", "content, id", "data.text_field")
+
+    def rows():
+        yield {"body": "streamed text"}
+
+    _serve(monkeypatch, datasets.IterableDataset.from_generator(rows))  # features unknown until read
+    cfg.streaming = True
+    user_error(lambda: prepare(cfg, progress=False), "'text'", "body", "data.text_field")
+    assert not any(tmp_path.iterdir())
+
+
+def test_hf_text_field_holding_non_text(tmp_path, monkeypatch):
+    _serve(monkeypatch, datasets.Dataset.from_dict({"text": [1, 2, 3]}))
+    user_error(lambda: prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False), "row 1", "int", "data.text_field")
+
+
+def test_hf_dataset_that_cannot_be_loaded(tmp_path, monkeypatch):
+    def not_found(*a, **k):
+        raise FileNotFoundError("Couldn't find a dataset script at /x/y.py\nor any data file in the same directory.")
+
+    monkeypatch.setattr(datasets, "load_dataset", not_found)
+    user_error(lambda: prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False), "x/y", "Couldn't find", "hf_split")
+
+
+def test_no_prepared_data_points_at_prepare(tmp_path):
+    user_error(lambda: BatchLoader(tmp_path, "train", block_size=8, batch_size=1, seed=0), "meta.json", "data.prepare")
+    (tmp_path / "meta.json").write_text("{not json", encoding="utf-8")
+    user_error(lambda: load_meta(tmp_path), "not valid JSON")
+
+
+@pytest.mark.slow
+def test_cli_bad_input_prints_one_error_line_and_no_traceback(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "data.prepare", "--dataset", str(tmp_path / "missing.txt"), "--root", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, env=os.environ.copy(), timeout=60,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.txt" in lines[0], r.stderr
+    assert r.stdout == ""

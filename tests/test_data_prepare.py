@@ -1,0 +1,340 @@
+"""prepare(): the bins hold the tokenizer's output of the source, split and described correctly."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import tiktoken
+
+import data.build
+import data.sources
+from data import BatchLoader, DataConfig, load_meta, prepare, tokenizer_from_meta
+from data.prepare import main as prepare_cli
+
+ENC = tiktoken.get_encoding("gpt2")
+EOT = 50256
+
+
+def read_bins(d: Path) -> tuple[list[int], list[int]]:
+    """The token ids on disk, read without the code under test."""
+    dtype = json.loads((d / "meta.json").read_text())["dtype"]
+    return [np.fromfile(d / f"{s}.bin", dtype=dtype).tolist() for s in ("train", "val")]
+
+
+def joined_with_eot(docs: list[str]) -> list[int]:
+    ids: list[int] = []
+    for doc in docs:
+        if ids:
+            ids.append(EOT)
+        ids += ENC.encode_ordinary(doc)
+    return ids
+
+
+def expected_split(ids: list[int], val_fraction: float = 0.1) -> tuple[list[int], list[int]]:
+    n_val = int(len(ids) * val_fraction)
+    return ids[: len(ids) - n_val], ids[len(ids) - n_val :]
+
+
+@pytest.fixture(scope="module")
+def shakespeare_gpt2(tmp_path_factory):
+    return prepare(DataConfig(root=str(tmp_path_factory.mktemp("prepared"))), progress=False)
+
+
+# --- tiny shakespeare -----------------------------------------------------------------------------
+
+
+def test_shakespeare_gpt2_bins_are_tiktoken_tokens_with_the_last_tenth_as_val(shakespeare_gpt2, shakespeare_path):
+    ids = ENC.encode_ordinary(shakespeare_path.read_text(encoding="utf-8"))
+    assert shakespeare_gpt2.name == "shakespeare-gpt2"
+    assert read_bins(shakespeare_gpt2) == list(expected_split(ids))
+    meta = load_meta(shakespeare_gpt2)
+    assert (meta["tokenizer"], meta["vocab_size"], meta["eot"], meta["dtype"], meta["chars"]) == ("gpt2", 50257, EOT, "uint16", None)
+    assert meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"] == len(ids)
+
+
+def test_split_bytes_are_the_utf8_size_of_each_splits_text(shakespeare_gpt2, shakespeare_path):
+    train, val = read_bins(shakespeare_gpt2)
+    splits = load_meta(shakespeare_gpt2)["splits"]
+    assert splits["val"]["bytes"] == len(ENC.decode_bytes(val))
+    assert splits["train"]["bytes"] == len(ENC.decode_bytes(train))
+    assert splits["train"]["bytes"] + splits["val"]["bytes"] == shakespeare_path.stat().st_size == 1_115_394
+
+
+def test_shakespeare_char_vocab_is_saved_and_reloaded(tmp_path, shakespeare_path):
+    text = shakespeare_path.read_text(encoding="utf-8")
+    out = prepare(DataConfig(tokenizer="char", root=str(tmp_path)), progress=False)
+    assert out.name == "shakespeare-char"
+    chars = "".join(sorted(set(text)))
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["chars"], meta["vocab_size"], meta["eot"]) == (chars, len(chars) + 1, len(chars))
+    assert read_bins(out) == list(expected_split([chars.index(c) for c in text]))
+    tok = tokenizer_from_meta(load_meta(out))
+    train, val = read_bins(out)
+    assert tok.decode(train + val) == text
+
+
+def test_prepare_skips_work_when_nothing_changed(shakespeare_gpt2, capsys):
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in shakespeare_gpt2.iterdir()}
+    again = prepare(DataConfig(root=str(shakespeare_gpt2.parent)), progress=True)
+    assert again == shakespeare_gpt2
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in shakespeare_gpt2.iterdir()} == before
+    assert "up to date" in capsys.readouterr().err
+
+
+def test_shakespeare_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, shakespeare_path):
+    monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_urlopen(url, timeout=None):
+        calls.append(url)
+        return io.BytesIO(shakespeare_path.read_bytes())
+
+    monkeypatch.setattr(data.sources.urllib.request, "urlopen", fake_urlopen)
+    cfg = DataConfig(tokenizer="char", root=str(tmp_path / "prepared"))
+    prepare(cfg, progress=False)
+    cached = tmp_path / "cache/smallgpt/tinyshakespeare/input.txt"
+    assert calls == ["https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"]
+    assert cached.read_bytes() == shakespeare_path.read_bytes()
+    cfg.val_fraction = 0.2  # forces a rebuild, which reads the source again: from the cache this time
+    prepare(cfg, progress=False)
+    assert len(calls) == 1
+
+
+def test_local_path_config_field_points_at_shakespeare(tmp_path, monkeypatch, shakespeare_path):
+    monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(data.sources.urllib.request, "urlopen", lambda *a, **k: pytest.fail("downloaded"))
+    out = prepare(DataConfig(tokenizer="char", root=str(tmp_path), local_path=str(shakespeare_path)), progress=False)
+    assert load_meta(out)["splits"]["val"]["tokens"] == int(1_115_394 * 0.1)
+
+
+# --- local files ----------------------------------------------------------------------------------
+
+
+DOCS = {
+    "b.txt": "Second document.\nWith two lines.\n",
+    "a.txt": "First: naïve café 🎉🚀\r\nwindows line\n",
+    "sub/c.txt": "Third, in a subdirectory. 12345 67890",
+    "empty.txt": "",
+    "notes.md": "not a .txt file",
+}
+
+
+@pytest.fixture
+def doc_dir(tmp_path) -> Path:
+    root = tmp_path / "corpus"
+    for name, text in DOCS.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(text.encode("utf-8"))
+    return root
+
+
+def test_directory_documents_are_joined_by_eot_in_path_order(doc_dir, tmp_path):
+    out = prepare(DataConfig(dataset=str(doc_dir), root=str(tmp_path / "p"), val_fraction=0.25), progress=False)
+    expected = joined_with_eot([DOCS["a.txt"], DOCS["b.txt"], DOCS["sub/c.txt"]])
+    assert read_bins(out) == list(expected_split(expected, 0.25))
+    meta = load_meta(out)
+    assert meta["documents"] == 3
+    texts = b"".join(DOCS[n].encode() for n in ("a.txt", "b.txt", "sub/c.txt"))
+    assert meta["splits"]["train"]["bytes"] + meta["splits"]["val"]["bytes"] == len(texts)
+    assert out.name.startswith("corpus-") and out.name.endswith("-gpt2")
+
+
+def test_glob_source_takes_only_matching_files(doc_dir, tmp_path):
+    out = prepare(DataConfig(dataset=str(doc_dir / "**/*.md"), root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
+    train, val = read_bins(out)
+    assert train + val == ENC.encode_ordinary(DOCS["notes.md"])
+
+
+def test_single_file_source_is_one_document(doc_dir, tmp_path):
+    out = prepare(DataConfig(dataset=str(doc_dir / "a.txt"), root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
+    train, val = read_bins(out)
+    assert train + val == ENC.encode_ordinary(DOCS["a.txt"])
+
+
+def test_char_tokenizer_separates_documents_with_its_reserved_eot(doc_dir, tmp_path):
+    out = prepare(DataConfig(dataset=str(doc_dir), tokenizer="char", root=str(tmp_path / "p")), progress=False)
+    docs = [DOCS["a.txt"], DOCS["b.txt"], DOCS["sub/c.txt"]]
+    chars = "".join(sorted(set("".join(docs))))
+    eot = len(chars)
+    expected = [chars.index(c) for c in docs[0]] + [eot] + [chars.index(c) for c in docs[1]] + [eot] + [chars.index(c) for c in docs[2]]
+    train, val = read_bins(out)
+    assert train + val == expected
+    assert load_meta(out)["chars"] == chars
+
+
+def test_long_document_tokenized_in_pieces_equals_tokenizing_it_whole(tmp_path, monkeypatch, shakespeare_path):
+    # Tiny pieces and batches force hundreds of cuts and several thread-pool batches.
+    monkeypatch.setattr(data.sources, "CHUNK_CHARS", 300)
+    monkeypatch.setattr(data.sources, "READ_BYTES", 97)
+    monkeypatch.setattr(data.build, "BATCH_CHARS", 2000)
+    extra = "numbers 1234567 89,012 and  double  spaces\n\n\n  indented\n\tTab 🎉🎉 emoji’s  café\r\n" * 40
+    text = shakespeare_path.read_text(encoding="utf-8")[:30_000] + extra
+    (tmp_path / "long.txt").write_text(text, encoding="utf-8", newline="")
+    cfg = DataConfig(dataset=str(tmp_path / "long.txt"), root=str(tmp_path / "p"), num_proc=2)
+    train, val = read_bins(prepare(cfg, progress=False))
+    assert train + val == ENC.encode_ordinary(text)
+
+
+def test_text_without_any_cut_point_is_still_kept_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(data.sources, "CHUNK_CHARS", 100)
+    text = "x" * 1000 + "🎉" * 333
+    (tmp_path / "blob.txt").write_text(text, encoding="utf-8")
+    out = prepare(DataConfig(dataset=str(tmp_path / "blob.txt"), root=str(tmp_path / "p")), progress=False)
+    train, val = read_bins(out)
+    assert ENC.decode(train + val) == text
+
+
+def test_prepare_rebuilds_when_the_source_changes(doc_dir, tmp_path, capsys):
+    cfg = DataConfig(dataset=str(doc_dir / "b.txt"), root=str(tmp_path / "p"), val_fraction=0.2)
+    out = prepare(cfg, progress=False)
+    new_text = "An entirely different text, now somewhat longer than before.\n"
+    (doc_dir / "b.txt").write_text(new_text, encoding="utf-8")
+    assert prepare(cfg, progress=False) == out
+    train, val = read_bins(out)
+    assert train + val == ENC.encode_ordinary(new_text)
+    assert "rebuilding" in capsys.readouterr().err
+
+
+def test_prepare_rebuilds_when_val_fraction_changes(doc_dir, tmp_path):
+    cfg = DataConfig(dataset=str(doc_dir), root=str(tmp_path / "p"), val_fraction=0.1)
+    prepare(cfg, progress=False)
+    cfg.val_fraction = 0.5
+    out = prepare(cfg, progress=False)
+    expected = joined_with_eot([DOCS["a.txt"], DOCS["b.txt"], DOCS["sub/c.txt"]])
+    assert read_bins(out) == list(expected_split(expected, 0.5))
+
+
+def test_vocab_over_65536_is_stored_as_uint32_and_loads_back(tmp_path):
+    # 70,000 distinct characters make a char vocab that does not fit uint16.
+    chars = "".join(chr(c) for c in range(0x10000, 0x10000 + 70_000))
+    (tmp_path / "wide.txt").write_text(chars + chars[::-1], encoding="utf-8")
+    out = prepare(DataConfig(dataset=str(tmp_path / "wide.txt"), tokenizer="char", root=str(tmp_path / "p"), val_fraction=0.5), progress=False)
+    assert load_meta(out)["dtype"] == "uint32"
+    train, val = read_bins(out)
+    assert train == list(range(70_000)) and val == list(range(70_000))[::-1]
+    x, y = BatchLoader(out, "train", block_size=8, batch_size=4, seed=0).get_batch(0)
+    assert ((y[:, :-1] == x[:, 1:]).all() and (x[:, 1:] - x[:, :-1] == 1).all())
+
+
+def test_cli_prepares_and_prints_the_directory(tmp_path, capsys):
+    (tmp_path / "doc.txt").write_text("hello there, general kenobi " * 10, encoding="utf-8")
+    assert prepare_cli(["--dataset", str(tmp_path / "doc.txt"), "--tokenizer", "char", "--root", str(tmp_path / "p"), "--val-fraction", "0.2", "--no-progress"]) == 0
+    out = Path(capsys.readouterr().out.strip())
+    assert out.parent == tmp_path / "p" and load_meta(out)["tokenizer"] == "char"
+
+
+# --- HF datasets ----------------------------------------------------------------------------------
+
+HF_DOCS = ["The first story. It is short.", "", "Another story, with émoji 🐉.", None, "Last one!"]
+HF_TEXT = [d for d in HF_DOCS if d]  # empty and missing rows are skipped
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """Make datasets.load_dataset hand back a local object; record how it was called."""
+    calls = []
+
+    def serve(ds):
+        def load_dataset(name, subset=None, **kwargs):
+            calls.append((name, subset, kwargs))
+            return ds
+
+        monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+        return calls
+
+    return serve
+
+
+def test_hf_dataset_rows_are_documents_joined_by_eot(fake_hub, tmp_path):
+    calls = fake_hub(datasets.Dataset.from_dict({"text": HF_DOCS, "id": list(range(len(HF_DOCS)))}))
+    cfg = DataConfig(dataset="hf:someone/stories", hf_subset="en", hf_split="train", root=str(tmp_path), val_fraction=0.2)
+    out = prepare(cfg, progress=False)
+    assert calls == [("someone/stories", "en", {"split": "train", "streaming": False})]
+    assert out.name == "hf-someone-stories-en-train-gpt2"
+    assert read_bins(out) == list(expected_split(joined_with_eot(HF_TEXT), 0.2))
+    assert load_meta(out)["documents"] == len(HF_TEXT)
+
+
+def test_hf_streaming_gives_the_same_bins_as_downloading(fake_hub, tmp_path):
+    ds = datasets.Dataset.from_dict({"story": HF_DOCS})
+    fake_hub(ds)
+    cfg = DataConfig(dataset="hf:x/y", text_field="story", root=str(tmp_path / "a"), val_fraction=0.2)
+    downloaded = read_bins(prepare(cfg, progress=False))
+    calls = fake_hub(ds.to_iterable_dataset())
+    cfg.streaming, cfg.root = True, str(tmp_path / "b")
+    assert read_bins(prepare(cfg, progress=False)) == downloaded
+    assert calls[-1][2]["streaming"] is True
+
+
+def test_hf_streaming_source_that_is_up_to_date_is_not_opened_again(fake_hub, tmp_path):
+    calls = fake_hub(datasets.Dataset.from_dict({"text": HF_TEXT}).to_iterable_dataset())
+    cfg = DataConfig(dataset="hf:x/y", streaming=True, root=str(tmp_path), val_fraction=0.2)
+    first = prepare(cfg, progress=False)
+    assert prepare(cfg, progress=False) == first
+    assert len(calls) == 1  # the second, up-to-date prepare needed no hub access
+
+
+def test_hf_text_builder_on_local_files_gives_one_document_per_line(fake_hub, tmp_path):
+    (tmp_path / "lines.txt").write_text("line one\nline two\n\nline four\n", encoding="utf-8")
+    ds = datasets.load_dataset("text", data_files=str(tmp_path / "lines.txt"), split="train", cache_dir=str(tmp_path / "hf-cache"))
+    fake_hub(ds)
+    out = prepare(DataConfig(dataset="hf:text", root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
+    train, val = read_bins(out)
+    assert train + val == joined_with_eot(["line one", "line two", "line four"])
+
+
+def test_hf_changed_content_triggers_a_rebuild(fake_hub, tmp_path):
+    cfg = DataConfig(dataset="hf:x/y", root=str(tmp_path), val_fraction=0.2)
+    fake_hub(datasets.Dataset.from_dict({"text": ["one document here", "and another one"]}))
+    prepare(cfg, progress=False)
+    fake_hub(datasets.Dataset.from_dict({"text": ["different documents now", "really"]}))
+    train, val = read_bins(prepare(cfg, progress=False))
+    assert train + val == joined_with_eot(["different documents now", "really"])
+
+
+def test_hf_long_rows_are_tokenized_in_pieces_exactly(fake_hub, tmp_path, monkeypatch, shakespeare_path):
+    monkeypatch.setattr(data.sources, "CHUNK_CHARS", 250)
+    rows = [shakespeare_path.read_text(encoding="utf-8")[:6000], "short row", "x" * 10 + " after\nit"]
+    fake_hub(datasets.Dataset.from_dict({"text": rows}))
+    train, val = read_bins(prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False))
+    assert train + val == joined_with_eot(rows)
+
+
+def test_hf_num_proc_is_passed_to_load_dataset(fake_hub, tmp_path):
+    calls = fake_hub(datasets.Dataset.from_dict({"text": ["some words to tokenize", "more words"]}))
+    prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path), num_proc=2, val_fraction=0.2), progress=False)
+    assert calls[0][2] == {"split": "train", "streaming": False, "num_proc": 2}
+
+
+def test_prepared_files_get_normal_permissions(shakespeare_gpt2):
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in shakespeare_gpt2.iterdir():
+        assert p.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_dir_left_without_meta_json_is_rebuilt(doc_dir, tmp_path, capsys):
+    # what a crash between swapping in the bins and writing meta.json leaves behind
+    cfg = DataConfig(dataset=str(doc_dir), root=str(tmp_path / "p"))
+    out = prepare(cfg, progress=False)
+    good = read_bins(out)
+    (out / "meta.json").unlink()
+    (out / "val.bin").write_bytes(b"")
+    assert read_bins(prepare(cfg, progress=False)) == good
+    assert "meta.json is missing" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_importing_data_loads_no_torch_or_datasets_and_does_nothing():
+    code = "import sys, data; print(sorted(m for m in ('torch', 'datasets', 'tqdm') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "[]", "")
