@@ -1,0 +1,402 @@
+"""Sample text from a trained checkpoint (or an HF GPT-2), with the KV cache.
+
+    python sample.py                                   # out/small (small.yaml's out_dir), prompt "\\n"
+    python sample.py --checkpoint out/small --prompt "ROMEO:" --num-samples 3 --temperature 0.8
+    python sample.py --checkpoint gpt2 --prompt-file prompt.txt --top-p 0.9
+    echo "Once upon a time" | python sample.py -       # the prompt from stdin (also --prompt-file -)
+
+Model config, tokenizer and vocabulary come from the checkpoint. One sample streams to stdout as it is
+generated; several samples run as one batch and print whole, each under a `---- sample i/N ----` line.
+Generation itself lives in model/generate.py (prefill + one cached token per step, crop rule there).
+
+Prompts:
+- no prompt option: the prompt is "\\n", as in nanoGPT (or end-of-text if the vocabulary has no newline);
+- an empty prompt (--prompt "", an empty file, empty stdin): generation starts from the end-of-text
+  token, and a note on stderr says so;
+- --prompt / --prompt-file may be repeated: each prompt gets --num-samples samples, all in one batch
+  (prompts of different lengths are left-padded);
+- a prompt longer than block_size keeps its last block_size tokens as context.
+
+Seeds: --seed S gives the same text for the same settings, device and dtype; without it a fresh seed
+is drawn and shown on stderr (with the checkpoint, device and dtype) so a run can be repeated.
+--dtype auto: see pick_dtype (bf16 + prepacked weights for big models on a CPU, fp32 for small ones).
+--stop-at-eot (default): a sample ends at the end-of-text token, which is not printed.
+
+Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+from errors import UserError, run_cli
+
+ROOT = Path(__file__).resolve().parent
+FALLBACK_CHECKPOINT = "out/small"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+DEFAULT_PROMPT = "\n"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors become one-line UserErrors too
+        raise UserError(f"{message}; see `python sample.py --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python sample.py",
+        description="Generate text from a checkpoint with the KV cache.",
+    )
+    p.add_argument("stdin", nargs="?", choices=["-"], help="read the prompt from stdin")
+    p.add_argument("--checkpoint", default=None,
+                   help="ckpt file or training out_dir; or an HF GPT-2 directory or hub name "
+                        "(default: small.yaml's out_dir, out/small)")
+    p.add_argument("--prompt", action="append", default=None, help="the prompt ('-' = stdin); repeat for several")
+    p.add_argument("--prompt-file", action="append", default=None, help="read the prompt from a file ('-' = stdin)")
+    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens generated per sample (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=200, help="keep the K most likely tokens (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
+    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="auto: bfloat16 on GPUs that support it, and on CPUs with bf16 support for models of "
+                        ">= 25M params; else float32 (default: auto)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
+    p.add_argument("--stop-at-eot", action=argparse.BooleanOptionalAction, default=True,
+                   help="end a sample at the end-of-text token (default: on)")
+    return p
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise UserError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}; e.g. 0.8")
+    if args.top_k < 1:
+        raise UserError(f"--top-k must be >= 1, got {args.top_k}; use a large value (e.g. 50257) to keep every token")
+    if not (0.0 < args.top_p <= 1.0):  # also rejects nan
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}; e.g. 0.9, or 1 to turn nucleus sampling off")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise UserError(f"--seed must be an integer in [0, 2**63), got {args.seed}")
+    sources = (args.prompt or []) + (args.prompt_file or [])
+    if args.stdin and sources:
+        raise UserError("the prompt comes either from stdin ('-') or from --prompt/--prompt-file; pass only one")
+    if sum(s == "-" for s in sources) > 1:
+        raise UserError("stdin ('-') can be read only once; give the other prompts with --prompt or --prompt-file")
+
+
+# ---------------------------------------------------------------------------------- device, dtype
+
+def pick_device(name: str):
+    import torch
+
+    mps_ok = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name} but CUDA is not available here; use --device cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {name} but there are {torch.cuda.device_count()} GPU(s); pick another index")
+    if dev.type == "mps" and not mps_ok:
+        raise UserError(f"--device {name} but MPS is not available here; use --device cpu or auto")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"unsupported --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    return dev
+
+
+BF16_CPU_MIN_PARAMS = 25_000_000
+
+
+def pick_dtype(name: str, device, n_params: int):
+    """auto: on CUDA bf16 where supported, else fp16. On a CPU whose oneDNN does bf16, bf16 for models
+    of >= 25M parameters: their decoding is bound by reading the weights, which bf16 halves (with
+    prepacked weights GPT-2-124M goes from ~42 to ~57 tok/s on this project's 2-core test machine);
+    smaller models fit in cache, and there fp32 is faster (7M params: ~630 vs ~590 tok/s). fp32 on MPS
+    and everywhere else."""
+    import torch
+
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if (device.type == "cpu" and n_params >= BF16_CPU_MIN_PARAMS and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return torch.bfloat16
+    return torch.float32
+
+
+# ---------------------------------------------------------------------------------- loading
+
+def default_checkpoint() -> str:
+    """train.out_dir of configs/small.yaml, read when asked (falls back to out/small)."""
+    try:
+        import yaml
+
+        cfg = yaml.safe_load((ROOT / "configs" / "small.yaml").read_text(encoding="utf-8"))
+        out_dir = cfg["train"]["out_dir"]
+        if isinstance(out_dir, str) and out_dir:
+            return out_dir
+    except Exception:  # no file, no key, unreadable: the documented default
+        pass
+    return FALLBACK_CHECKPOINT
+
+
+def _is_hub_name(spec: str) -> bool:
+    # a bare name ("gpt2", "gpt2-medium", "distilgpt2") or openai-community/...; anything else with a
+    # slash is a local path, so a mistyped path never turns into a download attempt
+    if Path(spec).expanduser().exists() or spec.lower().endswith(CHECKPOINT_SUFFIXES):
+        return False
+    return bool(re.fullmatch(r"(openai-community/)?[A-Za-z0-9][\w.-]*", spec))
+
+
+def load_model(spec: str):
+    """(model on CPU in eval mode, tokenizer, one-line description) for a checkpoint file, an out_dir,
+    an HF GPT-2 directory, or an HF hub name."""
+    path = Path(spec).expanduser()
+    is_hf_dir = path.is_dir() and not (path / "ckpt.pt").is_file() and (path / "config.json").is_file()
+    if is_hf_dir or _is_hub_name(spec):
+        return _load_hf(spec)
+    return _load_ours(spec)
+
+
+def _one_line(e: BaseException, limit: int = 160) -> str:
+    return " ".join(str(e).split())[:limit]
+
+
+def _load_hf(spec: str):
+    from data import get_tokenizer
+    from model import GPT
+
+    try:
+        model = GPT.from_pretrained(spec)
+    except FileNotFoundError as e:
+        raise UserError(f"cannot load {spec!r}: {_one_line(e)}; pass a checkpoint file, a training out_dir, "
+                        "or an HF GPT-2 directory") from None
+    except (ValueError, KeyError, TypeError, OSError) as e:  # bad config.json or weights
+        raise UserError(f"{spec} is not a usable HF GPT-2 directory ({type(e).__name__}: {_one_line(e)}); "
+                        "re-export it or pass another --checkpoint") from None
+    except Exception as e:  # e.g. safetensors' own errors on a damaged file
+        raise UserError(f"cannot read the HF GPT-2 weights in {spec} ({type(e).__name__}); "
+                        "re-export or re-download them") from None
+    tok = get_tokenizer("gpt2")
+    if tok.vocab_size > model.config.vocab_size:
+        raise UserError(f"{spec} has vocab_size {model.config.vocab_size}, smaller than GPT-2's tokenizer "
+                        f"({tok.vocab_size}); use a GPT-2 model")
+    return model.eval(), tok, f"HF GPT-2 {spec}"
+
+
+def _load_ours(spec: str):
+    import torch
+
+    from data import tokenizer_from_meta
+    from model import GPT, GPTConfig
+    from training.checkpoint import load_checkpoint, resolve_checkpoint_path
+
+    ckpt = load_checkpoint(spec)
+    where = resolve_checkpoint_path(spec)
+    for key in ("model", "model_config", "tokenizer"):
+        if key not in ckpt:
+            raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
+    try:
+        config = GPTConfig(**ckpt["model_config"])
+    except (TypeError, ValueError) as e:
+        raise UserError(f"checkpoint {where} has an invalid model_config ({_one_line(e)}); "
+                        "use a ckpt.pt written by this version of train.py") from None
+    config.dropout = 0.0  # inference
+    with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
+        model = GPT(config)
+    try:
+        model.load_state_dict(ckpt["model"], assign=True)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise UserError(f"checkpoint {where}: weights do not match its model_config ({_one_line(e)}); "
+                        "use an intact ckpt.pt") from None
+    model.lm_head.weight = model.transformer.wte.weight  # assign=True replaced the tied tensor; tie again
+    tok = tokenizer_from_meta(ckpt["tokenizer"])
+    if tok.vocab_size > config.vocab_size:
+        raise UserError(
+            f"checkpoint {where}: tokenizer has {tok.vocab_size} ids but the model only {config.vocab_size}; "
+            "the checkpoint is inconsistent, retrain")
+    it = ckpt.get("iter")
+    desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
+    return model.eval(), tok, desc
+
+
+# ---------------------------------------------------------------------------------- prompts
+
+def _read_stdin() -> str:
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError:
+        raise UserError("the prompt on stdin is not valid UTF-8; re-encode it as UTF-8") from None
+
+
+def _read_file(name: str) -> str:
+    if name == "-":
+        return _read_stdin()
+    try:
+        return Path(name).expanduser().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"prompt file {name} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise UserError(f"prompt file {name} is a directory; pass a text file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"prompt file {name} is not valid UTF-8 text; re-encode it as UTF-8") from None
+    except OSError as e:
+        raise UserError(f"cannot read prompt file {name} ({e.strerror}); check its permissions") from None
+
+
+def read_prompts(args) -> list[str] | None:
+    """The prompt texts in the order given, or None when no prompt option was given."""
+    if args.stdin:
+        return [_read_stdin()]
+    texts = []
+    for text in args.prompt or []:
+        texts.append(_read_stdin() if text == "-" else text)
+    for name in args.prompt_file or []:
+        texts.append(_read_file(name))
+    return texts or None
+
+
+def encode_prompt(tok, text: str | None, note) -> tuple[str, list[int]]:
+    """(text to print before the sample, token ids). None = no prompt given; "" = start from EOT."""
+    if text is None:
+        try:
+            return DEFAULT_PROMPT, tok.encode(DEFAULT_PROMPT)
+        except UserError:  # a char vocabulary without "\n"
+            return "", [tok.eot]
+    ids = tok.encode(text)  # the char tokenizer raises UserError for characters it lacks
+    if not ids:
+        note("the prompt is empty: generation starts from the end-of-text token")
+        return "", [tok.eot]
+    return text, ids
+
+
+# ---------------------------------------------------------------------------------- output
+
+class StreamPrinter:
+    """Prints tokens as text as they arrive. Token boundaries can fall inside a multi-byte character
+    (GPT-2's BPE works on bytes), so tokens are decoded together, not one by one: while the decoded
+    pending tokens end in U+FFFD (an incomplete character) they are held back; once they end on a whole
+    character they are printed and dropped. UTF-8 is self-synchronising, so that point is a character
+    boundary and the printed pieces join up to the decode of the whole sample."""
+
+    def __init__(self, tok, out):
+        self.tok, self.out = tok, out
+        self.pending: list[int] = []
+
+    def add(self, token: int) -> None:
+        self.pending.append(token)
+        text = self.tok.decode(self.pending)
+        if not text.endswith("\ufffd"):
+            self.out.write(text)
+            self.out.flush()
+            self.pending.clear()
+
+    def finish(self) -> None:
+        self.out.write(self.tok.decode(self.pending) + "\n")
+        self.out.flush()
+        self.pending.clear()
+
+
+# ---------------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    validate_args(args)
+    prompt_texts = read_prompts(args)
+
+    import torch
+
+    from model.generate import decode_one_token, generate_stream, prepack_for_cpu
+
+    def note(msg: str) -> None:
+        print(f"sample.py: {msg}", file=sys.stderr, flush=True)
+
+    spec = args.checkpoint
+    if spec is None:
+        spec = default_checkpoint()
+        if not Path(spec).exists():
+            raise UserError(f"no checkpoint at {spec} (the default, small.yaml's out_dir); "
+                            "train one with `python train.py --config small`, or pass --checkpoint PATH")
+    device = pick_device(args.device)
+    model, tok, desc = load_model(spec)
+    n_params = model.num_params(non_embedding=False)
+    dtype = pick_dtype(args.dtype, device, n_params)
+
+    prompts = [encode_prompt(tok, t, note) for t in (prompt_texts or [None])]
+    block_size = model.config.block_size
+    if any(len(ids) > block_size for _, ids in prompts):
+        note(f"a prompt is longer than block_size ({block_size} tokens): only its last {block_size} tokens are context")
+    rows = [p for p in prompts for _ in range(args.num_samples)]
+
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    model = model.to(device)
+    model = model.to(dtype)
+    decode_fn = torch.compile(decode_one_token, fullgraph=True) if args.compile else None
+    packed = not args.compile and prepack_for_cpu(model)  # CPU bf16 only: oneDNN weight layout, done once
+    generator = torch.Generator(device=device).manual_seed(seed)
+    note(f"{desc}, {n_params / 1e6:.2f}M params, {tok.name} tokenizer; {device}, {str(dtype).removeprefix('torch.')}"
+         f"{', compiled' if args.compile else ''}{', prepacked' if packed else ''}; seed {seed}")
+
+    stream = generate_stream(
+        model, [ids for _, ids in rows], args.max_new_tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p if args.top_p < 1 else None,
+        generator=generator, eot=tok.eot, stop_at_eot=args.stop_at_eot,
+        vocab_size=tok.vocab_size, decode_fn=decode_fn,
+    )
+    out = sys.stdout
+    if hasattr(out, "reconfigure"):
+        out.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?', not a crash
+    try:
+        if len(rows) == 1:
+            printer = StreamPrinter(tok, out)
+            out.write(rows[0][0])
+            out.flush()
+            for step in _guard_compile(stream, args.compile):
+                if step[0] is not None:
+                    printer.add(step[0])
+            printer.finish()
+        else:
+            generated: list[list[int]] = [[] for _ in rows]
+            for step in _guard_compile(stream, args.compile):
+                for r, t in enumerate(step):
+                    if t is not None:
+                        generated[r].append(t)
+            for r, ((text, _), ids) in enumerate(zip(rows, generated)):
+                out.write(f"---------- sample {r + 1}/{len(rows)} ----------\n")
+                out.write(text + tok.decode(ids) + "\n")
+            out.flush()
+    except BrokenPipeError:  # e.g. `python sample.py | head`: the reader left, nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
+def _guard_compile(stream, compiled: bool):
+    """Turns a torch.compile failure (no C++ compiler, unsupported backend) into a one-line UserError."""
+    if not compiled:
+        yield from stream
+        return
+    try:
+        yield from stream
+    except Exception as e:
+        if type(e).__module__.startswith("torch._dynamo") or type(e).__module__.startswith("torch._inductor"):
+            raise UserError(f"--compile failed ({type(e).__name__}); run without --compile") from None
+        raise
+
+
+if __name__ == "__main__":
+    run_cli(main)

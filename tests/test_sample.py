@@ -1,0 +1,364 @@
+"""sample.py: loading (ours, HF), prompts, output format, seeds, and every bad input as one error line.
+
+Most runs call `run_cli(sample.main)` in-process (same exit code and stderr as the CLI, without the
+~2 s start-up); a few run the real script in a subprocess to prove there is no traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import sample
+from data import get_tokenizer
+from errors import run_cli
+from model import GPT, GPTConfig
+from model.generate import generate
+from training.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+CHARS = "".join(sorted(set(TEXT)))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: one thread is fastest, see one_thread
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a shared 2-core machine the OpenMP hand-off
+    between threads costs more than the ops themselves."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_char_checkpoint(path: Path, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(config)
+    with torch.no_grad():  # peaky logits: greedy choices are far from float ties
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.4)
+    save_checkpoint(path, {
+        "model": model.state_dict(), "model_config": dataclasses.asdict(config), "config": {},
+        "tokenizer": {"tokenizer": "char", "chars": CHARS}, "iter": 0,
+    })
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def char_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "ckpt.pt"
+    model = make_char_checkpoint(path)
+    return path, model
+
+
+def run(argv, capsys):
+    """sample.py in-process through run_cli -> (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        run_cli(lambda: sample.main([str(a) for a in argv]))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def run_script(argv, cwd=ROOT, **kw):
+    return subprocess.run([sys.executable, str(ROOT / "sample.py"), *map(str, argv)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env=ENV, **kw)
+
+
+def assert_one_error_line(code, err, *words):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+# ---------------------------------------------------------------------------------- HF parity
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64, vocab_size=50257))
+    path = tmp_path_factory.mktemp("hf")
+    hf.save_pretrained(path)
+    return path, hf.eval()
+
+
+def hf_greedy(hf, ids, n, eot=50256):
+    out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                      do_sample=False, max_new_tokens=n, pad_token_id=eot)[0, len(ids):].tolist()
+    return out[: out.index(eot)] if eot in out else out  # we stop at EOT and do not print it
+
+
+def test_hf_directory_loads_and_greedy_equals_transformers_generate(hf_dir):
+    path, hf = hf_dir
+    model, tok, _ = sample.load_model(str(path))  # the --checkpoint code path
+    ids = tok.encode("The quick brown fox")
+    n = 64 - len(ids)  # up to the block size
+    expected = hf_greedy(hf.double(), ids, n)
+    hf.float()
+    ours = generate(model.double(), [ids], n, temperature=0, eot=tok.eot)[0]
+    assert ours == expected and len(ours) > 20
+
+
+def test_hf_directory_through_the_cli_matches_transformers_text(hf_dir):
+    path, hf = hf_dir
+    prompt = "Hello, my name is"
+    tok = get_tokenizer("gpt2")
+    expected = prompt + tok.decode(hf_greedy(hf, tok.encode(prompt), 30)) + "\n"
+    r = run_script(["--checkpoint", path, "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "30",
+                    "--dtype", "float32", "--device", "cpu"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected
+
+
+# ---------------------------------------------------------------------------------- bad inputs
+
+class WritesMarker:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):  # unpickling this calls open(marker, "w"): code execution from a file
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle"])
+def test_malicious_checkpoint_is_refused_and_its_code_never_runs(tmp_path, capsys, writer):
+    # the payload is real: a non-weights_only load of the same construction does create its marker
+    probe, probe_marker = tmp_path / "probe.pt", tmp_path / "probe-ran"
+    torch.save({"format": "smallgpt-checkpoint", "x": WritesMarker(probe_marker)}, probe)
+    torch.load(probe, weights_only=False)
+    assert probe_marker.exists()
+
+    evil, marker = tmp_path / "evil.pt", tmp_path / "evil-ran"
+    payload = {"format": "smallgpt-checkpoint", "version": 1, "model": WritesMarker(marker)}
+    if writer == "torch.save":
+        torch.save(payload, evil)
+        r = run_script(["--checkpoint", evil, "--max-new-tokens", "5"])  # the real CLI, once
+        code, err = r.returncode, r.stderr
+    else:
+        evil.write_bytes(pickle.dumps(payload))
+        code, _, err = run(["--checkpoint", evil, "--max-new-tokens", "5"], capsys)
+    assert_one_error_line(code, err, str(evil), "refused")
+    assert not marker.exists()
+
+
+def test_bad_option_in_a_subprocess_is_one_error_line_without_traceback():
+    r = run_script(["--top-p", "1.5"])
+    assert_one_error_line(r.returncode, r.stderr, "--top-p", "(0, 1]")
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--top-p", "0"], ["--top-p", "(0, 1]"]),
+        (["--top-p", "1.01"], ["--top-p"]),
+        (["--top-p", "nan"], ["--top-p"]),
+        (["--top-k", "0"], ["--top-k", ">= 1"]),
+        (["--temperature", "-0.5"], ["--temperature", ">= 0"]),
+        (["--max-new-tokens", "0"], ["--max-new-tokens", ">= 1"]),
+        (["--num-samples", "0"], ["--num-samples", ">= 1"]),
+        (["--top-k", "ten"], ["--top-k", "invalid int"]),
+        (["--dtype", "float64"], ["--dtype", "invalid choice"]),
+        (["--device", "cuda:0" if not torch.cuda.is_available() else "tpu"], ["--device"]),
+        (["--no-such-option"], ["unrecognized"]),
+        (["--prompt-file", "/nonexistent/prompt.txt"], ["prompt file", "does not exist"]),
+        (["-", "--prompt", "x"], ["stdin", "only one"]),
+    ],
+)
+def test_bad_options_are_one_line_errors(char_ckpt, capsys, argv, words):
+    code, out, err = run(["--checkpoint", char_ckpt[0], *argv], capsys)
+    assert_one_error_line(code, err, *words)
+
+
+def test_checkpoint_problems_are_one_line_errors(tmp_path, capsys):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"PK\x03\x04 this is not a zip archive at all" * 10)
+    truncated = tmp_path / "truncated.pt"
+    save_checkpoint(truncated, {"model": {"w": torch.zeros(1000)}})
+    truncated.write_bytes(truncated.read_bytes()[:600])
+    not_ours = tmp_path / "other.pt"
+    torch.save({"state_dict": {"w": torch.zeros(3)}}, not_ours)
+    empty_dir = tmp_path / "empty_run"
+    empty_dir.mkdir()
+    bad_hf = tmp_path / "bad_hf"
+    bad_hf.mkdir()
+    (bad_hf / "config.json").write_text("{not json")
+    cases = [
+        (tmp_path / "missing.pt", "does not exist"),
+        (corrupt, "corrupt"),
+        (truncated, "corrupt"),
+        (not_ours, "not a smallgpt checkpoint"),
+        (empty_dir, "no ckpt.pt"),
+        (bad_hf, "not a usable HF GPT-2 directory"),
+    ]
+    for path, words in cases:
+        code, out, err = run(["--checkpoint", path, "--max-new-tokens", "3"], capsys)
+        assert_one_error_line(code, err, str(path), words)
+        assert out == ""
+
+
+def test_checkpoint_with_weights_that_do_not_fit_its_config_is_an_error(tmp_path, capsys):
+    model = GPT(GPTConfig(vocab_size=len(CHARS) + 1, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    cfg = dataclasses.asdict(model.config) | {"n_embd": 32}
+    path = tmp_path / "mismatch.pt"
+    save_checkpoint(path, {"model": model.state_dict(), "model_config": cfg,
+                           "tokenizer": {"tokenizer": "char", "chars": CHARS}, "config": {}})
+    code, _, err = run(["--checkpoint", path], capsys)
+    assert_one_error_line(code, err, "weights do not match")
+
+
+def test_missing_default_checkpoint_says_how_to_train_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run([], capsys)
+    assert_one_error_line(code, err, "python train.py", "--checkpoint")
+
+
+def test_prompt_with_characters_missing_from_the_char_vocab_is_an_error(char_ckpt, capsys):
+    code, out, err = run(["--checkpoint", char_ckpt[0], "--prompt", "Zebra{"], capsys)
+    assert_one_error_line(code, err, "'Z'", "'{'")
+    assert out == ""
+
+
+def test_empty_prompt_starts_from_eot_and_says_so(char_ckpt, capsys, tmp_path):
+    path, model = char_ckpt
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    eot = len(CHARS)
+    expected = generate(model, [[eot]], 12, temperature=0, eot=eot)[0]
+    for argv in (["--prompt", ""], ["--prompt-file", empty]):
+        code, out, err = run(["--checkpoint", path, *argv, "--temperature", "0", "--max-new-tokens", "12",
+                              "--dtype", "float32"], capsys)
+        assert code == 0
+        assert "end-of-text" in err
+        assert out == "".join(CHARS[i] for i in expected) + "\n"
+
+
+def test_dtype_auto_is_float32_for_small_models_on_cpu_and_explicit_choices_are_kept():
+    cpu = torch.device("cpu")
+    assert sample.pick_dtype("auto", cpu, 7_000_000) == torch.float32
+    big = sample.pick_dtype("auto", cpu, 124_000_000)
+    assert big == (torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32)
+    for name in ("float32", "bfloat16", "float16"):
+        assert sample.pick_dtype(name, cpu, 7_000_000) == getattr(torch, name)
+
+
+def test_float16_and_bfloat16_run_on_cpu(char_ckpt, capsys):
+    for dtype in ("float16", "bfloat16"):
+        code, out, err = run(["--checkpoint", char_ckpt[0], "--prompt", "hear", "--dtype", dtype,
+                              "--max-new-tokens", "10", "--no-stop-at-eot", "--seed", "0"], capsys)
+        assert code == 0 and len(out) == len("hear") + 10 + 1 and dtype in err
+
+
+# ---------------------------------------------------------------------------------- output, seeds, batches
+
+def test_prompt_from_stdin(char_ckpt, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("All:\n"))
+    code, out, _ = run(["--checkpoint", char_ckpt[0], "-", "--max-new-tokens", "5", "--seed", "1", "--no-stop-at-eot"],
+                       capsys)
+    assert code == 0 and out.startswith("All:\n") and len(out) == len("All:\n") + 5 + 1
+
+
+def test_single_sample_streams_token_by_token(char_ckpt, monkeypatch):
+    chunks = []
+
+    class Recorder:
+        def write(self, s):
+            chunks.append(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    assert sample.main(["--checkpoint", str(char_ckpt[0]), "--prompt", "All:", "--max-new-tokens", "20",
+                        "--no-stop-at-eot", "--seed", "3"]) == 0
+    text = "".join(chunks)
+    assert text.startswith("All:") and text.endswith("\n") and len(text) == len("All:") + 20 + 1
+    assert len(chunks) >= 20  # the prompt, then (at least) one write per generated character
+
+
+def test_stream_printer_keeps_multibyte_characters_whole():
+    tok = get_tokenizer("gpt2")
+    text = "naïve café 🙂🎉 世界 ok"
+    ids = tok.encode(text)
+    assert any("\ufffd" in tok.decode([i]) for i in ids), "the text should split characters across tokens"
+    chunks = []
+
+    class Recorder:
+        def write(self, s):
+            chunks.append(s)
+
+        def flush(self):
+            pass
+
+    printer = sample.StreamPrinter(tok, Recorder())
+    for i in ids:
+        printer.add(i)
+    printer.finish()
+    assert "".join(chunks) == text + "\n"
+    assert not any("\ufffd" in c for c in chunks)
+    assert len(chunks) > 5
+
+
+def test_several_samples_print_whole_with_separator_lines(char_ckpt, capsys):
+    code, out, _ = run(["--checkpoint", char_ckpt[0], "--prompt", "hear", "--num-samples", "3",
+                        "--max-new-tokens", "15", "--no-stop-at-eot", "--seed", "5"], capsys)
+    assert code == 0
+    parts = out.split("\n")
+    headers = [i for i, line in enumerate(parts) if line.startswith("---------- sample ")]
+    assert [parts[i] for i in headers] == [f"---------- sample {k}/3 ----------" for k in (1, 2, 3)]
+    for i in headers:
+        assert parts[i + 1].startswith("hear")
+
+
+def test_same_seed_same_text_other_seed_other_text(char_ckpt, capsys):
+    argv = ["--checkpoint", char_ckpt[0], "--prompt", "Speak", "--max-new-tokens", "40", "--temperature", "1.0",
+            "--num-samples", "2", "--dtype", "float32"]
+    a = run(argv + ["--seed", "11"], capsys)[1]
+    b = run(argv + ["--seed", "11"], capsys)[1]
+    c = run(argv + ["--seed", "12"], capsys)[1]
+    assert a == b and a != c
+
+
+def test_prompts_of_different_lengths_in_one_batch_equal_each_run_alone(char_ckpt, capsys):
+    common = ["--checkpoint", char_ckpt[0], "--temperature", "0", "--max-new-tokens", "40", "--no-stop-at-eot",
+              "--dtype", "float32"]
+    prompts = ["A", "Before we proceed any", "hear me"]
+    alone = [run(common + ["--prompt", p], capsys)[1] for p in prompts]
+    code, out, _ = run(common + [a for p in prompts for a in ("--prompt", p)], capsys)
+    assert code == 0
+    samples = [s.strip("\n") for s in out.split("---------- sample ")[1:]]
+    assert [s.split("----------\n", 1)[1] for s in samples] == [a.strip("\n") for a in alone]
+
+
+# ---------------------------------------------------------------------------------- end to end
+
+@pytest.mark.slow
+def test_train_a_tiny_model_then_sample_from_its_out_dir(tmp_path, shakespeare_path):
+    out_dir = tmp_path / "out"
+    train = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=2",
+         "--model.block_size=32", "--train.max_iters=5", "--train.eval_interval=5", "--train.eval_iters=1",
+         "--train.batch_size=4", "--train.warmup_iters=1", "--data.tokenizer=char",
+         f"--data.root={tmp_path / 'data'}", f"--data.local_path={shakespeare_path}",
+         f"--train.out_dir={out_dir}", "--train.device=cpu", "--wandb.mode=disabled"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert train.returncode == 0, train.stderr[-2000:]
+    r = run_script(["--checkpoint", out_dir, "--max-new-tokens", "20", "--seed", "0"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stdout.strip()) > 0 and len(r.stdout) >= 20 - 1  # "\n" prompt + up to 20 chars + "\n"
