@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from data import BatchLoader, load_meta, prepare
+from data import BatchLoader, load_meta, prepare_data
 from errors import UserError, run_cli
 from training.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, save_checkpoint
 from training.compile import apply_compile
@@ -82,10 +82,10 @@ def train(cfg: Config) -> dict[str, Any]:
 
         # ---- data (rank 0 prepares; the others wait, then find it up to date)
         if main_rank:
-            data_dir = prepare(cfg.data, progress=True)
+            data_dir = prepare_data(cfg.data, progress=True)
         barrier(dist)
         if not main_rank:
-            data_dir = prepare(cfg.data, progress=False)
+            data_dir = prepare_data(cfg.data, progress=False)
         meta = load_meta(data_dir)
         tokenizer = {"tokenizer": meta["tokenizer"], "chars": meta["chars"]}
         if resume is not None and resume.get("tokenizer") != tokenizer:

@@ -24,15 +24,15 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken_cache"))
 os.environ.setdefault("SMALLGPT_SHAKESPEARE", str(SHARED / "data/tinyshakespeare/input.txt"))
 
-from data import BatchLoader, DataConfig, get_tokenizer, prepare  # noqa: E402
+from data import BatchLoader, DataConfig, get_tokenizer, prepare_data  # noqa: E402
 from data.sources import shakespeare_path  # noqa: E402
 
 # Run in a child so that its peak RSS (ru_maxrss of children) is the prepare's alone.
 PREPARE_CHILD = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from data import DataConfig, prepare
-prepare(DataConfig(dataset=sys.argv[2], tokenizer="gpt2", root=sys.argv[3]), progress=False)
+from data import DataConfig, prepare_data
+prepare_data(DataConfig(dataset=sys.argv[2], tokenizer="gpt2", root=sys.argv[3]), progress=False)
 """
 
 
@@ -64,7 +64,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         t = time.perf_counter()
-        out = prepare(DataConfig(root=tmp), progress=False)
+        out = prepare_data(DataConfig(root=tmp), progress=False)
         rows.append(("prepare shakespeare-gpt2 (load + tokenize + write)", f"{time.perf_counter() - t:.2f} s", "< 2 s"))
 
         loader = BatchLoader(out, "train", block_size=256, batch_size=12, seed=0)

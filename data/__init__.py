@@ -1,12 +1,12 @@
 """Data pipeline: text sources -> tokens on disk (prepare) -> random-window batches (BatchLoader).
 
-    from data import DataConfig, prepare, load_meta, get_tokenizer, tokenizer_from_meta, BatchLoader
+    from data import DataConfig, prepare_data, load_meta, get_tokenizer, tokenizer_from_meta, BatchLoader
 """
-from .build import load_meta, prepare
+from .build import load_meta, prepare_data
 from .config import DataConfig
 from .tokenizer import Tokenizer, get_tokenizer, tokenizer_from_meta
 
-__all__ = ["BatchLoader", "DataConfig", "Tokenizer", "get_tokenizer", "load_meta", "prepare", "tokenizer_from_meta"]
+__all__ = ["BatchLoader", "DataConfig", "Tokenizer", "get_tokenizer", "load_meta", "prepare_data", "tokenizer_from_meta"]
 
 
 def __getattr__(name: str):

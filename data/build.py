@@ -39,7 +39,7 @@ COPY_TOKENS = 4 << 20  # tokens moved per read when splitting off the val tail
 REBUILD = "re-run `python -m data.prepare` with the same settings to rebuild it"
 
 
-def prepare(cfg: DataConfig, *, progress: bool = True) -> Path:
+def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
     """Make sure the prepared dir for `cfg` exists and is current; return its path.
 
     Skips the work when the stored fingerprint matches, rebuilds (saying why) when it doesn't.

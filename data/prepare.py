@@ -9,7 +9,7 @@ from dataclasses import fields
 
 from errors import run_cli
 
-from .build import prepare
+from .build import prepare_data
 from .config import DataConfig
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(p.parse_args(argv))
     progress = not args.pop("no_progress")
     cfg = DataConfig(**{f.name: args[f.name] for f in fields(DataConfig)})
-    print(prepare(cfg, progress=progress))
+    print(prepare_data(cfg, progress=progress))
     return 0
 
 

@@ -22,6 +22,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    # tests run tiny ops, where a second OpenMP thread costs more than it gives, and on a shared
+    # 2-core machine it makes timings erratic
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
     p = Path(os.environ["SMALLGPT_SHAKESPEARE"])

@@ -12,7 +12,7 @@ import datasets
 import pytest
 
 import data.sources
-from data import BatchLoader, DataConfig, load_meta, prepare
+from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,24 +41,24 @@ def good(tmp_path):
     src = tmp_path / "src.txt"
     src.write_text("To be, or not to be, that is the question. " * 40, encoding="utf-8")
     cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(tmp_path / "prepared"))
-    out = prepare(cfg, progress=False)
+    out = prepare_data(cfg, progress=False)
     return cfg, out, snapshot(out)
 
 
 def test_missing_local_path(good, tmp_path):
     cfg, out, before = good
     cfg.dataset = str(tmp_path / "no-such-file.txt")
-    user_error(lambda: prepare(cfg, progress=False), "no-such-file.txt", "does not exist", "shakespeare")
+    user_error(lambda: prepare_data(cfg, progress=False), "no-such-file.txt", "does not exist", "shakespeare")
     cfg.dataset = str(tmp_path / "nothing-*.txt")
-    user_error(lambda: prepare(cfg, progress=False), "no files match")
+    user_error(lambda: prepare_data(cfg, progress=False), "no files match")
     assert snapshot(out) == before
 
 
 def test_missing_shakespeare_copy_named_by_env_or_config(tmp_path, monkeypatch):
     monkeypatch.setenv("SMALLGPT_SHAKESPEARE", str(tmp_path / "gone.txt"))
-    user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", "gone.txt")
+    user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", "gone.txt")
     cfg = DataConfig(root=str(tmp_path), local_path=str(tmp_path / "also-gone.txt"))
-    user_error(lambda: prepare(cfg, progress=False), "data.local_path", "also-gone.txt")
+    user_error(lambda: prepare_data(cfg, progress=False), "data.local_path", "also-gone.txt")
 
 
 def test_offline_without_shakespeare_says_where_to_put_it(tmp_path, monkeypatch):
@@ -69,7 +69,7 @@ def test_offline_without_shakespeare_says_where_to_put_it(tmp_path, monkeypatch)
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(data.sources.urllib.request, "urlopen", offline)
-    msg = user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", data.sources.SHAKESPEARE_URL)
+    msg = user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", data.sources.SHAKESPEARE_URL)
     assert str(tmp_path / "cache/smallgpt/tinyshakespeare/input.txt") in msg
     assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
 
@@ -80,7 +80,7 @@ def test_download_with_wrong_checksum_is_refused_and_not_cached(tmp_path, monkey
     monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(data.sources.urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"<html>captive portal</html>"))
-    user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "sha256")
+    user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "sha256")
     assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
 
 
@@ -88,7 +88,7 @@ def test_shakespeare_copy_with_other_content_is_refused(tmp_path, monkeypatch):
     fake = tmp_path / "input.txt"
     fake.write_text("not shakespeare", encoding="utf-8")
     monkeypatch.setenv("SMALLGPT_SHAKESPEARE", str(fake))
-    user_error(lambda: prepare(DataConfig(root=str(tmp_path)), progress=False), "sha256", f"data.dataset: {fake}")
+    user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "sha256", f"data.dataset: {fake}")
 
 
 def test_empty_source_leaves_the_good_data(good):
@@ -96,7 +96,7 @@ def test_empty_source_leaves_the_good_data(good):
     Path(cfg.dataset).write_text("", encoding="utf-8")
     for tok in ("char", "gpt2"):
         cfg.tokenizer = tok
-        user_error(lambda: prepare(cfg, progress=False), "no text")
+        user_error(lambda: prepare_data(cfg, progress=False), "no text")
     assert snapshot(out) == before
     assert not any(p.name.endswith(".tmp") for p in out.parent.rglob("*"))
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no empty gpt2 dir left behind
@@ -105,12 +105,12 @@ def test_empty_source_leaves_the_good_data(good):
 def test_directory_without_txt_files_is_an_empty_source(tmp_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus/readme.md").write_text("words", encoding="utf-8")
-    user_error(lambda: prepare(DataConfig(dataset=str(tmp_path / "corpus"), root=str(tmp_path)), progress=False), "no .txt files", "glob")
+    user_error(lambda: prepare_data(DataConfig(dataset=str(tmp_path / "corpus"), root=str(tmp_path)), progress=False), "no .txt files", "glob")
 
 
 def test_source_too_small_to_split(tmp_path):
     (tmp_path / "tiny.txt").write_text("hi", encoding="utf-8")
-    user_error(lambda: prepare(DataConfig(dataset=str(tmp_path / "tiny.txt"), root=str(tmp_path)), progress=False), "val_fraction")
+    user_error(lambda: prepare_data(DataConfig(dataset=str(tmp_path / "tiny.txt"), root=str(tmp_path)), progress=False), "val_fraction")
 
 
 def test_split_shorter_than_block_size_plus_one(good):
@@ -127,7 +127,7 @@ def test_corrupt_bin_is_reported_then_rebuilt_by_prepare(good):
         f.write(b"\x00")  # uint16 data with an odd byte count
     user_error(lambda: BatchLoader(out, "train", block_size=8, batch_size=2, seed=0), "train.bin", "multiple of 2", "data.prepare")
     user_error(lambda: load_meta(out), "corrupt")
-    prepare(cfg, progress=False)  # corrupt data is not good data: prepare rebuilds it
+    prepare_data(cfg, progress=False)  # corrupt data is not good data: prepare rebuilds it
     assert snapshot(out) == before
 
 
@@ -144,14 +144,14 @@ def test_meta_disagreeing_with_requested_tokenizer(good, tmp_path):
     gpt2_dir = out.with_name(out.name.replace("-char", "-gpt2"))
     shutil.copytree(out, gpt2_dir)
     cfg.tokenizer = "gpt2"
-    user_error(lambda: prepare(cfg, progress=False), str(gpt2_dir), "'char'", "'gpt2'")
+    user_error(lambda: prepare_data(cfg, progress=False), str(gpt2_dir), "'char'", "'gpt2'")
     assert snapshot(gpt2_dir) == before and snapshot(out) == before
 
 
 def test_unknown_tokenizer_name(good):
     cfg, out, before = good
     cfg.tokenizer = "bpe-9000"
-    user_error(lambda: prepare(cfg, progress=False), "'bpe-9000'", "char", "gpt2")
+    user_error(lambda: prepare_data(cfg, progress=False), "'bpe-9000'", "char", "gpt2")
     assert snapshot(out) == before
 
 
@@ -169,14 +169,14 @@ def test_unknown_tokenizer_name(good):
 def test_bad_config_values(good, field, value, words):
     cfg, out, before = good
     setattr(cfg, field, value)
-    user_error(lambda: prepare(cfg, progress=False), words)
+    user_error(lambda: prepare_data(cfg, progress=False), words)
     assert snapshot(out) == before
 
 
 def test_non_utf8_file_is_named(good):
     cfg, out, before = good
     Path(cfg.dataset).write_bytes(b"caf\xe9 latin-1 text " * 10)
-    user_error(lambda: prepare(cfg, progress=False), "src.txt", "UTF-8", "offset 3")
+    user_error(lambda: prepare_data(cfg, progress=False), "src.txt", "UTF-8", "offset 3")
     assert snapshot(out) == before
 
 
@@ -187,20 +187,20 @@ def _serve(monkeypatch, ds):
 def test_hf_source_without_the_text_field(tmp_path, monkeypatch):
     cfg = DataConfig(dataset="hf:x/y", root=str(tmp_path))
     _serve(monkeypatch, datasets.Dataset.from_dict({"content": ["a", "b"], "id": [1, 2]}))
-    user_error(lambda: prepare(cfg, progress=False), "'text'", "content, id", "data.text_field")
+    user_error(lambda: prepare_data(cfg, progress=False), "'text'", "content, id", "data.text_field")
 
     def rows():
         yield {"body": "streamed text"}
 
     _serve(monkeypatch, datasets.IterableDataset.from_generator(rows))  # features unknown until read
     cfg.streaming = True
-    user_error(lambda: prepare(cfg, progress=False), "'text'", "body", "data.text_field")
+    user_error(lambda: prepare_data(cfg, progress=False), "'text'", "body", "data.text_field")
     assert not any(tmp_path.iterdir())
 
 
 def test_hf_text_field_holding_non_text(tmp_path, monkeypatch):
     _serve(monkeypatch, datasets.Dataset.from_dict({"text": [1, 2, 3]}))
-    user_error(lambda: prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False), "row 1", "int", "data.text_field")
+    user_error(lambda: prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False), "row 1", "int", "data.text_field")
 
 
 def test_hf_dataset_that_cannot_be_loaded(tmp_path, monkeypatch):
@@ -208,7 +208,7 @@ def test_hf_dataset_that_cannot_be_loaded(tmp_path, monkeypatch):
         raise FileNotFoundError("Couldn't find a dataset script at /x/y.py\nor any data file in the same directory.")
 
     monkeypatch.setattr(datasets, "load_dataset", not_found)
-    user_error(lambda: prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False), "x/y", "Couldn't find", "hf_split")
+    user_error(lambda: prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False), "x/y", "Couldn't find", "hf_split")
 
 
 def test_no_prepared_data_points_at_prepare(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import tiktoken
 import torch
 
-from data import BatchLoader, DataConfig, prepare
+from data import BatchLoader, DataConfig, prepare_data
 from errors import UserError
 
 BLOCK = 64
@@ -16,7 +16,7 @@ BLOCK = 64
 
 @pytest.fixture(scope="module")
 def char_dir(tmp_path_factory):
-    return prepare(DataConfig(tokenizer="char", root=str(tmp_path_factory.mktemp("prepared"))), progress=False)
+    return prepare_data(DataConfig(tokenizer="char", root=str(tmp_path_factory.mktemp("prepared"))), progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_offsets_spread_over_the_whole_split(char_dir, train_tokens):
 
 def test_a_split_of_exactly_block_size_plus_one_tokens_gives_that_window(tmp_path):
     (tmp_path / "t.txt").write_text("abcdefghij" * 10, encoding="utf-8")
-    d = prepare(DataConfig(dataset=str(tmp_path / "t.txt"), tokenizer="char", root=str(tmp_path)), progress=False)
+    d = prepare_data(DataConfig(dataset=str(tmp_path / "t.txt"), tokenizer="char", root=str(tmp_path)), progress=False)
     x, y = BatchLoader(d, "val", block_size=9, batch_size=3, seed=0).get_batch(0)
     assert torch.equal(x, torch.arange(9).repeat(3, 1)) and torch.equal(y, torch.arange(1, 10).repeat(3, 1))
 
@@ -94,7 +94,7 @@ def test_bytes_per_token_is_the_splits_utf8_bytes_over_its_tokens(char_dir, tmp_
     assert loader(char_dir).bytes_per_token == 1.0  # one ASCII character per char token
     text = "Unicode costs more bytes: naïve café 🎉, 日本語. " * 20
     (tmp_path / "u.txt").write_text(text, encoding="utf-8")
-    d = prepare(DataConfig(dataset=str(tmp_path / "u.txt"), root=str(tmp_path), val_fraction=0.5), progress=False)
+    d = prepare_data(DataConfig(dataset=str(tmp_path / "u.txt"), root=str(tmp_path), val_fraction=0.5), progress=False)
     ids = tiktoken.get_encoding("gpt2").encode_ordinary(text)
     train = ids[: len(ids) - len(ids) // 2]
     expected = len(tiktoken.get_encoding("gpt2").decode_bytes(train)) / len(train)
@@ -112,7 +112,7 @@ def test_state_dict_is_plain_python_that_survives_a_weights_only_checkpoint(char
 
 def test_resuming_on_different_data_is_refused(char_dir, tmp_path):
     (tmp_path / "other.txt").write_text("some other text entirely " * 50, encoding="utf-8")
-    other = prepare(DataConfig(dataset=str(tmp_path / "other.txt"), tokenizer="char", root=str(tmp_path)), progress=False)
+    other = prepare_data(DataConfig(dataset=str(tmp_path / "other.txt"), tokenizer="char", root=str(tmp_path)), progress=False)
     state = loader(char_dir).state_dict()
     with pytest.raises(UserError) as e:
         loader(other, block_size=8).load_state_dict(state)

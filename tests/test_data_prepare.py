@@ -1,4 +1,4 @@
-"""prepare(): the bins hold the tokenizer's output of the source, split and described correctly."""
+"""prepare_data(): the bins hold the tokenizer's output of the source, split and described correctly."""
 from __future__ import annotations
 
 import io
@@ -15,7 +15,7 @@ import tiktoken
 
 import data.build
 import data.sources
-from data import BatchLoader, DataConfig, load_meta, prepare, tokenizer_from_meta
+from data import BatchLoader, DataConfig, load_meta, prepare_data, tokenizer_from_meta
 from data.prepare import main as prepare_cli
 
 ENC = tiktoken.get_encoding("gpt2")
@@ -44,7 +44,7 @@ def expected_split(ids: list[int], val_fraction: float = 0.1) -> tuple[list[int]
 
 @pytest.fixture(scope="module")
 def shakespeare_gpt2(tmp_path_factory):
-    return prepare(DataConfig(root=str(tmp_path_factory.mktemp("prepared"))), progress=False)
+    return prepare_data(DataConfig(root=str(tmp_path_factory.mktemp("prepared"))), progress=False)
 
 
 # --- tiny shakespeare -----------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def test_split_bytes_are_the_utf8_size_of_each_splits_text(shakespeare_gpt2, sha
 
 def test_shakespeare_char_vocab_is_saved_and_reloaded(tmp_path, shakespeare_path):
     text = shakespeare_path.read_text(encoding="utf-8")
-    out = prepare(DataConfig(tokenizer="char", root=str(tmp_path)), progress=False)
+    out = prepare_data(DataConfig(tokenizer="char", root=str(tmp_path)), progress=False)
     assert out.name == "shakespeare-char"
     chars = "".join(sorted(set(text)))
     meta = json.loads((out / "meta.json").read_text())
@@ -82,7 +82,7 @@ def test_shakespeare_char_vocab_is_saved_and_reloaded(tmp_path, shakespeare_path
 
 def test_prepare_skips_work_when_nothing_changed(shakespeare_gpt2, capsys):
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in shakespeare_gpt2.iterdir()}
-    again = prepare(DataConfig(root=str(shakespeare_gpt2.parent)), progress=True)
+    again = prepare_data(DataConfig(root=str(shakespeare_gpt2.parent)), progress=True)
     assert again == shakespeare_gpt2
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in shakespeare_gpt2.iterdir()} == before
     assert "up to date" in capsys.readouterr().err
@@ -99,12 +99,12 @@ def test_shakespeare_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, sh
 
     monkeypatch.setattr(data.sources.urllib.request, "urlopen", fake_urlopen)
     cfg = DataConfig(tokenizer="char", root=str(tmp_path / "prepared"))
-    prepare(cfg, progress=False)
+    prepare_data(cfg, progress=False)
     cached = tmp_path / "cache/smallgpt/tinyshakespeare/input.txt"
     assert calls == ["https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"]
     assert cached.read_bytes() == shakespeare_path.read_bytes()
     cfg.val_fraction = 0.2  # forces a rebuild, which reads the source again: from the cache this time
-    prepare(cfg, progress=False)
+    prepare_data(cfg, progress=False)
     assert len(calls) == 1
 
 
@@ -112,7 +112,7 @@ def test_local_path_config_field_points_at_shakespeare(tmp_path, monkeypatch, sh
     monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     monkeypatch.setattr(data.sources.urllib.request, "urlopen", lambda *a, **k: pytest.fail("downloaded"))
-    out = prepare(DataConfig(tokenizer="char", root=str(tmp_path), local_path=str(shakespeare_path)), progress=False)
+    out = prepare_data(DataConfig(tokenizer="char", root=str(tmp_path), local_path=str(shakespeare_path)), progress=False)
     assert load_meta(out)["splits"]["val"]["tokens"] == int(1_115_394 * 0.1)
 
 
@@ -138,7 +138,7 @@ def doc_dir(tmp_path) -> Path:
 
 
 def test_directory_documents_are_joined_by_eot_in_path_order(doc_dir, tmp_path):
-    out = prepare(DataConfig(dataset=str(doc_dir), root=str(tmp_path / "p"), val_fraction=0.25), progress=False)
+    out = prepare_data(DataConfig(dataset=str(doc_dir), root=str(tmp_path / "p"), val_fraction=0.25), progress=False)
     expected = joined_with_eot([DOCS["a.txt"], DOCS["b.txt"], DOCS["sub/c.txt"]])
     assert read_bins(out) == list(expected_split(expected, 0.25))
     meta = load_meta(out)
@@ -149,19 +149,19 @@ def test_directory_documents_are_joined_by_eot_in_path_order(doc_dir, tmp_path):
 
 
 def test_glob_source_takes_only_matching_files(doc_dir, tmp_path):
-    out = prepare(DataConfig(dataset=str(doc_dir / "**/*.md"), root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
+    out = prepare_data(DataConfig(dataset=str(doc_dir / "**/*.md"), root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
     train, val = read_bins(out)
     assert train + val == ENC.encode_ordinary(DOCS["notes.md"])
 
 
 def test_single_file_source_is_one_document(doc_dir, tmp_path):
-    out = prepare(DataConfig(dataset=str(doc_dir / "a.txt"), root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
+    out = prepare_data(DataConfig(dataset=str(doc_dir / "a.txt"), root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
     train, val = read_bins(out)
     assert train + val == ENC.encode_ordinary(DOCS["a.txt"])
 
 
 def test_char_tokenizer_separates_documents_with_its_reserved_eot(doc_dir, tmp_path):
-    out = prepare(DataConfig(dataset=str(doc_dir), tokenizer="char", root=str(tmp_path / "p")), progress=False)
+    out = prepare_data(DataConfig(dataset=str(doc_dir), tokenizer="char", root=str(tmp_path / "p")), progress=False)
     docs = [DOCS["a.txt"], DOCS["b.txt"], DOCS["sub/c.txt"]]
     chars = "".join(sorted(set("".join(docs))))
     eot = len(chars)
@@ -180,7 +180,7 @@ def test_long_document_tokenized_in_pieces_equals_tokenizing_it_whole(tmp_path, 
     text = shakespeare_path.read_text(encoding="utf-8")[:30_000] + extra
     (tmp_path / "long.txt").write_text(text, encoding="utf-8", newline="")
     cfg = DataConfig(dataset=str(tmp_path / "long.txt"), root=str(tmp_path / "p"), num_proc=2)
-    train, val = read_bins(prepare(cfg, progress=False))
+    train, val = read_bins(prepare_data(cfg, progress=False))
     assert train + val == ENC.encode_ordinary(text)
 
 
@@ -188,17 +188,17 @@ def test_text_without_any_cut_point_is_still_kept_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(data.sources, "CHUNK_CHARS", 100)
     text = "x" * 1000 + "🎉" * 333
     (tmp_path / "blob.txt").write_text(text, encoding="utf-8")
-    out = prepare(DataConfig(dataset=str(tmp_path / "blob.txt"), root=str(tmp_path / "p")), progress=False)
+    out = prepare_data(DataConfig(dataset=str(tmp_path / "blob.txt"), root=str(tmp_path / "p")), progress=False)
     train, val = read_bins(out)
     assert ENC.decode(train + val) == text
 
 
 def test_prepare_rebuilds_when_the_source_changes(doc_dir, tmp_path, capsys):
     cfg = DataConfig(dataset=str(doc_dir / "b.txt"), root=str(tmp_path / "p"), val_fraction=0.2)
-    out = prepare(cfg, progress=False)
+    out = prepare_data(cfg, progress=False)
     new_text = "An entirely different text, now somewhat longer than before.\n"
     (doc_dir / "b.txt").write_text(new_text, encoding="utf-8")
-    assert prepare(cfg, progress=False) == out
+    assert prepare_data(cfg, progress=False) == out
     train, val = read_bins(out)
     assert train + val == ENC.encode_ordinary(new_text)
     assert "rebuilding" in capsys.readouterr().err
@@ -206,9 +206,9 @@ def test_prepare_rebuilds_when_the_source_changes(doc_dir, tmp_path, capsys):
 
 def test_prepare_rebuilds_when_val_fraction_changes(doc_dir, tmp_path):
     cfg = DataConfig(dataset=str(doc_dir), root=str(tmp_path / "p"), val_fraction=0.1)
-    prepare(cfg, progress=False)
+    prepare_data(cfg, progress=False)
     cfg.val_fraction = 0.5
-    out = prepare(cfg, progress=False)
+    out = prepare_data(cfg, progress=False)
     expected = joined_with_eot([DOCS["a.txt"], DOCS["b.txt"], DOCS["sub/c.txt"]])
     assert read_bins(out) == list(expected_split(expected, 0.5))
 
@@ -217,7 +217,7 @@ def test_vocab_over_65536_is_stored_as_uint32_and_loads_back(tmp_path):
     # 70,000 distinct characters make a char vocab that does not fit uint16.
     chars = "".join(chr(c) for c in range(0x10000, 0x10000 + 70_000))
     (tmp_path / "wide.txt").write_text(chars + chars[::-1], encoding="utf-8")
-    out = prepare(DataConfig(dataset=str(tmp_path / "wide.txt"), tokenizer="char", root=str(tmp_path / "p"), val_fraction=0.5), progress=False)
+    out = prepare_data(DataConfig(dataset=str(tmp_path / "wide.txt"), tokenizer="char", root=str(tmp_path / "p"), val_fraction=0.5), progress=False)
     assert load_meta(out)["dtype"] == "uint32"
     train, val = read_bins(out)
     assert train == list(range(70_000)) and val == list(range(70_000))[::-1]
@@ -257,7 +257,7 @@ def fake_hub(monkeypatch):
 def test_hf_dataset_rows_are_documents_joined_by_eot(fake_hub, tmp_path):
     calls = fake_hub(datasets.Dataset.from_dict({"text": HF_DOCS, "id": list(range(len(HF_DOCS)))}))
     cfg = DataConfig(dataset="hf:someone/stories", hf_subset="en", hf_split="train", root=str(tmp_path), val_fraction=0.2)
-    out = prepare(cfg, progress=False)
+    out = prepare_data(cfg, progress=False)
     assert calls == [("someone/stories", "en", {"split": "train", "streaming": False})]
     assert out.name == "hf-someone-stories-en-train-gpt2"
     assert read_bins(out) == list(expected_split(joined_with_eot(HF_TEXT), 0.2))
@@ -268,18 +268,18 @@ def test_hf_streaming_gives_the_same_bins_as_downloading(fake_hub, tmp_path):
     ds = datasets.Dataset.from_dict({"story": HF_DOCS})
     fake_hub(ds)
     cfg = DataConfig(dataset="hf:x/y", text_field="story", root=str(tmp_path / "a"), val_fraction=0.2)
-    downloaded = read_bins(prepare(cfg, progress=False))
+    downloaded = read_bins(prepare_data(cfg, progress=False))
     calls = fake_hub(ds.to_iterable_dataset())
     cfg.streaming, cfg.root = True, str(tmp_path / "b")
-    assert read_bins(prepare(cfg, progress=False)) == downloaded
+    assert read_bins(prepare_data(cfg, progress=False)) == downloaded
     assert calls[-1][2]["streaming"] is True
 
 
 def test_hf_streaming_source_that_is_up_to_date_is_not_opened_again(fake_hub, tmp_path):
     calls = fake_hub(datasets.Dataset.from_dict({"text": HF_TEXT}).to_iterable_dataset())
     cfg = DataConfig(dataset="hf:x/y", streaming=True, root=str(tmp_path), val_fraction=0.2)
-    first = prepare(cfg, progress=False)
-    assert prepare(cfg, progress=False) == first
+    first = prepare_data(cfg, progress=False)
+    assert prepare_data(cfg, progress=False) == first
     assert len(calls) == 1  # the second, up-to-date prepare needed no hub access
 
 
@@ -287,7 +287,7 @@ def test_hf_text_builder_on_local_files_gives_one_document_per_line(fake_hub, tm
     (tmp_path / "lines.txt").write_text("line one\nline two\n\nline four\n", encoding="utf-8")
     ds = datasets.load_dataset("text", data_files=str(tmp_path / "lines.txt"), split="train", cache_dir=str(tmp_path / "hf-cache"))
     fake_hub(ds)
-    out = prepare(DataConfig(dataset="hf:text", root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
+    out = prepare_data(DataConfig(dataset="hf:text", root=str(tmp_path / "p"), val_fraction=0.2), progress=False)
     train, val = read_bins(out)
     assert train + val == joined_with_eot(["line one", "line two", "line four"])
 
@@ -295,9 +295,9 @@ def test_hf_text_builder_on_local_files_gives_one_document_per_line(fake_hub, tm
 def test_hf_changed_content_triggers_a_rebuild(fake_hub, tmp_path):
     cfg = DataConfig(dataset="hf:x/y", root=str(tmp_path), val_fraction=0.2)
     fake_hub(datasets.Dataset.from_dict({"text": ["one document here", "and another one"]}))
-    prepare(cfg, progress=False)
+    prepare_data(cfg, progress=False)
     fake_hub(datasets.Dataset.from_dict({"text": ["different documents now", "really"]}))
-    train, val = read_bins(prepare(cfg, progress=False))
+    train, val = read_bins(prepare_data(cfg, progress=False))
     assert train + val == joined_with_eot(["different documents now", "really"])
 
 
@@ -305,13 +305,13 @@ def test_hf_long_rows_are_tokenized_in_pieces_exactly(fake_hub, tmp_path, monkey
     monkeypatch.setattr(data.sources, "CHUNK_CHARS", 250)
     rows = [shakespeare_path.read_text(encoding="utf-8")[:6000], "short row", "x" * 10 + " after\nit"]
     fake_hub(datasets.Dataset.from_dict({"text": rows}))
-    train, val = read_bins(prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False))
+    train, val = read_bins(prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False))
     assert train + val == joined_with_eot(rows)
 
 
 def test_hf_num_proc_is_passed_to_load_dataset(fake_hub, tmp_path):
     calls = fake_hub(datasets.Dataset.from_dict({"text": ["some words to tokenize", "more words"]}))
-    prepare(DataConfig(dataset="hf:x/y", root=str(tmp_path), num_proc=2, val_fraction=0.2), progress=False)
+    prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path), num_proc=2, val_fraction=0.2), progress=False)
     assert calls[0][2] == {"split": "train", "streaming": False, "num_proc": 2}
 
 
@@ -325,11 +325,11 @@ def test_prepared_files_get_normal_permissions(shakespeare_gpt2):
 def test_dir_left_without_meta_json_is_rebuilt(doc_dir, tmp_path, capsys):
     # what a crash between swapping in the bins and writing meta.json leaves behind
     cfg = DataConfig(dataset=str(doc_dir), root=str(tmp_path / "p"))
-    out = prepare(cfg, progress=False)
+    out = prepare_data(cfg, progress=False)
     good = read_bins(out)
     (out / "meta.json").unlink()
     (out / "val.bin").write_bytes(b"")
-    assert read_bins(prepare(cfg, progress=False)) == good
+    assert read_bins(prepare_data(cfg, progress=False)) == good
     assert "meta.json is missing" in capsys.readouterr().err
 
 

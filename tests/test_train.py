@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import train
-from data import BatchLoader, DataConfig, load_meta, prepare
+from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
 from model import GPT, GPTConfig
 from training.checkpoint import load_checkpoint
@@ -37,7 +37,7 @@ def _one_thread():
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("prepared")
-    prepare(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
     return root
 
 
@@ -74,7 +74,7 @@ def test_thirty_steps_lower_the_loss_and_write_checkpoints(tmp_path, data_root):
     assert res["eval"]["val/bpb"] == pytest.approx(res["eval"]["val/loss"] / math.log(2), rel=1e-3)
     ck = load_checkpoint(tmp_path / "out")
     assert ck["iter"] == 30 and ck["tokens_seen"] == 30 * 4 * 32
-    meta = load_meta(prepare(DataConfig(tokenizer="char", root=str(data_root)), progress=False))
+    meta = load_meta(prepare_data(DataConfig(tokenizer="char", root=str(data_root)), progress=False))
     assert ck["tokenizer"] == {"tokenizer": "char", "chars": meta["chars"]}
     assert ck["model_config"]["vocab_size"] == meta["vocab_size"] and ck["config"]["train"]["max_iters"] == 30
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ck["model"])
@@ -224,7 +224,7 @@ def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root):
     ref.export_hf(tmp_path / "hf")
     res = run(tmp_path / "out", data_root, "--data.tokenizer=gpt2", f"--model.init_from={tmp_path / 'hf'}",
               "--train.max_iters=2", "--train.eval_interval=2")
-    data_dir = prepare(DataConfig(tokenizer="gpt2", root=str(data_root)), progress=False)
+    data_dir = prepare_data(DataConfig(tokenizer="gpt2", root=str(data_root)), progress=False)
     x, y = BatchLoader(data_dir, "train", block_size=32, batch_size=4, seed=1337).get_batch(0, 0)
     with torch.no_grad():
         _, expected = ref(x, y)
