@@ -176,7 +176,7 @@ def train(cfg: Config) -> dict[str, Any]:
                 sync = model.no_sync() if dist.enabled and micro < accum - 1 else nullcontext()
                 with sync:
                     with autocast(device, dtype):
-                        _, loss = model(x, y)
+                        _, loss = model(x, y, return_logits=False)  # fused head + loss, no (B, T, V) logits
                     if step == t.debug_nan_at_iter:
                         loss = loss * float("nan")
                     loss = loss / accum

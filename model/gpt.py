@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .fused_ce import linear_cross_entropy
+
 ATTN_BACKENDS = ("sdpa", "manual")
 GELU_APPROXIMATIONS = ("tanh", "none")
 
@@ -184,10 +186,13 @@ class GPT(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
 
-    def forward(self, idx, targets=None, *, input_pos=None, pad_mask=None, kv_cache: list[KVCache] | None = None):
+    def forward(self, idx, targets=None, *, input_pos=None, pad_mask=None, kv_cache: list[KVCache] | None = None,
+                return_logits: bool = True):
         """idx (B, T) token ids. Returns logits (B, T, vocab), or (logits, loss) when targets are given.
 
         targets (B, T): next-token ids; -1 marks positions left out of the mean cross-entropy.
+        return_logits=False (with targets): returns (None, loss) and computes the loss a chunk of rows at a
+        time, fused with the LM head, never holding the (B, T, vocab) logits: what training wants.
         input_pos, pad_mask, kv_cache: see the module docstring; `new_kv_cache` makes the cache.
         """
         B, T = idx.shape
@@ -221,6 +226,8 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, mask, kv_cache[i] if kv_cache is not None else None, input_pos)
         x = self.transformer.ln_f(x)
+        if targets is not None and not return_logits:
+            return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1))
         logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits

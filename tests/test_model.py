@@ -253,3 +253,56 @@ def test_bad_config_raises_value_error_naming_the_field(kwargs, field):
         GPTConfig(**{**TINY, **kwargs})
     if field == "attn_backend":
         assert "sdpa" in str(err.value) and "manual" in str(err.value)
+
+
+# ---------------------------------------------------------------- fused head + loss
+
+
+def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits():
+    from model.fused_ce import linear_cross_entropy
+
+    torch.manual_seed(0)
+    x = torch.randn(300, 32, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(1000, 32, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 1000, (300,))
+    targets[::7] = -1
+    expected = F.cross_entropy(x @ w.t(), targets, ignore_index=-1)
+    ex, ew = torch.autograd.grad(expected * 3, (x, w))
+    got = linear_cross_entropy(x, w, targets, chunk_rows=64)  # 300 rows: the last chunk is partial
+    gx, gw = torch.autograd.grad(got * 3, (x, w))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    torch.testing.assert_close(gx, ex, rtol=0, atol=1e-10)
+    torch.testing.assert_close(gw, ew, rtol=0, atol=1e-10)
+    with torch.no_grad():  # the loss-only path (evaluation)
+        torch.testing.assert_close(linear_cross_entropy(x, w, targets, chunk_rows=64), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.bfloat16, 5e-3), (torch.float16, 5e-4)])
+def test_fused_loss_under_autocast_stays_close_to_fp32(dtype, atol):
+    from model.fused_ce import linear_cross_entropy
+
+    torch.manual_seed(0)
+    x = torch.randn(200, 32, requires_grad=True)
+    w = torch.randn(500, 32, requires_grad=True)
+    targets = torch.randint(0, 500, (200,))
+    expected = F.cross_entropy(x @ w.t(), targets)
+    ex, ew = torch.autograd.grad(expected, (x, w))
+    with torch.autocast("cpu", dtype=dtype):
+        got = linear_cross_entropy(x, w, targets, chunk_rows=64)
+    gx, gw = torch.autograd.grad(got, (x, w))
+    assert abs(got.item() - expected.item()) < atol * 10
+    torch.testing.assert_close(gx, ex, rtol=0, atol=atol)
+    torch.testing.assert_close(gw, ew, rtol=0, atol=atol)
+
+
+def test_model_loss_without_logits_equals_loss_with_them():
+    model = tiny()
+    idx, targets = tokens(), tokens(seed=2)
+    targets[0, :5] = -1
+    logits, loss = model(idx, targets)
+    (gl,) = torch.autograd.grad(loss, model.transformer.wte.weight)
+    none, fused = model(idx, targets, return_logits=False)
+    (gf,) = torch.autograd.grad(fused, model.transformer.wte.weight)
+    assert none is None
+    torch.testing.assert_close(fused, loss, rtol=0, atol=1e-6)
+    torch.testing.assert_close(gf, gl, rtol=0, atol=1e-6)

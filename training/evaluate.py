@@ -20,7 +20,7 @@ def evaluate(model: nn.Module, loaders: dict, eval_iters: int, autocast_ctx: Cal
         for k in range(eval_iters):
             x, y = loader.get_batch(k, 0)
             with autocast_ctx():
-                _, loss = model(x, y)
+                _, loss = model(x, y, return_logits=False)  # fused head + loss, no (B, T, V) logits
             losses.append(loss.float())
         out[split] = torch.stack(losses).mean().item()
     model.train(was_training)
