@@ -54,7 +54,8 @@ def test_weight_decay_on_matrices_and_embeddings_only():
                          "attn.c_proj.bias", "mlp.c_fc.bias", "mlp.c_proj.bias"]
     assert no_decay == {"transformer.ln_f.weight", "transformer.ln_f.bias"} | {
         f"transformer.h.{i}.{v}" for i in range(2) for v in per_block_vectors}
-    assert not opt.defaults["fused"]  # fused only on CUDA
+    assert opt.defaults["fused"]  # the fused kernel on CPU as on CUDA
+    assert not make_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="mps").defaults["fused"]
 
 
 @pytest.mark.parametrize("name,dtype,expected", [
