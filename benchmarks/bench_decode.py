@@ -79,12 +79,76 @@ def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
     return 1.0 - (i1 - i0) / max(1, t1 - t0)
 
 
+def make_decode_models(use_hf: bool = True, shape: dict | None = None):
+    """(our GPT, HF GPT2LMHeadModel or None), both in eval mode with the same random weights (seed 0).
+
+    shape: GPTConfig fields (default: GPT-2-124M). With use_hf and transformers importable, an HF model
+    is initialised and saved, and ours loads it; otherwise ours is initialised on its own."""
+    import torch
+
+    from model import GPT, GPTConfig
+
+    cfg = GPTConfig(**(shape or {}))
+    if use_hf:
+        try:
+            from transformers import GPT2Config, GPT2LMHeadModel
+        except ImportError:
+            pass
+        else:
+            torch.manual_seed(0)
+            hf = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                            n_positions=cfg.block_size, vocab_size=cfg.vocab_size)).eval()
+            with tempfile.TemporaryDirectory() as d:
+                hf.save_pretrained(d)
+                return GPT.from_pretrained(d).eval(), hf
+    torch.manual_seed(0)
+    return GPT(cfg).eval(), None
+
+
+def ours_runner(model, prompt: list[int], new: int, decode_fn=None):
+    """run(warmup) -> the greedy tokens of our KV-cache generate (8 tokens when warming up)."""
+    from model.generate import generate
+
+    def run(warmup):
+        return generate(model, [prompt], 8 if warmup else new, temperature=0, decode_fn=decode_fn)[0]
+    return run
+
+
+def uncached_runner(model, prompt: list[int], new: int):
+    """run(warmup) -> the greedy tokens of the plain loop (nanoGPT's generate): the whole (cropped)
+    sequence through the model for every token, no cache."""
+    import torch
+
+    def run(warmup):
+        idx = torch.tensor([prompt], device=model.transformer.wte.weight.device)
+        with torch.inference_mode():
+            for _ in range(2 if warmup else new):
+                logits = model(idx[:, -model.config.block_size:])[:, -1]
+                idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
+        return idx[0, len(prompt):].tolist()
+    return run
+
+
+def hf_runner(hf, prompt: list[int], new: int):
+    """run(warmup) -> the greedy tokens of transformers' generate (8 tokens when warming up)."""
+    import torch
+
+    def run(warmup):
+        n = 8 if warmup else new
+        device = hf.device
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([prompt], device=device), do_sample=False, max_new_tokens=n,
+                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+                              min_new_tokens=n, pad_token_id=50256)
+        return out[0, len(prompt):].tolist()
+    return run
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from model import GPT, GPTConfig
     from model.generate import decode_one_token, generate, prepack_for_cpu
 
     if args.threads:
@@ -94,20 +158,7 @@ def main(argv=None) -> int:
     new, P = args.new_tokens, args.prompt_len
     prompt = torch.randint(0, 50257, (P,), generator=torch.Generator().manual_seed(0)).tolist()
 
-    hf = None
-    try:
-        if args.no_hf:
-            raise ImportError
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        torch.manual_seed(0)
-        hf = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)).eval()
-        with tempfile.TemporaryDirectory() as d:
-            hf.save_pretrained(d)
-            model = GPT.from_pretrained(d).eval()
-    except ImportError:
-        torch.manual_seed(0)
-        model = GPT(GPTConfig()).eval()
+    model, hf = make_decode_models(use_hf=not args.no_hf)
     weights_mb = sum(p.numel() for p in model.parameters()) * 4 / 1e6  # tied wte counted once
 
     bw = memory_bandwidth_gbs(torch)
@@ -130,9 +181,7 @@ def main(argv=None) -> int:
         print(f"{name:<26} {new / best:7.1f} tok/s best   {new / med:7.1f} median   ({len(times)} run(s))", flush=True)
 
     def ours(m, decode_fn=None):
-        def run(warmup):
-            return generate(m, [prompt], 8 if warmup else new, temperature=0, decode_fn=decode_fn)[0]
-        return run
+        return ours_runner(m, prompt, new, decode_fn)
 
     report("ours fp32 (KV cache)", *timed(ours(model), args.repeats))
     m16 = copy.deepcopy(model).to(torch.bfloat16)  # weights; the cache follows the weights' dtype
@@ -150,25 +199,11 @@ def main(argv=None) -> int:
     del m16
 
     if not args.no_uncached:
-        def uncached(warmup):
-            # the plain loop: the whole (cropped) sequence through the model for every token
-            idx = torch.tensor([prompt])
-            with torch.inference_mode():
-                for _ in range(2 if warmup else new):
-                    logits = model(idx[:, -model.config.block_size:])[:, -1]
-                    idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
-            return idx[0, P:].tolist()
-
+        uncached = uncached_runner(model, prompt, new)
         report("uncached loop fp32", *timed(uncached, 1))
 
     if hf is not None:
-        def hf_run(warmup):
-            n = 8 if warmup else new
-            with torch.inference_mode():
-                out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, P, dtype=torch.long),
-                                  do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=50256)
-            return out[0, P:].tolist()
-
+        hf_run = hf_runner(hf, prompt, new)
         report("HF generate fp32", *timed(hf_run, args.repeats))
         if tokens["HF generate fp32"] != tokens["ours fp32 (KV cache)"]:
             print("WARNING: ours fp32 and HF greedy tokens differ")

@@ -93,6 +93,9 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype):
     return total / keep.sum().clamp(min=1)
 
 
+# Under torch.compile this stays eager (a graph break at the head): dynamo would otherwise unroll the
+# chunk loop. Each chunk is a few large kernels (two matmuls dominate), so eager costs little here.
+@torch.compiler.disable
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
     """mean over targets != -1 of cross_entropy(x @ weight.T, targets), without the full logits.
