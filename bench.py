@@ -181,6 +181,29 @@ class Variant:
     step: Callable[[int], None]  # one timed unit of work (a training step, a generate call, a prepare)
     times: list[float] = field(default_factory=list)
     first: float | None = None  # the first warm-up call (compile time for compiled variants)
+    peak_mb: float | None = None  # how far one warm-up call raised the process's peak RSS (Linux)
+
+
+def _rss_kb(key: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> float | None:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS and return that RSS in KiB; None
+    where /proc/self/clear_refs is not available (non-Linux, old kernels)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _rss_kb("VmRSS")
 
 
 def run_interleaved(variants: list[Variant], warmup: int, iters: int, rounds: int, device: torch.device) -> None:
@@ -195,8 +218,12 @@ def run_interleaved(variants: list[Variant], warmup: int, iters: int, rounds: in
 
     for v in variants:
         for i in range(warmup):
+            measure = i == min(1, warmup - 1)  # the second warm-up call: steady state (optimizer state exists)
+            before = _reset_peak_rss() if measure else None
             dt = timed(v, i)
             v.first = dt if v.first is None else v.first
+            if measure and before is not None:
+                v.peak_mb = max(0.0, _rss_kb("VmHWM") - before) / 1024
     sizes = [iters // rounds + (r < iters % rounds) for r in range(rounds)]
     for r, size in enumerate(sizes):
         k = r % len(variants)
@@ -319,7 +346,8 @@ def bench_train(label: str, vocab: int, args, device, auto_dtype, peaks: dict, r
             "ours_tok_s": tokens / s, "base_tok_s": tokens / base_s,
             "ours_flops": fpt * tokens / s, "base_flops": fpt * tokens / base_s,
             "ours_mfu": _mfu(fpt * tokens / s, peaks.get(dt)), "base_mfu": _mfu(fpt * tokens / base_s, peaks.get(torch.float32)),
-            "speedup": base_s / s, "ours_times_ms": [t * 1e3 for t in v.times], "base_times_ms": [t * 1e3 for t in base.times],
+            "speedup": base_s / s, "ours_step_mb": v.peak_mb, "base_step_mb": base.peak_mb,
+            "ours_times_ms": [t * 1e3 for t in v.times], "base_times_ms": [t * 1e3 for t in base.times],
         }
         if "compiled" in v.name:
             row["compile_s"] = v.first
@@ -509,6 +537,8 @@ def _fmt(v, kind: str) -> str:
         return f"{v:.1f}" if v < 100 else f"{v:,.0f}"
     if kind == "gflops":
         return f"{v / 1e9:.1f}"
+    if kind == "mb":
+        return f"{v:.0f}"
     if kind == "mfu":
         return f"{v * 100:.1f}%"
     return str(v)
@@ -516,13 +546,14 @@ def _fmt(v, kind: str) -> str:
 
 def format_table(rows: list[dict]) -> str:
     head = ["section", "row", "prec", "unit", "ours", "base", "tok/s ours", "base", "GFLOP/s ours", "base",
-            "MFU ours", "base", "base/ours"]
+            "MFU ours", "base", "step MB ours", "base", "base/ours"]
     body = []
     for r in rows:
         body.append([r["section"], r["name"], r["precision"], r["unit"], _fmt(r["ours"], "time"), _fmt(r["base"], "time"),
                      _fmt(r.get("ours_tok_s"), "rate"), _fmt(r.get("base_tok_s"), "rate"),
                      _fmt(r.get("ours_flops"), "gflops"), _fmt(r.get("base_flops"), "gflops"),
-                     _fmt(r.get("ours_mfu"), "mfu"), _fmt(r.get("base_mfu"), "mfu"), f"{r['speedup']:.2f}x"])
+                     _fmt(r.get("ours_mfu"), "mfu"), _fmt(r.get("base_mfu"), "mfu"),
+                     _fmt(r.get("ours_step_mb"), "mb"), _fmt(r.get("base_step_mb"), "mb"), f"{r['speedup']:.2f}x"])
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     left = {0, 1, 2, 3}
 

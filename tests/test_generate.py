@@ -11,16 +11,6 @@ from model import GPT, GPTConfig
 from model.generate import candidate_probs, generate, logits_to_probs, prepack_for_cpu, sample
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core machine the OpenMP hand-off
-    between threads costs more than the ops themselves."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_model(seed=0, vocab=61, block_size=32, n_layer=2, n_head=2, n_embd=32, std=0.4):
     """float64 (so argmax near-ties cannot flip between computation orders), with weights large enough
     that the next token depends on the context rather than repeating one id."""

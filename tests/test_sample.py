@@ -25,17 +25,7 @@ from training.checkpoint import save_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 CHARS = "".join(sorted(set(TEXT)))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: one thread is fastest, see one_thread
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core machine the OpenMP hand-off
-    between threads costs more than the ops themselves."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: one thread is fastest, as tests/conftest.py does in-process
 
 
 def make_char_checkpoint(path: Path, seed: int = 0) -> GPT:
@@ -273,8 +263,8 @@ def test_prompt_from_stdin(char_ckpt, capsys, monkeypatch):
     assert code == 0 and out.startswith("All:\n") and len(out) == len("All:\n") + 5 + 1
 
 
-def test_single_sample_streams_token_by_token(char_ckpt, monkeypatch):
-    chunks = []
+def recorder_into(chunks: list):
+    """A stdout stand-in class whose instances append every write to `chunks`."""
 
     class Recorder:
         def write(self, s):
@@ -283,6 +273,12 @@ def test_single_sample_streams_token_by_token(char_ckpt, monkeypatch):
         def flush(self):
             pass
 
+    return Recorder
+
+
+def test_single_sample_streams_token_by_token(char_ckpt, monkeypatch):
+    chunks = []
+    Recorder = recorder_into(chunks)
     monkeypatch.setattr(sys, "stdout", Recorder())
     assert sample.main(["--checkpoint", str(char_ckpt[0]), "--prompt", "All:", "--max-new-tokens", "20",
                         "--no-stop-at-eot", "--seed", "3"]) == 0
@@ -297,14 +293,7 @@ def test_stream_printer_keeps_multibyte_characters_whole():
     ids = tok.encode(text)
     assert any("\ufffd" in tok.decode([i]) for i in ids), "the text should split characters across tokens"
     chunks = []
-
-    class Recorder:
-        def write(self, s):
-            chunks.append(s)
-
-        def flush(self):
-            pass
-
+    Recorder = recorder_into(chunks)
     printer = sample.StreamPrinter(tok, Recorder())
     for i in ids:
         printer.add(i)
