@@ -1,7 +1,7 @@
 """One command, one table: this project's training, decoding and data preparation against a plain
 nanoGPT-style PyTorch baseline, measured side by side in one process.
 
-    python bench.py                                    # everything (~5-6 min on the 2-core CPU)
+    python bench.py                                    # everything (~4 min on a quiet 2-core CPU)
     python bench.py --json benchmarks/results-cpu.json # also write the results as JSON
     python bench.py --compile                          # add torch.compile rows (slow to compile on a CPU)
     python bench.py --quick --no-loss-check            # smoke run: a few seconds, figures meaningless
@@ -54,7 +54,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from training.compile import apply_compile  # noqa: E402
 from training.mfu import peak_flops  # noqa: E402
 from training.optim import make_optimizer, param_groups  # noqa: E402
-from training.precision import allow_tf32, autocast, resolve_dtype  # noqa: E402
+from training.precision import allow_tf32, autocast, make_scaler, resolve_dtype  # noqa: E402
 
 # the training shapes of issue 6 (nanoGPT's CPU recipe): 4 layers, 4 heads, 128 wide, block 64, batch 12
 TRAIN_SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0)
@@ -115,17 +115,19 @@ def say(msg: str) -> None:
 # ------------------------------------------------------------------------------------------ machine
 
 def cpu_info() -> dict:
-    model, flags = platform.processor() or platform.machine(), set()
+    """CPU model, core counts, torch version and threads, and the CPU's AMX / AVX512-BF16 flags."""
+    model, flags = None, set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+                if line.startswith("model name") and model is None:
                     model = line.split(":", 1)[1].strip()
                 elif line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
                     break
     except OSError:
         pass
+    model = model or platform.processor() or platform.machine()
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -195,15 +197,26 @@ def _rss_kb(key: str) -> float | None:
     return None
 
 
+_peak_rss_kb = 0.0  # the process's peak RSS before the last reset of the kernel's mark
+
+
 def _reset_peak_rss() -> float | None:
     """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS and return that RSS in KiB; None
-    where /proc/self/clear_refs is not available (non-Linux, old kernels)."""
+    where /proc/self/clear_refs is not available (non-Linux, old kernels). The reset also resets
+    getrusage's ru_maxrss, so the peak so far is kept here first (see peak_rss_mb)."""
+    global _peak_rss_kb
+    _peak_rss_kb = max(_peak_rss_kb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         return None
     return _rss_kb("VmRSS")
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS of this process over the whole run, in MB (Linux reports KiB)."""
+    return max(_peak_rss_kb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
 
 
 def run_interleaved(variants: list[Variant], warmup: int, iters: int, rounds: int, device: torch.device) -> None:
@@ -280,8 +293,10 @@ def our_optimizer(model: GPT, device: torch.device) -> torch.optim.AdamW:
 def train_step_fn(model, raw_model: GPT, opt, dtype: torch.dtype, fused_loss: bool, device: torch.device,
                   get_batch: Callable[[int], tuple], ours: bool) -> Callable[[int], torch.Tensor]:
     """step(i) -> the (detached) loss of one training step on get_batch(i): forward, backward, clip,
-    AdamW step, zero_grad. No host sync: the loss stays a tensor."""
+    AdamW step, zero_grad. No host sync: the loss stays a tensor. Ours goes through a GradScaler as
+    train.py does (enabled for fp16 only; a pass-through otherwise)."""
     params = [p for p in raw_model.parameters() if p.requires_grad]
+    scaler = make_scaler(device, dtype) if ours else None
 
     def step(i: int) -> torch.Tensor:
         x, y = get_batch(i)
@@ -290,9 +305,16 @@ def train_step_fn(model, raw_model: GPT, opt, dtype: torch.dtype, fused_loss: bo
                 _, loss = model(x, y, return_logits=False)
             else:
                 _, loss = model(x, y)  # full logits, then F.cross_entropy
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
+            scaler.step(opt)
+            scaler.update()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
     return step
@@ -442,42 +464,55 @@ def bench_prepare(args, device, work: Path, report: dict) -> Path | None:
         return None
     text = src.read_text(encoding="utf-8")
     n_tokens = len(enc.encode_ordinary(text))
-    dirs = iter(range(10**6))
-    prepared: list[Path] = []
-
-    def ours_prepare(i):
-        _, out = time_prepare(work / f"ours-{next(dirs)}")
-        prepared.append(out)
-
-    def base_prepare(i):
-        d = work / f"base-{next(dirs)}"
-        d.mkdir(parents=True)
-        plain_prepare(src, d)
-
     reps = args.decode_repeats
     say(f"[prepare] tiny shakespeare -> gpt2 bins ({n_tokens} tokens); {reps} call(s) each")
-    full = [Variant("baseline", base_prepare), Variant("ours prepare_data", ours_prepare)]
-    run_interleaved(full, 0, reps, reps, device)
-    tok_only = [Variant("baseline", lambda i: enc.encode_ordinary(text)),
-                Variant("ours tokenize only", lambda i: time_tokenize())]
-    run_interleaved(tok_only, 1, reps, reps, device)
-    for variants in (full, tok_only):
-        base_s, s = median(variants[0].times), median(variants[1].times)
+    times = {k: [] for k in ("base_full", "ours_full", "base_tok", "ours_tok")}
+    prepared = None
+
+    def base_full(r):
+        d = work / f"base-{r}"
+        d.mkdir(parents=True)
+        t0 = time.perf_counter()
+        plain_prepare(src, d)
+        return time.perf_counter() - t0
+
+    def ours_full(r):
+        nonlocal prepared
+        seconds, prepared = time_prepare(work / f"ours-{r}")  # a fresh root: nothing is up to date
+        return seconds
+
+    def base_tok(r):
+        t0 = time.perf_counter()
+        enc.encode_ordinary(text)
+        return time.perf_counter() - t0
+
+    def ours_tok(r):
+        return time_tokenize()  # the encode call alone (file and tokenizer loaded outside its clock)
+
+    fns = {"base_full": base_full, "ours_full": ours_full, "base_tok": base_tok, "ours_tok": ours_tok}
+    time_tokenize()  # warm-up: tokenizer objects, page cache
+    for r in range(reps):  # interleaved, the order alternating
+        for pair in (("base_full", "ours_full"), ("base_tok", "ours_tok")):
+            for name in (pair if r % 2 == 0 else pair[::-1]):
+                times[name].append(fns[name](r))
+    for name, base_key, ours_key in (("ours prepare_data", "base_full", "ours_full"),
+                                     ("ours tokenize only", "base_tok", "ours_tok")):
+        base_s, s = median(times[base_key]), median(times[ours_key])
         report["rows"].append({
-            "section": "prepare", "name": variants[1].name, "precision": "-", "unit": "s",
+            "section": "prepare", "name": name, "precision": "-", "unit": "s",
             "ours": s, "base": base_s, "ours_tok_s": n_tokens / s, "base_tok_s": n_tokens / base_s,
-            "speedup": base_s / s, "ours_times_s": variants[1].times, "base_times_s": variants[0].times,
+            "speedup": base_s / s, "ours_times_s": times[ours_key], "base_times_s": times[base_key],
         })
     report["prepare"] = {"source": str(src), "tokens": n_tokens}
-    return prepared[-1] if prepared else None
+    return prepared
 
 
 # ------------------------------------------------------------------------------------------ same loss
 
 def loss_check(args, device, auto_dtype, data_dir: Path | None, report: dict) -> None:
     """Baseline and ours from the same init on the same batches for N steps (BPE shape); then both
-    evaluated alike (fp32, eager, 20 fixed held-out batches). Real tiny shakespeare when prepared,
-    else seeded random tokens."""
+    evaluated alike (fp32, eager, 20 fixed held-out batches; 2 with --quick). Real tiny shakespeare
+    when prepared, else seeded random tokens."""
     vocab, B, T = 50257, BATCH_SIZE, TRAIN_SHAPE["block_size"]
     if data_dir is not None:
         from data import BatchLoader
@@ -509,14 +544,15 @@ def loss_check(args, device, auto_dtype, data_dir: Path | None, report: dict) ->
     @torch.no_grad()
     def evaluate(m):
         m.eval()
-        vals = [m(*get_val(i))[1].item() for i in range(20)]
+        vals = [m(*get_val(i))[1].item() for i in range(n_eval)]
         m.train()
         return sum(vals) / len(vals)
 
+    n_eval = 2 if args.quick else 20
     base_val, ours_val = evaluate(base_m), evaluate(ours_m)
     tail = min(20, args.loss_steps)
     res = {
-        "steps": args.loss_steps, "data": source, "ours_dtype": SHORT[auto_dtype],
+        "steps": args.loss_steps, "data": source, "eval_batches": n_eval, "ours_dtype": SHORT[auto_dtype],
         "base_val_loss": base_val, "ours_val_loss": ours_val, "diff_val_loss": ours_val - base_val,
         "base_train_loss_last": sum(base_losses[-tail:]) / tail, "ours_train_loss_last": sum(ours_losses[-tail:]) / tail,
         "initial_train_loss": base_losses[0], "tolerance": args.loss_tol,
@@ -571,7 +607,8 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    t_start = time.perf_counter()
+    global _T0
+    t_start = _T0 = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -587,7 +624,7 @@ def main(argv=None) -> int:
     # precision as train.py's dtype=auto picks it, and the peaks MFU is measured against
     auto_dtype, measured, dtype_note = resolve_dtype("auto", device)
     peaks = {}
-    for dt in (torch.float32, torch.bfloat16):
+    for dt in dict.fromkeys((torch.float32, torch.bfloat16, auto_dtype)):
         peaks[dt], _ = peak_flops(device, dt, measured=measured)
     say(dtype_note)
     report["dtype_auto"] = {"dtype": SHORT[auto_dtype], "note": dtype_note}
@@ -612,7 +649,7 @@ def main(argv=None) -> int:
     busy_during = use.others_fraction()
     busy_after = cpu_busy_fraction(0.2 if args.quick else 1.0)
     wall = time.perf_counter() - t_start
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    rss_mb = peak_rss_mb()
     report.update(busy={"before": busy_before, "during_others": busy_during, "after": busy_after},
                   peak_rss_mb=rss_mb, wall_s=wall)
 
@@ -620,14 +657,17 @@ def main(argv=None) -> int:
     m = machine
     print(f"machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), torch {m['torch']}, "
           f"{m['threads']} thread(s), {m['cpu_capability']}, "
-          f"AMX {'yes' if m['amx'] else 'no'}, avx512_bf16 {'yes' if m['avx512_bf16'] else 'no'}"
+          f"AMX {_yes(m['amx'], m['flags_known'])}, avx512_bf16 {_yes(m['avx512_bf16'], m['flags_known'])}"
           + (f", GPU {m['gpu']}" if "gpu" in m else ""))
     print(f"peak (matmul probe, this run): fp32 {peaks[torch.float32] / 1e9:.0f} GFLOP/s, "
           f"bf16 autocast {peaks[torch.bfloat16] / 1e9:.0f} GFLOP/s" if device.type == "cpu" else
           f"peak (table): fp32 {_fmt(peaks[torch.float32], 'gflops')} GFLOP/s, bf16 {_fmt(peaks[torch.bfloat16], 'gflops')} GFLOP/s")
     print(f"{dtype_note}")
-    if device.type == "cpu" and not m["amx"]:
-        print("no AMX on this CPU: bf16 matmuls run on AVX512-BF16 at about fp32's speed, and autocast adds casts")
+    if device.type == "cpu" and m["flags_known"] and not m["amx"]:
+        slower = (peaks[torch.bfloat16] or 0) < (peaks[torch.float32] or 0)
+        print("no AMX on this CPU: bf16 matmuls have no matrix unit"
+              + (" and run slower than fp32 here (probe above), so dtype auto trains in fp32 and the bf16 rows are "
+                 "for information" if slower else ""))
     print(f"settings: {'QUICK (figures meaningless); ' if args.quick else ''}training {args.warmup} warm-up + "
           f"{args.iters} timed steps per row in {args.rounds} interleaved rounds, medians; decode/prepare "
           f"{args.decode_repeats} call(s) per row; base = the plain baseline measured in the same run\n")
@@ -639,7 +679,7 @@ def main(argv=None) -> int:
     lc = report.get("loss_check")
     if lc:
         print(f"\nsame loss after {lc['steps']} steps (BPE shape, {lc['data']}, same init and batches; "
-              f"val = 20 fixed held-out batches, fp32): baseline {lc['base_val_loss']:.4f}, "
+              f"val = {lc['eval_batches']} fixed held-out batches, fp32): baseline {lc['base_val_loss']:.4f}, "
               f"ours ({lc['ours_dtype']}) {lc['ours_val_loss']:.4f}, difference {lc['diff_val_loss']:+.4f} -> "
               f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}); mean train loss of the last "
               f"{min(20, lc['steps'])} steps: {lc['base_train_loss_last']:.4f} vs {lc['ours_train_loss_last']:.4f} "
@@ -650,6 +690,10 @@ def main(argv=None) -> int:
               f"{_pct(busy_after)} just after the run"
               + (": the machine was busy, so absolute figures are low (baseline and ours alike)"
                  if max(busy) > 0.25 else ": the machine was quiet"))
+        if max(busy) > 0.25 and torch.get_num_threads() > 1:
+            print(f"  with {torch.get_num_threads()} torch threads on busy cores OpenMP's barriers wait for descheduled "
+                  "threads, and small steps can slow down many-fold (measured here: a char step 50 ms on 1 thread, "
+                  "~2 s on 2); re-run on a quiet machine, or compare with --threads 1")
     for note in report["notes"]:
         print(f"note: {note}")
     print(f"peak RSS {rss_mb:.0f} MB; wall time {wall:.0f} s")
@@ -658,6 +702,10 @@ def main(argv=None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 0
+
+
+def _yes(flag: bool, known: bool) -> str:
+    return "?" if not known else "yes" if flag else "no"
 
 
 def _pct(x: float | None) -> str:
