@@ -65,6 +65,7 @@ def train(cfg: Config) -> dict[str, Any]:
     logger: WandbLogger | None = None
     bar = None
     failed = True
+    model = None
     try:
         # ---- output dir, resume decision
         out_dir = Path(t.out_dir)
@@ -261,7 +262,11 @@ def train(cfg: Config) -> dict[str, Any]:
         stop.restore()
         if logger is not None:
             logger.finish(exit_code=1 if failed else 0)
-        destroy_distributed()
+        # Drop the DDP wrapper while its process group is still registered: freed after
+        # destroy_process_group, the gloo group's destructor joins a worker thread that may be waiting
+        # for the GIL this thread holds (seen as a rare hang at exit of a 2-rank gloo run).
+        model = None
+        destroy_distributed(healthy=not failed)
 
 
 def _dtype_choice(name: str, device: torch.device) -> tuple[str, dict[str, float], str]:

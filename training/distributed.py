@@ -2,6 +2,8 @@
 wrapper, and the few collectives the loop needs."""
 from __future__ import annotations
 
+import gc
+
 import datetime
 import os
 from dataclasses import dataclass
@@ -46,8 +48,13 @@ def init_distributed(info: DistInfo, device: torch.device) -> None:
                             timeout=datetime.timedelta(minutes=30), **kwargs)
 
 
-def destroy_distributed() -> None:
+def destroy_distributed(healthy: bool = True) -> None:
+    """Leave the process group. After a clean run every rank first waits at a barrier, so that no
+    collective is still in flight when the group is torn down; after a failure nobody waits."""
     if dist.is_initialized():
+        if healthy:
+            dist.barrier()
+        gc.collect()  # free what still references the group (DDP reducers, buckets) while it exists
         dist.destroy_process_group()
 
 
