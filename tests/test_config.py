@@ -147,3 +147,10 @@ def test_cli_bad_config_prints_one_line_error_without_traceback(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == "error: train.max_iters must be >= 1, got 0"
     assert not (tmp_path / "out").exists()
+
+
+def test_config_attention_backends_are_the_models():
+    from model.gpt import ATTN_BACKENDS as model_backends
+    from training.config import ATTN_BACKENDS as config_backends
+
+    assert config_backends == model_backends

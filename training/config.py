@@ -25,7 +25,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESUME_MODES = ("auto", "never")
 WANDB_MODES = ("online", "offline", "disabled")
-ATTN_BACKENDS = ("sdpa", "manual")
+ATTN_BACKENDS = ("sdpa", "manual")  # as model.gpt.ATTN_BACKENDS; repeated so that config errors never import torch
 
 
 @dataclass
