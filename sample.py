@@ -34,10 +34,10 @@ import sys
 from pathlib import Path
 
 from errors import UserError, run_cli
+from training.config import DTYPES
 
 ROOT = Path(__file__).resolve().parent
 FALLBACK_CHECKPOINT = "out/small"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 DEFAULT_PROMPT = "\n"
 
@@ -95,27 +95,6 @@ def validate_args(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------- device, dtype
-
-def pick_device(name: str):
-    import torch
-
-    mps_ok = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name} but CUDA is not available here; use --device cpu or auto")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UserError(f"--device {name} but there are {torch.cuda.device_count()} GPU(s); pick another index")
-    if dev.type == "mps" and not mps_ok:
-        raise UserError(f"--device {name} but MPS is not available here; use --device cpu or auto")
-    if dev.type not in ("cpu", "cuda", "mps"):
-        raise UserError(f"unsupported --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
-    return dev
-
 
 BF16_CPU_MIN_PARAMS = 25_000_000
 
@@ -199,31 +178,15 @@ def _load_hf(spec: str):
 
 
 def _load_ours(spec: str):
-    import torch
-
     from data import tokenizer_from_meta
-    from model import GPT, GPTConfig
-    from training.checkpoint import load_checkpoint, resolve_checkpoint_path
+    from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint_path
 
     ckpt = load_checkpoint(spec)
     where = resolve_checkpoint_path(spec)
-    for key in ("model", "model_config", "tokenizer"):
-        if key not in ckpt:
-            raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
-    try:
-        config = GPTConfig(**ckpt["model_config"])
-    except (TypeError, ValueError) as e:
-        raise UserError(f"checkpoint {where} has an invalid model_config ({_one_line(e)}); "
-                        "use a ckpt.pt written by this version of train.py") from None
-    config.dropout = 0.0  # inference
-    with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
-        model = GPT(config)
-    try:
-        model.load_state_dict(ckpt["model"], assign=True)
-    except (RuntimeError, TypeError, AttributeError) as e:
-        raise UserError(f"checkpoint {where}: weights do not match its model_config ({_one_line(e)}); "
-                        "use an intact ckpt.pt") from None
-    model.lm_head.weight = model.transformer.wte.weight  # assign=True replaced the tied tensor; tie again
+    if "tokenizer" not in ckpt:
+        raise UserError(f"checkpoint {where} has no 'tokenizer' entry; use a ckpt.pt written by train.py")
+    model = model_from_checkpoint(ckpt, where, dropout=0.0)  # no dropout at inference
+    config = model.config
     tok = tokenizer_from_meta(ckpt["tokenizer"])
     if tok.vocab_size > config.vocab_size:
         raise UserError(
@@ -331,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(spec).exists():
             raise UserError(f"no checkpoint at {spec} (the default, small.yaml's out_dir); "
                             "train one with `python train.py --config small`, or pass --checkpoint PATH")
-    device = pick_device(args.device)
+    from training.device import resolve_device
+
+    device = resolve_device(args.device, option="--device")
     model, tok, desc = load_model(spec)
     n_params = model.num_params(non_embedding=False)
     dtype = pick_dtype(args.dtype, device, n_params)

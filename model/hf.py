@@ -165,13 +165,9 @@ def main(argv=None) -> int:
     ex.add_argument("--out", required=True, help="the directory to write (config.json, model.safetensors)")
     args = p.parse_args(argv)
 
-    from training.checkpoint import load_checkpoint
+    from training.checkpoint import load_checkpoint, model_from_checkpoint
 
-    from .gpt import GPT, GPTConfig
-
-    ckpt = load_checkpoint(args.checkpoint)
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
+    model = model_from_checkpoint(load_checkpoint(args.checkpoint), args.checkpoint)
     out = Path(args.out)
     if (out / "model.safetensors").exists():
         raise UserError(f"{out} already holds an exported model; choose another --out or delete it first")

@@ -129,3 +129,14 @@ def test_export_cli_with_a_missing_checkpoint_fails_in_one_line(tmp_path):
     assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_cli_with_a_checkpoint_whose_config_is_broken_fails_in_one_line(tmp_path):
+    from training.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "ckpt.pt", {"model": {}, "model_config": {"n_embd": 30, "n_head": 4}})
+    result = run_export_cli("--checkpoint", tmp_path / "ckpt.pt", "--out", tmp_path / "hf")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
+    assert "invalid model_config" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "hf").exists()

@@ -111,3 +111,27 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
 def _short(e: BaseException) -> str:
     msg = " ".join(str(e).split()).split(". ")[0][:120]
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **overrides: Any):
+    """Our GPT, on the CPU, with the checkpoint's model_config (fields in `overrides` replaced, e.g.
+    dropout) and its weights. A checkpoint whose config or weights don't fit gives a one-line UserError."""
+    from model import GPT, GPTConfig
+
+    for key in ("model", "model_config"):
+        if key not in ckpt:
+            raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
+    try:
+        config = GPTConfig(**{**ckpt["model_config"], **overrides})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"checkpoint {where} has an invalid model_config ({_short(e)}); "
+                        "use a ckpt.pt written by this version of train.py") from None
+    with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
+        model = GPT(config)
+    try:
+        model.load_state_dict(ckpt["model"], assign=True)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise UserError(f"checkpoint {where}: weights do not match its model_config ({_short(e)}); "
+                        "use an intact ckpt.pt") from None
+    model.lm_head.weight = model.transformer.wte.weight  # assign=True replaced the tied tensor; tie again
+    return model

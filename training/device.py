@@ -1,4 +1,4 @@
-"""Which device to train on."""
+"""Which device to run on (training and sampling share it)."""
 from __future__ import annotations
 
 import torch
@@ -6,22 +6,30 @@ import torch
 from errors import UserError
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """"auto": cuda (this rank's GPU) > mps > cpu. An explicit device that is not there is a UserError."""
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def resolve_device(name: str, local_rank: int = 0, option: str = "--train.device") -> torch.device:
+    """"auto": cuda (this rank's GPU) > mps > cpu. A device that is unknown or not there is a UserError
+    naming `option`, the flag the user set it with."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % torch.cuda.device_count())
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    dev = torch.device(name)
+        return torch.device("mps" if _mps_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"unknown {option}={name!r}; use auto, cpu, cuda, cuda:N or mps")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(f"train.device={name} but CUDA is not available here; use --train.device=cpu or auto")
+            raise UserError(f"{option}={name} but CUDA is not available here; use {option}=cpu or auto")
         if dev.index is None:
             dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         elif dev.index >= torch.cuda.device_count():
-            raise UserError(f"train.device={name} but only {torch.cuda.device_count()} GPU(s) exist; pick cuda:0..")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UserError(f"train.device={name} but MPS is not available here; use --train.device=cpu or auto")
+            raise UserError(f"{option}={name} but only {torch.cuda.device_count()} GPU(s) exist; pick cuda:0..")
+    if dev.type == "mps" and not _mps_available():
+        raise UserError(f"{option}={name} but MPS is not available here; use {option}=cpu or auto")
     return dev

@@ -11,7 +11,7 @@ import torch
 from errors import UserError
 from model import GPT, GPTConfig
 
-from .checkpoint import CKPT_NAME, load_checkpoint
+from .checkpoint import CKPT_NAME, load_checkpoint, model_from_checkpoint
 from .config import ModelSection
 
 ARCH_KEYS = ("n_layer", "n_head", "n_embd", "bias")
@@ -24,9 +24,7 @@ def build_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], 
     notes: list[str] = []
     runtime = {"dropout": m.dropout, "attn_backend": m.attn_backend}  # may differ from the source
     if resume is not None:
-        model = GPT(GPTConfig(**{**resume["model_config"], **runtime}))
-        model.load_state_dict(resume["model"])
-        return model, notes
+        return model_from_checkpoint(resume, "being resumed", **runtime), notes
 
     if m.init_from == "scratch":
         torch.manual_seed(seed)
@@ -40,8 +38,7 @@ def build_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], 
         if ck.get("tokenizer") != tokenizer:
             raise UserError(f"model.init_from={m.init_from} was trained with tokenizer {_tok(ck.get('tokenizer'))}, "
                             f"but this data uses {_tok(tokenizer)}; set data.tokenizer (and dataset) to match")
-        model = GPT(GPTConfig(**{**ck["model_config"], **runtime}))
-        model.load_state_dict(ck["model"])
+        model = model_from_checkpoint(ck, src, **runtime)
         source = f"checkpoint {src}"
     else:
         if not tokenizer.get("tokenizer") == "gpt2":
