@@ -1,4 +1,5 @@
-"""One error type for bad user input, and the wrapper that turns it into a one-line message.
+"""One error type for bad user input, the wrapper that turns it into a one-line message, and the one
+way to shorten a library's exception into a clause of such a message.
 
 Anything the user can fix (a config value, a path, a prompt, a checkpoint) raises `UserError` with a
 message that names the problem and the fix. The CLIs run their `main` through `run_cli`, which prints
@@ -12,6 +13,13 @@ from typing import Callable
 
 class UserError(Exception):
     """A problem with the user's input. The message says what is wrong and how to fix it."""
+
+
+def short_error(e: BaseException, limit: int = 160) -> str:
+    """`Type: first sentence of the message`, on one line and at most `limit` characters of message:
+    what goes inside the parentheses of a UserError built from a library's exception."""
+    msg = " ".join(str(e).split()).split(". ")[0][:limit]
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
 def run_cli(main: Callable[[], int | None]) -> None:

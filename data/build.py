@@ -24,8 +24,8 @@ from typing import Iterator
 import numpy as np
 
 from errors import UserError
+from fileio import fsync_dir, temp_path, write_synced
 
-from ._files import fsync_dir, temp_path, write_synced
 from .config import DataConfig
 from .sources import Source, open_source
 from .tokenizer import CHAR, CharTokenizer, Tokenizer, get_tokenizer

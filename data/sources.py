@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from errors import UserError
+from fileio import atomic_write_bytes
 
-from ._files import atomic_write_bytes
 from .config import HF_PREFIX, SHAKESPEARE, DataConfig
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

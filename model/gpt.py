@@ -39,22 +39,27 @@ class GPTConfig:
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """The one check of every model field (the training config calls it too). Raises ValueError
+        naming the field as `GPTConfig.<field>` and a valid value."""
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
-                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by GPTConfig.n_head ({self.n_head}); "
                 f"pick n_head among the divisors of n_embd"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if self.attn_backend not in ATTN_BACKENDS:
-            raise ValueError(f"GPTConfig.attn_backend must be one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
+            raise ValueError(f"GPTConfig.attn_backend must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn_backend!r}")
         if self.gelu_approximate not in GELU_APPROXIMATIONS:
             raise ValueError(
-                f"GPTConfig.gelu_approximate must be one of {GELU_APPROXIMATIONS}, got {self.gelu_approximate!r}"
+                f"GPTConfig.gelu_approximate must be one of {', '.join(GELU_APPROXIMATIONS)}, got {self.gelu_approximate!r}"
             )
 
 

@@ -149,8 +149,11 @@ def test_cli_bad_config_prints_one_line_error_without_traceback(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_config_attention_backends_are_the_models():
-    from model.gpt import ATTN_BACKENDS as model_backends
-    from training.config import ATTN_BACKENDS as config_backends
+def test_model_fields_are_checked_by_gpt_config_and_named_as_config_keys():
+    from model.gpt import ATTN_BACKENDS
 
-    assert config_backends == model_backends
+    with pytest.raises(UserError, match=r"model.attn_backend must be one of") as e:
+        load_config(["--model.attn_backend=flash9"])
+    assert all(b in str(e.value) for b in ATTN_BACKENDS)
+    with pytest.raises(UserError, match=r"model.gelu_approximate"):
+        load_config(["--model.gelu_approximate=erf"])

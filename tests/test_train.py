@@ -280,7 +280,8 @@ def test_wandb_offline_run_has_summary_and_config_and_resume_reuses_the_id(tmp_p
     second = run(out, data_root, *common)
     assert second["wandb_run_id"] == run_id and load_checkpoint(out)["wandb_run_id"] == run_id
     run_dirs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(run_dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in run_dirs)
+    # offline-run-<time>-<id>, with a -1 suffix when both runs start within the same second
+    assert len(run_dirs) == 2 and all(re.search(rf"-{run_id}(-\d+)?$", d.name) for d in run_dirs)
 
     summary, config, history_keys = {}, {}, set()
     for rec in _wandb_records(run_dirs[-1] / f"run-{run_id}.wandb"):

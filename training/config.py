@@ -19,26 +19,40 @@ import yaml
 
 from data.config import DataConfig
 from errors import UserError
+from model.gpt import GPTConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESUME_MODES = ("auto", "never")
 WANDB_MODES = ("online", "offline", "disabled")
-ATTN_BACKENDS = ("sdpa", "manual")  # as model.gpt.ATTN_BACKENDS; repeated so that config errors never import torch
 
 
 @dataclass
-class ModelSection:
+class ModelSection(GPTConfig):
+    """The `model:` section: every GPTConfig field, with the same names and the same checks
+    (GPTConfig.validate), smaller defaults, and where the weights start from."""
+    block_size: int = 128
+    # 0: the tokenizer's vocabulary; a larger value pads the embedding (e.g. 50304 = 786 x 64 for GPT-2,
+    # which suits GPU matmul tiles); padded ids are never targets and are never sampled
+    vocab_size: int = 0
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
-    block_size: int = 128
-    dropout: float = 0.0
-    bias: bool = True
-    attn_backend: str = "sdpa"  # "sdpa" | "manual"
     # "scratch" | an HF GPT-2 name or directory ("gpt2", "gpt2-medium", ...) | a checkpoint (file or out_dir)
     init_from: str = "scratch"
+
+    def __post_init__(self) -> None:
+        pass  # checked by validate() once the YAML and the CLI have been applied
+
+    def validate(self) -> None:
+        if isinstance(self.vocab_size, int) and self.vocab_size < 0:
+            raise ValueError(f"GPTConfig.vocab_size must be 0 (the tokenizer's) or a positive integer, got {self.vocab_size}")
+        self.gpt_config(self.vocab_size or 1)  # GPTConfig.__post_init__ checks every field
+
+    def gpt_config(self, vocab_size: int) -> GPTConfig:
+        """The model's config: these fields, with the vocabulary size decided from the data."""
+        return GPTConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GPTConfig)} | {"vocab_size": vocab_size})
 
 
 @dataclass
@@ -304,14 +318,12 @@ def _check(ok: bool, msg: str) -> None:
 
 def validate(cfg: Config) -> None:
     """Semantic checks across fields. The messages name the key and a valid value."""
-    m, t, w = cfg.model, cfg.train, cfg.wandb
-    for k in ("n_layer", "n_head", "n_embd", "block_size"):
-        _check(getattr(m, k) >= 1, f"model.{k} must be >= 1, got {getattr(m, k)}")
-    _check(m.n_embd % m.n_head == 0,
-           f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head}); pick n_head among its divisors")
-    _check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}; e.g. 0.0 or 0.1")
-    _check(m.attn_backend in ATTN_BACKENDS, f"model.attn_backend must be one of {', '.join(ATTN_BACKENDS)}, got {m.attn_backend!r}")
-    _check(bool(m.init_from.strip()), "model.init_from is empty; use 'scratch', an HF GPT-2 name/dir, or a checkpoint path")
+    t, w = cfg.train, cfg.wandb
+    try:
+        cfg.model.validate()
+    except ValueError as e:  # GPTConfig names the field; the user wrote it as model.<field>
+        raise UserError(str(e).replace("GPTConfig.", "model.")) from None
+    _check(bool(cfg.model.init_from.strip()), "model.init_from is empty; use 'scratch', an HF GPT-2 name/dir, or a checkpoint path")
 
     cfg.data.validate()
 

@@ -27,10 +27,12 @@ def build_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], 
         return model_from_checkpoint(resume, "being resumed", **runtime), notes
 
     if m.init_from == "scratch":
+        if 0 < m.vocab_size < vocab_size:
+            raise UserError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's {vocab_size} ids; "
+                            f"use 0 (the tokenizer's) or a padded size >= {vocab_size}")
         torch.manual_seed(seed)
-        cfg = GPTConfig(block_size=m.block_size, vocab_size=vocab_size, n_layer=m.n_layer, n_head=m.n_head,
-                        n_embd=m.n_embd, bias=m.bias, **runtime)
-        return GPT(cfg), notes
+        cfg = m.gpt_config(max(m.vocab_size, vocab_size))
+        return GPT(cfg.__class__(**{**cfg.__dict__, **runtime})), notes
 
     src = Path(m.init_from).expanduser()
     if src.is_file() or (src.is_dir() and (src / CKPT_NAME).is_file()):
