@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -38,7 +37,6 @@ from training.config import DTYPES
 
 ROOT = Path(__file__).resolve().parent
 FALLBACK_CHECKPOINT = "out/small"
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 DEFAULT_PROMPT = "\n"
 
 
@@ -133,68 +131,18 @@ def default_checkpoint() -> str:
     return FALLBACK_CHECKPOINT
 
 
-def _is_hub_name(spec: str) -> bool:
-    # a bare name ("gpt2", "gpt2-medium", "distilgpt2") or openai-community/...; anything else with a
-    # slash is a local path, so a mistyped path never turns into a download attempt
-    if Path(spec).expanduser().exists() or spec.lower().endswith(CHECKPOINT_SUFFIXES):
-        return False
-    return bool(re.fullmatch(r"(openai-community/)?[A-Za-z0-9][\w.-]*", spec))
-
-
 def load_model(spec: str):
     """(model on CPU in eval mode, tokenizer, one-line description) for a checkpoint file, an out_dir,
     an HF GPT-2 directory, or an HF hub name."""
-    path = Path(spec).expanduser()
-    is_hf_dir = path.is_dir() and not (path / "ckpt.pt").is_file() and (path / "config.json").is_file()
-    if is_hf_dir or _is_hub_name(spec):
-        return _load_hf(spec)
-    return _load_ours(spec)
-
-
-def _one_line(e: BaseException, limit: int = 160) -> str:
-    return " ".join(str(e).split())[:limit]
-
-
-def _load_hf(spec: str):
-    from data import get_tokenizer
-    from model import GPT
-
-    try:
-        model = GPT.from_pretrained(spec)
-    except FileNotFoundError as e:
-        raise UserError(f"cannot load {spec!r}: {_one_line(e)}; pass a checkpoint file, a training out_dir, "
-                        "or an HF GPT-2 directory") from None
-    except (ValueError, KeyError, TypeError, OSError) as e:  # bad config.json or weights
-        raise UserError(f"{spec} is not a usable HF GPT-2 directory ({type(e).__name__}: {_one_line(e)}); "
-                        "re-export it or pass another --checkpoint") from None
-    except Exception as e:  # e.g. safetensors' own errors on a damaged file
-        raise UserError(f"cannot read the HF GPT-2 weights in {spec} ({type(e).__name__}); "
-                        "re-export or re-download them") from None
-    tok = get_tokenizer("gpt2")
-    if tok.vocab_size > model.config.vocab_size:
-        raise UserError(f"{spec} has vocab_size {model.config.vocab_size}, smaller than GPT-2's tokenizer "
-                        f"({tok.vocab_size}); use a GPT-2 model")
-    return model.eval(), tok, f"HF GPT-2 {spec}"
-
-
-def _load_ours(spec: str):
     from data import tokenizer_from_meta
-    from training.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint_path
+    from model.checkpoint import load_model as load
 
-    ckpt = load_checkpoint(spec)
-    where = resolve_checkpoint_path(spec)
-    if "tokenizer" not in ckpt:
-        raise UserError(f"checkpoint {where} has no 'tokenizer' entry; use a ckpt.pt written by train.py")
-    model = model_from_checkpoint(ckpt, where, dropout=0.0)  # no dropout at inference
-    config = model.config
-    tok = tokenizer_from_meta(ckpt["tokenizer"])
-    if tok.vocab_size > config.vocab_size:
-        raise UserError(
-            f"checkpoint {where}: tokenizer has {tok.vocab_size} ids but the model only {config.vocab_size}; "
-            "the checkpoint is inconsistent, retrain")
-    it = ckpt.get("iter")
-    desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
-    return model.eval(), tok, desc
+    loaded = load(spec, dropout=0.0)  # no dropout at inference
+    tok = tokenizer_from_meta(loaded.tokenizer)
+    if tok.vocab_size > loaded.model.config.vocab_size:
+        raise UserError(f"{loaded.description}: the tokenizer has {tok.vocab_size} ids but the model only "
+                        f"{loaded.model.config.vocab_size}; use a model trained with this tokenizer")
+    return loaded.model, tok, loaded.description
 
 
 # ---------------------------------------------------------------------------------- prompts

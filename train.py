@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from data import BatchLoader, load_meta, prepare_data
 from errors import UserError, run_cli
-from training.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, save_checkpoint
+from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict, save_checkpoint
 from training.compile import apply_compile
 from training.config import Config, load_config, resume_conflicts, to_yaml
 from training.device import resolve_device
@@ -33,7 +33,7 @@ from training.distributed import (
 )
 from training.evaluate import bits_per_byte, evaluate
 from training.mfu import mfu, peak_flops
-from training.model_init import build_model, model_config_dict
+from training.model_init import build_model
 from training.optim import make_optimizer
 from training.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler, resolve_dtype
 from training.rng import get_rng_state, seed_everything, set_rng_state

@@ -165,8 +165,11 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying (Press & Wolf 2017): the output layer reuses the token embedding, which saves
         # vocab_size * n_embd parameters and trains better at this scale
-        self.lm_head.weight = self.transformer.wte.weight
+        self.tie_weights()
         self.init_weights()
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.transformer.wte.weight
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:

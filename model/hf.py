@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from fileio import atomic_write, atomic_write_bytes
 
 # the Conv1D weights of HF's GPT-2; every other tensor has the same layout in both
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -65,8 +67,6 @@ def _resolve_dir(name_or_dir: str) -> Path:
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if (path / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
         return load_file(str(path / "model.safetensors"))
     if (path / "pytorch_model.bin").is_file():
         return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
@@ -105,8 +105,6 @@ def load_hf_gpt2(cls, name_or_dir: str, **overrides):
 
 
 def export_hf_gpt2(model, out_dir, eos_token_id: int | None = None) -> None:
-    from safetensors.torch import save_file
-
     cfg = model.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,13 +144,10 @@ def export_hf_gpt2(model, out_dir, eos_token_id: int | None = None) -> None:
         "tie_word_embeddings": True,
         "torch_dtype": "float32",
     }
-    # write each file beside its final name, then rename, so a crash never leaves half a directory
-    tmp = out / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps(hf_config, indent=2) + "\n")
-    os.replace(tmp, out / "config.json")
+    # each file is written beside its final name, then renamed, so a crash never leaves half a file
+    with atomic_write(out / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write_bytes(out / "config.json", (json.dumps(hf_config, indent=2) + "\n").encode())
 
 
 def main(argv=None) -> int:
@@ -165,7 +160,7 @@ def main(argv=None) -> int:
     ex.add_argument("--out", required=True, help="the directory to write (config.json, model.safetensors)")
     args = p.parse_args(argv)
 
-    from training.checkpoint import load_checkpoint, model_from_checkpoint
+    from .checkpoint import load_checkpoint, model_from_checkpoint
 
     model = model_from_checkpoint(load_checkpoint(args.checkpoint), args.checkpoint)
     out = Path(args.out)

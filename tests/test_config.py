@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from errors import UserError
-from training.checkpoint import load_checkpoint, save_checkpoint
+from model.checkpoint import load_checkpoint, save_checkpoint
 from training.config import Config, load_config, resume_conflicts
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -99,7 +99,7 @@ def run_export_cli(*args):
 def test_export_cli_writes_a_directory_transformers_loads(tmp_path):
     import dataclasses
 
-    from training.checkpoint import save_checkpoint
+    from model.checkpoint import save_checkpoint
 
     torch.manual_seed(2)
     ours = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50257)).eval()
@@ -132,7 +132,7 @@ def test_export_cli_with_a_missing_checkpoint_fails_in_one_line(tmp_path):
 
 
 def test_export_cli_with_a_checkpoint_whose_config_is_broken_fails_in_one_line(tmp_path):
-    from training.checkpoint import save_checkpoint
+    from model.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ckpt.pt", {"model": {}, "model_config": {"n_embd": 30, "n_head": 4}})
     result = run_export_cli("--checkpoint", tmp_path / "ckpt.pt", "--out", tmp_path / "hf")

@@ -19,7 +19,7 @@ import train
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
 from model import GPT, GPTConfig
-from training.checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint
 from training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

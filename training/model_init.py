@@ -2,7 +2,6 @@
 run's checkpoint, or HF GPT-2 weights (`init_from`)."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import torch
 from errors import UserError
 from model import GPT, GPTConfig
 
-from .checkpoint import CKPT_NAME, load_checkpoint, model_from_checkpoint
+from model.checkpoint import CKPT_NAME, load_checkpoint, model_config_dict, model_from_checkpoint
 from .config import ModelSection
 
 ARCH_KEYS = ("n_layer", "n_head", "n_embd", "bias")
@@ -67,10 +66,6 @@ def build_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], 
                         f"set --model.block_size={mc.block_size} or less")
     notes.append(f"initialised from {source} ({model.num_params() / 1e6:.2f}M non-embedding params)")
     return model, notes
-
-
-def model_config_dict(model: GPT) -> dict[str, Any]:
-    return dataclasses.asdict(model.config)
 
 
 def _tok(t: Any) -> str:

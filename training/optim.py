@@ -1,4 +1,6 @@
-"""AdamW in two parameter groups: weight decay on matrices and embeddings, none on biases and norms."""
+"""The optimizers: AdamW in two parameter groups (weight decay on matrices and embeddings, none on
+biases and norms). `make_optimizers` returns a list, so a recipe may give different parameters to
+different optimizers; the training step, the schedule and the checkpoint handle any number of them."""
 from __future__ import annotations
 
 import torch
@@ -21,3 +23,14 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: t
     fused = device_type in ("cuda", "cpu")
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=fused,
                              foreach=None if fused else True)
+
+
+def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+                    device_type: str) -> list[torch.optim.Optimizer]:
+    """The optimizers of a training run. Each param group records its peak learning rate as
+    "initial_lr"; the schedule scales every group by the same factor (training/schedule.py)."""
+    optimizers = [make_optimizer(model, lr=lr, weight_decay=weight_decay, betas=betas, device_type=device_type)]
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+    return optimizers
