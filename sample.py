@@ -19,7 +19,8 @@ Prompts:
 
 Seeds: --seed S gives the same text for the same settings, device and dtype; without it a fresh seed
 is drawn and shown on stderr (with the checkpoint, device and dtype) so a run can be repeated.
---dtype auto: see pick_dtype (bf16 + prepacked weights for big models on a CPU, fp32 for small ones).
+--dtype auto: see runtime/precision.py's inference_dtype (bf16 + prepacked weights for big models on a
+CPU, fp32 for small ones; on GPUs bf16 where native).
 --stop-at-eot (default): a sample ends at the end-of-text token, which is not printed.
 
 Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr and exit status 2.
@@ -32,8 +33,15 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+import yaml
+
+from data import tokenizer_from_meta
 from errors import UserError, run_cli
-from training.config import DTYPES
+from model.checkpoint import load_model as load_any_model
+from model.generate import generate_stream, prepare_for_decoding
+from runtime.device import resolve_device
+from runtime.precision import DTYPE_NAMES, dtype_name, inference_dtype
 
 ROOT = Path(__file__).resolve().parent
 FALLBACK_CHECKPOINT = "out/small"
@@ -63,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
                    help="auto: bfloat16 on GPUs that support it, and on CPUs with bf16 support for models of "
                         ">= 25M params; else float32 (default: auto)")
     p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
@@ -92,36 +100,11 @@ def validate_args(args: argparse.Namespace) -> None:
         raise UserError("stdin ('-') can be read only once; give the other prompts with --prompt or --prompt-file")
 
 
-# ---------------------------------------------------------------------------------- device, dtype
-
-BF16_CPU_MIN_PARAMS = 25_000_000
-
-
-def pick_dtype(name: str, device, n_params: int):
-    """auto: on CUDA bf16 where supported, else fp16. On a CPU whose oneDNN does bf16, bf16 for models
-    of >= 25M parameters: their decoding is bound by reading the weights, which bf16 halves (with
-    prepacked weights GPT-2-124M goes from ~42 to ~57 tok/s on this project's 2-core test machine);
-    smaller models fit in cache, and there fp32 is faster (7M params: ~630 vs ~590 tok/s). fp32 on MPS
-    and everywhere else."""
-    import torch
-
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if (device.type == "cpu" and n_params >= BF16_CPU_MIN_PARAMS and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return torch.bfloat16
-    return torch.float32
-
-
 # ---------------------------------------------------------------------------------- loading
 
 def default_checkpoint() -> str:
     """train.out_dir of configs/small.yaml, read when asked (falls back to out/small)."""
     try:
-        import yaml
-
         cfg = yaml.safe_load((ROOT / "configs" / "small.yaml").read_text(encoding="utf-8"))
         out_dir = cfg["train"]["out_dir"]
         if isinstance(out_dir, str) and out_dir:
@@ -134,10 +117,7 @@ def default_checkpoint() -> str:
 def load_model(spec: str):
     """(model on CPU in eval mode, tokenizer, one-line description) for a checkpoint file, an out_dir,
     an HF GPT-2 directory, or an HF hub name."""
-    from data import tokenizer_from_meta
-    from model.checkpoint import load_model as load
-
-    loaded = load(spec, dropout=0.0)  # no dropout at inference
+    loaded = load_any_model(spec, dropout=0.0)  # no dropout at inference
     tok = tokenizer_from_meta(loaded.tokenizer)
     if tok.vocab_size > loaded.model.config.vocab_size:
         raise UserError(f"{loaded.description}: the tokenizer has {tok.vocab_size} ids but the model only "
@@ -229,10 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     validate_args(args)
     prompt_texts = read_prompts(args)
 
-    import torch
-
-    from model.generate import decode_one_token, generate_stream, prepack_for_cpu
-
     def note(msg: str) -> None:
         print(f"sample.py: {msg}", file=sys.stderr, flush=True)
 
@@ -242,12 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(spec).exists():
             raise UserError(f"no checkpoint at {spec} (the default, small.yaml's out_dir); "
                             "train one with `python train.py --config small`, or pass --checkpoint PATH")
-    from training.device import resolve_device
-
     device = resolve_device(args.device, option="--device")
     model, tok, desc = load_model(spec)
     n_params = model.num_params(non_embedding=False)
-    dtype = pick_dtype(args.dtype, device, n_params)
+    dtype = inference_dtype(args.dtype, device, n_params)
 
     prompts = [encode_prompt(tok, t, note) for t in (prompt_texts or [None])]
     block_size = model.config.block_size
@@ -256,12 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [p for p in prompts for _ in range(args.num_samples)]
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    model = model.to(device)
-    model = model.to(dtype)
-    decode_fn = torch.compile(decode_one_token, fullgraph=True) if args.compile else None
-    packed = not args.compile and prepack_for_cpu(model)  # CPU bf16 only: oneDNN weight layout, done once
+    model, decode_fn, packed = prepare_for_decoding(model, device, dtype, compile=args.compile)
     generator = torch.Generator(device=device).manual_seed(seed)
-    note(f"{desc}, {n_params / 1e6:.2f}M params, {tok.name} tokenizer; {device}, {str(dtype).removeprefix('torch.')}"
+    note(f"{desc}, {n_params / 1e6:.2f}M params, {tok.name} tokenizer; {device}, {dtype_name(dtype)}"
          f"{', compiled' if args.compile else ''}{', prepacked' if packed else ''}; seed {seed}")
 
     stream = generate_stream(

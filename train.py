@@ -3,42 +3,47 @@
     python train.py --config small.yaml [--section.key=value ...]
     torchrun --standalone --nproc_per_node=N train.py --config ...       # data parallel (nccl / gloo)
 
-Reads top to bottom: config -> devices and processes -> data -> model -> optimizer -> the loop.
-Hardware switches (precision, compile, DDP) are applied from outside the model, one line each.
-`<out_dir>/ckpt.pt` is always the latest complete checkpoint, `best.pt` the best val loss;
-`<out_dir>/metrics.jsonl` logs every train/eval line (rank 0).
+Reads top to bottom: `set_up` builds the run (resume decision, data, precision, model, optimizers,
+the checkpointed states, logging), `loop` runs one `train_step` per iteration and then whatever is due
+(log, eval, checkpoint, stop), and `train` tears everything down. Hardware switches (precision,
+compile, DDP) are applied from outside the model, one line each. `<out_dir>/ckpt.pt` is always the
+latest complete checkpoint, `best.pt` the best val loss, `metrics.jsonl` every logged step (rank 0).
 """
 from __future__ import annotations
 
-import json
-import math
 import sys
-import time
-from contextlib import nullcontext
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.nn as nn
 from tqdm import tqdm
 
 from data import BatchLoader, load_meta, prepare_data
 from errors import UserError, run_cli
-from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict, save_checkpoint
-from training.compile import apply_compile
+from model import GPT
+from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict
+from runtime.device import resolve_device
+from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, training_dtype
+from training.checkpoint import Checkpointer, OptimizerState, ScalerState
 from training.config import Config, load_config, resume_conflicts, to_yaml
-from training.device import resolve_device
 from training.distributed import (
-    all_reduce_mean, any_rank, apply_ddp, barrier, broadcast_object, cpu_group, destroy_distributed,
-    dist_from_env, init_distributed,
+    DistInfo, all_gather_object, all_reduce_mean, any_rank, apply_ddp, broadcast_object, control_group,
+    destroy_distributed, dist_from_env, init_distributed,
 )
 from training.evaluate import bits_per_byte, evaluate
+from training.health import NonFiniteGuard
+from training.init_from import initial_model
+from training.metrics import LossWindow, MetricsLog
 from training.mfu import mfu, peak_flops
-from training.model_init import build_model
-from training.optim import make_optimizer
-from training.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler, resolve_dtype
-from training.rng import get_rng_state, seed_everything, set_rng_state
-from training.schedule import lr_at
+from training.optim import make_optimizers
+from training.rng import RNGState, seed_everything
+from training.schedule import apply_lr, due_after, lr_at
 from training.signals import StopFlag
+from training.state import TrainState
+from training.step import StepOutput, train_step
 from training.wandb_logger import WandbLogger
 
 
@@ -51,28 +56,149 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg: Config) -> dict[str, Any]:
     """Run (or resume) the training described by cfg. Returns a summary: the logged train losses by
     iteration, the last eval, best val loss, final iteration and why it stopped."""
-    t = cfg.train
     dist = dist_from_env()
-    if t.grad_accum_steps % dist.world_size:
-        raise UserError(f"train.grad_accum_steps={t.grad_accum_steps} (global) is not divisible by the "
+    if cfg.train.grad_accum_steps % dist.world_size:
+        raise UserError(f"train.grad_accum_steps={cfg.train.grad_accum_steps} (global) is not divisible by the "
                         f"{dist.world_size} ranks; use a multiple of {dist.world_size}")
-    accum = t.grad_accum_steps // dist.world_size  # micro-steps per rank per optimizer step
-    device = resolve_device(t.device, dist.local_rank)
+    device = resolve_device(cfg.train.device, dist.local_rank)
     init_distributed(dist, device)
-    main_rank = dist.is_main
-    say = tqdm.write if main_rank else (lambda *a, **k: None)
-    stop = StopFlag()
-    logger: WandbLogger | None = None
-    bar = None
     failed = True
-    model = None
     try:
-        # ---- output dir, resume decision
-        out_dir = Path(t.out_dir)
-        ckpt_path = out_dir / CKPT_NAME
-        resume = None
+        with ExitStack() as cleanup:  # closes the bar, restores signal handlers, finishes wandb
+            run = set_up(cfg, dist, device, cleanup)
+            summary = loop(run)
+            failed = False
+            return summary
+    finally:
+        # DDP's wrapper must be gone while its process group is still registered: freed after
+        # destroy_process_group, the gloo group's destructor can wait for the GIL this thread holds
+        run = None
+        destroy_distributed(healthy=not failed)
+
+
+# ---------------------------------------------------------------------------------------- set-up
+
+@dataclass
+class Run:
+    """Everything the loop needs, built once by set_up."""
+    cfg: Config
+    dist: DistInfo
+    device: torch.device
+    dtype: torch.dtype
+    raw_model: GPT  # the plain module: saved and evaluated
+    model: nn.Module  # what the step runs: raw_model, compiled and/or wrapped in DDP
+    optimizers: list[torch.optim.Optimizer]
+    scaler: torch.amp.GradScaler
+    train_loader: BatchLoader
+    eval_loaders: dict[str, BatchLoader]  # rank 0 only
+    state: TrainState
+    checkpointer: Checkpointer
+    metrics: MetricsLog
+    logger: WandbLogger
+    stop: StopFlag
+    bar: tqdm
+    group: Any  # the CPU control group of the ranks (None on one process)
+    ckpt_path: Path
+    accum: int  # micro-steps per rank per optimizer step
+    tokens_per_step: int
+    flops_per_token: float
+    peak: float | None
+    say: Callable[[str], None]
+
+    def amp(self):
+        return autocast(self.device, self.dtype)
+
+
+def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack) -> Run:
+    t = cfg.train
+    say = tqdm.write if dist.is_main else (lambda *a, **k: None)
+    group = control_group(dist)
+    out_dir = Path(t.out_dir)
+    ckpt_path = out_dir / CKPT_NAME
+
+    resume = decide_resume(ckpt_path, cfg, dist, group)
+    data_dir = prepare_on_rank0(cfg, dist, group)
+    meta = load_meta(data_dir)
+    tokenizer = {"tokenizer": meta["tokenizer"], "chars": meta["chars"]}
+    if resume is not None and resume.get("tokenizer") != tokenizer:
+        raise UserError(f"cannot resume {ckpt_path}: it was trained with tokenizer "
+                        f"{resume.get('tokenizer', {}).get('tokenizer')!r} and different data; "
+                        "use the original data settings, or a new --train.out_dir")
+
+    # precision: rank 0 decides (on CPU by measuring), every rank uses its choice; a resumed run keeps it
+    saved_dtype = resume["train"].get("dtype") if resume is not None else ""
+    name, measured, dtype_note = broadcast_object(
+        choose_dtype(t.dtype, saved_dtype, device) if dist.is_main else None, dist, group)
+    dtype = DTYPE_BY_NAME[name]
+    allow_tf32(device)
+
+    seed_everything(t.seed)
+    raw_model, notes = initial_model(cfg.model, vocab_size=meta["vocab_size"], tokenizer=tokenizer, seed=t.seed,
+                                     resume=resume)
+    raw_model.to(device)
+    optimizers = make_optimizers(raw_model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                                 device_type=device.type)
+    scaler = make_scaler(device, dtype)
+    model = torch.compile(raw_model) if t.compile else raw_model  # raw_model stays the plain module
+    model = apply_ddp(model, dist, device)
+
+    block = cfg.model.block_size
+    train_loader = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
+                               rank=dist.rank, world_size=dist.world_size, device=device)
+    eval_loaders = {split: BatchLoader(data_dir, split, block_size=block, batch_size=t.batch_size, seed=t.eval_seed,
+                                       device=device) for split in ("train", "val")} if dist.is_main else {}
+
+    # every stateful part, registered once: saved and restored by the same mapping, RNG streams last
+    state = TrainState(dtype=name)
+    rng = RNGState(dist, group)
+    checkpointer = Checkpointer(
+        {"model": raw_model, "optimizer": OptimizerState(optimizers), "scaler": ScalerState(scaler),
+         "loader": train_loader, "train": state, "rng": rng},
+        static={"model_config": model_config_dict(raw_model), "config": cfg.to_dict(), "tokenizer": tokenizer},
+        is_main=dist.is_main)
+    if resume is not None:
+        checkpointer.restore(resume, ckpt_path)
+        checkpointer.last_saved_iter = state.iter
+        state.dtype = name  # kept from the checkpoint unless train.dtype overrides it (choose_dtype)
+    elif dist.rank:
+        torch.manual_seed(t.seed + dist.rank)  # different dropout masks per rank; same init (above)
+
+    metrics = MetricsLog(out_dir, active=dist.is_main)
+    if resume is not None:
+        metrics.resume_at(state.iter)
+    tokens_per_step = t.batch_size * block * t.grad_accum_steps
+    peak, peak_note = peak_flops(device, dtype, override=t.peak_flops, measured=measured) if dist.is_main else (None, "")
+    say(f"config:\n{to_yaml(cfg)}")
+    for note in notes + ([rng.note] if rng.note else []):
+        say(note)
+    say(f"{dtype_note}; {peak_note}")
+    say(f"device {device}, {dist.world_size} rank(s), {raw_model.num_params() / 1e6:.2f}M non-embedding params, "
+        f"{tokens_per_step} tokens/step ({t.batch_size} x {block} x {t.grad_accum_steps} micro-steps), "
+        + (f"resuming {ckpt_path} at iter {state.iter}" if resume is not None else f"fresh run into {out_dir}"))
+
+    logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
+                         run_id=state.run_id, out_dir=str(out_dir), config=cfg.to_dict(), active=dist.is_main,
+                         printer=say)
+    cleanup.push(lambda exc_type, *_: logger.finish(exit_code=1 if exc_type else 0))
+    stop = StopFlag().install()
+    cleanup.callback(stop.restore)
+    bar = tqdm(total=t.max_iters, initial=state.iter, disable=not dist.is_main, dynamic_ncols=True, desc="train")
+    cleanup.callback(bar.close)
+    return Run(cfg=cfg, dist=dist, device=device, dtype=dtype, raw_model=raw_model, model=model, optimizers=optimizers,
+               scaler=scaler, train_loader=train_loader, eval_loaders=eval_loaders, state=state,
+               checkpointer=checkpointer, metrics=metrics, logger=logger, stop=stop, bar=bar, group=group,
+               ckpt_path=ckpt_path, accum=t.grad_accum_steps // dist.world_size, tokens_per_step=tokens_per_step,
+               flops_per_token=raw_model.flops_per_token(block), peak=peak, say=say)
+
+
+def decide_resume(ckpt_path: Path, cfg: Config, dist: DistInfo, group) -> dict[str, Any] | None:
+    """The checkpoint to resume from, or None for a fresh run. Every rank must see the same one (a
+    train.out_dir shared by all nodes): the ranks compare what they found, and any difference or
+    error stops every rank with the same one-line error."""
+    resume, outcome = None, None
+    try:
         if ckpt_path.exists():
-            if t.resume == "never":
+            if cfg.train.resume == "never":
                 raise UserError(f"{ckpt_path} exists and train.resume=never refuses to overwrite it; "
                                 "use --train.resume=auto to continue that run, or a new --train.out_dir")
             resume = load_checkpoint(ckpt_path)
@@ -80,205 +206,135 @@ def train(cfg: Config) -> dict[str, Any]:
             if conflicts:
                 raise UserError(f"cannot resume {ckpt_path}: the config changed in {'; '.join(conflicts)}; "
                                 "restore those values, or train into a new --train.out_dir")
-
-        # ---- data (rank 0 prepares; the others wait, then find it up to date)
-        if main_rank:
-            data_dir = prepare_data(cfg.data, progress=True)
-        barrier(dist)
-        if not main_rank:
-            data_dir = prepare_data(cfg.data, progress=False)
-        meta = load_meta(data_dir)
-        tokenizer = {"tokenizer": meta["tokenizer"], "chars": meta["chars"]}
-        if resume is not None and resume.get("tokenizer") != tokenizer:
-            raise UserError(f"cannot resume {ckpt_path}: it was trained with tokenizer "
-                            f"{resume.get('tokenizer', {}).get('tokenizer')!r} and different data; "
-                            "use the original data settings, or a new --train.out_dir")
-
-        # ---- precision (rank 0 measures on CPU; every rank uses its choice)
-        dtype_name, measured, dtype_note = broadcast_object(_dtype_choice(t.dtype, device) if main_rank else None, dist)
-        dtype = DTYPE_BY_NAME[dtype_name]
-        allow_tf32(device)
-
-        # ---- model, optimizer, scaler
-        seed_everything(t.seed)
-        raw_model, notes = build_model(cfg.model, vocab_size=meta["vocab_size"], tokenizer=tokenizer,
-                                       seed=t.seed, resume=resume)
-        raw_model.to(device)
-        optimizer = make_optimizer(raw_model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                   device_type=device.type)
-        scaler = make_scaler(device, dtype)
-        if resume is not None:
-            optimizer.load_state_dict(resume["optimizer"])
-            if scaler.is_enabled() and resume.get("scaler"):
-                scaler.load_state_dict(resume["scaler"])
-        model = apply_compile(raw_model, t.compile)  # raw_model stays the plain module: saved, evaluated
-        model = apply_ddp(model, dist, device)
-
-        # ---- data loaders: training batches by (seed, step, micro, rank); fixed eval batches
-        block = cfg.model.block_size
-        train_loader = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
-                                   rank=dist.rank, world_size=dist.world_size, device=device)
-        if resume is not None:
-            train_loader.load_state_dict(resume["loader"])
-        eval_loaders = {split: BatchLoader(data_dir, split, block_size=block, batch_size=t.batch_size,
-                                           seed=t.eval_seed, device=device) for split in ("train", "val")} if main_rank else {}
-
-        # ---- state, logging
-        start_iter = int(resume["iter"]) if resume else 0
-        best_val = float(resume["best_val_loss"]) if resume else math.inf
-        tokens_seen = int(resume["tokens_seen"]) if resume else 0
-        tokens_per_step = t.batch_size * block * t.grad_accum_steps
-        flops_per_token = raw_model.flops_per_token(block)
-        peak, peak_note = peak_flops(device, dtype, override=t.peak_flops, measured=measured) if main_rank else (None, "")
-        say(f"config:\n{to_yaml(cfg)}")
-        for note in notes:
-            say(note)
-        say(f"{dtype_note}; {peak_note}")
-        say(f"device {device}, {dist.world_size} rank(s), {raw_model.num_params() / 1e6:.2f}M non-embedding params, "
-            f"{tokens_per_step} tokens/step ({t.batch_size} x {block} x {t.grad_accum_steps} micro-steps), "
-            + (f"resuming {ckpt_path} at iter {start_iter}" if resume else f"fresh run into {out_dir}"))
-        logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
-                             run_id=resume.get("wandb_run_id") if resume else None, out_dir=str(out_dir),
-                             config=cfg.to_dict(), active=main_rank, printer=say)
-        if resume is not None:
-            set_rng_state(resume["rng"])  # last, so nothing above consumes the restored streams
-        elif dist.rank:
-            torch.manual_seed(t.seed + dist.rank)  # different dropout masks per rank; same init (above)
-        flag_group = cpu_group(dist, device)
-        stop.install()
-
-        def checkpoint_payload(iter_num: int) -> dict[str, Any]:
-            return {"model": raw_model.state_dict(), "model_config": model_config_dict(raw_model),
-                    "config": cfg.to_dict(), "tokenizer": tokenizer, "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict() if scaler.is_enabled() else None, "iter": iter_num,
-                    "best_val_loss": best_val, "tokens_seen": tokens_seen, "loader": train_loader.state_dict(),
-                    "rng": get_rng_state(), "wandb_run_id": logger.run_id}
-
-        # ---- the loop
-        result: dict[str, Any] = {"losses": {}, "eval": {}, "stopped": None}
-        if start_iter >= t.max_iters:
-            say(f"{ckpt_path} is already at iter {start_iter} >= train.max_iters={t.max_iters}; nothing to do "
-                "(raise --train.max_iters to train further)")
-        bad = torch.zeros((), dtype=torch.bool, device=device)  # sticky: any non-finite loss/grad so far
-        first_bad = torch.full((), -1, dtype=torch.long, device=device)
-        loss_window = torch.zeros((), device=device)  # sum of step losses since the last log line
-        window_steps, window_time, last_saved = 0, 0.0, start_iter if resume else None
-        bar = tqdm(total=t.max_iters, initial=start_iter, disable=not main_rank, dynamic_ncols=True, desc="train")
-        step = start_iter
-        raw_model.train()
-        t_mark = time.perf_counter()
-        while step < t.max_iters:
-            lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            step_loss = torch.zeros((), device=device)
-            for micro in range(accum):  # no host sync in here: losses stay on the device
-                x, y = train_loader.get_batch(step, micro)
-                sync = model.no_sync() if dist.enabled and micro < accum - 1 else nullcontext()
-                with sync:
-                    with autocast(device, dtype):
-                        _, loss = model(x, y, return_logits=False)  # fused head + loss, no (B, T, V) logits
-                    if step == t.debug_nan_at_iter:
-                        loss = loss * float("nan")
-                    loss = loss / accum
-                    scaler.scale(loss).backward()
-                step_loss += loss.detach()
-            scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            # with a GradScaler an inf grad norm is normal (the step is skipped and the scale lowered)
-            nonfinite = ~torch.isfinite(step_loss) if scaler.is_enabled() else ~(torch.isfinite(step_loss) & torch.isfinite(grad_norm))
-            first_bad = torch.where(nonfinite & (first_bad < 0), step, first_bad)
-            bad |= nonfinite
-            step += 1
-            tokens_seen += tokens_per_step
-            loss_window += step_loss
-            window_steps += 1
-            bar.update(1)
-
-            if step == t.debug_interrupt_at_iter:
-                stop.request("debug_interrupt_at_iter")
-            stopping = any_rank(stop.requested, dist, flag_group)  # every rank stops after the same step
-            last = step == t.max_iters
-            eval_step = step % t.eval_interval == 0 or last
-            do_ckpt = (step % (t.checkpoint_interval or t.eval_interval) == 0) or last or stopping
-            do_log = step % t.log_interval == 0 or last or stopping or eval_step  # same on every rank
-            do_eval = main_rank and eval_step
-
-            if do_log or do_ckpt:  # never log, evaluate or save poisoned weights
-                if any_rank(bool(bad.item()), dist, flag_group):
-                    kept = f"{ckpt_path} still holds iter {last_saved}" if last_saved is not None else "no checkpoint was written"
-                    raise UserError(f"loss or grad norm became non-finite at iter {int(first_bad.item())}; stopped, "
-                                    f"{kept}; lower train.lr, raise train.warmup_iters or use bfloat16/float32, then rerun")
-            if do_log:
-                train_loss = all_reduce_mean(loss_window / window_steps, dist).item()  # the sync of this window
-                window_time += time.perf_counter() - t_mark
-                tok_per_sec = window_steps * tokens_per_step / window_time
-                util = mfu(flops_per_token, tok_per_sec, peak, dist.world_size)
-                result["losses"][step] = train_loss
-                metrics = {"train/loss": train_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                           "tokens_per_sec": tok_per_sec, "mfu": util, "tokens_seen": tokens_seen}
-                bar.set_postfix_str(f"loss {train_loss:.4f} lr {lr:.2e} tok/s {tok_per_sec:,.0f}"
-                                    + (f" mfu {util:.1%}" if util is not None else ""), refresh=False)
-                logger.log(metrics, step)
-                _append_jsonl(out_dir, main_rank, {"iter": step, **metrics})
-                loss_window.zero_()
-                window_steps, window_time = 0, 0.0
-            else:
-                window_time += time.perf_counter() - t_mark
-            if do_eval:
-                losses = evaluate(raw_model, eval_loaders, t.eval_iters, lambda: autocast(device, dtype))
-                bpb = bits_per_byte(losses["val"], eval_loaders["val"].bytes_per_token)
-                result["eval"] = {"iter": step, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb}
-                say(f"iter {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val bpb {bpb:.4f}")
-                logger.log({"val/loss": losses["val"], "val/bpb": bpb, "eval/train_loss": losses["train"]}, step)
-                _append_jsonl(out_dir, main_rank, {"iter": step, "val/loss": losses["val"], "val/bpb": bpb,
-                                                   "eval/train_loss": losses["train"]})
-                if losses["val"] < best_val:
-                    best_val = losses["val"]
-                    save_checkpoint(out_dir / BEST_NAME, checkpoint_payload(step))
-            if do_ckpt:
-                if main_rank:
-                    save_checkpoint(ckpt_path, checkpoint_payload(step))
-                last_saved = step
-            if stopping:
-                result["stopped"] = stop.reason
-                say(f"stopped by {stop.reason} after iter {step}; {ckpt_path} written; rerun the same command to resume")
-                break
-            t_mark = time.perf_counter()
-
-        result.update(iter=step, best_val_loss=best_val, tokens_seen=tokens_seen, out_dir=str(out_dir),
-                      wandb_run_id=logger.run_id, dtype=dtype_name)
-        if result["eval"]:
-            logger.summary({"val/loss": result["eval"]["val/loss"], "val/bpb": result["eval"]["val/bpb"],
-                            "best_val_loss": best_val})
-        failed = False
-        return result
-    finally:
-        if bar is not None:
-            bar.close()
-        stop.restore()
-        if logger is not None:
-            logger.finish(exit_code=1 if failed else 0)
-        # Drop the DDP wrapper while its process group is still registered: freed after
-        # destroy_process_group, the gloo group's destructor joins a worker thread that may be waiting
-        # for the GIL this thread holds (seen as a rare hang at exit of a 2-rank gloo run).
-        model = None
-        destroy_distributed(healthy=not failed)
+            train_state = resume.get("train") if isinstance(resume.get("train"), dict) else {}
+            outcome = ("checkpoint", train_state.get("run_id"), train_state.get("iter"))
+        else:
+            outcome = ("fresh",)
+    except UserError as e:
+        outcome = ("error", str(e))
+    seen = all_gather_object(outcome, dist, group)
+    errors = [o[1] for o in seen if o[0] == "error"]
+    if errors:
+        raise UserError(errors[0])
+    differ = [r for r, o in enumerate(seen) if o != seen[0]]
+    if differ:
+        def what(o):
+            return "no checkpoint" if o[0] == "fresh" else f"run {o[1]} at iter {o[2]}"
+        raise UserError(f"rank(s) {differ} see {what(seen[differ[0]])} in {ckpt_path} but rank 0 sees {what(seen[0])}; "
+                        "every rank must read and write the same train.out_dir: put it on a filesystem shared by "
+                        "all nodes")
+    return resume
 
 
-def _dtype_choice(name: str, device: torch.device) -> tuple[str, dict[str, float], str]:
-    dtype, measured, note = resolve_dtype(name, device)
-    return {v: k for k, v in DTYPE_BY_NAME.items()}[dtype], measured, note
+def prepare_on_rank0(cfg: Config, dist: DistInfo, group) -> Path:
+    """Rank 0 prepares the data (or finds it up to date); the others wait for it on the CPU group, then
+    take its directory and read only meta.json (no second fingerprint, no second download)."""
+    outcome = None
+    if dist.is_main:
+        try:
+            outcome = ("ok", str(prepare_data(cfg.data, progress=True)))
+        except UserError as e:
+            outcome = ("error", str(e))
+    outcome = broadcast_object(outcome, dist, group)
+    if outcome[0] == "error":
+        raise UserError(outcome[1])
+    return Path(outcome[1])
 
 
-def _append_jsonl(out_dir: Path, main_rank: bool, record: dict[str, Any]) -> None:
-    if main_rank:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with open(out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+def choose_dtype(name: str, saved: str, device: torch.device) -> tuple[str, dict[str, float], str]:
+    """(dtype name, measured peaks, note). A resumed run keeps the dtype it chose unless train.dtype
+    names one, so a resume under another load never flips it."""
+    if name == "auto" and saved in DTYPE_BY_NAME:
+        return saved, {}, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
+    dtype, measured, note = training_dtype(name, device)
+    return dtype_name(dtype), measured, note
+
+
+# ------------------------------------------------------------------------------------------ loop
+
+def loop(r: Run) -> dict[str, Any]:
+    """One optimizer step per iteration, then whatever is due after it."""
+    t, state = r.cfg.train, r.state
+    summary: dict[str, Any] = {"losses": {}, "eval": {}, "stopped": None}
+    if state.iter >= t.max_iters:
+        r.say(f"{r.ckpt_path} is already at iter {state.iter} >= train.max_iters={t.max_iters}; nothing to do "
+              "(raise --train.max_iters to train further)")
+    window = LossWindow(r.device)
+    guard = NonFiniteGuard(r.device, fp16=r.scaler.is_enabled())
+    r.raw_model.train()
+    while state.iter < t.max_iters:
+        lr = lr_at(state.iter, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters)
+        apply_lr(r.optimizers, lr, t.lr)
+        batches = [r.train_loader.get_batch(state.iter, micro) for micro in range(r.accum)]
+        out = train_step(r.model, r.optimizers, r.scaler, batches, amp=r.amp, grad_clip=t.grad_clip)
+        guard.observe(out, state.iter)
+        state.iter += 1
+        state.tokens_seen += r.tokens_per_step
+        window.add(out.loss)
+        r.bar.update(1)
+
+        stopping = any_rank(r.stop.requested, r.dist, r.group)  # every rank stops after the same step
+        due = due_after(state.iter, max_iters=t.max_iters, log_interval=t.log_interval,
+                        eval_interval=t.eval_interval, checkpoint_interval=t.checkpoint_interval, stopping=stopping)
+        if due.log or due.checkpoint:  # never log, evaluate or save poisoned weights
+            guard.check(r.dist, r.group, r.ckpt_path, r.checkpointer.last_saved_iter)
+        record = log_step(r, out, lr, window, summary) if due.log else {}
+        window.pause()  # evals and checkpoints don't count against tokens/s
+        if due.eval:
+            record |= evaluate_and_keep_best(r, summary)
+        r.metrics.append(state.iter, record)
+        if due.checkpoint:
+            r.checkpointer.save(r.ckpt_path, state.iter)
+        window.resume()
+        if stopping:
+            summary["stopped"] = r.stop.reason
+            r.say(f"stopped by {r.stop.reason} after iter {state.iter}; {r.ckpt_path} written; "
+                  "rerun the same command to resume")
+            break
+
+    summary.update(iter=state.iter, best_val_loss=state.best_val_loss, tokens_seen=state.tokens_seen,
+                   out_dir=str(r.ckpt_path.parent), wandb_run_id=r.logger.run_id, dtype=dtype_name(r.dtype))
+    if summary["eval"]:
+        r.logger.summary({"val/loss": summary["eval"]["val/loss"], "val/bpb": summary["eval"]["val/bpb"],
+                          "best_val_loss": state.best_val_loss})
+    return summary
+
+
+def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow, summary: dict) -> dict[str, Any]:
+    """Average the window's loss over its steps and the ranks (the window's one host sync), then show
+    it on the bar and send it to wandb. Returns the record for metrics.jsonl."""
+    step = r.state.iter
+    train_loss = all_reduce_mean(window.loss / window.steps, r.dist).item()
+    tok_per_sec = window.steps * r.tokens_per_step / window.elapsed()
+    util = mfu(r.flops_per_token, tok_per_sec, r.peak, r.dist.world_size)
+    summary["losses"][step] = train_loss
+    record = {"train/loss": train_loss, "lr": lr, "grad_norm": out.grad_norm.item(), "tokens_per_sec": tok_per_sec,
+              "mfu": util, "tokens_seen": r.state.tokens_seen}
+    r.bar.set_postfix_str(f"loss {train_loss:.4f} lr {lr:.2e} tok/s {tok_per_sec:,.0f}"
+                          + (f" mfu {util:.1%}" if util is not None else ""), refresh=False)
+    r.logger.log(record, step)
+    window.reset()
+    return record
+
+
+def evaluate_and_keep_best(r: Run, summary: dict) -> dict[str, Any]:
+    """Rank 0 evaluates on the fixed eval batches; when val loss improves every rank joins in writing
+    best.pt (the checkpoint gathers every rank's RNG streams). Returns the record for metrics.jsonl."""
+    record: dict[str, Any] = {}
+    improved = False
+    if r.dist.is_main:
+        losses = evaluate(r.raw_model, r.eval_loaders, r.cfg.train.eval_iters, r.amp)
+        bpb = bits_per_byte(losses["val"], r.eval_loaders["val"].bytes_per_token)
+        summary["eval"] = {"iter": r.state.iter, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb}
+        r.say(f"iter {r.state.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val bpb {bpb:.4f}")
+        record = {"val/loss": losses["val"], "val/bpb": bpb, "eval/train_loss": losses["train"]}
+        r.logger.log(record, r.state.iter)
+        improved = losses["val"] < r.state.best_val_loss
+        if improved:
+            r.state.best_val_loss = losses["val"]
+    if broadcast_object(improved, r.dist, r.group):
+        r.checkpointer.save(r.ckpt_path.with_name(BEST_NAME), r.state.iter)
+    return record
 
 
 if __name__ == "__main__":

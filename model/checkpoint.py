@@ -9,12 +9,13 @@ written with `torch.save` and read back with `torch.load(weights_only=True)`, so
 code from the file. Payload keys:
 
     format          "smallgpt-checkpoint"
-    version         1
+    version         2 (version 1 files are read too)
     model           state_dict of the plain module (no `_orig_mod.` / `module.` prefixes)
     model_config    dataclasses.asdict(GPTConfig)  ->  GPT(GPTConfig(**d))
     config          the resolved training config as a nested dict
     tokenizer       {"tokenizer": name, "chars": str | None}  ->  data.tokenizer_from_meta(...)
-    optimizer, scaler (None unless fp16), iter, best_val_loss, tokens_seen, loader, rng, wandb_run_id
+    train           {"iter", "best_val_loss", "tokens_seen", "run_id", "dtype"}: the run's counters
+    optimizer, scaler, loader, rng: the other training states (training/checkpoint.py registers them)
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from fileio import atomic_write
 from .gpt import GPT, GPTConfig
 
 FORMAT = "smallgpt-checkpoint"
-VERSION = 1
+VERSION = 2
 CKPT_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
@@ -89,6 +90,25 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     if not isinstance(version, int) or version > VERSION:
         raise UserError(f"checkpoint {p} has format version {version!r}, this code reads up to {VERSION}; "
                         "update the code or use an older checkpoint")
+    return _upgrade(obj)
+
+
+def _upgrade(obj: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 kept the counters at the top level, one optimizer state, rank 0's RNG streams and a
+    scaler entry of None; version 2 groups the counters under "train" and has lists for the others."""
+    if obj["version"] == 1:
+        obj = dict(obj)
+        train = {k: obj.pop(k) for k in ("iter", "best_val_loss", "tokens_seen") if k in obj}
+        train["run_id"] = obj.pop("wandb_run_id", None) or ""
+        train["dtype"] = ""
+        obj["train"] = train
+        if "optimizer" in obj:
+            obj["optimizer"] = {"optimizers": [obj["optimizer"]]}
+        if "rng" in obj:
+            obj["rng"] = {"ranks": [obj["rng"]]}
+        if "scaler" in obj and obj["scaler"] is None:
+            obj["scaler"] = {}
+        obj["version"] = VERSION
     return obj
 
 
@@ -106,7 +126,9 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
     with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
         model = GPT(config)
     try:
-        model.load_state_dict(ckpt["model"], assign=True)
+        # a plain dict: assign=True records itself in a state dict's _metadata, which would make every
+        # later load_state_dict of the checkpoint's dict replace parameters instead of copying into them
+        model.load_state_dict(dict(ckpt["model"]), assign=True)
     except (RuntimeError, TypeError, AttributeError) as e:
         raise UserError(f"checkpoint {where}: weights do not match its model_config ({short_error(e, 120)}); "
                         "use an intact ckpt.pt") from None
@@ -151,7 +173,7 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     if "tokenizer" not in ckpt:
         raise UserError(f"checkpoint {where} has no 'tokenizer' entry; use a ckpt.pt written by train.py")
     model = model_from_checkpoint(ckpt, where, **overrides)
-    it = ckpt.get("iter")
+    it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
     return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt)
 

@@ -25,7 +25,7 @@ and the row emits nothing more. The batch stops when every row has finished.
 
 Speed (batch 1 decoding is bound by reading the weights): `sample` draws from the top-k (or top-512)
 candidates instead of sorting the whole vocabulary, and `prepack_for_cpu` stores bf16 Linear weights
-in oneDNN's layout once. Device, dtype, compile and prepacking are all applied by the caller.
+in oneDNN's layout once. Device, dtype, compile and prepacking are applied from outside, by `prepare_for_decoding`.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "logits_to_probs", "candidate_probs", "sample", "prefill", "decode_one_token", "generate_stream", "generate",
-    "prepack_for_cpu",
+    "prepack_for_cpu", "prepare_for_decoding",
 ]
 
 
@@ -175,6 +175,16 @@ def prepack_for_cpu(model) -> bool:
     for parent, name, child in targets:
         setattr(parent, name, _PackedLinear(child))
     return True
+
+
+def prepare_for_decoding(model, device, dtype, *, compile: bool = False):
+    """sample.py's set-up, shared with the benchmark so that it times what users run: the weights on
+    `device` in `dtype`, then either the one-token decode step compiled (compile=True) or, for bf16 on
+    a CPU, the Linear weights prepacked for oneDNN. Returns (model, decode_fn or None, prepacked)."""
+    model = model.to(device=device, dtype=dtype).eval()
+    decode_fn = torch.compile(decode_one_token, fullgraph=True) if compile else None
+    packed = not compile and prepack_for_cpu(model)  # CPU bf16 only: oneDNN weight layout, done once
+    return model, decode_fn, packed
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import sample
+from runtime.precision import inference_dtype
 from data import get_tokenizer
 from errors import run_cli
 from model import GPT, GPTConfig
@@ -238,11 +239,11 @@ def test_empty_prompt_starts_from_eot_and_says_so(char_ckpt, capsys, tmp_path):
 
 def test_dtype_auto_is_float32_for_small_models_on_cpu_and_explicit_choices_are_kept():
     cpu = torch.device("cpu")
-    assert sample.pick_dtype("auto", cpu, 7_000_000) == torch.float32
-    big = sample.pick_dtype("auto", cpu, 124_000_000)
+    assert inference_dtype("auto", cpu, 7_000_000) == torch.float32
+    big = inference_dtype("auto", cpu, 124_000_000)
     assert big == (torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32)
     for name in ("float32", "bfloat16", "float16"):
-        assert sample.pick_dtype(name, cpu, 7_000_000) == getattr(torch, name)
+        assert inference_dtype(name, cpu, 7_000_000) == getattr(torch, name)
 
 
 def test_float16_and_bfloat16_run_on_cpu(char_ckpt, capsys):

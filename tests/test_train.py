@@ -18,6 +18,7 @@ import torch
 import train
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
+from faults import inject
 from model import GPT, GPTConfig
 from model.checkpoint import load_checkpoint
 from training.config import load_config
@@ -73,13 +74,13 @@ def test_thirty_steps_lower_the_loss_and_write_checkpoints(tmp_path, data_root):
     # bpb: loss in nats / ln 2 / bytes per token (char on ASCII text: one byte per token)
     assert res["eval"]["val/bpb"] == pytest.approx(res["eval"]["val/loss"] / math.log(2), rel=1e-3)
     ck = load_checkpoint(tmp_path / "out")
-    assert ck["iter"] == 30 and ck["tokens_seen"] == 30 * 4 * 32
+    assert ck["train"]["iter"] == 30 and ck["train"]["tokens_seen"] == 30 * 4 * 32
     meta = load_meta(prepare_data(DataConfig(tokenizer="char", root=str(data_root)), progress=False))
     assert ck["tokenizer"] == {"tokenizer": "char", "chars": meta["chars"]}
     assert ck["model_config"]["vocab_size"] == meta["vocab_size"] and ck["config"]["train"]["max_iters"] == 30
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ck["model"])
     best = load_checkpoint(tmp_path / "out" / "best.pt")
-    assert best["best_val_loss"] == pytest.approx(res["best_val_loss"])
+    assert best["train"]["best_val_loss"] == pytest.approx(res["best_val_loss"])
     # the model rebuilds from the checkpoint alone, as sample.py does it
     model = GPT(GPTConfig(**ck["model_config"]))
     model.load_state_dict(ck["model"])
@@ -101,23 +102,24 @@ def test_lr_actually_used_follows_the_hand_computed_schedule(tmp_path, data_root
 def test_interrupted_and_resumed_run_is_bitwise_identical_to_uninterrupted(tmp_path, data_root):
     common = ("--train.max_iters=12", "--train.grad_accum_steps=2", "--model.dropout=0.1", "--train.eval_interval=4")
     full = run(tmp_path / "full", data_root, *common)
-    part1 = run(tmp_path / "resumed", data_root, *common, "--train.debug_interrupt_at_iter=5")
-    assert part1["stopped"] == "debug_interrupt_at_iter" and part1["iter"] == 5
-    assert load_checkpoint(tmp_path / "resumed")["iter"] == 5
+    with inject(interrupt_after=5):
+        part1 = run(tmp_path / "resumed", data_root, *common)
+    assert part1["stopped"] == "SIGINT" and part1["iter"] == 5
+    assert load_checkpoint(tmp_path / "resumed")["train"]["iter"] == 5
     part2 = run(tmp_path / "resumed", data_root, *common)  # resume=auto picks ckpt.pt up
     assert sorted(part2["losses"]) == list(range(6, 13))
     # same losses, bit for bit (== on floats), before and after the interruption
     assert {**part1["losses"], **part2["losses"]} == full["losses"]
     a = load_checkpoint(tmp_path / "full")
     b = load_checkpoint(tmp_path / "resumed")
-    assert a["iter"] == b["iter"] == 12
+    assert a["train"]["iter"] == b["train"]["iter"] == 12
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
-    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    sa, sb = a["optimizer"]["optimizers"][0]["state"], b["optimizer"]["optimizers"][0]["state"]
     assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
-    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
-    assert a["best_val_loss"] == b["best_val_loss"]
+    assert torch.equal(a["rng"]["ranks"][0]["torch"], b["rng"]["ranks"][0]["torch"])
+    assert a["train"]["best_val_loss"] == b["train"]["best_val_loss"]
 
 
 def test_resume_refuses_a_changed_architecture_and_keeps_the_checkpoint(tmp_path, data_root):
@@ -137,9 +139,10 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, dat
     common = ("--train.max_iters=12", "--train.checkpoint_interval=3", "--train.log_interval=100",
               "--train.eval_interval=100")
     # reference: the same run, stopped cleanly after step 6
-    run(tmp_path / "ref", data_root, *common, "--train.debug_interrupt_at_iter=6")
-    argv = tiny_argv(tmp_path / "out", data_root, *common, "--train.debug_nan_at_iter=7")
-    with pytest.raises(SystemExit) as ei:
+    with inject(interrupt_after=6):
+        run(tmp_path / "ref", data_root, *common)
+    argv = tiny_argv(tmp_path / "out", data_root, *common)
+    with inject(nan_at=7), pytest.raises(SystemExit) as ei:
         run_cli(lambda: train.main(argv))
     assert ei.value.code == 2
     stderr = capsys.readouterr().err
@@ -148,7 +151,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, dat
     assert errors[0].startswith("error: loss or grad norm became non-finite at iter 7; stopped, ")
     assert "ckpt.pt still holds iter 6" in errors[0]
     ck, ref = load_checkpoint(tmp_path / "out"), load_checkpoint(tmp_path / "ref")
-    assert ck["iter"] == 6 and ref["iter"] == 6
+    assert ck["train"]["iter"] == 6 and ref["train"]["iter"] == 6
     for k, v in ck["model"].items():
         assert torch.isfinite(v).all(), k
         assert torch.equal(v, ref["model"][k]), k
@@ -167,7 +170,7 @@ def test_mixed_precision_trains_on_cpu(tmp_path, data_root, dtype):
         res2 = run(tmp_path / "out", data_root, f"--train.dtype={dtype}", "--train.max_iters=27")
         assert res2["iter"] == 27
     else:
-        assert ck["scaler"] is None
+        assert ck["scaler"] == {}
     assert all(v.dtype == torch.float32 for v in ck["model"].values())  # autocast: weights stay fp32
 
 
@@ -213,7 +216,7 @@ def test_init_from_checkpoint_starts_from_its_weights(tmp_path, data_root):
     assert res["losses"][1] < first["losses"][1] - 0.5  # far below a fresh init's ~4.2
     ck = load_checkpoint(tmp_path / "b")
     assert ck["model_config"]["n_layer"] == 2 and ck["config"]["model"]["n_layer"] == 2  # taken from the source
-    assert ck["iter"] == 2  # a new run, not a resume
+    assert ck["train"]["iter"] == 2  # a new run, not a resume
 
 
 def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root):
@@ -274,11 +277,12 @@ def test_wandb_offline_run_has_summary_and_config_and_resume_reuses_the_id(tmp_p
 
     out = tmp_path / "out"
     common = ("--wandb.mode=offline", "--train.max_iters=6", "--train.eval_interval=6")
-    first = run(out, data_root, *common, "--train.debug_interrupt_at_iter=3")
+    with inject(interrupt_after=3):
+        first = run(out, data_root, *common)
     run_id = first["wandb_run_id"]
-    assert load_checkpoint(out)["wandb_run_id"] == run_id
+    assert load_checkpoint(out)["train"]["run_id"] == run_id
     second = run(out, data_root, *common)
-    assert second["wandb_run_id"] == run_id and load_checkpoint(out)["wandb_run_id"] == run_id
+    assert second["wandb_run_id"] == run_id and load_checkpoint(out)["train"]["run_id"] == run_id
     run_dirs = sorted((out / "wandb").glob("offline-run-*"))
     # offline-run-<time>-<id>, with a -1 suffix when both runs start within the same second
     assert len(run_dirs) == 2 and all(re.search(rf"-{run_id}(-\d+)?$", d.name) for d in run_dirs)
@@ -348,7 +352,7 @@ def test_sigterm_mid_run_writes_checkpoint_and_exits_zero(tmp_path, data_root):
     assert "stopped by SIGTERM after iter" in stdout and "Traceback" not in stderr
     ck = load_checkpoint(out)
     last_logged = json.loads(metrics.read_text().splitlines()[-1])["iter"]
-    assert 3 <= ck["iter"] == last_logged < 100000
+    assert 3 <= ck["train"]["iter"] == last_logged < 100000
 
 
 @pytest.mark.slow

@@ -20,10 +20,10 @@ import yaml
 from data.config import DataConfig
 from errors import UserError
 from model.gpt import GPTConfig
+from runtime.precision import DTYPE_NAMES
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESUME_MODES = ("auto", "never")
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -79,9 +79,6 @@ class TrainSection:
     out_dir: str = "out"
     resume: str = "auto"  # auto: continue from out_dir/ckpt.pt if there; never: refuse an existing one
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe
-    # test hooks: make the loss NaN at this step / act as if SIGINT arrived during this step (-1 = off)
-    debug_nan_at_iter: int = -1
-    debug_interrupt_at_iter: int = -1
 
 
 @dataclass
@@ -335,7 +332,7 @@ def validate(cfg: Config) -> None:
     _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}; e.g. lr/10")
     for k in ("beta1", "beta2"):
         _check(0 <= getattr(t, k) < 1, f"train.{k} must be in [0, 1), got {getattr(t, k)}")
-    _check(t.dtype in DTYPES, f"train.dtype must be one of {', '.join(DTYPES)}, got {t.dtype!r}")
+    _check(t.dtype in DTYPE_NAMES, f"train.dtype must be one of {', '.join(DTYPE_NAMES)}, got {t.dtype!r}")
     _check(t.resume in RESUME_MODES, f"train.resume must be one of {', '.join(RESUME_MODES)}, got {t.resume!r}")
     dev = t.device
     ok_dev = dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())
@@ -353,7 +350,7 @@ RESUME_MAY_CHANGE = {
     "model": {"dropout", "attn_backend", "init_from"},
     "data": {"root", "local_path", "streaming", "num_proc"},
     "train": {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval", "compile",
-              "device", "dtype", "out_dir", "resume", "peak_flops", "debug_nan_at_iter", "debug_interrupt_at_iter",
+              "device", "dtype", "out_dir", "resume", "peak_flops",
               "lr", "min_lr", "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "eval_seed"},
     "wandb": {"mode", "project", "run_name"},
 }

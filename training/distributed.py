@@ -2,15 +2,15 @@
 wrapper, and the few collectives the loop needs."""
 from __future__ import annotations
 
-import gc
-
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 @dataclass
@@ -62,8 +62,6 @@ def apply_ddp(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Modu
     """Wrap in DistributedDataParallel when running under torchrun; otherwise return the model unchanged."""
     if not info.enabled:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
@@ -83,22 +81,31 @@ def any_rank(flag: bool, info: DistInfo, group=None) -> bool:
     return bool(t.item())
 
 
-def cpu_group(info: DistInfo, device: torch.device):
-    """A gloo group for CPU-side flags (stop requests), so that checking them never waits on the GPU."""
+# Rank 0 may spend hours preparing a large dataset while the others wait for it on this group.
+CONTROL_TIMEOUT = datetime.timedelta(hours=12)
+
+
+def control_group(info: DistInfo):
+    """A gloo group for CPU-side agreement between ranks (stop flags, rank 0's decisions, RNG states):
+    it never waits on the GPU, and its timeout is long enough for rank 0 to prepare a large dataset."""
     if not info.enabled:
         return None
-    return dist.new_group(backend="gloo") if device.type == "cuda" else None
+    return dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
 
 
-def broadcast_object(obj, info: DistInfo):
+def broadcast_object(obj, info: DistInfo, group=None):
     """Rank 0's value on every rank (e.g. the measured dtype choice, so all ranks agree)."""
     if not info.enabled:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
-def barrier(info: DistInfo) -> None:
-    if info.enabled:
-        dist.barrier()
+def all_gather_object(obj, info: DistInfo, group=None) -> list:
+    """Every rank's value, on every rank, in rank order."""
+    if not info.enabled:
+        return [obj]
+    out: list = [None] * info.world_size
+    dist.all_gather_object(out, obj, group=group)
+    return out

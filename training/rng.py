@@ -1,4 +1,5 @@
-"""Seeding, and all RNG states (python, numpy, torch, cuda) in a form torch.load(weights_only=True) accepts."""
+"""Seeding, and all RNG states (python, numpy, torch, cuda) in a form torch.load(weights_only=True)
+accepts, gathered from every rank."""
 from __future__ import annotations
 
 import random
@@ -6,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 
 
 def seed_everything(seed: int) -> None:
@@ -37,3 +39,38 @@ def set_rng_state(state: dict[str, Any]) -> None:
     cuda = state.get("cuda")
     if isinstance(cuda, torch.Tensor) and torch.cuda.is_available():
         torch.cuda.set_rng_state(cuda.cpu())  # the current device (train.py sets it per rank)
+
+
+class RNGState:
+    """Every rank's RNG streams, as one stateful part of the checkpoint.
+
+    state_dict() is collective: each rank's streams are gathered (on the CPU group), so the saved entry
+    is {"ranks": [rank 0's, rank 1's, ...]}, and load_state_dict() gives each rank back its own: after
+    a resume every rank draws the dropout masks it would have drawn. Resumed on a different number of
+    ranks, each rank starts from rank 0's streams reseeded by its rank (not bitwise comparable then).
+    """
+
+    def __init__(self, dist=None, group=None):
+        self.dist, self.group = dist, group
+        self.note = ""
+
+    def state_dict(self) -> dict[str, Any]:
+        mine = get_rng_state()
+        if self.dist is None or not self.dist.enabled:
+            return {"ranks": [mine]}
+        gathered: list[Any] = [None] * self.dist.world_size
+        tdist.all_gather_object(gathered, mine, group=self.group)
+        return {"ranks": gathered}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ranks = state["ranks"]
+        rank = self.dist.rank if self.dist is not None else 0
+        world = self.dist.world_size if self.dist is not None else 1
+        if len(ranks) == world:
+            set_rng_state(ranks[rank])
+            return
+        set_rng_state(ranks[0])
+        if rank:
+            torch.manual_seed(int(torch.randint(2**62, ()).item()) + rank)
+        self.note = (f"the checkpoint holds the RNG streams of {len(ranks)} rank(s), this run has {world}: "
+                     "each rank continues from rank 0's streams reseeded by its rank")

@@ -1,7 +1,9 @@
-"""The learning-rate schedule: linear warmup, then cosine decay to min_lr."""
+"""When things happen: the learning rate of each step (linear warmup, then cosine decay to min_lr), and
+what is due after each step (log, eval, checkpoint)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, max_iters: int) -> float:
@@ -19,3 +21,32 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, max_iters: 
         return min_lr
     progress = (step - warmup_iters) / (max_iters - warmup_iters)
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def apply_lr(optimizers, lr: float, peak_lr: float) -> None:
+    """Set every param group to its own peak ("initial_lr", see training/optim.py) scaled by
+    lr / peak_lr, so groups with different peaks follow the same warmup and decay."""
+    scale = lr / peak_lr if peak_lr > 0 else 0.0
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["initial_lr"] * scale
+
+
+@dataclass
+class Due:
+    """What the loop does after a step, besides stepping."""
+    log: bool
+    eval: bool
+    checkpoint: bool
+
+
+def due_after(step: int, *, max_iters: int, log_interval: int, eval_interval: int, checkpoint_interval: int,
+              stopping: bool) -> Due:
+    """After optimizer step number `step` (1-based: `step` steps are done). The last step and a stop
+    always log and checkpoint, and the last one evaluates; checkpoint_interval 0 means at each eval.
+    Every rank computes the same answer, since `stopping` is agreed between ranks."""
+    last = step == max_iters
+    eval_now = step % eval_interval == 0 or last
+    checkpoint = step % (checkpoint_interval or eval_interval) == 0 or last or stopping
+    log = step % log_interval == 0 or last or stopping or eval_now
+    return Due(log=log, eval=eval_now, checkpoint=checkpoint)

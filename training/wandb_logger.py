@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import netrc
 import os
-import secrets
-import string
 from typing import Any
 from urllib.parse import urlparse
 
+from errors import short_error
+
 _PRIVACY = {"online": 0, "offline": 1, "disabled": 2}
-
-
-def new_run_id() -> str:
-    """8 lowercase alphanumerics, like wandb's own ids. Uses `secrets`, so no training RNG is consumed."""
-    alphabet = string.ascii_lowercase + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
 def has_api_key(env: dict[str, str] | None = None) -> bool:
@@ -51,11 +45,11 @@ def resolve_mode(mode: str, env: dict[str, str] | None = None) -> tuple[str, str
 
 
 class WandbLogger:
-    def __init__(self, *, mode: str, project: str, run_name: str, run_id: str | None, out_dir: str,
+    def __init__(self, *, mode: str, project: str, run_name: str, run_id: str, out_dir: str,
                  config: dict[str, Any], active: bool = True, printer=print) -> None:
         """active=False (ranks other than 0) makes every method a no-op."""
         self.run = None
-        self.run_id = run_id or new_run_id()
+        self.run_id = run_id
         self._print = printer
         if not active:
             self.mode = "disabled"
@@ -74,7 +68,7 @@ class WandbLogger:
                 config=config, mode=self.mode, settings=wandb.Settings(console="off", silent=True),
             )
         except Exception as e:  # wandb must never take the training run down
-            self._disable(f"wandb failed to start ({_short(e)}); continuing without wandb")
+            self._disable(f"wandb failed to start ({short_error(e)}); continuing without wandb")
 
     @property
     def enabled(self) -> bool:
@@ -86,7 +80,7 @@ class WandbLogger:
         try:
             self.run.log({k: v for k, v in metrics.items() if v is not None}, step=step)
         except Exception as e:
-            self._disable(f"wandb.log failed ({_short(e)}); continuing without wandb")
+            self._disable(f"wandb.log failed ({short_error(e)}); continuing without wandb")
 
     def summary(self, values: dict[str, Any]) -> None:
         if self.run is None:
@@ -95,7 +89,7 @@ class WandbLogger:
             for k, v in values.items():
                 self.run.summary[k] = v
         except Exception as e:
-            self._disable(f"wandb summary failed ({_short(e)}); continuing without wandb")
+            self._disable(f"wandb summary failed ({short_error(e)}); continuing without wandb")
 
     def finish(self, exit_code: int = 0) -> None:
         if self.run is None:
@@ -104,7 +98,7 @@ class WandbLogger:
         try:
             run.finish(exit_code=exit_code)
         except Exception as e:
-            self._print(f"warning: wandb finish failed ({_short(e)})")
+            self._print(f"warning: wandb finish failed ({short_error(e)})")
 
     def _disable(self, message: str) -> None:
         self._print(f"warning: {message}")
@@ -115,7 +109,3 @@ class WandbLogger:
             except Exception:
                 pass
 
-
-def _short(e: BaseException) -> str:
-    msg = " ".join(str(e).split())[:160]
-    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__

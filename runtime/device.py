@@ -1,4 +1,4 @@
-"""Which device to run on (training and sampling share it)."""
+"""Which device to run on (training, sampling, evaluation and the benchmark share it)."""
 from __future__ import annotations
 
 import torch

@@ -1,0 +1,34 @@
+"""Stop a diverged run before it logs, evaluates or saves poisoned weights."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from errors import UserError
+
+from .distributed import DistInfo, any_rank
+from .step import StepOutput
+
+
+class NonFiniteGuard:
+    """Remembers on the device (no host sync per step) whether any step's loss or grad norm was
+    non-finite, and the first such step. With a GradScaler (fp16) an inf grad norm is normal: that
+    step was skipped and the scale lowered, so only the loss counts."""
+
+    def __init__(self, device: torch.device, *, fp16: bool):
+        self.fp16 = fp16
+        self.bad = torch.zeros((), dtype=torch.bool, device=device)
+        self.first = torch.full((), -1, dtype=torch.long, device=device)
+
+    def observe(self, out: StepOutput, iter_num: int) -> None:
+        ok = torch.isfinite(out.loss) if self.fp16 else torch.isfinite(out.loss) & torch.isfinite(out.grad_norm)
+        self.first = torch.where(~ok & (self.first < 0), iter_num, self.first)
+        self.bad |= ~ok
+
+    def check(self, dist: DistInfo, group, ckpt_path: Path, last_saved: int | None) -> None:
+        """Raise the one-line error on every rank if any rank has seen a non-finite step."""
+        if any_rank(bool(self.bad.item()), dist, group):
+            kept = f"{ckpt_path} still holds iter {last_saved}" if last_saved is not None else "no checkpoint was written"
+            raise UserError(f"loss or grad norm became non-finite at iter {int(self.first.item())}; stopped, {kept}; "
+                            "lower train.lr, raise train.warmup_iters or use bfloat16/float32, then rerun")

@@ -1,0 +1,62 @@
+"""The weights a run starts from (`model.init_from`): its own checkpoint when resuming, fresh weights
+(`scratch`, initialised by GPT.init_weights), another run's checkpoint, or HF GPT-2 weights. The last
+two go through model.checkpoint.load_model, the loader sample.py and eval/ use too."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from errors import UserError
+from model import GPT
+from model.checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
+
+from .config import ModelSection
+
+ARCH_KEYS = ("n_layer", "n_head", "n_embd", "bias")
+
+
+def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], seed: int,
+                  resume: dict[str, Any] | None = None) -> tuple[GPT, list[str]]:
+    """(model on CPU in fp32, notes to print). For init_from other than scratch the architecture comes
+    from the source, and `m` is updated to match it (so the saved config says what was trained)."""
+    runtime = {"dropout": m.dropout, "attn_backend": m.attn_backend}  # may differ from the source
+    if resume is not None:
+        return model_from_checkpoint(resume, "being resumed", **runtime), []
+
+    if m.init_from == "scratch":
+        if 0 < m.vocab_size < vocab_size:
+            raise UserError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's {vocab_size} ids; "
+                            f"use 0 (the tokenizer's) or a padded size >= {vocab_size}")
+        torch.manual_seed(seed)
+        return GPT(m.gpt_config(max(m.vocab_size, vocab_size))), []
+
+    if (is_hf_dir(m.init_from) or is_hub_name(m.init_from)) and tokenizer.get("tokenizer") != "gpt2":
+        raise UserError(f"model.init_from={m.init_from} is HF GPT-2, which needs data.tokenizer=gpt2 "
+                        f"(got {tokenizer.get('tokenizer')!r}); set --data.tokenizer=gpt2")
+    loaded = load_model(m.init_from, **runtime)  # a checkpoint, an out_dir, an HF directory or hub name
+    if loaded.tokenizer.get("tokenizer") != tokenizer.get("tokenizer") or (
+            loaded.tokenizer.get("chars") != tokenizer.get("chars")):
+        raise UserError(f"model.init_from={m.init_from} was trained with tokenizer {_tok(loaded.tokenizer)}, "
+                        f"but this data uses {_tok(tokenizer)}; set data.tokenizer (and dataset) to match")
+    model, mc = loaded.model, loaded.model.config
+    if vocab_size > mc.vocab_size:
+        raise UserError(f"the data's vocab ({vocab_size}) is larger than {loaded.description}'s ({mc.vocab_size}); "
+                        "use the tokenizer the source was trained with")
+    notes = []
+    changed = [f"{k} {getattr(m, k)}->{getattr(mc, k)}" for k in ARCH_KEYS if getattr(m, k) != getattr(mc, k)]
+    if changed:
+        notes.append(f"architecture taken from {loaded.description}: {', '.join(changed)}")
+    for k in ARCH_KEYS:
+        setattr(m, k, getattr(mc, k))
+    if m.block_size > mc.block_size:
+        raise UserError(f"model.block_size={m.block_size} exceeds {loaded.description}'s block_size {mc.block_size}; "
+                        f"set --model.block_size={mc.block_size} or less")
+    notes.append(f"initialised from {loaded.description} ({model.num_params() / 1e6:.2f}M non-embedding params)")
+    return model.train(), notes
+
+
+def _tok(t: Any) -> str:
+    if isinstance(t, dict):
+        return repr(t.get("tokenizer")) + (" (char vocab)" if t.get("chars") else "")
+    return repr(t)

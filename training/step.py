@@ -1,0 +1,51 @@
+"""One optimizer step: the function train.py, the benchmark and the tests all call.
+
+    out = train_step(model, optimizers, scaler, batches, amp=lambda: autocast(device, dtype), grad_clip=1.0)
+    out.loss, out.grad_norm     # device tensors: reading them (.item()) is the caller's host sync
+
+`batches` holds this rank's micro-batches of the step, [(x, y), ...]. Under DDP gradients are
+all-reduced on the last micro-batch only (no_sync before it). The loss of each micro-batch is divided
+by their count, so the accumulated gradient is that of the mean loss over the step's tokens.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Sequence
+
+import torch
+import torch.nn as nn
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # mean training loss of the step (0-dim, on the device)
+    grad_norm: torch.Tensor  # global gradient norm before clipping (inf/nan when fp16 overflowed)
+
+
+def train_step(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], scaler: torch.amp.GradScaler,
+               batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, amp: Callable[[], ContextManager],
+               grad_clip: float) -> StepOutput:
+    """Micro-steps (autocast forward with the fused LM-head loss, scaled backward), then unscale, clip,
+    step every optimizer, update the scaler, zero the gradients. No host sync anywhere in here."""
+    n = len(batches)
+    loss_sum = torch.zeros((), device=batches[0][0].device)
+    for i, (x, y) in enumerate(batches):
+        # DDP all-reduces in backward; skipping that on all but the last micro-step sums locally first
+        sync = model.no_sync() if hasattr(model, "no_sync") and i < n - 1 else nullcontext()
+        with sync:
+            with amp():
+                _, loss = model(x, y, return_logits=False)  # fused head + loss: no (B, T, V) logits
+            loss = loss / n
+            scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    for opt in optimizers:
+        scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    for opt in optimizers:
+        scaler.step(opt)  # with fp16, skipped when the gradients overflowed
+    scaler.update()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    return StepOutput(loss_sum, grad_norm)
