@@ -26,6 +26,7 @@ from errors import UserError, run_cli
 from model import GPT
 from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict
 from runtime.device import resolve_device
+from runtime.loss_path import choose_loss_chunk_rows
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, training_dtype
 from training.checkpoint import Checkpointer, OptimizerState, ScalerState
 from training.config import Config, load_config, resume_conflicts, to_yaml
@@ -136,6 +137,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     raw_model, notes = initial_model(cfg.model, vocab_size=meta["vocab_size"], tokenizer=tokenizer, seed=t.seed,
                                      resume=resume)
     raw_model.to(device)
+    raw_model.loss_chunk_rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=raw_model.config.vocab_size)
     optimizers = make_optimizers(raw_model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
                                  device_type=device.type)
     scaler = make_scaler(device, dtype)

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fused_ce import linear_cross_entropy
+from .fused_ce import CHUNK_ROWS, linear_cross_entropy
 
 ATTN_BACKENDS = ("sdpa", "manual")
 GELU_APPROXIMATIONS = ("tanh", "none")
@@ -167,6 +167,8 @@ class GPT(nn.Module):
         # vocab_size * n_embd parameters and trains better at this scale
         self.tie_weights()
         self.init_weights()
+        # rows per chunk of the fused LM-head loss (return_logits=False); None = through the full logits
+        self.loss_chunk_rows: int | None = CHUNK_ROWS
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.transformer.wte.weight
@@ -199,8 +201,10 @@ class GPT(nn.Module):
         """idx (B, T) token ids. Returns logits (B, T, vocab), or (logits, loss) when targets are given.
 
         targets (B, T): next-token ids; -1 marks positions left out of the mean cross-entropy.
-        return_logits=False (with targets): returns (None, loss) and computes the loss a chunk of rows at a
-        time, fused with the LM head, never holding the (B, T, vocab) logits: what training wants.
+        return_logits=False (with targets): returns (None, loss), what training wants. With
+        `loss_chunk_rows` set the loss is computed a chunk of rows at a time, fused with the LM head,
+        never holding the (B, T, vocab) logits; with None it goes through the full logits, which is
+        what a compiled graph on a GPU fuses best (runtime/loss_path.py chooses, from outside).
         input_pos, pad_mask, kv_cache: see the module docstring; `new_kv_cache` makes the cache.
         """
         B, T = idx.shape
@@ -234,13 +238,14 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, mask, kv_cache[i] if kv_cache is not None else None, input_pos)
         x = self.transformer.ln_f(x)
-        if targets is not None and not return_logits:
-            return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1))
+        if targets is not None and not return_logits and self.loss_chunk_rows:
+            return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1),
+                                              chunk_rows=self.loss_chunk_rows)
         logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return (logits if return_logits else None), loss
 
     def new_kv_cache(self, batch_size: int, max_seq_len: int | None = None, dtype=None, device=None) -> list[KVCache]:
         """One preallocated KVCache per layer, for sequences of up to max_seq_len (default block_size) slots."""

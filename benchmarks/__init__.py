@@ -1,0 +1,12 @@
+"""The benchmark behind `python bench.py`: each module measures one thing through the project's real
+code paths (the training step train.py runs, the sampler sample.py runs, the data preparation
+train.py runs) against a plain baseline measured in the same process; report.py prints the table.
+
+    machine.py   what the machine is and how busy it was
+    timing.py    interleaved timing of variants, peak memory
+    baseline.py  the plain loops we compare against (nanoGPT's training step, prepare and sampling)
+    train.py     training-step rows, and the same-loss check
+    decode.py    decoding rows
+    prepare.py   data-preparation rows
+    report.py    the table and the text around it
+"""

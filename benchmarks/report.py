@@ -1,0 +1,99 @@
+"""The report bench.py prints: a header on the machine and settings, one table, and the text around it."""
+from __future__ import annotations
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None:
+        return "-"
+    if kind == "time":
+        return f"{v:.3g}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
+    if kind == "rate":
+        return f"{v:.1f}" if v < 100 else f"{v:,.0f}"
+    if kind == "mb":
+        return f"{v:,.0f}"
+    if kind == "mfu":
+        return f"{v * 100:.1f}%"
+    return str(v)
+
+
+HEAD = ["section", "row", "prec", "batch", "unit", "ours", "base", "tok/s ours", "base", "MFU ours", "base",
+        "mem MB ours", "base", "base/ours"]
+
+
+def format_table(rows: list[dict]) -> str:
+    body = [[r["section"], r["name"], r["precision"], str(r.get("batch", "")), r["unit"], _fmt(r["ours"], "time"),
+             _fmt(r["base"], "time"), _fmt(r.get("ours_tok_s"), "rate"), _fmt(r.get("base_tok_s"), "rate"),
+             _fmt(r.get("ours_mfu"), "mfu"), _fmt(r.get("base_mfu"), "mfu"), _fmt(r.get("ours_mem_mb"), "mb"),
+             _fmt(r.get("base_mem_mb"), "mb"), f"{r['speedup']:.2f}x"] for r in rows]
+    widths = [max(len(x[i]) for x in [HEAD] + body) for i in range(len(HEAD))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i < 5 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    out = [line(HEAD), line(["-" * w for w in widths])]
+    prev = None
+    for r, cells in zip(rows, body):
+        if prev is not None and r["section"] != prev:
+            out.append("")
+        prev = r["section"]
+        out.append(line(cells))
+    return "\n".join(out)
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0%}"
+
+
+def _yes(flag: bool, known: bool) -> str:
+    return "?" if not known else "yes" if flag else "no"
+
+
+def print_report(report: dict, print=print) -> None:
+    m, s = report["machine"], report["settings"]
+    print(f"machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), torch {m['torch']}, "
+          f"{m['threads']} thread(s), {m['cpu_capability']}, AMX {_yes(m['amx'], m['flags_known'])}, "
+          f"avx512_bf16 {_yes(m['avx512_bf16'], m['flags_known'])}"
+          + (f"; GPU {m['gpu']} (capability {m['capability']}, {m['sms']} SMs, {m['memory_gb']:.0f} GiB, "
+             f"CUDA {m['cuda']})" if "gpu" in m else ""))
+    print("peaks (MFU is against these): " + ", ".join(f"{k} {v / 1e12:.3g} TFLOP/s" if v and v > 1e12 else
+                                                         f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} unknown"
+                                                         for k, v in report["peak_flops"].items())
+          + f" ({report['peak_source']})")
+    print(report["dtype_auto"]["note"])
+    print(f"settings: {'QUICK (figures meaningless); ' if s['quick'] else ''}training {s['warmup']} warm-up + "
+          f"{s['iters']} timed steps per row in {s['rounds']} interleaved rounds, medians; decode/prepare "
+          f"{s['repeats']} call(s) per row; base = the plain baseline measured in the same run\n")
+    if report["rows"]:
+        print(format_table(report["rows"]))
+    for r in report["rows"]:
+        if r.get("compiled") and r.get("ours_first_s"):
+            print(f"\n{r['section']} (batch {r.get('batch')}): the first step of '{r['name']}' took {r['ours_first_s']:.1f} s "
+                  "(compiling)")
+    if "largest_batch" in report:
+        lb = report["largest_batch"]
+        print(f"\nlargest batch: {lb['batch']} (peak memory at batch {lb['from_batch']} extrapolated to "
+              f"{lb['headroom']:.0%} of the GPU's memory, multiple of 8)")
+    d = report.get("decode")
+    if d and "fp32_tokens_equal_hf" in d:
+        print(f"\ndecode check: ours fp32 greedy tokens {'==' if d['fp32_tokens_equal_hf'] else '!='} HF generate's")
+    lc = report.get("loss_check")
+    if lc:
+        print(f"\nsame loss after {lc['steps']} steps ({lc['data']}, same init and batches; val = {lc['eval_batches']} "
+              f"fixed held-out batches, fp32): baseline {lc['base_val_loss']:.4f}, ours ({lc['ours_dtype']}) "
+              f"{lc['ours_val_loss']:.4f}, difference {lc['diff_val_loss']:+.4f} -> "
+              f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}); mean train loss of the last "
+              f"{min(20, lc['steps'])} steps: {lc['base_train_loss_last']:.4f} vs {lc['ours_train_loss_last']:.4f} "
+              f"(start {lc['initial_train_loss']:.3f})")
+    rss = report.get("prepare_rss")
+    if rss:
+        print(f"\nprepare {rss['size_mb']} MB synthetic source: peak RSS {rss['peak_rss_mb']:.0f} MB, "
+              f"{rss['seconds']:.0f} s ({rss['size_mb'] / rss['seconds']:.1f} MB/s)")
+    busy = report["busy"]
+    known = [b for b in busy.values() if b is not None]
+    if known:
+        print(f"\nother processes kept the cores {_pct(busy['before'])} busy just before, {_pct(busy['during_others'])} "
+              f"during, {_pct(busy['after'])} just after the run"
+              + (": the machine was busy, so absolute figures are low (baseline and ours alike)"
+                 if max(known) > 0.25 else ": the machine was quiet"))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    print(f"peak RSS {report['peak_rss_mb']:.0f} MB; wall time {report['wall_s']:.0f} s")

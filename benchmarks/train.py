@@ -1,0 +1,227 @@
+"""Training-step rows: the step train.py runs (training.step.train_step, with the model, optimizers,
+scaler, precision and loss path set up by the same functions train.py uses) against nanoGPT's loop
+(benchmarks/baseline.py), from the same initial weights on the same batches; and the same-loss check.
+
+Shapes:
+- CPU: nanoGPT's CPU recipe, 4 layers, 4 heads, 128 wide, block 64, batch 12, with GPT-2's BPE
+  vocabulary ("BPE train") and a character vocabulary ("char train");
+- CUDA: GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024), vocab 50257 and 50304 (padded to a
+  multiple of 64), micro-batch 16 and the largest batch that fits (estimated from batch 16's peak
+  memory, then run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from data import BatchLoader
+from model import GPT, GPTConfig
+from runtime.loss_path import choose_loss_chunk_rows
+from runtime.precision import autocast, dtype_name, make_scaler
+from training.evaluate import evaluate
+from training.mfu import mfu
+from training.optim import make_optimizers
+from training.step import train_step
+
+from .baseline import BETAS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
+from .timing import Variant, median, run_interleaved
+
+
+@dataclass(frozen=True)
+class Shape:
+    label: str
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int
+    vocab_size: int
+    batch_size: int
+
+    def gpt_config(self, attn_backend: str) -> GPTConfig:
+        return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size,
+                         vocab_size=self.vocab_size, dropout=0.0, attn_backend=attn_backend)
+
+
+CPU_SHAPES = (Shape("BPE train", 4, 4, 128, 64, 50257, 12), Shape("char train", 4, 4, 128, 64, 65, 12))
+GPT2_124M = Shape("GPT-2 124M", 12, 12, 768, 1024, 50257, 16)
+QUICK_GPU = Shape("tiny (quick)", 2, 2, 128, 256, 50304, 8)
+
+
+def random_batches(shape: Shape, device: torch.device, n: int = 4, batch_size: int | None = None):
+    gen = torch.Generator().manual_seed(0)
+    B = batch_size or shape.batch_size
+    out = []
+    for _ in range(n):
+        d = torch.randint(0, shape.vocab_size, (B, shape.block_size + 1), generator=gen)
+        out.append((d[:, :-1].contiguous().to(device), d[:, 1:].contiguous().to(device)))
+    return out
+
+
+def reference_weights(shape: Shape, seed: int = 1337) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return GPT(shape.gpt_config("sdpa")).state_dict()
+
+
+def _model(shape: Shape, weights, backend: str, device: torch.device) -> GPT:
+    m = GPT(shape.gpt_config(backend))
+    m.load_state_dict(weights)
+    return m.to(device).train()
+
+
+AUTO = "auto"
+
+
+def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, compiled: bool,
+              get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO) -> Callable[[int], torch.Tensor]:
+    """train.py's step: the loss path chosen for this device (or the one given, to compare), fused
+    AdamW, GradScaler (fp16 only)."""
+    raw = _model(shape, weights, "sdpa", device)
+    raw.loss_chunk_rows = (choose_loss_chunk_rows(device, compiled=compiled, vocab_size=shape.vocab_size)
+                           if loss_chunk_rows == AUTO else loss_chunk_rows)
+    model = torch.compile(raw) if compiled else raw
+    optimizers = make_optimizers(raw, lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, device_type=device.type)
+    scaler = make_scaler(device, dtype)
+
+    def step(i: int) -> torch.Tensor:
+        return train_step(model, optimizers, scaler, [get_batch(i)], amp=lambda: autocast(device, dtype),
+                          grad_clip=GRAD_CLIP).loss
+    step.model = raw  # for the loss check's evaluation
+    return step
+
+
+def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callable[[int], tuple]):
+    raw = _model(shape, weights, "sdpa" if device.type == "cuda" else "manual", device)
+    model, optimizer, dtype = nanogpt_setup(raw, device)
+
+    def step(i: int) -> torch.Tensor:
+        x, y = get_batch(i)
+        return nanogpt_step(model, optimizer, x, y, dtype)
+    step.model = raw
+    step.dtype = dtype
+    return step
+
+
+def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], auto_dtype, compiled: list[bool],
+                peaks: dict, warmup: int, iters: int, rounds: int, say, other_loss_path: bool = False) -> list[dict]:
+    """Rows for one shape: ours in each (dtype, compile) asked for, against the baseline; with
+    other_loss_path, also ours with the loss path this device does not choose (to show the choice)."""
+    batches = random_batches(shape, device)
+    weights = reference_weights(shape)
+    base = baseline_step(shape, weights, device, lambda i: batches[i % len(batches)])
+    variants = [Variant("baseline", base)]
+    kinds = {}
+    for dt in dtypes:
+        for c in compiled:
+            chosen = choose_loss_chunk_rows(device, compiled=c, vocab_size=shape.vocab_size)
+            paths = [chosen] + ([_other_path(chosen, device, shape)] if other_loss_path else [])
+            for rows in paths:
+                name = (f"ours {dtype_name(dt)}" + (" compiled" if c else "")
+                        + (f", loss {'full logits' if rows is None else f'chunks of {rows}'}" if other_loss_path else "")
+                        + (" (auto)" if dt == auto_dtype and rows == chosen else ""))
+                variants.append(Variant(name, ours_step(shape, weights, device, dt, c,
+                                                        lambda i: batches[i % len(batches)], loss_chunk_rows=rows)))
+                kinds[name] = (dt, c)
+    say(f"[{shape.label}] vocab {shape.vocab_size}, batch {shape.batch_size} x {shape.block_size}: "
+        f"{', '.join(v.name for v in variants)}; {warmup} warm-up + {iters} timed steps each, {rounds} rounds")
+    run_interleaved(variants, max(warmup, 2 if any(compiled) or device.type == "cuda" else 0), iters, rounds, device)
+
+    fpt = flops_per_token(shape)
+    tokens = shape.batch_size * shape.block_size
+    base_s = median(variants[0].times)
+    rows = []
+    for v in variants[1:]:
+        dt, c = kinds[v.name]
+        s = median(v.times)
+        rows.append({
+            "section": shape.label, "name": v.name, "precision": dtype_name(dt), "compiled": c,
+            "vocab": shape.vocab_size, "batch": shape.batch_size, "unit": "ms/iter",
+            "ours": s * 1e3, "base": base_s * 1e3, "ours_tok_s": tokens / s, "base_tok_s": tokens / base_s,
+            "ours_flops": fpt * tokens / s, "base_flops": fpt * tokens / base_s,
+            "ours_mfu": mfu(fpt, tokens / s, peaks.get(dt)), "base_mfu": mfu(fpt, tokens / base_s, peaks.get(base.dtype)),
+            "speedup": base_s / s, "ours_mem_mb": v.peak_mb, "base_mem_mb": variants[0].peak_mb,
+            "ours_first_s": v.first, "base_first_s": variants[0].first,
+            "ours_times_ms": [t * 1e3 for t in v.times], "base_times_ms": [t * 1e3 for t in variants[0].times],
+        })
+    return rows
+
+
+def _other_path(chosen: int | None, device: torch.device, shape: Shape) -> int | None:
+    """The loss path not chosen: full logits if chunks were chosen, else the chunks eager CUDA takes."""
+    if chosen is not None:
+        return None
+    return choose_loss_chunk_rows(device, compiled=False, vocab_size=shape.vocab_size)
+
+
+def flops_per_token(shape: Shape) -> float:
+    with torch.device("meta"):  # no need for real weights to count them
+        return GPT(shape.gpt_config("sdpa")).flops_per_token(shape.block_size)
+
+
+def largest_batch(rows: list[dict], shape: Shape, device: torch.device, static_mb: float, headroom: float = 0.9) -> int:
+    """The largest batch (a multiple of 8) whose peak memory, extrapolated linearly from the rows at
+    shape.batch_size (model and optimizer state are fixed, activations grow with the batch), fits in
+    `headroom` of the GPU's memory for every variant."""
+    total_mb = torch.cuda.get_device_properties(device).total_memory / 2**20
+    peaks = [r[k] for r in rows for k in ("ours_mem_mb", "base_mem_mb") if r.get(k)]
+    per_sample = (max(peaks) - static_mb) / shape.batch_size
+    return max(8, int((headroom * total_mb - static_mb) / per_sample) // 8 * 8)
+
+
+def static_memory_mb(shape: Shape, device: torch.device) -> float:
+    """Parameters + AdamW state (fp32): what stays allocated between steps."""
+    with torch.device("meta"):
+        n = sum(p.numel() for p in GPT(shape.gpt_config("sdpa")).parameters())
+    return n * 4 * 3 / 2**20
+
+
+# ------------------------------------------------------------------------------------------ same loss
+
+def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_batches: int, data_dir: Path | None,
+               tolerance: float, say) -> dict:
+    """The baseline and ours from the same init on the same batches for `steps` steps, then both
+    evaluated by training.evaluate.evaluate (the eval train.py runs) in fp32 on fixed held-out batches.
+    Real tiny shakespeare when a prepared dir is given, else seeded random tokens."""
+    if data_dir is not None:
+        train = BatchLoader(data_dir, "train", block_size=shape.block_size, batch_size=shape.batch_size, seed=1337,
+                            device=device)
+        val = BatchLoader(data_dir, "val", block_size=shape.block_size, batch_size=shape.batch_size, seed=4242,
+                          device=device)
+        get_train, source = (lambda i: train.get_batch(i)), f"tiny shakespeare ({data_dir.name})"
+    else:
+        gen_batches = random_batches(shape, device, n=steps + eval_batches)
+        get_train, source = (lambda i: gen_batches[i]), "seeded random tokens"
+        val = _FixedLoader(gen_batches[steps:])
+    weights = reference_weights(shape)
+    base = baseline_step(shape, weights, device, get_train)
+    ours = ours_step(shape, weights, device, dtype, compiled, get_train)
+    say(f"[loss check] {steps} steps each, {shape.label}, {source}, ours in {dtype_name(dtype)}")
+    base_losses = torch.stack([base(i) for i in range(steps)]).tolist()
+    ours_losses = torch.stack([ours(i) for i in range(steps)]).tolist()
+    vals = {name: evaluate(step.model, {"val": val}, eval_batches, lambda: autocast(device, torch.float32))["val"]
+            for name, step in (("base", base), ("ours", ours))}
+    tail = min(20, steps)
+    return {
+        "steps": steps, "data": source, "eval_batches": eval_batches, "ours_dtype": dtype_name(dtype),
+        "base_val_loss": vals["base"], "ours_val_loss": vals["ours"], "diff_val_loss": vals["ours"] - vals["base"],
+        "base_train_loss_last": sum(base_losses[-tail:]) / tail, "ours_train_loss_last": sum(ours_losses[-tail:]) / tail,
+        "initial_train_loss": base_losses[0], "tolerance": tolerance,
+        "agree": abs(vals["ours"] - vals["base"]) <= tolerance,
+        "base_train_losses": base_losses, "ours_train_losses": ours_losses,
+    }
+
+
+class _FixedLoader:
+    """get_batch(k, 0) -> the k-th of a fixed list of batches (evaluate's loader interface)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def get_batch(self, k: int, micro: int = 0):
+        return self.batches[k]
+
+
+def with_batch(shape: Shape, batch_size: int, label: str | None = None) -> Shape:
+    return replace(shape, batch_size=batch_size, label=label or shape.label)

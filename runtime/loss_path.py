@@ -1,0 +1,28 @@
+"""How the LM head's loss runs on this device: GPT.loss_chunk_rows, set from outside the model.
+
+With a 50k vocabulary the head is the largest matmul of a small GPT, and the (B*T, V) logits the
+largest tensor. Where the logits go depends on the hardware:
+- CPU: the fused, chunked head + loss (model/fused_ce.py) in 128-row chunks keeps each chunk's logits
+  in cache; measured on a 2-core CPU it is ~1.9x faster than full logits + F.cross_entropy, and 128
+  rows are at least as fast as 64-384.
+- CUDA with torch.compile: the full logits inside the compiled graph, where Inductor fuses the
+  log-softmax into few kernels; the chunked path stays eager (a graph break) and runs many small
+  launches (see the GPU rows of bench.py for the measurement).
+- CUDA without compile: chunks sized from free memory, so a chunk's fp32 logits take at most 1/16 of
+  it (at most 8192 rows): few launches, bounded memory.
+"""
+from __future__ import annotations
+
+import torch
+
+from model.fused_ce import CHUNK_ROWS
+
+
+def choose_loss_chunk_rows(device: torch.device, *, compiled: bool, vocab_size: int) -> int | None:
+    if device.type != "cuda":
+        return CHUNK_ROWS
+    if compiled:
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    rows = free // 16 // (vocab_size * 4)
+    return int(max(256, min(8192, rows // 256 * 256)))

@@ -1,0 +1,167 @@
+"""The shape of the code: imports run one way, without cycles; function-local imports only for optional
+heavy dependencies; and a checkpoint's save and restore cover the same states."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import train
+from faults import inject
+from model.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("model", "data", "runtime", "training", "benchmarks", "eval")
+TOP_MODULES = ("train", "sample", "bench", "errors", "fileio")
+# imported inside functions on purpose: optional, heavy, or both; never needed on the main path
+OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel"}
+# `import data` stays light (tests/test_data_prepare.py checks it): data/__init__.py's module __getattr__
+# imports the torch-using BatchLoader only when asked for, and the progress bar is imported when shown
+LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build", "tqdm")}
+
+
+def project_modules() -> dict[str, Path]:
+    mods = {name: ROOT / f"{name}.py" for name in TOP_MODULES if (ROOT / f"{name}.py").is_file()}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).glob("*.py")):
+            mods[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
+    return mods
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, bool]]:
+    """(project module imported, inside a function?) for every import statement of `module`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    local_nodes = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(f)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(node, module, path.name == "__init__.py")
+            names = [target] + [f"{target}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name in mods:
+                out.append((name, id(node) in local_nodes))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = project_modules()
+    return {m: {t for t, _ in imports_of(m, p, mods) if t != m} for m, p in mods.items()}
+
+
+def reachable(start: str, g: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in g.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_import_graph_sees_the_known_edges():
+    """The walker itself: it must find edges we know exist, relative and absolute, or every other test
+    here would pass vacuously."""
+    g = graph()
+    assert "model.gpt" in g["model.checkpoint"] and "model.fused_ce" in g["model.gpt"]
+    assert "training.step" in g["train"] and "training.distributed" in g["training.health"]
+    assert "data.build" in g["data"] and "fileio" in g["data.build"]
+
+
+@pytest.mark.parametrize("root", ["model", "data", "runtime", "eval", "sample"])
+def test_inference_and_lower_layers_never_import_training(root):
+    g = graph()
+    starts = [m for m in g if m == root or m.startswith(root + ".")]
+    if not starts:
+        pytest.skip(f"{root} does not exist yet")
+    bad = {s: sorted(t for t in reachable(s, g) | {s} if t == "training" or t.startswith("training."))
+           for s in starts}
+    assert not any(bad.values()), bad
+
+
+def test_model_imports_nothing_from_data_and_data_nothing_from_model():
+    g = graph()
+    for low, high in (("model", "data"), ("data", "model"), ("runtime", "data")):
+        for m in g:
+            if m == low or m.startswith(low + "."):
+                assert not any(t == high or t.startswith(high + ".") for t in reachable(m, g)), (m, high)
+
+
+def test_project_imports_have_no_cycles():
+    g = graph()
+    cycles = [m for m in g if m in reachable(m, g)]
+    assert not cycles, f"modules on an import cycle: {cycles}"
+
+
+def test_function_local_imports_are_only_for_optional_heavy_dependencies():
+    offenders = []
+    for module, path in project_modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = [_resolve(node, module, path.name == "__init__.py")]
+                else:
+                    continue
+                for name in names:
+                    if name.split(".")[0] not in OPTIONAL and (module, name) not in LAZY_ON_PURPOSE:
+                        offenders.append(f"{module}: {name} (line {node.lineno})")
+    assert not offenders, offenders
+
+
+class RecordingDict(dict):
+    """A checkpoint that remembers which of its top-level entries were read."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def test_saving_and_restoring_cover_the_same_states(tmp_path, monkeypatch):
+    """Every entry a checkpoint holds is read back when the run resumes, and nothing is read that was
+    not saved: a stateful part added to only one side fails here."""
+    from test_train import run, tiny_argv  # noqa: F401  (the tiny run's settings)
+    from data import DataConfig, prepare_data
+
+    root = tmp_path / "prepared"
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    out = tmp_path / "out"
+    with inject(interrupt_after=2):
+        run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
+    saved = load_checkpoint(out)
+    recorded = RecordingDict(saved)
+    monkeypatch.setattr(train, "load_checkpoint", lambda path: recorded)
+    res = run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
+    assert res["iter"] == 4
+    written = set(saved) - {"format", "version"}  # the file format's stamp, checked by load_checkpoint
+    assert recorded.read - written == set(), "restored but never saved"
+    assert written - recorded.read == set(), "saved but never restored"
