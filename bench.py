@@ -22,6 +22,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from benchmarks.prepare import bench_prepare, prepare_peak_rss
 from benchmarks.report import print_report
 from benchmarks.timing import peak_rss_mb
 from benchmarks.train import (
-    CPU_SHAPES, GPT2_124M, QUICK_GPU, largest_batch, loss_check, static_memory_mb, with_batch, bench_shape,
+    CPU_SHAPES, GPT2_124M, QUICK_GPU, bench_shape, largest_batch, loss_check, with_batch,
 )
 from data import DataConfig, prepare_data
 from errors import UserError, run_cli
@@ -146,7 +147,8 @@ def main(argv=None) -> int:
             shape = (QUICK_GPU if args.quick else GPT2_124M) if cuda else CPU_SHAPES[0]
             report["loss_check"] = loss_check(shape, device=device, dtype=auto_dtype, compiled=compile_,
                                               steps=args.loss_steps, eval_batches=2 if args.quick else 20,
-                                              data_dir=data_dir, tolerance=args.loss_tol, say=say)
+                                              data_dir=data_dir, tolerance=args.loss_tol, say=say,
+                                              noise_reference=cuda)
 
     report.update(busy={"before": busy_before, "during_others": use.others_fraction(),
                         "after": cpu_busy_fraction(0.2 if args.quick else 1.0)},
@@ -165,14 +167,13 @@ def bench_gpu_train(args, device, auto_dtype, compile_: bool, peaks: dict, repor
     vocabs = [int(v) for v in args.vocabs.split(",")] if not args.quick else [base_shape.vocab_size]
     sizes = args.batch_sizes.split(",")
     for vocab in vocabs:
-        shape = with_batch(base_shape, base_shape.batch_size)
-        shape = shape.__class__(**{**shape.__dict__, "vocab_size": vocab})
+        shape = replace(base_shape, vocab_size=vocab)
         done: list[dict] = []
         for size in sizes:
             if size == "max":
                 if not done:
                     raise UserError("--batch-sizes: 'max' needs a numeric batch size before it, e.g. 16,max")
-                b = largest_batch(done, shape, device, static_memory_mb(shape, device))
+                b = largest_batch(done, shape, device)
                 report["largest_batch"] = {"batch": b, "from_batch": done[0]["batch"], "headroom": 0.9}
             else:
                 b = int(size)

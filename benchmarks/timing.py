@@ -28,6 +28,7 @@ class Variant:
     times: list[float] = field(default_factory=list)
     first: float | None = None  # the first warm-up call (compile time for compiled variants)
     peak_mb: float | None = None  # memory one call needs (see the module docstring)
+    resident_mb: float = 0.0  # CUDA: what the variant holds before its first call (its weights)
 
 
 def median(xs: list[float]) -> float:
@@ -78,6 +79,7 @@ def run_interleaved(variants: list[Variant], warmup: int, iters: int, rounds: in
 
     for v in variants:
         if device.type == "cuda":
+            allocated = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         for i in range(warmup):
             measure_rss = device.type != "cuda" and i == min(1, warmup - 1)  # steady state: optimizer state exists
@@ -87,7 +89,7 @@ def run_interleaved(variants: list[Variant], warmup: int, iters: int, rounds: in
             if measure_rss and before is not None:
                 v.peak_mb = max(0.0, _rss_kb("VmHWM") - before) / 1024
         if device.type == "cuda" and warmup:
-            v.peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+            v.peak_mb = v.resident_mb + (torch.cuda.max_memory_allocated(device) - allocated) / 2**20
     rounds = max(1, min(rounds, iters))
     sizes = [iters // rounds + (r < iters % rounds) for r in range(rounds)]
     for r, size in enumerate(sizes):

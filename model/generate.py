@@ -182,7 +182,10 @@ def prepare_for_decoding(model, device, dtype, *, compile: bool = False):
     `device` in `dtype`, then either the one-token decode step compiled (compile=True) or, for bf16 on
     a CPU, the Linear weights prepacked for oneDNN. Returns (model, decode_fn or None, prepacked)."""
     model = model.to(device=device, dtype=dtype).eval()
-    decode_fn = torch.compile(decode_one_token, fullgraph=True) if compile else None
+    # on CUDA, batch-1 decoding of a small model is bound by kernel launches: CUDA graphs
+    # (mode="reduce-overhead") replay the whole step as one launch
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    decode_fn = torch.compile(decode_one_token, fullgraph=True, mode=mode) if compile else None
     packed = not compile and prepack_for_cpu(model)  # CPU bf16 only: oneDNN weight layout, done once
     return model, decode_fn, packed
 
@@ -261,7 +264,7 @@ def generate_stream(
     else:
         logits = window_logits(P)
 
-    done = torch.zeros(B, dtype=torch.bool, device=device)
+    done = [False] * B  # on the host: the step's one sync (tok.tolist) tells everything
     check_eot = stop_at_eot and eot is not None
     for step in range(max_new_tokens):
         if vocab_size is not None:
@@ -271,11 +274,9 @@ def generate_stream(
         seq[:, width] = tok
         out = tok.tolist()
         if check_eot:
-            finished_now = (tok == eot) & ~done
-            done_list = (done | finished_now).tolist()
-            yield [None if d else t for t, d in zip(out, done_list)]
-            done |= finished_now
-            if bool(done.all()):
+            done = [d or t == eot for t, d in zip(out, done)]  # the EOT itself is not emitted
+            yield [None if d else t for t, d in zip(out, done)]
+            if all(done):
                 return
         else:
             yield out
