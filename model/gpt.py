@@ -244,7 +244,9 @@ class GPT(nn.Module):
         logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        # bf16/fp16 logits are upcast for the softmax; fp32 and fp64 stay as they are
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        loss = F.cross_entropy(logits.to(acc).view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return (logits if return_logits else None), loss
 
     def new_kv_cache(self, batch_size: int, max_seq_len: int | None = None, dtype=None, device=None) -> list[KVCache]:

@@ -4,8 +4,11 @@
         train.train(cfg)
     with inject(nan_at=7):            # the weights diverge at step index 7: its loss is NaN
 
-Subprocess tests run `python tests/faults.py <train.py args>` with SMALLGPT_TEST_INTERRUPT_AFTER /
-SMALLGPT_TEST_NAN_AT set, which installs the same wrapper and then runs train.py's main.
+Subprocess tests run `python tests/faults.py <train.py args>` (also under torchrun), which installs
+the same wrapper from the environment and then runs train.py's main:
+    SMALLGPT_TEST_INTERRUPT_AFTER=k, SMALLGPT_TEST_NAN_AT=k   as above
+    SMALLGPT_TEST_OUT_DIR_PER_RANK=1     each rank appends -rank<R> to train.out_dir (no shared out_dir)
+    SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY=1  data preparation fails loudly on any rank but 0
 """
 from __future__ import annotations
 
@@ -56,4 +59,14 @@ if __name__ == "__main__":
     env = {k: int(os.environ[v]) for k, v in (("interrupt_after", "SMALLGPT_TEST_INTERRUPT_AFTER"),
                                               ("nan_at", "SMALLGPT_TEST_NAN_AT")) if v in os.environ}
     train.train_step = wrap_step(train.train_step, **env)
-    run_cli(lambda: train.main(sys.argv[1:]))
+    rank = int(os.environ.get("RANK", "0"))
+    argv = sys.argv[1:]
+    if os.environ.get("SMALLGPT_TEST_OUT_DIR_PER_RANK"):
+        argv = [f"{a}-rank{rank}" if a.startswith("--train.out_dir=") else a for a in argv]
+    if os.environ.get("SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY") and rank:
+        def refuse(*a, **k):
+            raise AssertionError(f"rank {rank} prepared data (or fingerprinted its source)")
+        train.prepare_data = refuse
+        import data.build
+        data.build.open_source = refuse
+    run_cli(lambda: train.main(argv))

@@ -1,0 +1,135 @@
+"""What the project chooses per device, proven on the CPU: the LM head's loss path, the dtype on GPUs
+with and without native bf16, the MFU peak, and that training and sampling need neither wandb nor
+datasets when they are not used."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig
+from model.fused_ce import CHUNK_ROWS
+from runtime.loss_path import choose_loss_chunk_rows
+from runtime.precision import inference_dtype, make_scaler, training_dtype
+from training.mfu import gpu_peak_flops, mfu, peak_flops
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = torch.device("cuda", 0)  # a device object only: nothing runs on it
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend this machine has a GPU of a given compute capability, name and free memory."""
+    def install(capability=(9, 0), name="NVIDIA H100 80GB HBM3", free_gb=70.0):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what T4/V100 say too
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free_gb * 2**30), 80 * 2**30))
+    return install
+
+
+# ------------------------------------------------------------------------------------------ loss path
+
+def test_loss_path_is_full_logits_in_a_compiled_gpu_graph_and_bounded_chunks_otherwise(fake_gpu):
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257) == CHUNK_ROWS
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=True, vocab_size=50257) == CHUNK_ROWS
+    fake_gpu(free_gb=70.0)
+    assert choose_loss_chunk_rows(CUDA, compiled=True, vocab_size=50304) is None
+    # eager on a GPU: a chunk's fp32 logits take at most 1/16 of free memory, at most 8192 rows
+    assert choose_loss_chunk_rows(CUDA, compiled=False, vocab_size=50304) == 8192
+    fake_gpu(free_gb=16.0)
+    rows = choose_loss_chunk_rows(CUDA, compiled=False, vocab_size=50304)
+    # 16 GiB free: 1 GiB for the chunk is 5336 rows of 50304 fp32 logits, rounded down to a multiple of 256
+    assert rows == 5120 and rows * 50304 * 4 <= 16 * 2**30 / 16
+    fake_gpu(free_gb=0.01)
+    assert choose_loss_chunk_rows(CUDA, compiled=False, vocab_size=50304) == 256  # the floor
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 7, CHUNK_ROWS])
+def test_every_loss_path_gives_torch_cross_entropy_and_its_gradients(chunk_rows):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=37)).double()
+    x = torch.randint(0, 37, (3, 12))
+    y = torch.randint(0, 37, (3, 12))
+    y[0, :4] = -1  # ignored positions
+    model.loss_chunk_rows = chunk_rows
+    logits_out, loss = model(x, y, return_logits=False)
+    assert logits_out is None
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref = F.cross_entropy(model(x).view(-1, 37), y.view(-1), ignore_index=-1)  # the textbook loss
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-9, atol=1e-12, msg=n)
+
+
+# ------------------------------------------------------------------------------------------ dtypes
+
+@pytest.mark.parametrize("capability,name", [((7, 5), "Tesla T4"), ((7, 0), "Tesla V100-SXM2-16GB")])
+def test_a_gpu_without_native_bf16_trains_and_samples_in_fp16_with_a_grad_scaler(fake_gpu, capability, name):
+    """torch.cuda.is_bf16_supported() says True on these (emulated, slow): auto must not believe it."""
+    fake_gpu(capability=capability, name=name)
+    dtype, _, note = training_dtype("auto", CUDA)
+    assert dtype == torch.float16 and "GradScaler" in note and f"{capability[0]}.{capability[1]}" in note
+    assert make_scaler(torch.device("cpu"), dtype).is_enabled()  # fp16 always comes with a scaler
+    assert inference_dtype("auto", CUDA, 124_000_000) == torch.float16
+
+
+def test_ampere_and_newer_train_and_sample_in_bf16_without_a_scaler(fake_gpu):
+    for capability in ((8, 0), (8, 9), (9, 0)):
+        fake_gpu(capability=capability)
+        assert training_dtype("auto", CUDA)[0] == torch.bfloat16
+        assert inference_dtype("auto", CUDA, 124_000_000) == torch.bfloat16
+    assert not make_scaler(torch.device("cpu"), torch.bfloat16).is_enabled()
+    fake_gpu(capability=(7, 5))
+    assert training_dtype("bfloat16", CUDA)[0] == torch.bfloat16  # an explicit choice is kept
+
+
+# ------------------------------------------------------------------------------------------ MFU
+
+def test_fp32_mfu_uses_the_tf32_peak_when_tf32_matmuls_are_on(fake_gpu, monkeypatch):
+    fake_gpu(name="NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    peak, note = peak_flops(CUDA, torch.float32)
+    assert peak == 495e12 and "tf32" in note  # H100 SXM dense TF32, not the 67 TFLOP/s of plain fp32
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert peak_flops(CUDA, torch.float32)[0] == 67e12
+    assert peak_flops(CUDA, torch.bfloat16)[0] == 989e12
+    assert gpu_peak_flops("Tesla V100-SXM2-16GB", torch.float32, tf32=True) == 15.7e12  # no TF32 on Volta
+
+
+def test_mfu_above_one_is_reported_as_unknown_not_shown():
+    """On a CPU the fp16 probe once measured 1 GFLOP/s, and MFU read 193%."""
+    assert mfu(1e9, 1.93, 1e9) is None
+    assert mfu(1e9, 0.5, 1e9) == pytest.approx(0.5)
+    assert mfu(1e9, 1.0, 1e9) == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------ optional packages
+
+@pytest.mark.slow
+def test_training_and_sampling_run_without_wandb_or_datasets_installed(tmp_path):
+    """A GPU machine may lack both: with wandb disabled and the built-in dataset, neither is imported."""
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text("import sys\nfor name in ('wandb', 'datasets'):\n    sys.modules[name] = None  # import fails\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    common = ["--data.tokenizer=char", f"--data.root={tmp_path / 'prepared'}", f"--train.out_dir={out}",
+              "--model.n_layer=1", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32",
+              "--train.max_iters=3", "--train.eval_interval=3", "--train.eval_iters=1", "--train.device=cpu",
+              "--train.dtype=float32", "--wandb.mode=disabled"]
+    check = subprocess.run([sys.executable, "-c", "import wandb"], env=env, capture_output=True, text=True)
+    assert "ImportError" in check.stderr or "ModuleNotFoundError" in check.stderr  # the blocker works
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), *common], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(out), "--max-new-tokens", "5",
+                        "--seed", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-2000:]
