@@ -1,0 +1,340 @@
+"""eval/hellaswag.py: the scores equal transformers' GPT-2 run one (context, ending) pair at a time;
+batching, sharding and the HF datasets path change nothing; every bad input is one error line."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from errors import run_cli
+from eval import hellaswag
+from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items, score_items
+from model import GPT, GPTConfig
+from model.checkpoint import load_model, save_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+BLOCK = 48  # n_positions of the tiny model: item 3's context is longer, so it gets cropped
+
+LONG_CTX = ("A man is standing on a ladder in front of a house. He is holding a paint roller and a bucket of "
+            "paint. He dips the roller into the paint and starts painting the wall above the window, moving the "
+            "roller up and down in long even strokes while a dog watches from the yard below. Then he")
+
+# Six items in HellaSwag's original jsonl format (hellaswag_val.jsonl): written for these tests.
+ITEMS = [
+    {"ind": 4, "activity_label": "Removing ice from car", "ctx_a": "Then, the man writes over the snow covering the window of a car, and a woman wearing winter clothes smiles.",
+     "ctx_b": "then", "ctx": "Then, the man writes over the snow covering the window of a car, and a woman wearing winter clothes smiles. then",
+     "split": "val", "split_type": "indomain", "label": 3,
+     "endings": [", the man adds wax to the windshield and cuts it.", ", a person board a ski lift, while two men supporting the head of the person wearing winter clothes snow as the we girls sled.",
+                 ", the man puts on a christmas coat, knitted with netting.", ", the man continues removing the snow on his car."],
+     "source_id": "activitynet~v_-1IBHYS3L-Y"},
+    {"ind": 17, "activity_label": "Baking cookies", "ctx_a": "A girl pours flour into a bowl.", "ctx_b": "she",
+     "ctx": "A girl pours flour into a bowl. she", "split": "val", "split_type": "zeroshot", "label": 0,
+     "endings": ["stirs it with a wooden spoon.", "jumps.", "throws the bowl at the television and laughs loudly for a long time.", "sleeps."],
+     "source_id": "activitynet~v_test1"},
+    {"ind": 25, "activity_label": "Personal Care and Style", "ctx_a": "[header] How to tie a tie [title] Drape the tie around your neck.",
+     "ctx_b": "", "ctx": "[header] How to tie a tie [title] Drape the tie around your neck.", "split": "val",
+     "split_type": "indomain", "label": 2,
+     "endings": ["[step] Eat it.", "[step] Let it dry in the sun for three days before you wear it to work.",
+                 "[step] The wide end should hang lower than the narrow end.", "[step] Paint the tie blue, é."],
+     "source_id": "wikihow~1234"},
+    {"ind": 31, "activity_label": "Painting", "ctx_a": LONG_CTX, "ctx_b": "", "ctx": LONG_CTX, "split": "val",
+     "split_type": "indomain", "label": 1,
+     "endings": ["falls.", "steps down, moves the ladder to the right and paints the next part of the wall.",
+                 "eats the roller.", "flies to the moon on the bucket."],
+     "source_id": "activitynet~v_test2"},
+    {"ind": 40, "activity_label": "Playing piano", "ctx_a": "A woman sits at a piano.", "ctx_b": "she",
+     "ctx": "A woman sits at a piano. she", "split": "val", "split_type": "zeroshot", "label": 1,
+     "endings": ["is a piano.", "begins to play a song.", "sings", "closes the lid and walks away without playing anything at all."],
+     "source_id": "activitynet~v_test3"},
+    {"ind": 52, "activity_label": "Running a marathon", "ctx_a": "Runners line up at the start.", "ctx_b": "the runners",
+     "ctx": "Runners line up at the start. the runners", "split": "val", "split_type": "indomain", "label": 0,
+     "endings": ["start running when the gun fires.", "swim.", "take off their shoes and sit down.", "are 42 kilometres long."],
+     "source_id": "activitynet~v_test4"},
+]
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_path(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("hs") / "hellaswag_val.jsonl", ITEMS)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=BLOCK, vocab_size=50257)).eval()
+    with torch.no_grad():  # peaky logits and non-zero biases: the endings' scores are far apart
+        for name, p in hf.named_parameters():
+            p.normal_(0.0, 0.3 if p.dim() == 2 else 0.05)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def hf_dir(hf_model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hf")
+    hf_model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ours(hf_dir):
+    """Our model and tokenizer, loaded through the HF directory as the CLI loads it."""
+    from data import tokenizer_from_meta
+
+    loaded = load_model(str(hf_dir), dropout=0.0)
+    return loaded.model, tokenizer_from_meta(loaded.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model):
+    """transformers' GPT-2, each (context, ending) pair alone and unpadded: (sum, mean) log-probs (6, 4)."""
+    import tiktoken
+
+    enc = tiktoken.get_encoding("gpt2")
+    sums, means = torch.zeros(len(ITEMS), 4), torch.zeros(len(ITEMS), 4)
+    for i, item in enumerate(ITEMS):
+        ctx = enc.encode(item["ctx"])
+        for j, ending in enumerate(item["endings"]):
+            end = enc.encode(" " + ending)
+            ids = (ctx + end)[-BLOCK:]  # a long context loses its start; the ending stays whole
+            with torch.no_grad():
+                logits = hf_model(torch.tensor([ids])).logits[0].double()  # (T, V)
+            logp = torch.log_softmax(logits, dim=-1)
+            # the k-th ending token sits at position len(ids) - len(end) + k, predicted one position earlier
+            picked = [logp[len(ids) - len(end) + k - 1, t] for k, t in enumerate(end)]
+            sums[i, j] = sum(picked)
+            means[i, j] = sum(picked) / len(end)
+    return sums, means
+
+
+def test_fixture_has_a_context_longer_than_the_block(ours):
+    _, tok = ours
+    assert len(tok.encode(ITEMS[3]["ctx"])) > BLOCK  # so the cropping path is exercised
+
+
+def test_scores_and_choices_equal_transformers_one_pair_at_a_time(ours, data_path, reference):
+    model, tok = ours
+    ref_sum, ref_mean = reference
+    scores = score_items(model, load_items(data_path), tok, batch_size=4)
+    torch.testing.assert_close(scores.sum_logprob, ref_sum, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(scores.mean_logprob, ref_mean, atol=1e-4, rtol=1e-5)
+    # the choices: the endings' scores are well apart, so float noise can't flip an argmax
+    for ref in (ref_sum, ref_mean):
+        top2 = ref.topk(2, dim=1).values
+        assert (top2[:, 0] - top2[:, 1]).min() > 1e-3
+    assert scores.pred.tolist() == ref_sum.argmax(1).tolist()
+    assert scores.pred_norm.tolist() == ref_mean.argmax(1).tolist()
+    # acc and acc_norm disagree on at least one item here, so the two are really told apart
+    assert ref_sum.argmax(1).tolist() != ref_mean.argmax(1).tolist()
+
+    labels = torch.tensor([it["label"] for it in ITEMS])
+    counts = evaluate_hellaswag(model, load_items(data_path), tok, batch_size=4)
+    assert counts == {"correct": int((ref_sum.argmax(1) == labels).sum()),
+                      "correct_norm": int((ref_mean.argmax(1) == labels).sum()), "total": 6}
+
+
+def test_batched_padded_scores_equal_one_item_at_a_time(ours, data_path):
+    model, tok = ours
+    items = load_items(data_path)
+    alone = score_items(model, items, tok, batch_size=1)
+    batched = score_items(model, items, tok, batch_size=len(items))  # 24 rows of different lengths, left-padded
+    torch.testing.assert_close(batched.sum_logprob, alone.sum_logprob, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched.mean_logprob, alone.mean_logprob, atol=1e-5, rtol=1e-5)
+
+
+def test_an_ending_longer_than_the_block_is_cropped_and_scored_like_transformers(ours, hf_model):
+    import tiktoken
+
+    model, tok = ours
+    long_ending = "and then " * 30  # ~60 tokens > BLOCK
+    item = hellaswag.Item("He", ("stops.", long_ending, "runs.", "sits."), 0)
+    scores = score_items(model, [item], tok)
+    end = tiktoken.get_encoding("gpt2").encode(" " + long_ending)
+    assert len(end) > BLOCK
+    ids = end[-BLOCK:]  # the window: the last BLOCK tokens; its first one has no predecessor to score it
+    with torch.no_grad():
+        logp = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].double(), dim=-1)
+    picked = [logp[k - 1, ids[k]] for k in range(1, BLOCK)]
+    assert scores.sum_logprob[0, 1].item() == pytest.approx(float(sum(picked)), abs=1e-4)
+    assert scores.mean_logprob[0, 1].item() == pytest.approx(float(sum(picked)) / (BLOCK - 1), abs=1e-4)
+
+
+def test_sharded_counts_add_up_to_the_unsharded_counts(ours, data_path):
+    model, tok = ours
+    items = load_items(data_path)
+    whole = evaluate_hellaswag(model, items, tok, batch_size=2)
+    for world_size in (2, 4, 8):  # 8 > 6 items: two ranks get nothing
+        shards = [evaluate_hellaswag(model, items, tok, batch_size=2, rank=r, world_size=world_size)
+                  for r in range(world_size)]
+        assert {k: sum(s[k] for s in shards) for k in whole} == whole
+    assert hellaswag_metrics(whole) == {"hellaswag/acc": whole["correct"] / 6,
+                                        "hellaswag/acc_norm": whole["correct_norm"] / 6}
+    as_tensors = {k: torch.tensor(v) for k, v in whole.items()}  # as all_reduce leaves them
+    assert hellaswag_metrics(as_tensors) == hellaswag_metrics(whole)
+
+
+def test_evaluation_restores_the_training_mode(ours, data_path):
+    model, tok = ours
+    model.train()
+    evaluate_hellaswag(model, load_items(data_path, limit=1), tok)
+    assert model.training
+    model.eval()
+
+
+def test_hf_datasets_path_gives_the_same_items_and_result_as_the_jsonl(ours, data_path, monkeypatch):
+    import datasets
+
+    model, tok = ours
+    calls = []
+    columns = {k: [it[k] for it in ITEMS] for k in ITEMS[0]}
+    columns["label"] = [str(it["label"]) for it in ITEMS]  # the HF copy stores labels as strings
+
+    def fake_load_dataset(path, *args, **kwargs):
+        calls.append((path, kwargs.get("split")))
+        return datasets.Dataset.from_dict(columns)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    from_hf = load_items(None)
+    assert calls == [("Rowan/hellaswag", "validation")]
+    assert from_hf == load_items(data_path)
+    assert evaluate_hellaswag(model, from_hf, tok, batch_size=3) == evaluate_hellaswag(model, load_items(data_path), tok)
+    assert load_items(None, limit=2) == from_hf[:2]
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def run(argv, capsys):
+    """The CLI in-process through run_cli -> (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        run_cli(lambda: hellaswag.main([str(a) for a in argv]))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def run_script(argv):
+    return subprocess.run([sys.executable, "-m", "eval.hellaswag", *map(str, argv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=ENV)
+
+
+def assert_one_error_line(code, err, *words):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def test_cli_prints_acc_and_acc_norm_of_the_reference_choices(hf_dir, data_path, reference, capsys):
+    ref_sum, ref_mean = reference
+    labels = torch.tensor([it["label"] for it in ITEMS])
+    code, out, err = run(["--checkpoint", hf_dir, "--data", data_path, "--batch-size", "4", "--device", "cpu"], capsys)
+    assert code == 0, err
+    acc = (ref_sum.argmax(1) == labels).float().mean().item()
+    acc_norm = (ref_mean.argmax(1) == labels).float().mean().item()
+    assert out.strip() == f"items 6  acc {acc:.4f}  acc_norm {acc_norm:.4f}"
+    code, out, _ = run(["--checkpoint", hf_dir, "--data", data_path, "--limit", "2"], capsys)
+    assert code == 0 and out.startswith("items 2 ")
+
+
+def test_missing_data_path_in_a_subprocess_is_one_error_line(hf_dir, tmp_path):
+    r = run_script(["--checkpoint", hf_dir, "--data", tmp_path / "nope.jsonl"])
+    assert_one_error_line(r.returncode, r.stderr, "nope.jsonl", "does not exist", "--data")
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda it: it.update(endings=it["endings"][:3]), ["line 2", "expected 4 endings, got 3"]),
+    (lambda it: it.update(label=4), ["line 2", "label must be 0..3, got 4"]),
+    (lambda it: it.update(label="x"), ["line 2", "label must be 0..3"]),
+    (lambda it: it.update(label=True), ["line 2", "label"]),
+    (lambda it: it.update(ctx=None), ["line 2", "ctx"]),
+    (lambda it: it.update(endings=["a", "b", 3, "d"]), ["line 2", "not a string"]),
+])
+def test_malformed_item_is_one_error_line_naming_its_line(hf_dir, tmp_path, capsys, change, words):
+    records = json.loads(json.dumps(ITEMS[:3]))
+    change(records[1])
+    path = write_jsonl(tmp_path / "bad.jsonl", records)
+    code, _, err = run(["--checkpoint", hf_dir, "--data", path], capsys)
+    assert_one_error_line(code, err, *words)
+
+
+def test_a_line_that_is_not_json_is_one_error_line(hf_dir, tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(ITEMS[0]) + "\n{not json\n", encoding="utf-8")
+    code, _, err = run(["--checkpoint", hf_dir, "--data", path], capsys)
+    assert_one_error_line(code, err, "line 2", "not valid JSON")
+
+
+def test_malformed_hf_row_names_its_row(monkeypatch):
+    import datasets
+
+    columns = {"ctx": ["a", "b"], "endings": [["1", "2", "3", "4"], ["1", "2", "3", "4"]], "label": ["0", ""]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_dict(columns))
+    with pytest.raises(hellaswag.UserError, match="Rowan/hellaswag validation row 1: label"):
+        load_items(None)
+
+
+def test_unreachable_hub_for_the_data_is_one_error_line(hf_dir, monkeypatch, capsys):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    code, _, err = run(["--checkpoint", hf_dir], capsys)
+    assert_one_error_line(code, err, "Rowan/hellaswag", "--data")
+
+
+def test_char_level_checkpoint_is_refused_in_one_line(tmp_path, data_path):
+    config = GPTConfig(vocab_size=40, block_size=32, n_layer=1, n_head=2, n_embd=16)
+    chars = "".join(sorted(set(" .abcdefghijklmnopqrstuvwxyz")))
+    save_checkpoint(tmp_path / "ckpt.pt", {
+        "model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config), "config": {},
+        "tokenizer": {"tokenizer": "char", "chars": chars}, "iter": 0,
+    })
+    r = run_script(["--checkpoint", tmp_path, "--data", data_path])
+    assert_one_error_line(r.returncode, r.stderr, "character-level", "gpt2 tokenizer")
+
+
+def test_missing_checkpoint_is_one_error_line(tmp_path, data_path, capsys):
+    code, _, err = run(["--checkpoint", tmp_path / "nope.pt", "--data", data_path], capsys)
+    assert_one_error_line(code, err, "nope.pt", "does not exist")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--limit", "0"], ["--limit"]),
+    (["--batch-size", "0"], ["--batch-size"]),
+    (["--device", "tpu"], ["--device"]),
+    (["--dtype", "int8"], ["--dtype"]),
+    (["--batch-size", "x"], ["--batch-size"]),
+])
+def test_bad_options_are_one_error_line(hf_dir, data_path, capsys, argv, words):
+    code, _, err = run(["--checkpoint", hf_dir, "--data", data_path, *argv], capsys)
+    assert_one_error_line(code, err, *words)
+
+
+def test_no_checkpoint_option_is_one_error_line(capsys):
+    code, _, err = run([], capsys)
+    assert_one_error_line(code, err, "--checkpoint")
+
+
+def test_bfloat16_autocast_on_cpu_gives_close_scores(ours, data_path, reference):
+    model, tok = ours
+    code_ctx = hellaswag.autocast_for(torch.device("cpu"), "bfloat16")
+    scores = score_items(model, load_items(data_path), tok, batch_size=6, autocast_ctx=code_ctx)
+    torch.testing.assert_close(scores.mean_logprob, reference[1], atol=0.15, rtol=0.05)
