@@ -32,7 +32,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from data import tokenizer_from_meta
 from errors import UserError, run_cli, short_error
+from model.checkpoint import load_model
+from runtime.device import resolve_device
+from runtime.precision import DTYPE_BY_NAME, DTYPE_NAMES, autocast
 
 HF_DATASET = "Rowan/hellaswag"
 HF_SPLIT = "validation"
@@ -244,7 +248,6 @@ def hellaswag_metrics(counts: dict[str, Any]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------- CLI
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -263,34 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="score only the first N items")
     p.add_argument("--batch-size", type=int, default=8, help="items per forward pass, 4 rows each (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if there is one, else cpu; the default), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
                    help="autocast dtype of the forward pass; auto: float32, the precision of the published "
                         "figures (evaluation is cheap next to training)")
     return p
-
-
-def pick_device(name: str) -> torch.device:
-    """--device -> torch.device. (Kept local until the shared device resolver moves out of training/.)"""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise UserError(f"unknown --device={name!r}; use auto, cpu, cuda or cuda:N")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"--device={name} but CUDA is not available here; use --device cpu or auto")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UserError(f"--device={name} but only {torch.cuda.device_count()} GPU(s) exist; pick cuda:0..")
-    return dev
-
-
-def autocast_for(device: torch.device, name: str) -> Callable[[], ContextManager]:
-    if name in ("auto", "float32"):
-        return contextlib.nullcontext
-    return lambda: torch.autocast(device_type=device.type, dtype=getattr(torch, name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,11 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    device = pick_device(args.device)
-
-    from data import tokenizer_from_meta
-    from model.checkpoint import load_model
-
+    device = resolve_device(args.device, option="--device")
     loaded = load_model(args.checkpoint, dropout=0.0)
     tok = tokenizer_from_meta(loaded.tokenizer)
     check_tokenizer(tok)  # before a download that would be for nothing
@@ -316,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hellaswag: {loaded.description}; {len(items)} items from {args.data or HF_DATASET}; "
           f"{device}, {dtype}", file=sys.stderr, flush=True)
     counts = evaluate_hellaswag(model, items, tok, batch_size=args.batch_size,
-                                autocast_ctx=autocast_for(device, args.dtype), progress=True)
+                                autocast_ctx=lambda: autocast(device, DTYPE_BY_NAME[dtype]), progress=True)
     metrics = hellaswag_metrics(counts)
     print(f"items {counts['total']}  acc {metrics['hellaswag/acc']:.4f}  acc_norm {metrics['hellaswag/acc_norm']:.4f}")
     return 0

@@ -17,6 +17,7 @@ from eval import hellaswag
 from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items, score_items
 from model import GPT, GPTConfig
 from model.checkpoint import load_model, save_checkpoint
+from runtime.precision import autocast
 
 transformers = pytest.importorskip("transformers")
 
@@ -335,6 +336,6 @@ def test_no_checkpoint_option_is_one_error_line(capsys):
 
 def test_bfloat16_autocast_on_cpu_gives_close_scores(ours, data_path, reference):
     model, tok = ours
-    code_ctx = hellaswag.autocast_for(torch.device("cpu"), "bfloat16")
-    scores = score_items(model, load_items(data_path), tok, batch_size=6, autocast_ctx=code_ctx)
+    scores = score_items(model, load_items(data_path), tok, batch_size=6,
+                         autocast_ctx=lambda: autocast(torch.device("cpu"), torch.bfloat16))
     torch.testing.assert_close(scores.mean_logprob, reference[1], atol=0.15, rtol=0.05)
