@@ -21,8 +21,9 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from data import BatchLoader, load_meta, prepare_data
+from data import BatchLoader, load_meta, prepare_data, tokenizer_from_meta
 from errors import UserError, run_cli
+from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from model import GPT
 from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict
 from runtime.device import resolve_device
@@ -31,8 +32,8 @@ from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, m
 from training.checkpoint import Checkpointer, OptimizerState, ScalerState
 from training.config import Config, load_config, resume_conflicts, to_yaml
 from training.distributed import (
-    DistInfo, all_gather_object, all_reduce_mean, any_rank, apply_ddp, broadcast_object, control_group,
-    destroy_distributed, dist_from_env, init_distributed,
+    DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, apply_ddp, broadcast_object,
+    control_group, destroy_distributed, dist_from_env, init_distributed, on_rank0,
 )
 from training.evaluate import bits_per_byte, evaluate
 from training.health import NonFiniteGuard
@@ -92,6 +93,7 @@ class Run:
     scaler: torch.amp.GradScaler
     train_loader: BatchLoader
     eval_loaders: dict[str, BatchLoader]  # rank 0 only
+    hellaswag: tuple | None  # (tokenizer, items) when eval.hellaswag_interval is set
     state: TrainState
     checkpointer: Checkpointer
     metrics: MetricsLog
@@ -118,7 +120,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     ckpt_path = out_dir / CKPT_NAME
 
     resume = decide_resume(ckpt_path, cfg, dist, group)
-    data_dir = prepare_on_rank0(cfg, dist, group)
+    # rank 0 prepares the data (or finds it up to date); the others wait, then read only meta.json
+    data_dir = Path(on_rank0(lambda: str(prepare_data(cfg.data, progress=True)), dist, group))
     meta = load_meta(data_dir)
     tokenizer = {"tokenizer": meta["tokenizer"], "chars": meta["chars"]}
     if resume is not None and resume.get("tokenizer") != tokenizer:
@@ -128,8 +131,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
 
     # precision: rank 0 decides (on CPU by measuring), every rank uses its choice; a resumed run keeps it
     saved_dtype = resume["train"].get("dtype") if resume is not None else ""
-    name, measured, dtype_note = broadcast_object(
-        choose_dtype(t.dtype, saved_dtype, device) if dist.is_main else None, dist, group)
+    name, measured, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device), dist, group)
     dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
 
@@ -165,6 +167,13 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     elif dist.rank:
         torch.manual_seed(t.seed + dist.rank)  # different dropout masks per rank; same init (above)
 
+    hellaswag = None
+    if cfg.eval.hellaswag_interval:  # items loaded once, by rank 0 (a download for the HF copy)
+        tok = tokenizer_from_meta(tokenizer)
+        check_tokenizer(tok)
+        hellaswag = tok, on_rank0(lambda: load_items(cfg.eval.hellaswag_data or None, cfg.eval.hellaswag_limit or None),
+                                  dist, group)
+
     metrics = MetricsLog(out_dir, active=dist.is_main)
     if resume is not None:
         metrics.resume_at(state.iter)
@@ -187,7 +196,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     bar = tqdm(total=t.max_iters, initial=state.iter, disable=not dist.is_main, dynamic_ncols=True, desc="train")
     cleanup.callback(bar.close)
     return Run(cfg=cfg, dist=dist, device=device, dtype=dtype, raw_model=raw_model, model=model, optimizers=optimizers,
-               scaler=scaler, train_loader=train_loader, eval_loaders=eval_loaders, state=state,
+               scaler=scaler, train_loader=train_loader, eval_loaders=eval_loaders, hellaswag=hellaswag, state=state,
                checkpointer=checkpointer, metrics=metrics, logger=logger, stop=stop, bar=bar, group=group,
                ckpt_path=ckpt_path, accum=t.grad_accum_steps // dist.world_size, tokens_per_step=tokens_per_step,
                flops_per_token=raw_model.flops_per_token(block), peak=peak, say=say)
@@ -228,21 +237,6 @@ def decide_resume(ckpt_path: Path, cfg: Config, dist: DistInfo, group) -> dict[s
     return resume
 
 
-def prepare_on_rank0(cfg: Config, dist: DistInfo, group) -> Path:
-    """Rank 0 prepares the data (or finds it up to date); the others wait for it on the CPU group, then
-    take its directory and read only meta.json (no second fingerprint, no second download)."""
-    outcome = None
-    if dist.is_main:
-        try:
-            outcome = ("ok", str(prepare_data(cfg.data, progress=True)))
-        except UserError as e:
-            outcome = ("error", str(e))
-    outcome = broadcast_object(outcome, dist, group)
-    if outcome[0] == "error":
-        raise UserError(outcome[1])
-    return Path(outcome[1])
-
-
 def choose_dtype(name: str, saved: str, device: torch.device) -> tuple[str, dict[str, float], str]:
     """(dtype name, measured peaks, note). A resumed run keeps the dtype it chose unless train.dtype
     names one, so a resume under another load never flips it."""
@@ -277,13 +271,16 @@ def loop(r: Run) -> dict[str, Any]:
 
         stopping = any_rank(r.stop.requested, r.dist, r.group)  # every rank stops after the same step
         due = due_after(state.iter, max_iters=t.max_iters, log_interval=t.log_interval,
-                        eval_interval=t.eval_interval, checkpoint_interval=t.checkpoint_interval, stopping=stopping)
+                        eval_interval=t.eval_interval, checkpoint_interval=t.checkpoint_interval, stopping=stopping,
+                        hellaswag_interval=r.cfg.eval.hellaswag_interval)
         if due.log or due.checkpoint:  # never log, evaluate or save poisoned weights
             guard.check(r.dist, r.group, r.ckpt_path, r.checkpointer.last_saved_iter)
         record = log_step(r, out, lr, window, summary) if due.log else {}
         window.pause()  # evals and checkpoints don't count against tokens/s
         if due.eval:
             record |= evaluate_and_keep_best(r, summary)
+        if due.hellaswag:
+            record |= hellaswag_step(r)
         r.metrics.append(state.iter, record)
         if due.checkpoint:
             r.checkpointer.save(r.ckpt_path, state.iter)
@@ -337,6 +334,20 @@ def evaluate_and_keep_best(r: Run, summary: dict) -> dict[str, Any]:
     if broadcast_object(improved, r.dist, r.group):
         r.checkpointer.save(r.ckpt_path.with_name(BEST_NAME), r.state.iter)
     return record
+
+
+def hellaswag_step(r: Run) -> dict[str, Any]:
+    """Every rank scores its shard of HellaSwag; the counts are summed over the ranks."""
+    tok, items = r.hellaswag
+    counts = evaluate_hellaswag(r.raw_model, items, tok, batch_size=r.cfg.eval.hellaswag_batch_size, autocast_ctx=r.amp,
+                                rank=r.dist.rank, world_size=r.dist.world_size)
+    total = torch.tensor([counts["correct"], counts["correct_norm"], counts["total"]], dtype=torch.int64)
+    all_reduce_sum(total, r.dist, r.group)
+    metrics = hellaswag_metrics(dict(zip(("correct", "correct_norm", "total"), total.tolist())))
+    r.say(f"iter {r.state.iter}: hellaswag acc {metrics['hellaswag/acc']:.4f}, acc_norm "
+          f"{metrics['hellaswag/acc_norm']:.4f} ({int(total[2])} items)")
+    r.logger.log(metrics, r.state.iter)
+    return metrics
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def test_int_accepts_integral_scientific_notation():
 
 
 @pytest.mark.parametrize("argv,pattern", [
-    (["--trian.lr=1"], r"unknown section 'trian'; valid sections: model, data, train, wandb"),
+    (["--trian.lr=1"], r"unknown section 'trian'; valid sections: model, data, train, eval, wandb"),
     (["--train.lrr=1"], r"unknown key train.lrr \(did you mean 'lr'\?\); valid keys: batch_size, grad_accum_steps"),
     (["--train.max_iters=ten"], r"train.max_iters expects an int, got 'ten'"),
     (["--train.max_iters=2.5"], r"train.max_iters expects an int"),

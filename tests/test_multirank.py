@@ -94,3 +94,28 @@ def test_only_rank_zero_prepares_the_data_and_the_others_wait_on_a_long_timeout(
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rank 1 prepared data" not in r.stderr
     assert CONTROL_TIMEOUT.total_seconds() >= 6 * 3600
+
+
+def test_hellaswag_during_training_is_sharded_over_ranks_and_sums_to_the_whole(tmp_path):
+    """eval.hellaswag_interval: each rank scores items[rank::2], the counts are summed, and the logged
+    accuracy equals scoring every item of the final checkpoint in one process."""
+    from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items
+    from data import get_tokenizer
+    from model.checkpoint import load_model
+    from test_hellaswag import ITEMS, write_jsonl
+
+    data = write_jsonl(tmp_path / "hellaswag.jsonl", ITEMS)
+    root = tmp_path / "prepared"
+    args = [a for a in argv(tmp_path / "out", root, "--train.max_iters=2", "--eval.hellaswag_interval=2",
+                            f"--eval.hellaswag_data={data}", "--eval.hellaswag_batch_size=2", "--model.block_size=64")
+            if not a.startswith(("--data.tokenizer", "--model.block_size=32"))]
+    r = torchrun(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    logged = [rec for rec in map(json.loads, (tmp_path / "out" / "metrics.jsonl").read_text().splitlines())
+              if "hellaswag/acc" in rec]
+    assert [rec["iter"] for rec in logged] == [2]
+    model = load_model(str(tmp_path / "out")).model
+    whole = hellaswag_metrics(evaluate_hellaswag(model, load_items(data), get_tokenizer("gpt2")))
+    assert logged[0]["hellaswag/acc"] == whole["hellaswag/acc"]
+    assert logged[0]["hellaswag/acc_norm"] == whole["hellaswag/acc_norm"]
+    assert f"({len(ITEMS)} items)" in r.stdout

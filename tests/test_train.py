@@ -374,3 +374,9 @@ def test_ddp_two_gloo_ranks_match_one_rank_with_twice_the_accumulation(tmp_path,
     a, b = load_checkpoint(tmp_path / "one")["model"], load_checkpoint(tmp_path / "two")["model"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
+def test_hellaswag_during_training_with_a_char_tokenizer_is_refused_at_start(tmp_path, data_root):
+    with pytest.raises(UserError, match=r"character-level tokenizer"):
+        run(tmp_path / "out", data_root, "--eval.hellaswag_interval=5")
+    assert not (tmp_path / "out" / "ckpt.pt").exists()

@@ -82,6 +82,14 @@ class TrainSection:
 
 
 @dataclass
+class EvalSection:
+    hellaswag_interval: int = 0  # run HellaSwag every N steps (and at the last one); 0 = never
+    hellaswag_data: str = ""  # a local jsonl in HellaSwag's original format; empty = Rowan/hellaswag from the HF hub
+    hellaswag_limit: int = 0  # score the first N items only; 0 = all 10042
+    hellaswag_batch_size: int = 8  # items per forward (x 4 endings)
+
+
+@dataclass
 class WandbSection:
     mode: str = "online"  # online (falls back to offline without an API key) | offline | disabled
     project: str = "smallgpt"
@@ -93,6 +101,7 @@ class Config:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     wandb: WandbSection = field(default_factory=WandbSection)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -339,6 +348,11 @@ def validate(cfg: Config) -> None:
     _check(ok_dev, f"train.device must be auto, cpu, cuda, cuda:N or mps, got {dev!r}")
     _check(bool(t.out_dir.strip()), "train.out_dir is empty; set it to a directory, e.g. out/small")
 
+    e = cfg.eval
+    for k in ("hellaswag_interval", "hellaswag_limit"):
+        _check(getattr(e, k) >= 0, f"eval.{k} must be >= 0 (0 turns it off), got {getattr(e, k)}")
+    _check(e.hellaswag_batch_size >= 1, f"eval.hellaswag_batch_size must be >= 1, got {e.hellaswag_batch_size}")
+
     _check(w.mode in WANDB_MODES, f"wandb.mode must be one of {', '.join(WANDB_MODES)}, got {w.mode!r}")
     _check(bool(w.project.strip()), "wandb.project is empty; set it to a project name, e.g. smallgpt")
 
@@ -352,6 +366,7 @@ RESUME_MAY_CHANGE = {
     "train": {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval", "compile",
               "device", "dtype", "out_dir", "resume", "peak_flops",
               "lr", "min_lr", "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "eval_seed"},
+    "eval": {"hellaswag_interval", "hellaswag_data", "hellaswag_limit", "hellaswag_batch_size"},
     "wandb": {"mode", "project", "run_name"},
 }
 

@@ -12,6 +12,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from errors import UserError
+
 
 @dataclass
 class DistInfo:
@@ -100,6 +102,27 @@ def broadcast_object(obj, info: DistInfo, group=None):
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
+
+
+def on_rank0(fn, info: DistInfo, group=None):
+    """fn() on rank 0 and its result on every rank, the others waiting on `group` meanwhile (e.g.
+    preparing data, downloading an eval set). A UserError on rank 0 is raised on every rank."""
+    outcome = None
+    if info.is_main:
+        try:
+            outcome = ("ok", fn())
+        except UserError as e:
+            outcome = ("error", str(e))
+    outcome = broadcast_object(outcome, info, group)
+    if outcome[0] == "error":
+        raise UserError(outcome[1])
+    return outcome[1]
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo, group=None) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return t
 
 
 def all_gather_object(obj, info: DistInfo, group=None) -> list:

@@ -38,15 +38,18 @@ class Due:
     log: bool
     eval: bool
     checkpoint: bool
+    hellaswag: bool = False
 
 
 def due_after(step: int, *, max_iters: int, log_interval: int, eval_interval: int, checkpoint_interval: int,
-              stopping: bool) -> Due:
+              stopping: bool, hellaswag_interval: int = 0) -> Due:
     """After optimizer step number `step` (1-based: `step` steps are done). The last step and a stop
-    always log and checkpoint, and the last one evaluates; checkpoint_interval 0 means at each eval.
-    Every rank computes the same answer, since `stopping` is agreed between ranks."""
+    always log and checkpoint, and the last one evaluates (HellaSwag too, when it is on);
+    checkpoint_interval 0 means at each eval. Every rank computes the same answer, since `stopping` is
+    agreed between ranks."""
     last = step == max_iters
     eval_now = step % eval_interval == 0 or last
     checkpoint = step % (checkpoint_interval or eval_interval) == 0 or last or stopping
-    log = step % log_interval == 0 or last or stopping or eval_now
-    return Due(log=log, eval=eval_now, checkpoint=checkpoint)
+    hellaswag = hellaswag_interval > 0 and (step % hellaswag_interval == 0 or last)
+    log = step % log_interval == 0 or last or stopping or eval_now or hellaswag
+    return Due(log=log, eval=eval_now, checkpoint=checkpoint, hellaswag=hellaswag)
