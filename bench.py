@@ -103,16 +103,15 @@ def main(argv=None) -> int:
     machine = cpu_info() | (gpu_info(device) if cuda else {})
     allow_tf32(device)  # as train.py does
 
-    # precision as train.py's dtype=auto picks it, and the peaks MFU is measured against
-    auto_dtype, measured, dtype_note = training_dtype("auto", device)
-    dtypes = [auto_dtype] + ([d for d in (torch.float32, torch.bfloat16) if d != auto_dtype] if not cuda else [])
+    # the dtypes timed, and the peaks MFU is measured against (on a CPU a matmul probe of each dtype)
+    auto_dtype = training_dtype("auto", device)[0]  # on CUDA; on a CPU each shape times its own (below)
+    dtypes = [torch.float32, torch.bfloat16] if not cuda else [auto_dtype]
     peaks, sources = {}, set()
     for dt in dict.fromkeys(dtypes + [torch.float32]):
-        peaks[dt], src = peak_flops(device, dt, measured=measured)
+        peaks[dt], src = peak_flops(device, dt)
         sources.add(src.split("(", 1)[-1].rstrip(")"))
-    say(dtype_note)
     report: dict = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine, "rows": [],
-                    "notes": [], "dtype_auto": {"dtype": dtype_name(auto_dtype), "note": dtype_note},
+                    "notes": [], "dtype_auto": {},
                     "peak_flops": {dtype_name(k): v for k, v in peaks.items()}, "peak_source": "; ".join(sorted(sources))}
     timing = dict(warmup=args.warmup, iters=args.iters, rounds=args.rounds, say=say)
 
@@ -122,9 +121,10 @@ def main(argv=None) -> int:
                 bench_gpu_train(args, device, auto_dtype, compile_, peaks, report, timing)
             else:
                 for shape in CPU_SHAPES:
-                    report["rows"] += bench_shape(shape, device=device, dtypes=dtypes, auto_dtype=auto_dtype,
-                                                  compiled=[False] + ([True] if compile_ else []), peaks=peaks,
-                                                  other_loss_path=args.loss_paths, **timing)
+                    rows, report["dtype_auto"][shape.label] = bench_shape(
+                        shape, device=device, dtypes=dtypes, compiled=[False] + ([True] if compile_ else []),
+                        peaks=peaks, other_loss_path=args.loss_paths, **timing)
+                    report["rows"] += rows
         if "decode" in args.sections:
             rows, info = bench_decode(device=device, quick=args.quick, repeats=args.repeats, new_tokens=args.new_tokens,
                                       prompt_len=args.prompt_len, use_hf=not args.no_hf and not args.quick,
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
                 with contextlib.suppress(UserError):
                     data_dir = prepare_data(DataConfig(root=str(Path(tmp) / "loss")), progress=False)
             shape = (QUICK_GPU if args.quick else GPT2_124M) if cuda else CPU_SHAPES[0]
-            report["loss_check"] = loss_check(shape, device=device, dtype=auto_dtype, compiled=compile_,
+            report["loss_check"] = loss_check(shape, device=device, dtype=auto_dtype if cuda else None, compiled=compile_,
                                               steps=args.loss_steps, eval_batches=2 if args.quick else 20,
                                               data_dir=data_dir, tolerance=args.loss_tol, say=say,
                                               noise_reference=cuda)
@@ -177,8 +177,9 @@ def bench_gpu_train(args, device, auto_dtype, compile_: bool, peaks: dict, repor
                 report["largest_batch"] = {"batch": b, "from_batch": done[0]["batch"], "headroom": 0.9}
             else:
                 b = int(size)
-            rows = bench_shape(with_batch(shape, b), device=device, dtypes=[auto_dtype], auto_dtype=auto_dtype,
-                               compiled=[compile_], peaks=peaks, other_loss_path=args.loss_paths, **timing)
+            rows, report["dtype_auto"][shape.label] = bench_shape(
+                with_batch(shape, b), device=device, dtypes=[auto_dtype], compiled=[compile_], peaks=peaks,
+                other_loss_path=args.loss_paths, **timing)
             report["rows"] += rows
             done += rows
             torch.cuda.empty_cache()

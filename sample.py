@@ -19,8 +19,8 @@ Prompts:
 
 Seeds: --seed S gives the same text for the same settings, device and dtype; without it a fresh seed
 is drawn and shown on stderr (with the checkpoint, device and dtype) so a run can be repeated.
---dtype auto: see runtime/precision.py's inference_dtype (bf16 + prepacked weights for big models on a
-CPU, fp32 for small ones; on GPUs bf16 where native).
+--dtype auto: on a CPU the faster of fp32 and prepacked bf16 for this model, timed on a few decoding
+steps (runtime/precision.py's inference_dtype); on GPUs bf16 where native, else fp16.
 --stop-at-eot (default): a sample ends at the end-of-text token, which is not printed.
 
 Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr and exit status 2.
@@ -39,9 +39,10 @@ import yaml
 from data import tokenizer_from_meta
 from errors import UserError, run_cli
 from model.checkpoint import load_model as load_any_model
-from model.generate import generate_stream, prepare_for_decoding
+from model.generate import generate_stream
 from runtime.device import resolve_device
-from runtime.precision import DTYPE_NAMES, dtype_name, inference_dtype
+from runtime.decoding import setup_decoding
+from runtime.precision import DTYPE_NAMES, dtype_name
 
 ROOT = Path(__file__).resolve().parent
 FALLBACK_CHECKPOINT = "out/small"
@@ -72,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
-                   help="auto: bfloat16 on GPUs that support it, and on CPUs with bf16 support for models of "
-                        ">= 25M params; else float32 (default: auto)")
+                   help="auto: on GPUs bf16 where native, else fp16; on a CPU the faster of float32 and "
+                        "bfloat16 for this model, timed on a few decoding steps (default: auto)")
     p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
     p.add_argument("--stop-at-eot", action=argparse.BooleanOptionalAction, default=True,
                    help="end a sample at the end-of-text token (default: on)")
@@ -221,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device, option="--device")
     model, tok, desc = load_model(spec)
     n_params = model.num_params(non_embedding=False)
-    dtype = inference_dtype(args.dtype, device, n_params)
 
     prompts = [encode_prompt(tok, t, note) for t in (prompt_texts or [None])]
     block_size = model.config.block_size
@@ -230,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [p for p in prompts for _ in range(args.num_samples)]
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    model, decode_fn, packed = prepare_for_decoding(model, device, dtype, compile=args.compile)
+    ready = setup_decoding(model, device, args.dtype, compile=args.compile)
+    model, decode_fn, dtype, packed = ready.model, ready.decode_fn, ready.dtype, ready.prepacked
     generator = torch.Generator(device=device).manual_seed(seed)
+    if args.dtype == "auto" and device.type == "cpu":
+        note(ready.note)
     note(f"{desc}, {n_params / 1e6:.2f}M params, {tok.name} tokenizer; {device}, {dtype_name(dtype)}"
          f"{', compiled' if args.compile else ''}{', prepacked' if packed else ''}; seed {seed}")
 

@@ -45,7 +45,7 @@ from training.rng import RNGState, seed_everything
 from training.schedule import apply_lr, due_after, lr_at
 from training.signals import StopFlag
 from training.state import TrainState
-from training.step import StepOutput, train_step
+from training.step import StepOutput, forward_backward_probe, train_step
 from training.wandb_logger import WandbLogger
 
 
@@ -129,28 +129,30 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
                         f"{resume.get('tokenizer', {}).get('tokenizer')!r} and different data; "
                         "use the original data settings, or a new --train.out_dir")
 
-    # precision: rank 0 decides (on CPU by measuring), every rank uses its choice; a resumed run keeps it
-    saved_dtype = resume["train"].get("dtype") if resume is not None else ""
-    name, measured, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device), dist, group)
-    dtype = DTYPE_BY_NAME[name]
-    allow_tf32(device)
-
     seed_everything(t.seed)
     raw_model, notes = initial_model(cfg.model, vocab_size=meta["vocab_size"], tokenizer=tokenizer, seed=t.seed,
                                      resume=resume)
     raw_model.to(device)
     raw_model.loss_chunk_rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=raw_model.config.vocab_size)
-    optimizers = make_optimizers(raw_model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                 device_type=device.type)
-    scaler = make_scaler(device, dtype)
-    model = torch.compile(raw_model) if t.compile else raw_model  # raw_model stays the plain module
-    model = apply_ddp(model, dist, device)
-
     block = cfg.model.block_size
     train_loader = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
                                rank=dist.rank, world_size=dist.world_size, device=device)
     eval_loaders = {split: BatchLoader(data_dir, split, block_size=block, batch_size=t.batch_size, seed=t.eval_seed,
                                        device=device) for split in ("train", "val")} if dist.is_main else {}
+
+    # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate),
+    # every rank uses its choice, and a resumed run keeps the one it made
+    saved_dtype = resume["train"].get("dtype") if resume is not None else ""
+    probe = forward_backward_probe(raw_model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
+    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device, probe), dist, group)
+    dtype = DTYPE_BY_NAME[name]
+    allow_tf32(device)
+
+    optimizers = make_optimizers(raw_model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                                 device_type=device.type)
+    scaler = make_scaler(device, dtype)
+    model = torch.compile(raw_model) if t.compile else raw_model  # raw_model stays the plain module
+    model = apply_ddp(model, dist, device)
 
     # every stateful part, registered once: saved and restored by the same mapping, RNG streams last
     state = TrainState(dtype=name)
@@ -178,7 +180,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     if resume is not None:
         metrics.resume_at(state.iter)
     tokens_per_step = t.batch_size * block * t.grad_accum_steps
-    peak, peak_note = peak_flops(device, dtype, override=t.peak_flops, measured=measured) if dist.is_main else (None, "")
+    peak, peak_note = peak_flops(device, dtype, override=t.peak_flops) if dist.is_main else (None, "")
     say(f"config:\n{to_yaml(cfg)}")
     for note in notes + ([rng.note] if rng.note else []):
         say(note)
@@ -237,13 +239,13 @@ def decide_resume(ckpt_path: Path, cfg: Config, dist: DistInfo, group) -> dict[s
     return resume
 
 
-def choose_dtype(name: str, saved: str, device: torch.device) -> tuple[str, dict[str, float], str]:
-    """(dtype name, measured peaks, note). A resumed run keeps the dtype it chose unless train.dtype
-    names one, so a resume under another load never flips it."""
+def choose_dtype(name: str, saved: str, device: torch.device, probe) -> tuple[str, str]:
+    """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
+    resume under another load never flips it (bitwise resume needs the same dtype)."""
     if name == "auto" and saved in DTYPE_BY_NAME:
-        return saved, {}, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
-    dtype, measured, note = training_dtype(name, device)
-    return dtype_name(dtype), measured, note
+        return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
+    dtype, note = training_dtype(name, device, forward_backward=probe)
+    return dtype_name(dtype), note
 
 
 # ------------------------------------------------------------------------------------------ loop

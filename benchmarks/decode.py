@@ -1,7 +1,8 @@
 """Decoding rows: GPT-2 124M's shape (random weights), batch 1, a 16-token prompt, greedy.
 
-Ours is sample.py's path: model.generate.prepare_for_decoding (device, dtype, compile or CPU
-prepacking) and model.generate.generate with the KV cache. The baseline is nanoGPT's uncached loop
+Ours is sample.py's path: runtime.decoding.setup_decoding (the dtype auto picks for this model, then
+device, dtype, compile or CPU prepacking) and model.generate.generate with the KV cache; on a CPU the
+dtype auto did not pick is timed beside it. The baseline is nanoGPT's uncached loop
 (benchmarks/baseline.py) in the same dtype as ours' default; transformers' generate on the same
 weights is shown for information. tok/s = new tokens / wall time of the whole call, prefill included.
 """
@@ -15,7 +16,8 @@ import torch
 from model import GPT, GPTConfig
 from model.checkpoint import load_model
 from model.generate import generate, prepare_for_decoding
-from runtime.precision import dtype_name, inference_dtype
+from runtime.decoding import setup_decoding
+from runtime.precision import dtype_name
 
 from .baseline import uncached_decode
 from .timing import Variant, median, run_interleaved
@@ -63,16 +65,20 @@ def bench_decode(*, device: torch.device, quick: bool, repeats: int, new_tokens:
     shape = QUICK_SHAPE if quick else {}
     model, hf = decode_models(shape, use_hf)
     n_params = sum(p.numel() for p in model.parameters())
-    auto = inference_dtype("auto", device, n_params)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    default = setup_decoding(model, device, "auto")  # exactly what sample.py does
+    auto = default.dtype
+    say(f"[decode] {default.note}")
 
     variants, info = [], {}
     base_model = copy.deepcopy(model).to(device=device, dtype=auto).eval()
     variants.append(Variant(f"baseline {dtype_name(auto)}", lambda i: uncached_decode(base_model, prompt, new_tokens)()))
-    step, packed = _ours(model, device, auto, False, prompt, new_tokens)
-    variants.append(Variant(f"ours {dtype_name(auto)}{' prepacked' if packed else ''} (sample.py default)", step))
-    if device.type == "cpu" and auto != torch.float32:
-        variants.append(Variant("ours float32", _ours(model, device, torch.float32, False, prompt, new_tokens)[0]))
+    variants.append(Variant(f"ours {dtype_name(auto)}{' prepacked' if default.prepacked else ''} (sample.py default)",
+                            lambda i: generate(default.model, [prompt], new_tokens, temperature=0)[0]))
+    if device.type == "cpu":  # the dtype auto did not pick, for comparison
+        other = torch.bfloat16 if auto == torch.float32 else torch.float32
+        step, packed = _ours(model, device, other, False, prompt, new_tokens)
+        variants.append(Variant(f"ours {dtype_name(other)}{' prepacked' if packed else ''}", step))
     if compile:
         variants.append(Variant(f"ours {dtype_name(auto)} compiled", _ours(model, device, auto, True, prompt, new_tokens)[0]))
     if hf is not None:
@@ -85,17 +91,18 @@ def bench_decode(*, device: torch.device, quick: bool, repeats: int, new_tokens:
     run_interleaved(variants, 2 if compile else 1, repeats, repeats, device)
 
     tokens = {v.name: v.step(0) for v in variants}  # the greedy tokens, for the agreement check
-    if hf is not None and device.type == "cpu" and "ours float32" in tokens:
-        info["fp32_tokens_equal_hf"] = tokens["ours float32"] == tokens["HF generate float32"]
+    fp32 = [n for n in tokens if n.startswith("ours float32")]
+    if hf is not None and device.type == "cpu" and fp32:
+        info["fp32_tokens_equal_hf"] = tokens[fp32[0]] == tokens["HF generate float32"]
     base_s = median(variants[0].times)
     rows = []
     for v in variants[1:]:
         s = median(v.times)
-        rows.append({"section": "decode", "name": v.name, "precision": v.name.split()[-1] if v.name.startswith("HF")
-                     else dtype_name(auto) if "float32" not in v.name else "float32", "unit": "ms/tok",
+        rows.append({"section": "decode", "name": v.name, "precision": v.name.split()[2 if v.name.startswith("HF") else 1],
+                     "unit": "ms/tok",
                      "ours": s / new_tokens * 1e3, "base": base_s / new_tokens * 1e3, "ours_tok_s": new_tokens / s,
                      "base_tok_s": new_tokens / base_s, "speedup": base_s / s, "ours_first_s": v.first,
                      "ours_times_s": v.times, "base_times_s": variants[0].times})
     info.update(shape=shape or "GPT-2 124M", params=n_params, prompt_len=prompt_len, new_tokens=new_tokens,
-                dtype=dtype_name(auto), prepacked=packed, hf=hf is not None)
+                dtype=dtype_name(auto), prepacked=default.prepacked, auto_note=default.note, hf=hf is not None)
     return rows, info

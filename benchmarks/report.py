@@ -58,7 +58,8 @@ def print_report(report: dict, print=print) -> None:
                                                          f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} unknown"
                                                          for k, v in report["peak_flops"].items())
           + f" ({report['peak_source']})")
-    print(report["dtype_auto"]["note"])
+    for label, note in report["dtype_auto"].items():
+        print(f"{label}: {note}")
     print(f"settings: {'QUICK (figures meaningless); ' if s['quick'] else ''}training {s['warmup']} warm-up + "
           f"{s['iters']} timed steps per row in {s['rounds']} interleaved rounds, medians; decode/prepare "
           f"{s['repeats']} call(s) per row; base = the plain baseline measured in the same run\n")

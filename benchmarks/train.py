@@ -20,11 +20,11 @@ import torch
 from data import BatchLoader
 from model import GPT, GPTConfig
 from runtime.loss_path import choose_loss_chunk_rows
-from runtime.precision import autocast, dtype_name, make_scaler
+from runtime.precision import autocast, dtype_name, make_scaler, training_dtype
 from training.evaluate import evaluate
 from training.mfu import mfu
 from training.optim import make_optimizers
-from training.step import train_step
+from training.step import forward_backward_probe, train_step
 
 from .baseline import BETAS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
 from .timing import Variant, median, run_interleaved
@@ -104,12 +104,22 @@ def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callab
     return step
 
 
-def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], auto_dtype, compiled: list[bool],
-                peaks: dict, warmup: int, iters: int, rounds: int, say, other_loss_path: bool = False) -> list[dict]:
-    """Rows for one shape: ours in each (dtype, compile) asked for, against the baseline; with
-    other_loss_path, also ours with the loss path this device does not choose (to show the choice)."""
+def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[torch.dtype, str]:
+    """What train.py's dtype=auto picks for this shape: the same probe of the real forward + backward."""
+    model = _model(shape, weights, "sdpa", device)
+    model.loss_chunk_rows = choose_loss_chunk_rows(device, compiled=False, vocab_size=shape.vocab_size)
+    return training_dtype("auto", device, forward_backward_probe(model, batch, lambda dt: autocast(device, dt)))
+
+
+def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: list[bool], peaks: dict, warmup: int,
+                iters: int, rounds: int, say, other_loss_path: bool = False) -> tuple[list[dict], str]:
+    """Rows for one shape: ours in each (dtype, compile) asked for, against the baseline, the dtype
+    auto picks marked; with other_loss_path, also ours with the loss path this device does not choose
+    (to show the choice). Returns (rows, how auto chose)."""
     batches = random_batches(shape, device)
     weights = reference_weights(shape)
+    auto_dtype, auto_note = auto_dtype_for(shape, weights, device, batches[0])
+    say(f"[{shape.label}] {auto_note}")
     base = baseline_step(shape, weights, device, lambda i: batches[i % len(batches)])
     variants = [Variant("baseline", base)]
     kinds = {}
@@ -137,7 +147,7 @@ def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], auto_dtype, 
     for v in variants[1:]:
         dt, c = kinds[v.name]
         s = median(v.times)
-        rows.append({
+        rows.append({"auto": dt == auto_dtype,
             "section": shape.label, "name": v.name, "precision": dtype_name(dt), "compiled": c,
             "vocab": shape.vocab_size, "batch": shape.batch_size, "unit": "ms/iter",
             "ours": s * 1e3, "base": base_s * 1e3, "ours_tok_s": tokens / s, "base_tok_s": tokens / base_s,
@@ -147,7 +157,7 @@ def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], auto_dtype, 
             "ours_first_s": v.first, "base_first_s": variants[0].first,
             "ours_times_ms": [t * 1e3 for t in v.times], "base_times_ms": [t * 1e3 for t in variants[0].times],
         })
-    return rows
+    return rows, auto_note
 
 
 def _other_path(chosen: int | None, device: torch.device, shape: Shape) -> int | None:
@@ -206,6 +216,8 @@ def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_
         get_train, source = (lambda i: gen_batches[i]), "seeded random tokens"
         val = _FixedLoader(gen_batches[steps:])
     weights = reference_weights(shape)
+    if dtype is None:  # what train.py's dtype=auto picks for this shape
+        dtype = auto_dtype_for(shape, weights, device, get_train(0))[0]
     base = baseline_step(shape, weights, device, get_train)
     ours = ours_step(shape, weights, device, dtype, compiled, get_train)
     say(f"[loss check] {steps} steps each, {shape.label}, {source}, ours in {dtype_name(dtype)}")

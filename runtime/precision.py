@@ -8,6 +8,8 @@ The two `auto` policies differ because the two workloads are bound by different 
 - sampling (`inference_dtype`) decodes one token at a time, which is bound by reading every weight
   once per token: halving the bytes with bf16 weights pays on a CPU for models too big for its caches,
   even where bf16 arithmetic is no faster than fp32; small models fit in cache, and there fp32 is faster.
+On a CPU both are decided by timing the real work of this model in each candidate (`fastest`): which
+dtype is faster depends on the CPU (AMX, AVX512-BF16 or neither) and on the model's size.
 On CUDA both use bf16 only where the GPU computes it natively (compute capability 8.0+: Ampere,
 Hopper, ...). `torch.cuda.is_bf16_supported()` also says True on T4 and V100, which emulate bf16
 slowly; those get fp16 (with a GradScaler in training).
@@ -15,13 +17,14 @@ slowly; those get fp16 (with a GradScaler in training).
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
+from typing import Callable, Sequence
 
 import torch
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BF16_CPU_MIN_PARAMS = 25_000_000  # sampling: from this size on, bf16 weights decode faster on a CPU
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -57,41 +60,69 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, reps: 
     return 2.0 * n**3 / best
 
 
-def training_dtype(name: str, device: torch.device) -> tuple[torch.dtype, dict[str, float], str]:
-    """The training dtype for train.dtype=name on this device -> (dtype, measured FLOP/s by dtype name, note).
+def fastest(candidates: Sequence[torch.dtype], run: Callable[[torch.dtype], object], device: torch.device,
+            reps: int = 3) -> tuple[torch.dtype, dict[str, float]]:
+    """Time run(dtype) for each candidate: one warm-up call each, then `reps` calls each, interleaved so
+    that a busy neighbour slows all alike; the median per dtype. -> (fastest dtype, seconds by name)."""
+    times: dict[torch.dtype, list[float]] = {dt: [] for dt in candidates}
+    for rep in range(reps + 1):
+        for dt in candidates:
+            _sync(device)
+            t0 = time.perf_counter()
+            run(dt)
+            _sync(device)
+            if rep:
+                times[dt].append(time.perf_counter() - t0)
+    medians = {dt: statistics.median(ts) for dt, ts in times.items()}
+    return min(medians, key=medians.get), {dtype_name(dt): t for dt, t in medians.items()}
 
-    auto: on CUDA bf16 where native, else fp16 (with a GradScaler); on CPU the faster of bf16-autocast
-    and fp32 by a short matmul probe (some CPUs run bf16 in hardware, others emulate it); else fp32.
+
+def _timed_note(what: str, pick: torch.dtype, seconds: dict[str, float]) -> str:
+    return (f"dtype auto -> {dtype_name(pick)}: {what} took "
+            + ", ".join(f"{s * 1e3:.1f} ms in {n}" for n, s in seconds.items()))
+
+
+def training_dtype(name: str, device: torch.device,
+                   forward_backward: Callable[[torch.dtype], object] | None = None) -> tuple[torch.dtype, str]:
+    """The training dtype for train.dtype=name on this device -> (dtype, note to print).
+
+    auto: on CUDA bf16 where native, else fp16 (with a GradScaler). On a CPU the faster of fp32 and bf16
+    autocast for THIS model: `forward_backward(dtype)` runs one forward and backward pass of the real
+    model on a real batch (training/step.py's probe, which leaves the weights and every RNG stream as
+    they were). A matmul probe says nothing about a small model whose step is dominated by small
+    kernels, and some CPUs run bf16 in hardware (AMX, AVX512-BF16) while others emulate it. Without a
+    forward_backward (or elsewhere): fp32.
     """
     if name != "auto":
-        return DTYPE_BY_NAME[name], {}, f"dtype {name} (from config)"
+        return DTYPE_BY_NAME[name], f"dtype {name} (from config)"
     if device.type == "cuda":
         if cuda_native_bf16(device):
-            return torch.bfloat16, {}, "dtype auto -> bfloat16 (CUDA with native bf16)"
-        return torch.float16, {}, ("dtype auto -> float16 with GradScaler (this GPU has no native bf16: "
-                                   f"compute capability {'.'.join(map(str, torch.cuda.get_device_capability(device)))})")
-    if device.type == "cpu":
-        measured = {"float32": matmul_flops(device, torch.float32), "bfloat16": matmul_flops(device, torch.bfloat16)}
-        pick = "bfloat16" if measured["bfloat16"] > measured["float32"] else "float32"
-        note = (f"dtype auto -> {pick}: 1024^3 matmul probe on cpu, bf16 autocast "
-                f"{measured['bfloat16'] / 1e9:.0f} GFLOP/s vs fp32 {measured['float32'] / 1e9:.0f} GFLOP/s")
-        return DTYPE_BY_NAME[pick], measured, note
-    return torch.float32, {}, f"dtype auto -> float32 on {device.type}"
+            return torch.bfloat16, "dtype auto -> bfloat16 (CUDA with native bf16)"
+        return torch.float16, ("dtype auto -> float16 with GradScaler (this GPU has no native bf16: "
+                               f"compute capability {'.'.join(map(str, torch.cuda.get_device_capability(device)))})")
+    if device.type == "cpu" and forward_backward is not None:
+        pick, seconds = fastest((torch.float32, torch.bfloat16), forward_backward, device)
+        return pick, _timed_note("the model's forward + backward", pick, seconds)
+    return torch.float32, f"dtype auto -> float32 on {device.type}"
 
 
-def inference_dtype(name: str, device: torch.device, n_params: int) -> torch.dtype:
-    """The weights' dtype for sampling with --dtype=name: on CUDA bf16 where native, else fp16; on a
-    CPU whose oneDNN does bf16, bf16 for models of >= 25M parameters (with prepacked weights GPT-2-124M
-    went from ~42 to ~57 tok/s on a 2-core AVX512-BF16 CPU), fp32 for smaller ones (7M params: ~630
-    vs ~590 tok/s); fp32 on MPS and everywhere else."""
+def inference_dtype(name: str, device: torch.device,
+                    decode: Callable[[torch.dtype], object] | None = None) -> tuple[torch.dtype, str]:
+    """The weights' dtype for sampling with --dtype=name -> (dtype, note). auto: on CUDA bf16 where
+    native, else fp16; on a CPU whose oneDNN does bf16, the faster of fp32 and bf16 (prepacked) for THIS
+    model, by timing `decode(dtype)`: a prefill and a few one-token steps of the real model, set up as
+    sample.py runs it. Decoding reads every weight once per token, so bf16 pays for models too big for
+    the caches even where bf16 arithmetic is slow, and fp32 wins for small ones; where the line falls
+    depends on the CPU, so it is measured. fp32 on MPS and everywhere else."""
     if name != "auto":
-        return DTYPE_BY_NAME[name]
+        return DTYPE_BY_NAME[name], f"dtype {name}"
     if device.type == "cuda":
-        return torch.bfloat16 if cuda_native_bf16(device) else torch.float16
-    if (device.type == "cpu" and n_params >= BF16_CPU_MIN_PARAMS and torch.backends.mkldnn.is_available()
+        return (torch.bfloat16 if cuda_native_bf16(device) else torch.float16), "dtype auto (CUDA)"
+    if (device.type == "cpu" and decode is not None and torch.backends.mkldnn.is_available()
             and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return torch.bfloat16
-    return torch.float32
+        pick, seconds = fastest((torch.float32, torch.bfloat16), decode, device)
+        return pick, _timed_note("decoding", pick, seconds)
+    return torch.float32, "dtype auto -> float32"
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

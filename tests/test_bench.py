@@ -3,6 +3,7 @@ that it times the project's real code paths, not copies of them."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -10,6 +11,7 @@ import bench
 import benchmarks.decode
 import benchmarks.train
 import model.generate
+import sample
 import training.step
 
 QUICK = ["--quick", "--warmup", "0", "--iters", "1", "--rounds", "1"]
@@ -24,11 +26,13 @@ def test_bench_quick_smoke(tmp_path, capsys):
 
     for line in ("machine:", "peaks (MFU is against these)", "dtype auto ->", "peak RSS", "other processes kept"):
         assert line in out
-    table = [ln for ln in out.splitlines() if ln.startswith(("BPE train", "char train", "decode", "prepare"))]
-    rows = {(ln[:10].strip(), ln[10:].split("  ")[1].strip()) for ln in table}
+    table = [ln for ln in out.splitlines()
+             if ln.startswith(("BPE train", "char train", "decode", "prepare")) and ": dtype auto" not in ln]
+    rows = {tuple(re.split(r"\s{2,}", ln.strip())[:2]) for ln in table}  # (section, row name)
     for section in ("BPE train", "char train"):
-        assert (section, "ours float32 (auto)") in rows or (section, "ours bfloat16 (auto)") in rows, rows
+        assert ((section, "ours float32 (auto)") in rows) + ((section, "ours bfloat16 (auto)") in rows) == 1, rows
         assert sum(1 for s, _ in rows if s == section) == 2  # auto precision + the other one (CPU)
+        assert f"{section}: dtype auto -> " in out and " ms in float32, " in out  # both probe times shown
     assert any(s == "decode" and "sample.py default" in n for s, n in rows)
     assert ("prepare", "ours prepare_data") in rows and ("prepare", "ours tokenize only") in rows
     assert all(ln.rstrip().endswith("x") for ln in table)  # every row has its baseline ratio
@@ -61,9 +65,10 @@ def test_bench_loss_check_runs(tmp_path, capsys):
 
 
 def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monkeypatch, capsys):
-    """The 'ours' rows go through training.step.train_step and model.generate's decoding set-up and
-    generate: counting wrappers around those functions must see every timed call."""
-    calls = {"step": 0, "prepare": 0, "generate": 0}
+    """The 'ours' rows go through training.step.train_step, and through sample.py's decoding set-up
+    (runtime.decoding.setup_decoding) and model.generate.generate: counting wrappers around those
+    functions must see every timed call."""
+    calls = {"step": 0, "setup": 0, "generate": 0}
 
     def counting(name, real):
         def wrapped(*a, **k):
@@ -72,15 +77,17 @@ def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monke
         return wrapped
 
     assert benchmarks.train.train_step is training.step.train_step
+    assert benchmarks.decode.setup_decoding is sample.setup_decoding
     assert benchmarks.decode.generate is model.generate.generate
     monkeypatch.setattr(benchmarks.train, "train_step", counting("step", training.step.train_step))
-    monkeypatch.setattr(benchmarks.decode, "prepare_for_decoding", counting("prepare", model.generate.prepare_for_decoding))
+    monkeypatch.setattr(benchmarks.decode, "setup_decoding", counting("setup", sample.setup_decoding))
     monkeypatch.setattr(benchmarks.decode, "generate", counting("generate", model.generate.generate))
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--only", "decode", "--iters", "2"]) == 0
-    # 2 shapes x 2 precisions x (2 timed steps), no warm-up; decode: 1 timed call + 1 warm-up + the
-    # agreement pass, per 'ours' variant (sample.py default, and fp32 where the default is bf16)
+    # 2 shapes x 2 precisions x (2 timed steps), no warm-up
     assert calls["step"] == 2 * 2 * 2
-    assert calls["prepare"] in (1, 2) and calls["generate"] == 3 * calls["prepare"]
+    # decode: sample.py's set-up once; its row and the other dtype's row each generate once to warm
+    # up, once timed and once for the agreement check
+    assert calls["setup"] == 1 and calls["generate"] == 2 * 3
 
 
 def test_bench_bad_option_is_one_line(capsys):

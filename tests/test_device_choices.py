@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,17 +77,17 @@ def test_every_loss_path_gives_torch_cross_entropy_and_its_gradients(chunk_rows)
 def test_a_gpu_without_native_bf16_trains_and_samples_in_fp16_with_a_grad_scaler(fake_gpu, capability, name):
     """torch.cuda.is_bf16_supported() says True on these (emulated, slow): auto must not believe it."""
     fake_gpu(capability=capability, name=name)
-    dtype, _, note = training_dtype("auto", CUDA)
+    dtype, note = training_dtype("auto", CUDA)
     assert dtype == torch.float16 and "GradScaler" in note and f"{capability[0]}.{capability[1]}" in note
     assert make_scaler(torch.device("cpu"), dtype).is_enabled()  # fp16 always comes with a scaler
-    assert inference_dtype("auto", CUDA, 124_000_000) == torch.float16
+    assert inference_dtype("auto", CUDA)[0] == torch.float16
 
 
 def test_ampere_and_newer_train_and_sample_in_bf16_without_a_scaler(fake_gpu):
     for capability in ((8, 0), (8, 9), (9, 0)):
         fake_gpu(capability=capability)
         assert training_dtype("auto", CUDA)[0] == torch.bfloat16
-        assert inference_dtype("auto", CUDA, 124_000_000) == torch.bfloat16
+        assert inference_dtype("auto", CUDA)[0] == torch.bfloat16
     assert not make_scaler(torch.device("cpu"), torch.bfloat16).is_enabled()
     fake_gpu(capability=(7, 5))
     assert training_dtype("bfloat16", CUDA)[0] == torch.bfloat16  # an explicit choice is kept
@@ -133,3 +134,38 @@ def test_training_and_sampling_run_without_wandb_or_datasets_installed(tmp_path)
     r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(out), "--max-new-tokens", "5",
                         "--seed", "1"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip(), r.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------ dtype auto by timing
+
+def test_auto_picks_the_faster_of_two_fake_steps():
+    from runtime.precision import fastest
+
+    def fake(slow):
+        def run(dtype):
+            time.sleep(0.02 if dtype == slow else 0.002)
+        return run
+
+    cpu = torch.device("cpu")
+    assert fastest((torch.float32, torch.bfloat16), fake(torch.float32), cpu)[0] == torch.bfloat16
+    pick, seconds = fastest((torch.float32, torch.bfloat16), fake(torch.bfloat16), cpu)
+    assert pick == torch.float32 and seconds["bfloat16"] > seconds["float32"] >= 0.002
+    dtype, note = training_dtype("auto", cpu, forward_backward=fake(torch.float32))
+    assert dtype == torch.bfloat16 and note.startswith("dtype auto -> bfloat16: the model's forward + backward took ")
+
+
+def test_the_probe_leaves_weights_gradients_and_rng_as_they_were():
+    from runtime.precision import autocast
+    from training.step import forward_backward_probe
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11, dropout=0.5)).train()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = (torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8)))
+    rng = torch.get_rng_state()
+    probe = forward_backward_probe(model, batch, lambda dt: autocast(torch.device("cpu"), dt))
+    for dt in (torch.float32, torch.bfloat16, torch.float32):
+        probe(dt)
+    assert torch.equal(torch.get_rng_state(), rng)  # dropout drew from a forked stream
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -237,13 +238,16 @@ def test_empty_prompt_starts_from_eot_and_says_so(char_ckpt, capsys, tmp_path):
         assert out == "".join(CHARS[i] for i in expected) + "\n"
 
 
-def test_dtype_auto_is_float32_for_small_models_on_cpu_and_explicit_choices_are_kept():
+def test_dtype_auto_on_cpu_times_decoding_in_each_dtype_and_explicit_choices_are_kept(char_ckpt, capsys):
     cpu = torch.device("cpu")
-    assert inference_dtype("auto", cpu, 7_000_000) == torch.float32
-    big = inference_dtype("auto", cpu, 124_000_000)
-    assert big == (torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32)
     for name in ("float32", "bfloat16", "float16"):
-        assert inference_dtype(name, cpu, 7_000_000) == getattr(torch, name)
+        assert inference_dtype(name, cpu)[0] == getattr(torch, name)
+    assert inference_dtype("auto", cpu)[0] == torch.float32  # nothing to time: the safe choice
+    code, out, err = run(["--checkpoint", str(char_ckpt[0]), "--max-new-tokens", "3", "--seed", "1"], capsys)
+    assert code == 0
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # both candidates exist: both are timed and said
+        assert re.search(r"dtype auto -> (float32|bfloat16): decoding took [\d.]+ ms in float32, [\d.]+ ms in bfloat16",
+                         err), err
 
 
 def test_float16_and_bfloat16_run_on_cpu(char_ckpt, capsys):

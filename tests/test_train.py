@@ -174,11 +174,31 @@ def test_mixed_precision_trains_on_cpu(tmp_path, data_root, dtype):
     assert all(v.dtype == torch.float32 for v in ck["model"].values())  # autocast: weights stay fp32
 
 
-def test_dtype_auto_measures_on_cpu_and_says_what_it_measured(tmp_path, data_root, capsys):
+def test_dtype_auto_times_the_real_step_in_each_dtype_and_says_what_it_measured(tmp_path, data_root, capsys):
     res = run(tmp_path / "out", data_root, "--train.dtype=auto", "--train.max_iters=2")
     out = capsys.readouterr().out
     line = next(l for l in out.splitlines() if l.startswith("dtype auto -> "))
-    assert f"dtype auto -> {res['dtype']}: " in line and "bf16 autocast" in line and "GFLOP/s vs fp32" in line
+    assert re.match(rf"dtype auto -> {res['dtype']}: the model's forward \+ backward took [\d.]+ ms in float32, "
+                    r"[\d.]+ ms in bfloat16", line), line
+    assert load_checkpoint(tmp_path / "out")["train"]["dtype"] == res["dtype"]
+
+
+def test_dtype_auto_is_kept_on_resume_unless_train_dtype_overrides_it(tmp_path, data_root, monkeypatch):
+    """A resume under another load must not flip the dtype (bitwise resume needs the same one)."""
+    import runtime.precision
+
+    def always(dtype):
+        return lambda candidates, run, device, reps=3: (dtype, {"float32": 1.0, "bfloat16": 1.0})
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(runtime.precision, "fastest", always(torch.bfloat16))
+    with inject(interrupt_after=2):
+        assert run(out, data_root, "--train.dtype=auto", "--train.max_iters=6")["dtype"] == "bfloat16"
+    monkeypatch.setattr(runtime.precision, "fastest", always(torch.float32))  # the machine now says fp32
+    with inject(interrupt_after=2):
+        assert run(out, data_root, "--train.dtype=auto", "--train.max_iters=6")["dtype"] == "bfloat16"
+    res = run(out, data_root, "--train.dtype=float32", "--train.max_iters=6")  # an explicit choice wins
+    assert res["dtype"] == "float32" and load_checkpoint(out)["train"]["dtype"] == "float32"
 
 
 def test_compiled_model_saves_plain_state_dict(tmp_path, data_root, monkeypatch):

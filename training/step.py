@@ -49,3 +49,20 @@ def train_step(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], sc
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     return StepOutput(loss_sum, grad_norm)
+
+
+def forward_backward_probe(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+                           amp: Callable[[torch.dtype], ContextManager]) -> Callable[[torch.dtype], None]:
+    """run(dtype): one forward and backward pass of `model` on `batch` under amp(dtype), as train_step
+    runs them, for timing (runtime.precision.training_dtype). It leaves the run as it was: dropout's RNG
+    streams are restored (fork_rng) and the gradients dropped; no optimizer steps."""
+    x, y = batch
+    devices = [x.device] if x.device.type == "cuda" else []
+
+    def run(dtype: torch.dtype) -> None:
+        with torch.random.fork_rng(devices=devices):
+            with amp(dtype):
+                _, loss = model(x, y, return_logits=False)
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+    return run
