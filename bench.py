@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.budget import bench_budget
 from benchmarks.decode import bench_decode
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
 from benchmarks.prepare import bench_prepare, prepare_peak_rss
@@ -41,13 +42,15 @@ from runtime.device import resolve_device
 from runtime.precision import allow_tf32, dtype_name, training_dtype
 from training.mfu import peak_flops
 
-SECTIONS = ("train", "decode", "prepare", "loss")
+SECTIONS = ("train", "decode", "prepare", "loss")  # what runs by default
+EXTRA_SECTIONS = ("budget",)  # asked for by name: minutes of training
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
-    p.add_argument("--only", action="append", choices=SECTIONS, help="run only these sections (repeatable)")
+    p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
+                   help="run only these sections (repeatable); 'budget' runs only when named here")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, a few steps; the figures mean nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -67,6 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loss-tol", type=float, default=0.02, help="same-loss tolerance in nats (default %(default)s)")
     p.add_argument("--prepare-rss-mb", type=int, default=0, help="also prepare a synthetic source of this many MB "
                    "and report its peak RSS (default: off)")
+    p.add_argument("--budget-s", type=float, default=None, help="budget: W in seconds instead of measuring it "
+                   "with nanoGPT's CPU recipe")
+    p.add_argument("--budget-configs", default="shakespeare_char,shakespeare_char_modern,small,small_modern",
+                   help="budget: the configs to run (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     p.add_argument("--json", default=None, help="also write the results to this file")
     args = p.parse_args(argv)
@@ -149,6 +156,10 @@ def main(argv=None) -> int:
                                               steps=args.loss_steps, eval_batches=2 if args.quick else 20,
                                               data_dir=data_dir, tolerance=args.loss_tol, say=say,
                                               noise_reference=cuda)
+
+        if "budget" in args.sections:
+            configs = [c for c in args.budget_configs.split(",") if c]
+            report["budget"] = bench_budget(configs, Path(tmp), device, args.budget_s, say)
 
     report.update(busy={"before": busy_before, "during_others": use.others_fraction(),
                         "after": cpu_busy_fraction(0.2 if args.quick else 1.0)},

@@ -12,6 +12,7 @@ latest complete checkpoint, `best.pt` the best val loss, `metrics.jsonl` every l
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,12 +63,14 @@ def train(cfg: Config) -> dict[str, Any]:
     if cfg.train.grad_accum_steps % dist.world_size:
         raise UserError(f"train.grad_accum_steps={cfg.train.grad_accum_steps} (global) is not divisible by the "
                         f"{dist.world_size} ranks; use a multiple of {dist.world_size}")
+    started = time.perf_counter()
     device = resolve_device(cfg.train.device, dist.local_rank)
     init_distributed(dist, device)
     failed = True
     try:
         with ExitStack() as cleanup:  # closes the bar, restores signal handlers, finishes wandb
             run = set_up(cfg, dist, device, cleanup)
+            run.clock = (started, run.state.elapsed_s)
             summary = loop(run)
             failed = False
             return summary
@@ -107,6 +110,7 @@ class Run:
     flops_per_token: float
     peak: float | None
     say: Callable[[str], None]
+    clock: tuple[float, float] = (0.0, 0.0)  # (perf_counter at start, elapsed_s of earlier sessions)
 
     def amp(self):
         return autocast(self.device, self.dtype)
@@ -283,7 +287,8 @@ def loop(r: Run) -> dict[str, Any]:
             record |= evaluate_and_keep_best(r, summary)
         if due.hellaswag:
             record |= hellaswag_step(r)
-        r.metrics.append(state.iter, record)
+        state.elapsed_s = r.clock[1] + time.perf_counter() - r.clock[0]  # evals included, for time budgets
+        r.metrics.append(state.iter, record | {"elapsed_s": state.elapsed_s} if record else record)
         if due.checkpoint:
             r.checkpointer.save(r.ckpt_path, state.iter)
         window.resume()

@@ -87,6 +87,20 @@ def print_report(report: dict, print=print) -> None:
               f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}); mean train loss of the last "
               f"{min(20, lc['steps'])} steps: {lc['base_train_loss_last']:.4f} vs {lc['ours_train_loss_last']:.4f} "
               f"(start {lc['initial_train_loss']:.3f})")
+    budget = report.get("budget")
+    if budget:
+        nano = budget.get("nanogpt")
+        print(f"\nquality in a time budget: W = {budget['budget_s']:.0f} s"
+              + (f", the wall time of nanoGPT's CPU recipe for shakespeare_char here (val loss {nano['val_loss']:.3f}, "
+                 f"{nano['val_bpb']:.3f} bits/byte after 2000 steps)" if nano else " (given)"))
+        head = ["config", "budget", "seconds", "iter", "val loss", "bits/byte", "whole run: s", "final val"]
+        body = [[r["config"], r["budget"], f"{r['budget_s']:.0f}", str(r["iter"] if r["iter"] is not None else "-"),
+                 f"{r['val_loss']:.3f}" if r["val_loss"] is not None else "-",
+                 f"{r['val_bpb']:.3f}" if r["val_bpb"] is not None else "-", f"{r['run_s']:.0f}", f"{r['final_val']:.3f}"]
+                for r in budget["rows"]]
+        widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+        for cells in [head, ["-" * w for w in widths]] + body:
+            print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
     rss = report.get("prepare_rss")
     if rss:
         print(f"\nprepare {rss['size_mb']} MB synthetic source: peak RSS {rss['peak_rss_mb']:.0f} MB, "

@@ -14,7 +14,7 @@ code from the file. Payload keys:
     model_config    dataclasses.asdict(GPTConfig)  ->  GPT(GPTConfig(**d))
     config          the resolved training config as a nested dict
     tokenizer       {"tokenizer": name, "chars": str | None}  ->  data.tokenizer_from_meta(...)
-    train           {"iter", "best_val_loss", "tokens_seen", "run_id", "dtype"}: the run's counters
+    train           {"iter", "best_val_loss", "tokens_seen", "elapsed_s", "run_id", "dtype"}: the run's counters
     optimizer, scaler, loader, rng: the other training states (training/checkpoint.py registers them)
 """
 from __future__ import annotations
@@ -101,6 +101,7 @@ def _upgrade(obj: dict[str, Any]) -> dict[str, Any]:
         train = {k: obj.pop(k) for k in ("iter", "best_val_loss", "tokens_seen") if k in obj}
         train["run_id"] = obj.pop("wandb_run_id", None) or ""
         train["dtype"] = ""
+        train["elapsed_s"] = 0.0
         obj["train"] = train
         if "optimizer" in obj:
             obj["optimizer"] = {"optimizers": [obj["optimizer"]]}

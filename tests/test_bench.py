@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import torch
 
 import bench
 import benchmarks.decode
@@ -95,3 +96,25 @@ def test_bench_bad_option_is_one_line(capsys):
         bench.run_cli(lambda: bench.main(["--iters", "0"]))
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --iters must be >= 1, got 0"
+
+
+def test_budget_reports_each_configs_val_loss_within_the_time_nanogpts_recipe_takes(tmp_path, monkeypatch):
+    import benchmarks.budget as budget
+
+    monkeypatch.setitem(budget.RECIPE, "max_iters", 4)  # a tiny nanoGPT recipe: the mechanics, not the figures
+    monkeypatch.setitem(budget.RECIPE, "eval_interval", 2)
+    monkeypatch.setitem(budget.RECIPE, "eval_iters", 2)
+    config = tmp_path / "tiny.yaml"
+    config.write_text("model: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 32}\ndata: {tokenizer: char}\n"
+                      "train: {max_iters: 6, eval_interval: 2, eval_iters: 2, batch_size: 4, device: cpu, dtype: float32}\n")
+    out = budget.bench_budget([str(config)], tmp_path, torch.device("cpu"), None, lambda msg: None)
+    nano = out["nanogpt"]
+    assert [e["iter"] for e in nano["evals"]] == [0, 2, 4] and out["budget_s"] == nano["wall_s"] > 0
+    (row,) = out["rows"]
+    evals = [json.loads(line) for line in (tmp_path / "out-tiny" / "metrics.jsonl").read_text().splitlines()
+             if "val/loss" in line]
+    assert [e["iter"] for e in evals] == [2, 4, 6] and all(e["elapsed_s"] > 0 for e in evals)
+    within = [e for e in evals if e["elapsed_s"] <= out["budget_s"]]
+    assert row["iter"] == (within[-1]["iter"] if within else None)  # the last eval within W
+    assert row["final_val"] == evals[-1]["val/loss"]
+    assert budget.at_budget(evals, evals[1]["elapsed_s"])["iter"] == 4 and budget.at_budget(evals, 0.0) is None

@@ -41,7 +41,8 @@ def test_version_1_checkpoint_is_read_with_its_counters_under_train(tmp_path):
     torch.save(v1, tmp_path / "ckpt.pt")
     ck = load_checkpoint(tmp_path)
     assert ck["version"] == 2
-    assert ck["train"] == {"iter": 7, "best_val_loss": 2.5, "tokens_seen": 700, "run_id": "abcd1234", "dtype": ""}
+    assert ck["train"] == {"iter": 7, "best_val_loss": 2.5, "tokens_seen": 700, "run_id": "abcd1234", "dtype": "",
+                           "elapsed_s": 0.0}
     assert ck["optimizer"] == {"optimizers": [{"state": {}, "param_groups": []}]}
     assert torch.equal(ck["rng"]["ranks"][0]["torch"], torch.zeros(3, dtype=torch.uint8)) and ck["scaler"] == {}
     assert "iter" not in ck and torch.equal(ck["model"]["w"], torch.ones(2))

@@ -19,6 +19,7 @@ class TrainState:
     iter: int = 0  # optimizer steps done
     best_val_loss: float = math.inf
     tokens_seen: int = 0
+    elapsed_s: float = 0.0  # wall seconds of the run so far (set-up, steps, evals, checkpoints), across resumes
     run_id: str = field(default_factory=new_run_id)  # one id per run, kept across resumes (also wandb's)
     dtype: str = ""  # the training dtype this run chose, kept on resume (train.dtype may override it)
 
