@@ -1,3 +1,4 @@
 from .gpt import GPT, GPTConfig, KVCache
+from .hf import from_pretrained
 
-__all__ = ["GPT", "GPTConfig", "KVCache"]
+__all__ = ["GPT", "GPTConfig", "KVCache", "from_pretrained"]

@@ -35,6 +35,7 @@ from errors import UserError, short_error
 from fileio import atomic_write
 
 from .gpt import GPT, GPTConfig
+from .hf import from_pretrained
 
 FORMAT = "smallgpt-checkpoint"
 VERSION = 2
@@ -171,9 +172,9 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
         return _load_hf(spec, **overrides)
     ckpt = load_checkpoint(spec)
     where = resolve_checkpoint_path(spec)
+    model = model_from_checkpoint(ckpt, where, **overrides)
     if "tokenizer" not in ckpt:
         raise UserError(f"checkpoint {where} has no 'tokenizer' entry; use a ckpt.pt written by train.py")
-    model = model_from_checkpoint(ckpt, where, **overrides)
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
     return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt)
@@ -181,7 +182,7 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
 
 def _load_hf(spec: str, **overrides: Any) -> LoadedModel:
     try:
-        model = GPT.from_pretrained(spec, **overrides)
+        model = from_pretrained(spec, **overrides)
     except FileNotFoundError as e:
         raise UserError(f"cannot load {spec!r}: {' '.join(str(e).split())[:160]}; pass a checkpoint file, "
                         "a training out_dir, or an HF GPT-2 directory") from None

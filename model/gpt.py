@@ -41,6 +41,10 @@ class GPTConfig:
     def __post_init__(self):
         self.validate()
 
+    def gpt2_incompatibilities(self) -> list[str]:
+        """What HF's GPT-2 format can't express about this model, one short reason each ([] for GPT-2)."""
+        return []
+
     def validate(self) -> None:
         """The one check of every model field (the training config calls it too). Raises ValueError
         naming the field as `GPTConfig.<field>` and a valid value."""
@@ -277,16 +281,3 @@ class GPT(nn.Module):
         T = seq_len or cfg.block_size
         n_matmul = self.num_params(non_embedding=True) + cfg.vocab_size * cfg.n_embd
         return 6.0 * n_matmul + 12.0 * cfg.n_layer * cfg.n_embd * T
-
-    @classmethod
-    def from_pretrained(cls, name_or_dir: str, **overrides) -> "GPT":
-        """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...)."""
-        from .hf import load_hf_gpt2
-
-        return load_hf_gpt2(cls, name_or_dir, **overrides)
-
-    def export_hf(self, out_dir) -> None:
-        """Write a directory that transformers.GPT2LMHeadModel.from_pretrained loads unchanged."""
-        from .hf import export_hf_gpt2
-
-        export_hf_gpt2(self, out_dir)

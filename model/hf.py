@@ -3,11 +3,14 @@
 Our parameter names are GPT-2's, so the only change is that HF's Conv1D stores its weight as
 (in, out) where nn.Linear stores (out, in): those four matrices per block are transposed.
 
-CLI:  python -m model.hf export --checkpoint out/small --out gpt2-small-hf
+    model = from_pretrained("gpt2")            # a hub name, or a local HF directory
+    write_hf_weights(model, directory)          # config.json + model.safetensors
+
+A complete export (tokenizer and generation config too, atomic, refusing what GPT-2 can't express)
+is model/export.py: python -m model.export --checkpoint out/small --out gpt2-small-hf
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -16,14 +19,14 @@ from safetensors.torch import load_file, save_file
 
 from fileio import atomic_write, atomic_write_bytes
 
+from .gpt import GPT, GPTConfig
+
 # the Conv1D weights of HF's GPT-2; every other tensor has the same layout in both
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 
-def _config_from_hf(hf: dict, **overrides):
-    from .gpt import GPTConfig
-
+def _config_from_hf(hf: dict, **overrides) -> GPTConfig:
     act = hf.get("activation_function", "gelu_new")
     if act not in HF_ACTIVATIONS:
         raise ValueError(f"unsupported activation_function {act!r} in config.json; expected one of {sorted(HF_ACTIVATIONS)}")
@@ -73,14 +76,15 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
 
 
-def load_hf_gpt2(cls, name_or_dir: str, **overrides):
+def from_pretrained(name_or_dir: str, **overrides) -> GPT:
+    """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...)."""
     path = _resolve_dir(name_or_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
     config = _config_from_hf(json.loads((path / "config.json").read_text()), **overrides)
     hf_sd = _read_state_dict(path)
 
-    model = cls(config)
+    model = GPT(config)
     ours = model.state_dict()
     converted = {}
     for key, tensor in hf_sd.items():
@@ -104,26 +108,10 @@ def load_hf_gpt2(cls, name_or_dir: str, **overrides):
     return model
 
 
-def export_hf_gpt2(model, out_dir, eos_token_id: int | None = None) -> None:
+def hf_config(model: GPT, eos_token_id: int | None) -> dict:
+    """HF's GPT-2 config.json for our model."""
     cfg = model.config
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for key, tensor in model.state_dict().items():
-        if key == "lm_head.weight":
-            continue  # HF ties it to wte on load (tie_word_embeddings defaults to true)
-        tensor = tensor.detach().float().cpu()
-        tensors[key] = (tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor).contiguous()
-    if not cfg.bias:
-        # HF's GPT-2 always has biases: zeros are exactly "no bias"
-        for name, module in model.named_modules():
-            if hasattr(module, "weight") and getattr(module, "bias", None) is None and name != "lm_head":
-                if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)):
-                    n_out = module.weight.shape[0]
-                    tensors[f"{name}.bias"] = torch.zeros(n_out)
-    if eos_token_id is None and cfg.vocab_size > 50256:
-        eos_token_id = 50256  # GPT-2's <|endoftext|>
-    hf_config = {
+    return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "vocab_size": cfg.vocab_size,
@@ -144,34 +132,24 @@ def export_hf_gpt2(model, out_dir, eos_token_id: int | None = None) -> None:
         "tie_word_embeddings": True,
         "torch_dtype": "float32",
     }
-    # each file is written beside its final name, then renamed, so a crash never leaves half a file
+
+
+def write_hf_weights(model: GPT, out_dir, eos_token_id: int | None = None) -> None:
+    """config.json and model.safetensors in `out_dir` (which must exist), each written atomically."""
+    out = Path(out_dir)
+    tensors = {}
+    for key, tensor in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # HF ties it to wte on load (tie_word_embeddings defaults to true)
+        tensor = tensor.detach().float().cpu()
+        tensors[key] = (tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor).contiguous()
+    if not model.config.bias:
+        # HF's GPT-2 always has biases: zeros are exactly "no bias"
+        for name, module in model.named_modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and module.bias is None and name != "lm_head":
+                tensors[f"{name}.bias"] = torch.zeros(module.weight.shape[0])
+    if eos_token_id is None and model.config.vocab_size > 50256:
+        eos_token_id = 50256  # GPT-2's <|endoftext|>
     with atomic_write(out / "model.safetensors") as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
-    atomic_write_bytes(out / "config.json", (json.dumps(hf_config, indent=2) + "\n").encode())
-
-
-def main(argv=None) -> int:
-    from errors import UserError
-
-    p = argparse.ArgumentParser(prog="python -m model.hf", description="Export a checkpoint to HF GPT-2 format.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="write an HF GPT-2 directory from one of our checkpoints")
-    ex.add_argument("--checkpoint", required=True, help="a ckpt.pt file or a training out_dir")
-    ex.add_argument("--out", required=True, help="the directory to write (config.json, model.safetensors)")
-    args = p.parse_args(argv)
-
-    from .checkpoint import load_checkpoint, model_from_checkpoint
-
-    model = model_from_checkpoint(load_checkpoint(args.checkpoint), args.checkpoint)
-    out = Path(args.out)
-    if (out / "model.safetensors").exists():
-        raise UserError(f"{out} already holds an exported model; choose another --out or delete it first")
-    model.export_hf(out)
-    print(f"wrote {out}/config.json and {out}/model.safetensors")
-    return 0
-
-
-if __name__ == "__main__":
-    from errors import run_cli
-
-    run_cli(main)
+    atomic_write_bytes(out / "config.json", (json.dumps(hf_config(model, eos_token_id), indent=2) + "\n").encode())

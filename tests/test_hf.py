@@ -7,7 +7,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, from_pretrained  # noqa: E402
+from model.export import export_hf  # noqa: E402
+from model.hf import write_hf_weights  # noqa: E402
 
 HF_TINY = dict(n_layer=2, n_head=4, n_embd=64, n_positions=64, vocab_size=50257)
 
@@ -35,7 +37,7 @@ def random_tokens(T=40, vocab=50257):
 
 
 def test_from_pretrained_matches_transformers_logits(hf_model, hf_dir):
-    ours = GPT.from_pretrained(str(hf_dir)).eval()
+    ours = from_pretrained(str(hf_dir)).eval()
     assert ours.config.n_layer == 2 and ours.config.block_size == 64
     idx = random_tokens()
     with torch.no_grad():
@@ -48,15 +50,16 @@ def test_from_pretrained_reads_legacy_pytorch_model_bin(hf_model, tmp_path):
     sd["h.0.attn.bias"] = torch.tril(torch.ones(1, 1, 64, 64))
     torch.save(sd, tmp_path / "pytorch_model.bin")
     hf_model.config.to_json_file(tmp_path / "config.json")
-    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    ours = from_pretrained(str(tmp_path)).eval()
     idx = random_tokens()
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), hf_model(idx).logits, rtol=0, atol=1e-4)
 
 
 def test_exported_directory_loads_in_transformers_with_same_logits(hf_dir, tmp_path):
-    ours = GPT.from_pretrained(str(hf_dir)).eval()
-    ours.export_hf(tmp_path / "out")
+    ours = from_pretrained(str(hf_dir)).eval()
+    (tmp_path / "out").mkdir()
+    write_hf_weights(ours, tmp_path / "out")
     reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
     idx = random_tokens()
     with torch.no_grad():
@@ -67,7 +70,7 @@ def test_export_of_a_biasless_exact_gelu_model_loads_in_transformers(tmp_path):
     torch.manual_seed(1)
     ours = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False,
                          gelu_approximate="none")).eval()
-    ours.export_hf(tmp_path)
+    write_hf_weights(ours, tmp_path)
     reloaded = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     assert reloaded.config.activation_function == "gelu"
     idx = random_tokens(T=16, vocab=65)
@@ -77,13 +80,13 @@ def test_export_of_a_biasless_exact_gelu_model_loads_in_transformers(tmp_path):
 
 def test_from_pretrained_of_a_directory_without_config_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        GPT.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
 
 
 def test_from_pretrained_of_an_unreachable_hub_name_is_refused(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="neither a local HF directory nor a reachable hub model"):
-        GPT.from_pretrained("gpt2-this-name-does-not-exist")
+        from_pretrained("gpt2-this-name-does-not-exist")
 
 
 def run_export_cli(*args):
@@ -92,7 +95,7 @@ def run_export_cli(*args):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-m", "model.hf", "export", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "model.export", *map(str, args)],
                           cwd=root, capture_output=True, text=True, timeout=120)
 
 
@@ -140,3 +143,147 @@ def test_export_cli_with_a_checkpoint_whose_config_is_broken_fails_in_one_line(t
     assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
     assert "invalid model_config" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "hf").exists()
+
+
+# ------------------------------------------------------------------------------------------ a complete export
+
+GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
+PARAGRAPH = ("Hello, world!  Two spaces, a tab\tand a newline\n"
+             "Ünïcödé: naïve café — 你好, 12345 and 3.14; it's 'quoted' \"text\"...\n\n<|endoftext|> stays text.")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A checkpoint (a tiny random model, GPT-2's tokenizer) and its export, made once."""
+    import dataclasses
+
+    from model.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("export")
+    torch.manual_seed(4)
+    ours = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=50257)).eval()
+    save_checkpoint(root / "run" / "ckpt.pt", {"model": ours.state_dict(), "model_config": dataclasses.asdict(ours.config),
+                                               "tokenizer": GPT2_TOKENIZER})
+    result = run_export_cli("--checkpoint", root / "run", "--out", root / "hf")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def test_exported_tokenizer_encodes_exactly_like_tiktoken_and_decodes_back(run_dir):
+    import tiktoken
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run_dir / "hf")
+    expected = tiktoken.get_encoding("gpt2").encode_ordinary(PARAGRAPH)
+    assert tok(PARAGRAPH)["input_ids"] == expected
+    assert tok.decode(expected) == PARAGRAPH
+    assert tok.eos_token_id == 50256 and len(tok) == 50257
+
+
+def test_exported_directory_generates_with_a_pipeline_and_reads_its_generation_config(run_dir):
+    from transformers import GenerationConfig, pipeline
+
+    gen = GenerationConfig.from_pretrained(run_dir / "hf")
+    assert (gen.eos_token_id, gen.bos_token_id, gen.temperature, gen.top_k) == (50256, 50256, 0.8, 200)
+    pipe = pipeline("text-generation", model=str(run_dir / "hf"), device="cpu")
+    out = pipe("Hello", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    assert out.startswith("Hello") and len(out) > len("Hello")
+
+
+def test_greedy_text_from_the_export_equals_sample_py_at_temperature_zero(run_dir, capsys):
+    from transformers import AutoTokenizer
+
+    import sample
+    from errors import run_cli
+
+    with pytest.raises(SystemExit):
+        run_cli(lambda: sample.main(["--checkpoint", str(run_dir / "run"), "--prompt", "ROMEO:", "--temperature", "0",
+                                     "--max-new-tokens", "20", "--no-stop-at-eot", "--dtype", "float32"]))
+    ours = capsys.readouterr().out.rstrip("\n")
+    tok = AutoTokenizer.from_pretrained(run_dir / "hf")
+    hf = GPT2LMHeadModel.from_pretrained(run_dir / "hf").eval()
+    ids = tok("ROMEO:", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = hf.generate(ids, do_sample=False, max_new_tokens=20, min_new_tokens=20, attention_mask=torch.ones_like(ids))
+    assert tok.decode(out[0]) == ours
+
+
+def test_a_padded_vocabulary_exports_and_never_generates_a_padded_id(tmp_path):
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(5)
+    ours = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50304)).eval()
+    with torch.no_grad():
+        ours.transformer.wte.weight[50257:] = ours.transformer.wte.weight[:1].abs() * 50  # padded ids would win
+    export_hf(ours, GPT2_TOKENIZER, tmp_path / "hf")
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ids = AutoTokenizer.from_pretrained(tmp_path / "hf")("Hi", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert ours(ids)[0, -1].argmax() >= 50257  # the raw argmax is a padded id...
+        out = hf.generate(ids, do_sample=False, max_new_tokens=5, attention_mask=torch.ones_like(ids))
+    assert out[0, ids.shape[1]:].max() < 50257  # ...which generation_config suppresses
+
+
+def _checkpoint(path, config: GPTConfig, tokenizer: dict):
+    import dataclasses
+
+    from model.checkpoint import save_checkpoint
+
+    save_checkpoint(path, {"model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config),
+                           "tokenizer": tokenizer})
+    return path
+
+
+def _one_line(result, *words):
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_a_char_level_or_non_gpt2_checkpoint_is_refused_in_one_line(tmp_path):
+    small = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257)
+    char = _checkpoint(tmp_path / "char.pt", GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=66),
+                       {"tokenizer": "char", "chars": "abc"})
+    _one_line(run_export_cli("--checkpoint", char, "--out", tmp_path / "a"), "character-level")
+    cl100k = _checkpoint(tmp_path / "cl.pt", small, {"tokenizer": "cl100k_base", "chars": None})
+    _one_line(run_export_cli("--checkpoint", cl100k, "--out", tmp_path / "b"), "'cl100k_base'")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_model_gpt2_cannot_express_is_refused(tmp_path, monkeypatch):
+    from errors import UserError
+
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257))
+    monkeypatch.setattr(GPTConfig, "gpt2_incompatibilities", lambda self: ["rotary position embeddings"])
+    with pytest.raises(UserError, match="GPT-2's format can't express rotary position embeddings"):
+        export_hf(model, GPT2_TOKENIZER, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_write_errors_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatch):
+    import errno
+
+    from errors import UserError
+
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        export_hf(model, GPT2_TOKENIZER, tmp_path / "file")
+    with pytest.raises(UserError, match="cannot create"):
+        export_hf(model, GPT2_TOKENIZER, tmp_path / "file" / "hf")  # under a file
+
+    import model.hf as hf_module
+
+    real = hf_module.save_file
+
+    def full_disk(*a, **k):
+        real(*a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hf_module, "save_file", full_disk)
+    with pytest.raises(UserError, match=r"cannot write the export to .*No space left on device.*nothing was left behind"):
+        export_hf(model, GPT2_TOKENIZER, tmp_path / "out" / "hf")
+    assert list((tmp_path / "out").iterdir()) == []  # no partial export, no temp directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "out"]

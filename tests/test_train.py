@@ -20,6 +20,7 @@ from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
+from model.export import export_hf
 from model.checkpoint import load_checkpoint
 from training.config import load_config
 
@@ -244,7 +245,7 @@ def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root):
     exported model's own loss on the same batch."""
     torch.manual_seed(0)
     ref = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32))
-    ref.export_hf(tmp_path / "hf")
+    export_hf(ref, {"tokenizer": "gpt2", "chars": None}, tmp_path / "hf")
     res = run(tmp_path / "out", data_root, "--data.tokenizer=gpt2", f"--model.init_from={tmp_path / 'hf'}",
               "--train.max_iters=2", "--train.eval_interval=2")
     data_dir = prepare_data(DataConfig(tokenizer="gpt2", root=str(data_root)), progress=False)
