@@ -153,7 +153,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     allow_tf32(device)
 
     optimizers = make_optimizers(raw_model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                 device_type=device.type)
+                                 device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
+                                 muon_momentum=t.muon_momentum)
     scaler = make_scaler(device, dtype)
     model = torch.compile(raw_model) if t.compile else raw_model  # raw_model stays the plain module
     model = apply_ddp(model, dist, device)

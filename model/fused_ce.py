@@ -34,7 +34,7 @@ def _chunk_logits(xs, wc, buf):
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk_rows, compute_dtype):
+    def forward(ctx, x, weight, targets, chunk_rows, compute_dtype, softcap):
         N, V = x.shape[0], weight.shape[0]
         acc = torch.promote_types(compute_dtype, torch.float32)  # softmax and gradient sums
         keep = (targets != -1).to(acc)
@@ -45,10 +45,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         losses = torch.empty(N, dtype=acc, device=x.device)
         grad_x = torch.empty(x.shape, dtype=acc, device=x.device)
         grad_w = torch.empty(weight.shape, dtype=acc, device=x.device)
+        tanh_buf = torch.empty_like(buf) if softcap else None
         for start in range(0, N, chunk_rows):
             rows = slice(start, min(start + chunk_rows, N))
             t = safe_targets[rows]  # (n, 1)
             logits = _chunk_logits(xc[rows], wc, buf)  # (n, V); everything below is in place
+            if softcap:  # logits = cap * tanh(z / cap); tanh is kept for the derivative 1 - tanh^2
+                th = torch.div(logits, softcap, out=tanh_buf[: logits.shape[0]]).tanh_()
+                torch.mul(th, softcap, out=logits)
             logits -= logits.amax(dim=1, keepdim=True)  # stable softmax
             target_logit = logits.gather(1, t).squeeze(1)
             probs = logits.exp_()
@@ -58,6 +62,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # The 1/n_keep comes after the matmuls, in fp32: in fp16 it would underflow.
             probs *= (keep[rows] / total).unsqueeze(1)
             probs.scatter_add_(1, t, -keep[rows].unsqueeze(1))
+            if softcap:
+                probs *= th.square_().neg_().add_(1)  # chain rule through the cap: d logits / d z
             dlogits = probs.to(compute_dtype)
             grad_x[rows] = dlogits @ wc
             if start == 0:  # the first chunk writes grad_w, which saves zero-filling 25 MB
@@ -74,11 +80,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_x, grad_w, n_keep = ctx.saved_tensors
         scale = grad_loss / n_keep  # one pass over each gradient, for both the mean and the upstream grad
-        return (grad_x * scale).to(ctx.dtypes[0]), (grad_w * scale).to(ctx.dtypes[1]), None, None, None
+        return (grad_x * scale).to(ctx.dtypes[0]), (grad_w * scale).to(ctx.dtypes[1]), None, None, None, None
 
 
 @torch.no_grad()
-def _loss_only(x, weight, targets, chunk_rows, compute_dtype):
+def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap):
     keep = targets != -1
     acc = torch.promote_types(compute_dtype, torch.float32)
     total = torch.zeros((), dtype=acc, device=x.device)
@@ -87,6 +93,8 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype):
     for start in range(0, x.shape[0], chunk_rows):
         rows = slice(start, min(start + chunk_rows, x.shape[0]))
         logits = _chunk_logits(xc[rows], wc, buf)
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
         t = targets[rows].clamp(min=0).unsqueeze(1)
         per_row = torch.logsumexp(logits, dim=1) - logits.gather(1, t).squeeze(1)
         total += (per_row * keep[rows]).sum()
@@ -97,16 +105,17 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype):
 # chunk loop. Each chunk is a few large kernels (two matmuls dominate), so eager costs little here.
 @torch.compiler.disable
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
+                         chunk_rows: int = CHUNK_ROWS, softcap: float = 0.0) -> torch.Tensor:
     """mean over targets != -1 of cross_entropy(x @ weight.T, targets), without the full logits.
 
     x (N, C), weight (V, C), targets (N,). Under autocast the matmuls run in the autocast dtype, the
-    softmax in fp32 and the gradients accumulate in fp32.
+    softmax in fp32 and the gradients accumulate in fp32. softcap > 0: the logits are
+    softcap * tanh(x @ weight.T / softcap), as GPT.forward computes them.
     """
     compute_dtype = _compute_dtype(x)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         # autocast must not re-cast inside the Function: the dtypes are chosen explicitly above
         with torch.autocast(x.device.type, enabled=False):
-            return _LinearCrossEntropy.apply(x, weight, targets, chunk_rows, compute_dtype)
+            return _LinearCrossEntropy.apply(x, weight, targets, chunk_rows, compute_dtype, softcap)
     with torch.autocast(x.device.type, enabled=False):
-        return _loss_only(x, weight, targets, chunk_rows, compute_dtype)
+        return _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap)

@@ -23,6 +23,9 @@ from .fused_ce import CHUNK_ROWS, linear_cross_entropy
 
 ATTN_BACKENDS = ("sdpa", "manual")
 GELU_APPROXIMATIONS = ("tanh", "none")
+POS_EMBEDDINGS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLP_ACTS = ("gelu", "relu2")
 
 
 @dataclass
@@ -37,13 +40,35 @@ class GPTConfig:
     attn_backend: str = "sdpa"  # "sdpa": F.scaled_dot_product_attention, "manual": the textbook math
     gelu_approximate: str = "tanh"  # GPT-2 was trained with the tanh approximation ("gelu_new" in HF)
     layer_norm_eps: float = 1e-5
+    # A modern recipe, as in the fastest public GPT runs (modded-nanogpt's speedrun, nanochat). Each is off
+    # by default, and with all of them off the model is GPT-2's, parameter for parameter.
+    pos_embedding: str = "learned"  # "learned": a wpe table (GPT-2); "rope": rotary embeddings of q and k
+    rope_base: float = 10000.0  # rotary: the angle of pair i at position p is p * rope_base ** (-2i / head_dim)
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
+    qk_norm: bool = False  # RMS-normalise each head's q and k before attention: bounded logits, stabler at high lr
+    mlp_act: str = "gelu"  # "gelu" (GPT-2, see gelu_approximate) or "relu2": relu(x) ** 2
+    tie_embeddings: bool = True  # the LM head shares wte's weight (GPT-2); False gives it its own
+    zero_init_proj: bool = False  # zero-init the residual projections (and an untied head): each block starts as identity
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap), which keeps them in (-cap, cap)
 
     def __post_init__(self):
         self.validate()
 
     def gpt2_incompatibilities(self) -> list[str]:
-        """What HF's GPT-2 format can't express about this model, one short reason each ([] for GPT-2)."""
-        return []
+        """What HF's GPT-2 format can't express about this model, one short reason each ([] for GPT-2).
+        An untied head, zero-initialised projections, a padded vocabulary and bias=False are expressible."""
+        reasons = []
+        if self.pos_embedding != "learned":
+            reasons.append("rotary position embeddings (pos_embedding=rope)")
+        if self.norm != "layernorm":
+            reasons.append("RMSNorm (norm=rmsnorm)")
+        if self.qk_norm:
+            reasons.append("QK-norm (qk_norm=true)")
+        if self.mlp_act != "gelu":
+            reasons.append("the ReLU² MLP (mlp_act=relu2)")
+        if self.logit_softcap:
+            reasons.append(f"a logit soft-cap (logit_softcap={self.logit_softcap})")
+        return reasons
 
     def validate(self) -> None:
         """The one check of every model field (the training config calls it too). Raises ValueError
@@ -65,6 +90,49 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.gelu_approximate must be one of {', '.join(GELU_APPROXIMATIONS)}, got {self.gelu_approximate!r}"
             )
+        for name, options in (("pos_embedding", POS_EMBEDDINGS), ("norm", NORMS), ("mlp_act", MLP_ACTS)):
+            if getattr(self, name) not in options:
+                raise ValueError(f"GPTConfig.{name} must be one of {', '.join(options)}, got {getattr(self, name)!r}")
+        if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"GPTConfig.pos_embedding=rope needs an even head size (n_embd / n_head = "
+                             f"{self.n_embd // self.n_head}); change n_embd or n_head")
+        for name in ("rope_base", "logit_softcap", "layer_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"GPTConfig.{name} must be a finite number >= 0, got {value!r}")
+        if self.rope_base <= 1:
+            raise ValueError(f"GPTConfig.rope_base must be > 1, got {self.rope_base!r}; 10000 is the usual value")
+        for name in ("bias", "qk_norm", "tie_embeddings", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
+
+
+def make_norm(config: GPTConfig, dim: int) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(dim, eps=config.layer_norm_eps)
+    return nn.LayerNorm(dim, eps=config.layer_norm_eps, bias=config.bias)
+
+
+def rotary_cos_sin(pos: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (B or 1, 1, T, head_dim / 2) of the rotary angles at positions pos (B or 1, T), in fp32:
+    pair i of a head turns by pos * base ** (-2i / head_dim)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
+    angles = pos.float()[..., None] * inv_freq  # (B or 1, T, hs / 2)
+    return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, nh, T, hs) by the angles: the first and second halves of each head are the two
+    coordinates of hs / 2 planes (the "rotate_half" layout of GPT-NeoX and HF's Llama). Rotating q and
+    k by their positions makes q . k depend on the positions' difference only."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class ReLUSquared(nn.Module):
+    def forward(self, x):
+        return F.relu(x).square()
 
 
 class KVCache(nn.Module):
@@ -90,19 +158,25 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = config.n_embd // config.n_head
         self.backend = config.attn_backend
         self.dropout = config.dropout
+        self.qk_norm = config.qk_norm
         # one Linear makes q, k and v together: a single larger matmul is faster than three small ones
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, kv_cache: KVCache | None = None, input_pos=None):
-        """x (B, T, C). mask: None for plain causal attention, else bool (B, 1, T, S), True = may attend."""
+    def forward(self, x, mask=None, kv_cache: KVCache | None = None, input_pos=None, rope=None):
+        """x (B, T, C). mask: None for plain causal attention, else bool (B, 1, T, S), True = may attend.
+        rope: (cos, sin) of the tokens' positions when the model uses rotary embeddings."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # before caching: keys keep their positions
         if kv_cache is not None:
             k, v = kv_cache.update(input_pos, k, v)  # (B, nh, S, hs)
             q = q.to(k.dtype)  # the cache may be kept in a narrower dtype than the activations
@@ -130,25 +204,25 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate=config.gelu_approximate)
+        self.act = nn.GELU(approximate=config.gelu_approximate) if config.mlp_act == "gelu" else ReLUSquared()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.ln_1 = make_norm(config, config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None, kv_cache=None, input_pos=None):
+    def forward(self, x, mask=None, kv_cache=None, input_pos=None, rope=None):
         # pre-norm: the residual stream itself is never normalised, which keeps deep stacks trainable
-        x = x + self.attn(self.ln_1(x), mask, kv_cache, input_pos)
+        x = x + self.attn(self.ln_1(x), mask, kv_cache, input_pos, rope)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -157,47 +231,54 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
-            )
-        )
+        layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos_embedding == "learned":
+            layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        layers.update(drop=nn.Dropout(config.dropout), h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                      ln_f=make_norm(config, config.n_embd))
+        self.transformer = nn.ModuleDict(layers)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying (Press & Wolf 2017): the output layer reuses the token embedding, which saves
-        # vocab_size * n_embd parameters and trains better at this scale
         self.tie_weights()
         self.init_weights()
         # rows per chunk of the fused LM-head loss (return_logits=False); None = through the full logits
         self.loss_chunk_rows: int | None = CHUNK_ROWS
 
     def tie_weights(self) -> None:
-        self.lm_head.weight = self.transformer.wte.weight
+        """Weight tying (Press & Wolf 2017): the output layer reuses the token embedding, which saves
+        vocab_size * n_embd parameters and trains better at GPT-2's scale. Nothing when untied."""
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 initialisation, in place.
 
-        - every Linear weight and both embeddings (`wte`, `wpe`): normal(0, 0.02);
+        - every Linear weight and the embeddings (`wte`, and `wpe` when learned): normal(0, 0.02);
         - the residual projections `attn.c_proj` and `mlp.c_proj`: normal(0, 0.02 / sqrt(2 * n_layer)),
-          because each of the 2 * n_layer residual additions adds its variance to the stream;
-        - Linear biases: 0; LayerNorm weight 1 and bias 0.
-        `lm_head` is tied to `wte` and so is not initialised separately.
+          because each of the 2 * n_layer residual additions adds its variance to the stream; with
+          zero_init_proj they are 0 instead (std 0), so that every block starts as the identity;
+        - `lm_head`: tied to `wte` (not initialised separately); untied, normal(0, 0.02), or 0 with
+          zero_init_proj, so that the first logits are all equal (loss ln(vocab));
+        - Linear biases: 0; norm gains (LayerNorm, RMSNorm) 1 and LayerNorm biases 0.
+        The random draws come in the same order for every option, so the GPT-2 default is unchanged.
         """
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        cfg = self.config
+        residual_std = 0.0 if cfg.zero_init_proj else 0.02 / math.sqrt(2 * cfg.n_layer)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 std = residual_std if name.endswith("c_proj") else 0.02
-                if module is not self.lm_head:
+                if module is self.lm_head:
+                    if not cfg.tie_embeddings:
+                        module.weight.zero_() if cfg.zero_init_proj else module.weight.normal_(0.0, 0.02, generator=generator)
+                elif std:
                     module.weight.normal_(0.0, std, generator=generator)
+                else:
+                    module.weight.zero_()
                 if module.bias is not None:
                     module.bias.zero_()
             elif isinstance(module, nn.Embedding):
                 module.weight.normal_(0.0, 0.02, generator=generator)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
     def forward(self, idx, targets=None, *, input_pos=None, pad_mask=None, kv_cache: list[KVCache] | None = None,
@@ -237,15 +318,23 @@ class GPT(nn.Module):
             mask = (causal & pad_mask[:, None, :]) | own_slot  # (B, T, S)
             mask = mask.unsqueeze(1)  # (B, 1, T, S), broadcast over heads
 
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if self.config.pos_embedding == "learned":
+            x = x + self.transformer.wpe(pos)
+        else:  # rotary: positions enter through q and k in every layer, not through the stream
+            rope = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_base)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, mask, kv_cache[i] if kv_cache is not None else None, input_pos)
+            x = block(x, mask, kv_cache[i] if kv_cache is not None else None, input_pos, rope)
         x = self.transformer.ln_f(x)
+        cap = self.config.logit_softcap
         if targets is not None and not return_logits and self.loss_chunk_rows:
             return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1),
-                                              chunk_rows=self.loss_chunk_rows)
+                                              chunk_rows=self.loss_chunk_rows, softcap=cap)
         logits = self.lm_head(x)  # (B, T, vocab)
+        if cap:
+            logits = cap * torch.tanh(logits / cap)
         if targets is None:
             return logits
         # bf16/fp16 logits are upcast for the softmax; fp32 and fp64 stay as they are
@@ -266,17 +355,20 @@ class GPT(nn.Module):
         ]
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count. Tied weights count once; non_embedding leaves out wte and wpe (as in the
-        scaling-law papers). wte still counts when non_embedding is False, since it is also the LM head."""
+        """Parameter count; tied weights count once. non_embedding leaves out the embedding tables (wte,
+        and wpe when learned) and an untied LM head, as the scaling-law papers count N: what is left is
+        the blocks and the final norm."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+            n -= sum(t.weight.numel() for name, t in self.transformer.items() if name in ("wte", "wpe"))
+            if not self.config.tie_embeddings:
+                n -= self.lm_head.weight.numel()
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward), as in the PaLM paper's appendix B:
-        6 * N for the matmuls (N = non-embedding params plus the LM head, which is a real matmul even
-        though it is tied) plus 12 * n_layer * n_embd * seq_len for the attention scores and values."""
+        6 * N for the matmuls (N = the non-embedding params plus the LM head, which is a real matmul,
+        tied or not) plus 12 * n_layer * n_embd * seq_len for the attention scores and values."""
         cfg = self.config
         T = seq_len or cfg.block_size
         n_matmul = self.num_params(non_embedding=True) + cfg.vocab_size * cfg.n_embd

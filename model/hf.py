@@ -47,6 +47,7 @@ def _config_from_hf(hf: dict, **overrides) -> GPTConfig:
         bias=True,
         gelu_approximate=HF_ACTIVATIONS[act],
         layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
         dropout=0.0,
     )
     fields.update(overrides)
@@ -92,19 +93,19 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
             key = "transformer." + key  # the original OpenAI-converted files have no "transformer." prefix
         if key.endswith((".attn.bias", ".attn.masked_bias")):
             continue  # causal-mask buffers of older HF versions, not weights
-        if key == "lm_head.weight":
+        if key == "lm_head.weight" and config.tie_embeddings:
             continue  # tied to wte
         if key not in ours:
             raise ValueError(f"unexpected tensor {key!r} in the HF checkpoint")
         converted[key] = tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor
-    ours_names = {k for k in ours if k != "lm_head.weight"}
+    ours_names = {k for k in ours if k != "lm_head.weight" or not config.tie_embeddings}
     missing = ours_names - converted.keys()
     if missing:
         raise ValueError(f"the HF checkpoint lacks {sorted(missing)[:4]}")
     for key, tensor in converted.items():
         if tensor.shape != ours[key].shape:
             raise ValueError(f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(ours[key].shape)}")
-    model.load_state_dict(converted, strict=False)  # strict=False only for the tied lm_head.weight
+    model.load_state_dict(converted, strict=False)  # strict=False only for a tied lm_head.weight
     return model
 
 
@@ -129,7 +130,7 @@ def hf_config(model: GPT, eos_token_id: int | None) -> dict:
         "initializer_range": 0.02,
         "bos_token_id": eos_token_id,
         "eos_token_id": eos_token_id,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": "float32",
     }
 
@@ -139,8 +140,8 @@ def write_hf_weights(model: GPT, out_dir, eos_token_id: int | None = None) -> No
     out = Path(out_dir)
     tensors = {}
     for key, tensor in model.state_dict().items():
-        if key == "lm_head.weight":
-            continue  # HF ties it to wte on load (tie_word_embeddings defaults to true)
+        if key == "lm_head.weight" and model.config.tie_embeddings:
+            continue  # HF ties it to wte on load (tie_word_embeddings true)
         tensor = tensor.detach().float().cpu()
         tensors[key] = (tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor).contiguous()
     if not model.config.bias:

@@ -21,6 +21,7 @@ from data.config import DataConfig
 from errors import UserError
 from model.gpt import GPTConfig
 from runtime.precision import DTYPE_NAMES
+from .optim import OPTIMIZERS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -67,6 +68,9 @@ class TrainSection:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
+    optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' matrices, AdamW (at lr) for the rest
+    muon_lr: float = 0.02  # Muon's peak learning rate (the schedule scales it like lr)
+    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     compile: bool = False  # torch.compile the training forward/backward
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
@@ -339,8 +343,10 @@ def validate(cfg: Config) -> None:
         _check(getattr(t, k) >= 0, f"train.{k} must be >= 0, got {getattr(t, k)}")
     _check(t.lr >= 0, f"train.lr must be >= 0, got {t.lr}; a typical value is 1e-3 for small models, 6e-4 for GPT-2")
     _check(0 <= t.min_lr <= t.lr, f"train.min_lr must be between 0 and train.lr ({t.lr}), got {t.min_lr}; e.g. lr/10")
-    for k in ("beta1", "beta2"):
+    for k in ("beta1", "beta2", "muon_momentum"):
         _check(0 <= getattr(t, k) < 1, f"train.{k} must be in [0, 1), got {getattr(t, k)}")
+    _check(t.optimizer in OPTIMIZERS, f"train.optimizer must be one of {', '.join(OPTIMIZERS)}, got {t.optimizer!r}")
+    _check(t.muon_lr >= 0, f"train.muon_lr must be >= 0, got {t.muon_lr}; e.g. 0.02")
     _check(t.dtype in DTYPE_NAMES, f"train.dtype must be one of {', '.join(DTYPE_NAMES)}, got {t.dtype!r}")
     _check(t.resume in RESUME_MODES, f"train.resume must be one of {', '.join(RESUME_MODES)}, got {t.resume!r}")
     dev = t.device
@@ -365,7 +371,8 @@ RESUME_MAY_CHANGE = {
     "data": {"root", "local_path", "streaming", "num_proc"},
     "train": {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval", "compile",
               "device", "dtype", "out_dir", "resume", "peak_flops",
-              "lr", "min_lr", "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "eval_seed"},
+              "lr", "min_lr", "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "eval_seed",
+              "muon_lr", "muon_momentum"},
     "eval": {"hellaswag_interval", "hellaswag_data", "hellaswag_limit", "hellaswag_batch_size"},
     "wandb": {"mode", "project", "run_name"},
 }

@@ -1,6 +1,8 @@
-"""The optimizers: AdamW in two parameter groups (weight decay on matrices and embeddings, none on
-biases and norms). `make_optimizers` returns a list, so a recipe may give different parameters to
-different optimizers; the training step, the schedule and the checkpoint handle any number of them."""
+"""The optimizers. "adamw": AdamW in two parameter groups (weight decay on matrices and embeddings,
+none on biases and norms). "muon" (the modern recipe): torch.optim.Muon for the hidden matrices of the
+blocks, which it orthogonalises (Newton-Schulz), and AdamW as above for everything else: embeddings,
+the LM head, biases and norm gains, whose shapes Muon is not meant for. `make_optimizers` returns a
+list; the training step, the schedule and the checkpoint handle any number of optimizers."""
 from __future__ import annotations
 
 import torch
@@ -25,11 +27,37 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: t
                              foreach=None if fused else True)
 
 
+# the 2-D weights inside the blocks, by their GPT-2 names; c_attn (q, k and v side by side) is one matrix
+HIDDEN_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+OPTIMIZERS = ("adamw", "muon")
+
+
+def split_for_muon(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(names Muon gets: the blocks' hidden matrices, names AdamW gets: everything else). Tied
+    parameters appear once (named_parameters de-duplicates)."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    hidden = [n for n in names if n.startswith("transformer.h.") and n.endswith(HIDDEN_MATRICES)]
+    return hidden, [n for n in names if n not in hidden]
+
+
 def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-                    device_type: str) -> list[torch.optim.Optimizer]:
+                    device_type: str, kind: str = "adamw", muon_lr: float = 0.02,
+                    muon_momentum: float = 0.95) -> list[torch.optim.Optimizer]:
     """The optimizers of a training run. Each param group records its peak learning rate as
     "initial_lr"; the schedule scales every group by the same factor (training/schedule.py)."""
-    optimizers = [make_optimizer(model, lr=lr, weight_decay=weight_decay, betas=betas, device_type=device_type)]
+    if kind == "adamw":
+        optimizers = [make_optimizer(model, lr=lr, weight_decay=weight_decay, betas=betas, device_type=device_type)]
+    else:
+        params = dict(model.named_parameters())
+        hidden, rest = split_for_muon(model)
+        muon = torch.optim.Muon([params[n] for n in hidden], lr=muon_lr, momentum=muon_momentum,
+                                weight_decay=weight_decay)
+        others = [params[n] for n in rest]
+        fused = device_type in ("cuda", "cpu")
+        adamw = torch.optim.AdamW([{"params": [p for p in others if p.dim() >= 2], "weight_decay": weight_decay},
+                                   {"params": [p for p in others if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=lr, betas=betas, fused=fused, foreach=None if fused else True)
+        optimizers = [muon, adamw]
     for opt in optimizers:
         for group in opt.param_groups:
             group.setdefault("initial_lr", group["lr"])
