@@ -78,7 +78,8 @@ def test_a_rank_that_sees_another_checkpoint_stops_every_rank_with_one_line(tmp_
     r = torchrun(argv(tmp_path / "out", data_root), SMALLGPT_TEST_OUT_DIR_PER_RANK="1")
     assert r.returncode != 0
     errors = [ln for ln in re.split(r"[\r\n]", r.stderr) if ln.startswith("error:")]
-    assert len(errors) == 2, r.stderr[-3000:]  # one line per rank
+    # one line per rank that got to print it: once a rank exits, torchrun's agent stops the other
+    assert len(errors) in (1, 2), r.stderr[-3000:]
     # torchrun's agent prints its own ChildFailedError traceback for any failed worker; ours print none
     assert not re.search(r'File "[^"]*(train\.py|training/|model/|data/)', r.stderr), r.stderr[-3000:]
     for line in errors:
