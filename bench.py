@@ -37,7 +37,7 @@ from benchmarks.train import (
     CPU_SHAPES, GPT2_124M, QUICK_GPU, bench_shape, largest_batch, loss_check, with_batch,
 )
 from data import DataConfig, prepare_data
-from errors import UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli
 from runtime.device import resolve_device
 from runtime.precision import allow_tf32, dtype_name, training_dtype
 from training.mfu import peak_flops
@@ -47,7 +47,7 @@ EXTRA_SECTIONS = ("budget",)  # asked for by name: minutes of training
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
                    help="run only these sections (repeatable); 'budget' runs only when named here")

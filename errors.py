@@ -7,6 +7,7 @@ that message on one line, with no traceback, and exits with status 2.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable
 
@@ -20,6 +21,13 @@ def short_error(e: BaseException, limit: int = 160) -> str:
     what goes inside the parentheses of a UserError built from a library's exception."""
     msg = " ".join(str(e).split()).split(". ")[0][:limit]
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with its own errors (an unknown option, a bad value) raised as one-line UserErrors."""
+
+    def error(self, message: str):
+        raise UserError(f"{message}; see `{self.prog} --help`")
 
 
 def run_cli(main: Callable[[], int | None]) -> None:

@@ -37,7 +37,7 @@ import torch
 import yaml
 
 from data import tokenizer_from_meta
-from errors import UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli
 from model.checkpoint import load_model as load_any_model
 from model.generate import generate_stream
 from runtime.device import resolve_device
@@ -49,13 +49,8 @@ FALLBACK_CHECKPOINT = "out/small"
 DEFAULT_PROMPT = "\n"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own errors become one-line UserErrors too
-        raise UserError(f"{message}; see `python sample.py --help`")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog="python sample.py",
         description="Generate text from a checkpoint with the KV cache.",
     )

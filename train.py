@@ -39,7 +39,7 @@ from training.distributed import (
 from training.evaluate import bits_per_byte, evaluate
 from training.health import NonFiniteGuard
 from training.init_from import initial_model
-from training.metrics import LossWindow, MetricsLog
+from training.metrics import LossWindow, MetricsLog, Progress
 from training.mfu import mfu, peak_flops
 from training.optim import make_optimizers
 from training.rng import RNGState, seed_everything
@@ -68,7 +68,7 @@ def train(cfg: Config) -> dict[str, Any]:
     init_distributed(dist, device)
     failed = True
     try:
-        with ExitStack() as cleanup:  # closes the bar, restores signal handlers, finishes wandb
+        with ExitStack() as cleanup:  # closes the progress bar, restores signal handlers, finishes wandb
             run = set_up(cfg, dist, device, cleanup)
             run.clock = (started, run.state.elapsed_s)
             summary = loop(run)
@@ -102,7 +102,7 @@ class Run:
     metrics: MetricsLog
     logger: WandbLogger
     stop: StopFlag
-    bar: tqdm
+    progress: Progress
     group: Any  # the CPU control group of the ranks (None on one process)
     ckpt_path: Path
     accum: int  # micro-steps per rank per optimizer step
@@ -182,8 +182,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
                                   dist, group)
 
     metrics = MetricsLog(out_dir, active=dist.is_main)
-    if resume is not None:
-        metrics.resume_at(state.iter)
+    logged_through = metrics.resume_at(state.iter) if resume is not None else None
     tokens_per_step = t.batch_size * block * t.grad_accum_steps
     peak, peak_note = peak_flops(device, dtype, override=t.peak_flops) if dist.is_main else (None, "")
     say(f"config:\n{to_yaml(cfg)}")
@@ -196,15 +195,15 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
 
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
                          run_id=state.run_id, out_dir=str(out_dir), config=cfg.to_dict(), active=dist.is_main,
-                         printer=say)
+                         printer=say, logged_through=logged_through)
     cleanup.push(lambda exc_type, *_: logger.finish(exit_code=1 if exc_type else 0))
     stop = StopFlag().install()
     cleanup.callback(stop.restore)
-    bar = tqdm(total=t.max_iters, initial=state.iter, disable=not dist.is_main, dynamic_ncols=True, desc="train")
-    cleanup.callback(bar.close)
+    progress = Progress(t.max_iters, state.iter, active=dist.is_main)
+    cleanup.callback(progress.close)
     return Run(cfg=cfg, dist=dist, device=device, dtype=dtype, raw_model=raw_model, model=model, optimizers=optimizers,
                scaler=scaler, train_loader=train_loader, eval_loaders=eval_loaders, hellaswag=hellaswag, state=state,
-               checkpointer=checkpointer, metrics=metrics, logger=logger, stop=stop, bar=bar, group=group,
+               checkpointer=checkpointer, metrics=metrics, logger=logger, stop=stop, progress=progress, group=group,
                ckpt_path=ckpt_path, accum=t.grad_accum_steps // dist.world_size, tokens_per_step=tokens_per_step,
                flops_per_token=raw_model.flops_per_token(block), peak=peak, say=say)
 
@@ -274,7 +273,7 @@ def loop(r: Run) -> dict[str, Any]:
         state.iter += 1
         state.tokens_seen += r.tokens_per_step
         window.add(out.loss)
-        r.bar.update(1)
+        r.progress.update()
 
         stopping = any_rank(r.stop.requested, r.dist, r.group)  # every rank stops after the same step
         due = due_after(state.iter, max_iters=t.max_iters, log_interval=t.log_interval,
@@ -309,7 +308,7 @@ def loop(r: Run) -> dict[str, Any]:
 
 def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow, summary: dict) -> dict[str, Any]:
     """Average the window's loss over its steps and the ranks (the window's one host sync), then show
-    it on the bar and send it to wandb. Returns the record for metrics.jsonl."""
+    it (bar or line) and send it to wandb. Returns the record for metrics.jsonl."""
     step = r.state.iter
     train_loss = all_reduce_mean(window.loss / window.steps, r.dist).item()
     tok_per_sec = window.steps * r.tokens_per_step / window.elapsed()
@@ -317,8 +316,8 @@ def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow, summary: di
     summary["losses"][step] = train_loss
     record = {"train/loss": train_loss, "lr": lr, "grad_norm": out.grad_norm.item(), "tokens_per_sec": tok_per_sec,
               "mfu": util, "tokens_seen": r.state.tokens_seen}
-    r.bar.set_postfix_str(f"loss {train_loss:.4f} lr {lr:.2e} tok/s {tok_per_sec:,.0f}"
-                          + (f" mfu {util:.1%}" if util is not None else ""), refresh=False)
+    r.progress.show(step, f"loss {train_loss:.4f}, lr {lr:.2e}, tok/s {tok_per_sec:,.0f}"
+                    + (f", mfu {util:.1%}" if util is not None else ""))
     r.logger.log(record, step)
     window.reset()
     return record

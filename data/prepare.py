@@ -4,10 +4,9 @@ Prints the prepared directory on stdout. Bad input ends with a one-line `error: 
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import fields
 
-from errors import run_cli
+from errors import ArgumentParser, run_cli
 
 from .build import prepare_data
 from .config import DataConfig
@@ -15,7 +14,7 @@ from .config import DataConfig
 
 def main(argv: list[str] | None = None) -> int:
     defaults = DataConfig()
-    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m data.prepare", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default=defaults.dataset, help="'shakespeare', a .txt file, directory or glob, or 'hf:<name>'")
     p.add_argument("--tokenizer", default=defaults.tokenizer, help="'char' or a tiktoken encoding name")
     p.add_argument("--val-fraction", type=float, default=defaults.val_fraction)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from data import tokenizer_from_meta
-from errors import UserError, run_cli, short_error
+from errors import ArgumentParser, UserError, run_cli, short_error
 from model.checkpoint import load_model
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_BY_NAME, DTYPE_NAMES, autocast
@@ -250,13 +250,8 @@ def hellaswag_metrics(counts: dict[str, Any]) -> dict[str, float]:
 
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own errors become one-line UserErrors too
-        raise UserError(f"{message}; see `python -m eval.hellaswag --help`")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m eval.hellaswag",
+    p = ArgumentParser(prog="python -m eval.hellaswag",
                 description="HellaSwag accuracy (completion style, as build-nanogpt and llm.c score it).")
     p.add_argument("--checkpoint", required=True,
                    help="ckpt file or training out_dir; or an HF GPT-2 directory or hub name (e.g. gpt2)")

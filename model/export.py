@@ -14,7 +14,6 @@ failure (a full disk, Ctrl-C) never leaves a partial export.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import tiktoken.load
 
-from errors import UserError, run_cli, short_error
+from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import atomic_write_bytes, fsync_dir
 
 from .checkpoint import load_model
@@ -123,7 +122,7 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m model.export", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m model.export", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="a ckpt.pt file or a training out_dir")
     p.add_argument("--out", required=True, help="the directory to create (it must not exist, or be empty)")
     args = p.parse_args(argv)

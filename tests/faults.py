@@ -3,6 +3,7 @@
     with inject(interrupt_after=5):   # as if Ctrl-C arrived during the 5th step of this process
         train.train(cfg)
     with inject(nan_at=7):            # the weights diverge at step index 7: its loss is NaN
+    with inject(crash_at=5):          # the process dies before step index 5 (no checkpoint written)
 
 Subprocess tests run `python tests/faults.py <train.py args>` (also under torchrun), which installs
 the same wrapper from the environment and then runs train.py's main:
@@ -23,12 +24,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | None = None):
+class InjectedCrash(RuntimeError):
+    """What `crash_at` raises: the process dies mid-run, after its last checkpoint."""
+
+
+def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | None = None,
+              crash_at: int | None = None):
     calls = 0
 
     def step(model, optimizers, scaler, batches, **kwargs):
         nonlocal calls
         index, calls = calls, calls + 1
+        if index == crash_at:
+            raise InjectedCrash(f"injected crash before step index {index}")
         if index == nan_at:
             with torch.no_grad():
                 next(model.parameters()).fill_(float("nan"))

@@ -401,3 +401,63 @@ def test_hellaswag_during_training_with_a_char_tokenizer_is_refused_at_start(tmp
     with pytest.raises(UserError, match=r"character-level tokenizer"):
         run(tmp_path / "out", data_root, "--eval.hellaswag_interval=5")
     assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def _history_steps(run_file: Path) -> list[int]:
+    import json
+
+    steps = []
+    for rec in _wandb_records(run_file):
+        if rec.WhichOneof("record_type") == "history":
+            steps += [json.loads(i.value_json) for i in rec.history.item if i.key == "_step"]
+    return steps
+
+
+def test_a_resumed_offline_run_logs_each_step_once_and_says_how_to_sync_it(tmp_path, data_root, capsys):
+    """The process dies after logging steps 4-5 but before checkpointing them; the resumed run redoes 4
+    and 5 and must not log them to wandb a second time, nor drop any."""
+    import glob
+    import json
+
+    from faults import InjectedCrash
+
+    out = tmp_path / "out"
+    common = ("--wandb.mode=offline", "--train.max_iters=8", "--train.checkpoint_interval=3",
+              "--train.eval_interval=100", "--train.log_interval=1")
+    with inject(crash_at=5), pytest.raises(InjectedCrash):
+        run(out, data_root, *common)
+    assert load_checkpoint(out)["train"]["iter"] == 3
+    res = run(out, data_root, *common)
+    run_id = res["wandb_run_id"]
+    folders = sorted(glob.glob(str(out / "wandb" / f"offline-run-*-{run_id}*")))  # start order: time-stamped
+    assert len(folders) == 2
+    first, second = (_history_steps(Path(f) / f"run-{run_id}.wandb") for f in folders)
+    assert first == [1, 2, 3, 4, 5] and second == [6, 7, 8]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records] == list(range(1, 9))  # replayed steps once, the resumed values
+    assert [r["train/loss"] for r in records] == [res["losses"].get(i, r["train/loss"]) for i, r in enumerate(records, 1)]
+    hint = next(line for line in capsys.readouterr().out.splitlines() if "wandb sync" in line)
+    command = hint.split("with: ", 1)[1]
+    assert command.startswith(f"wandb sync --id {run_id} ")
+    assert sorted(glob.glob(command.split()[-1])) == folders  # the command's pattern names both parts
+
+
+def test_logs_are_plain_lines_when_stdout_is_not_a_terminal(tmp_path, data_root, capsys):
+    run(tmp_path / "out", data_root, "--train.max_iters=6", "--train.log_interval=2", "--train.eval_interval=6")
+    out, err = capsys.readouterr()
+    lines = [ln for ln in out.splitlines() if re.match(r"iter \d+: loss", ln)]
+    assert [int(ln.split()[1].rstrip(":")) for ln in lines] == [2, 4, 6]
+    assert all(re.fullmatch(r"iter \d+: loss [\d.]+, lr [\d.e+-]+, tok/s [\d,]+, mfu [\d.]+%", ln) for ln in lines), lines
+    assert "\r" not in out + err  # no bar frames in a log file
+
+
+def test_a_terminal_gets_the_progress_bar_instead(capsys):
+    from training.metrics import Progress
+
+    progress = Progress(4, 0, interactive=True)
+    for step in range(1, 5):
+        progress.update()
+        progress.show(step, f"loss {5 - step}.0")
+    progress.close()
+    out, err = capsys.readouterr()
+    assert out == "" and "\r" in err and "4/4" in err and "loss 1.0" in err

@@ -1,4 +1,5 @@
-"""What the loop logs: `<out_dir>/metrics.jsonl`, and the window of steps each log line averages.
+"""What the loop logs: `<out_dir>/metrics.jsonl`, the window of steps each log line averages, and the
+progress display (a bar on a terminal, plain lines elsewhere).
 
 `metrics.jsonl` holds one JSON record per logged step (train and eval values of that step
 together), written by rank 0, readable without wandb.
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from fileio import atomic_write_bytes
 
@@ -33,19 +36,23 @@ class MetricsLog:
         self.path = Path(out_dir) / METRICS_NAME
         self.active = active
 
-    def resume_at(self, iter_num: int) -> None:
-        """Keep the records up to `iter_num` (the checkpoint's): later ones are about to be redone."""
+    def resume_at(self, iter_num: int) -> int | None:
+        """Keep the records up to `iter_num` (the checkpoint's): later ones are about to be redone.
+        Returns the last iteration the file held (what the interrupted process logged last), or None."""
         if not self.active or not self.path.is_file():
-            return
-        kept = []
+            return None
+        kept, last = [], None
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
             except ValueError:  # a line torn by a crash mid-write
                 continue
-            if isinstance(record, dict) and isinstance(record.get("iter"), int) and record["iter"] <= iter_num:
-                kept.append(line + "\n")
+            if isinstance(record, dict) and isinstance(record.get("iter"), int):
+                last = max(last or 0, record["iter"])
+                if record["iter"] <= iter_num:
+                    kept.append(line + "\n")
         atomic_write_bytes(self.path, "".join(kept).encode("utf-8"))
+        return last
 
     def append(self, iter_num: int, values: dict[str, Any]) -> None:
         if not self.active or not values:
@@ -82,3 +89,28 @@ class LossWindow:
     def reset(self) -> None:
         self.loss.zero_()
         self.steps, self._seconds, self._t0 = 0, 0.0, time.perf_counter()
+
+
+class Progress:
+    """What the user watches: tqdm's bar when stdout is a terminal; otherwise (nohup, SLURM, CI) one
+    plain line per logged step, since a bar's carriage-return frames would fill a log file."""
+
+    def __init__(self, total: int, initial: int, *, active: bool = True, interactive: bool | None = None):
+        self.interactive = sys.stdout.isatty() if interactive is None else interactive
+        self.active = active
+        self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train") \
+            if active and self.interactive else None
+
+    def update(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def show(self, step: int, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+        elif self.active:
+            print(f"iter {step}: {text}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
