@@ -50,33 +50,37 @@ DEFAULT_PROMPT = "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog="python sample.py",
-        description="Generate text from a checkpoint with the KV cache.",
-    )
-    p.add_argument("stdin", nargs="?", choices=["-"], help="read the prompt from stdin")
-    p.add_argument("--checkpoint", default=None,
-                   help="ckpt file or training out_dir; or an HF GPT-2 directory or hub name "
-                        "(default: small.yaml's out_dir, out/small)")
-    p.add_argument("--prompt", action="append", default=None, help="the prompt ('-' = stdin); repeat for several")
-    p.add_argument("--prompt-file", action="append", default=None, help="read the prompt from a file ('-' = stdin)")
-    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens generated per sample (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=200, help="keep the K most likely tokens (default: %(default)s)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
-    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
-                   help="auto: on GPUs bf16 where native, else fp16; on a CPU the faster of float32 and "
-                        "bfloat16 for this model, timed on a few decoding steps (default: auto)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
-    p.add_argument("--stop-at-eot", action=argparse.BooleanOptionalAction, default=True,
-                   help="end a sample at the end-of-text token (default: on)")
+    p = ArgumentParser(prog="python sample.py", description="Generate text from a checkpoint with the KV cache.")
+    given = p.add_argument_group("input")
+    # no `choices`: argparse would report `--bogus 3` as an invalid choice of this argument (validate_args says it)
+    given.add_argument("stdin", nargs="?", metavar="-", help="read the prompt from stdin")
+    given.add_argument("--checkpoint", default=None,
+                       help="ckpt file or training out_dir; or an HF GPT-2 directory or hub name "
+                            "(default: small.yaml's out_dir, out/small)")
+    given.add_argument("--prompt", action="append", default=None, help="the prompt ('-' = stdin); repeat for several")
+    given.add_argument("--prompt-file", action="append", default=None, help="read the prompt from a file ('-' = stdin)")
+    decoding = p.add_argument_group("decoding")
+    decoding.add_argument("--num-samples", type=int, default=1, help="samples per prompt (default: %(default)s)")
+    decoding.add_argument("--max-new-tokens", type=int, default=500, help="tokens generated per sample (default: %(default)s)")
+    decoding.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
+    decoding.add_argument("--top-k", type=int, default=200, help="keep the K most likely tokens (default: %(default)s)")
+    decoding.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
+    decoding.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
+    decoding.add_argument("--stop-at-eot", action=argparse.BooleanOptionalAction, default=True,
+                          help="end a sample at the end-of-text token (default: on)")
+    device = p.add_argument_group("device")
+    device.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
+    device.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
+                        help="auto: on GPUs bf16 where native, else fp16; on a CPU the faster of float32 and "
+                             "bfloat16 for this model, timed on a few decoding steps (default: auto)")
+    device.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
     return p
 
 
 def validate_args(args: argparse.Namespace) -> None:
+    if args.stdin not in (None, "-"):
+        raise UserError(f"unexpected argument {args.stdin!r}; the only positional argument is '-' (the prompt from "
+                        "stdin): see `python sample.py --help`")
     if args.num_samples < 1:
         raise UserError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.max_new_tokens < 1:

@@ -15,21 +15,15 @@ HF_PREFIX = "hf:"
 class DataConfig:
     # "shakespeare" | a local path (.txt file, directory of .txt files, or glob) | "hf:<name>"
     dataset: str = SHAKESPEARE
-    # "char" or any tiktoken encoding name ("gpt2", "cl100k_base", ...)
-    tokenizer: str = "gpt2"
-    # the last val_fraction of the token stream becomes the val split
-    val_fraction: float = 0.1
-    # prepared dirs go under here, one per (source, tokenizer)
-    root: str = "data/prepared"
-    # a local copy of tiny shakespeare; the env var SMALLGPT_SHAKESPEARE works too
-    local_path: str = ""
-    # HF datasets: config/subset name, split, the column holding the text, stream instead of download
-    hf_subset: str = ""
-    hf_split: str = "train"
-    text_field: str = "text"
-    streaming: bool = False
-    # tokenizer threads; 0 = one per available core
-    num_proc: int = 0
+    tokenizer: str = "gpt2"  # "char", or any tiktoken encoding name ("gpt2", "cl100k_base", ...)
+    val_fraction: float = 0.1  # the last val_fraction of the token stream becomes the val split
+    root: str = "data/prepared"  # prepared dirs go under here, one per (source, tokenizer)
+    local_path: str = ""  # a local copy of tiny shakespeare; the env var SMALLGPT_SHAKESPEARE works too
+    hf_subset: str = ""  # HF datasets: the config (subset) name, if the dataset has several
+    hf_split: str = "train"  # HF datasets: the split to read
+    text_field: str = "text"  # HF datasets: the column holding the text
+    streaming: bool = False  # HF datasets: stream the rows instead of downloading the dataset first
+    num_proc: int = 0  # tokenizer threads; 0 = one per available core
 
     def validate(self) -> None:
         """Raise UserError naming the first bad value and how to fix it."""

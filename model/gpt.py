@@ -30,16 +30,16 @@ MLP_ACTS = ("gelu", "relu2")
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50257
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    block_size: int = 1024  # the longest context, in tokens
+    vocab_size: int = 50257  # rows of the token embedding and of the LM head
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block; n_embd must divide into them
+    n_embd: int = 768  # width of the residual stream
+    dropout: float = 0.0  # on attention weights, residual branches and embeddings, while training
     bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2; False is a little faster and no worse
     attn_backend: str = "sdpa"  # "sdpa": F.scaled_dot_product_attention, "manual": the textbook math
     gelu_approximate: str = "tanh"  # GPT-2 was trained with the tanh approximation ("gelu_new" in HF)
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float = 1e-5  # the epsilon of every norm
     # A modern recipe, as in the fastest public GPT runs (modded-nanogpt's speedrun, nanochat). Each is off
     # by default, and with all of them off the model is GPT-2's, parameter for parameter.
     pos_embedding: str = "learned"  # "learned": a wpe table (GPT-2); "rope": rotary embeddings of q and k

@@ -3,6 +3,7 @@ UserError naming the problem and the fix; the resolved config round-trips throug
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from errors import UserError
 from model.checkpoint import load_checkpoint, save_checkpoint
-from training.config import Config, load_config, resume_conflicts
+from training.config import Config, load_config, resume_conflicts, section_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,6 +138,32 @@ def test_help_lists_every_key_with_its_default(capsys):
     assert ei.value.code == 0
     out = capsys.readouterr().out
     assert "--train.max_iters=2000  (int)" in out and "--data.tokenizer='gpt2'  (str)" in out
+
+
+def test_help_describes_every_key_from_the_config_dataclasses(capsys):
+    """The descriptions are the fields' comments in the source: a key added without one fails here."""
+    with pytest.raises(SystemExit):
+        load_config(["--help"])
+    out = capsys.readouterr().out
+    described = dict(re.findall(r"^  --(\w+\.\w+)=\S+  \(\w+\)  (.*)$", out, flags=re.M))
+    for section, keys in section_keys().items():
+        for key in keys:
+            assert described.get(f"{section}.{key}", "").strip(), f"{section}.{key} has no description"
+    assert described["train.lr"] == "peak learning rate"  # the comment at the end of the field's line
+    assert described["data.dataset"].startswith('"shakespeare" | a local path')  # the comment above it
+    assert described["model.norm"].startswith('"layernorm" (GPT-2)')  # inherited from GPTConfig
+    assert described["model.vocab_size"].startswith("0: the tokenizer's vocabulary")  # ModelSection's own
+
+
+def test_print_config_prints_yaml_that_loads_back_to_the_same_config(tmp_path, capsys):
+    argv = ["--config", "small", "--train.lr=3e-4", "--model.n_layer=3", "--wandb.mode=disabled"]
+    expected = load_config(argv).to_dict()
+    with pytest.raises(SystemExit) as ei:
+        load_config([*argv, "--print-config"])
+    assert ei.value.code == 0
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(capsys.readouterr().out)
+    assert load_config(["--config", str(saved)]).to_dict() == expected
 
 
 @pytest.mark.slow

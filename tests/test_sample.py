@@ -356,3 +356,23 @@ def test_train_a_tiny_model_then_sample_from_its_out_dir(tmp_path, shakespeare_p
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     assert len(r.stdout.strip()) > 0 and len(r.stdout) >= 20 - 1  # "\n" prompt + up to 20 chars + "\n"
+
+
+def test_help_groups_the_options_by_input_decoding_and_device(capsys):
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    sections = {name: out.index(f"\n{name}:\n") for name in ("input", "decoding", "device")}
+    assert sections["input"] < out.index("--prompt-file") < sections["decoding"] < out.index("--top-p") \
+        < sections["device"] < out.index("--dtype")
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--bogus", "3"], "unrecognized arguments: --bogus"),
+    (["3"], "unexpected argument '3'"),
+])
+def test_unknown_options_and_positionals_are_named_in_one_line(argv, words, capsys):
+    code, _, err = run(argv, capsys)
+    assert_one_error_line(code, err, words)
+    assert "invalid choice" not in err

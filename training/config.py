@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
+import io
 import math
+import tokenize
 import types
 import typing
 from dataclasses import dataclass, field
@@ -33,13 +36,13 @@ WANDB_MODES = ("online", "offline", "disabled")
 class ModelSection(GPTConfig):
     """The `model:` section: every GPTConfig field, with the same names and the same checks
     (GPTConfig.validate), smaller defaults, and where the weights start from."""
-    block_size: int = 128
+    block_size: int = 128  # the longest context, in tokens
     # 0: the tokenizer's vocabulary; a larger value pads the embedding (e.g. 50304 = 786 x 64 for GPT-2,
     # which suits GPU matmul tiles); padded ids are never targets and are never sampled
     vocab_size: int = 0
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block; n_embd must divide into them
+    n_embd: int = 128  # width of the residual stream
     # "scratch" | an HF GPT-2 name or directory ("gpt2", "gpt2-medium", ...) | a checkpoint (file or out_dir)
     init_from: str = "scratch"
 
@@ -65,8 +68,8 @@ class TrainSection:
     min_lr: float = 1e-4  # cosine floor
     warmup_iters: int = 100  # linear warmup steps
     weight_decay: float = 0.1  # on matrices and embeddings only
-    beta1: float = 0.9
-    beta2: float = 0.99
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.99  # AdamW's second-moment decay (0.95 for large models and batches)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
     optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' matrices, AdamW (at lr) for the rest
     muon_lr: float = 0.02  # Muon's peak learning rate (the schedule scales it like lr)
@@ -80,7 +83,7 @@ class TrainSection:
     eval_iters: int = 20  # batches per split per eval
     log_interval: int = 10  # read the loss back from the device every N steps
     checkpoint_interval: int = 0  # write ckpt.pt every N steps; 0 = at each eval (and always at the end)
-    out_dir: str = "out"
+    out_dir: str = "out"  # checkpoints (ckpt.pt, best.pt), metrics.jsonl and wandb's files go here
     resume: str = "auto"  # auto: continue from out_dir/ckpt.pt if there; never: refuse an existing one
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe
 
@@ -96,7 +99,7 @@ class EvalSection:
 @dataclass
 class WandbSection:
     mode: str = "online"  # online (falls back to offline without an API key) | offline | disabled
-    project: str = "smallgpt"
+    project: str = "smallgpt"  # the wandb project the run goes to
     run_name: str = ""  # empty: wandb picks one
 
 
@@ -123,20 +126,23 @@ class Config:
 
 # ----------------------------------------------------------------------------------------- CLI / YAML
 
-HELP = """usage: train.py [--config NAME_OR_PATH] [--section.key=value ...]
+HELP = """usage: python train.py [--config NAME_OR_PATH] [--section.key=value ...] [--print-config]
 
 --config takes a YAML path, or a name in configs/ (.yaml optional). The YAML and the overrides set
-only what they change; everything else keeps the defaults below.
+only what they change; everything else keeps the defaults below. --print-config prints the resolved
+config as YAML and exits: save it, edit it, and pass it back with --config.
 """
 
 
 def load_config(argv: list[str] | None) -> Config:
-    """Defaults <- YAML (--config) <- CLI overrides, then validated. Raises UserError on bad input."""
+    """Defaults <- YAML (--config) <- CLI overrides, then validated. Raises UserError on bad input.
+    --help and --print-config print and exit (SystemExit(0))."""
     argv = list(argv or [])
     if any(a in ("-h", "--help") for a in argv):
         print(HELP + "\n" + describe_defaults())
         raise SystemExit(0)
-    config_name, overrides = _parse_argv(argv)
+    print_config = "--print-config" in argv
+    config_name, overrides = _parse_argv([a for a in argv if a != "--print-config"])
     cfg = Config()
     if config_name is not None:
         path = find_config_file(config_name)
@@ -144,6 +150,9 @@ def load_config(argv: list[str] | None) -> Config:
     for key, value in overrides:
         apply_overrides(cfg, _nest(key, value), source="command line")
     validate(cfg)
+    if print_config:
+        print(to_yaml(cfg))
+        raise SystemExit(0)
     return cfg
 
 
@@ -301,17 +310,42 @@ def coerce(value: Any, typ: Any, name: str, source: str = "config") -> Any:
     raise TypeError(f"config field {name} has unsupported type {typ!r}")  # a bug in this file, not user input
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's description: the comment at the end of its line in the source, else the comment
+    lines just above it. A subclass's comment replaces its base's (ModelSection over GPTConfig)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        lines, _ = inspect.getsourcelines(klass)
+        comments = {tok.start[0] - 1: tok.string.lstrip("#").strip()  # by 0-based line of `lines`
+                    for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline)
+                    if tok.type == tokenize.COMMENT}
+        fields = {f.name for f in dataclasses.fields(klass)}
+        for i, line in enumerate(lines):
+            name = line.strip().split(":", 1)[0]
+            if name not in fields or line[:1] != " " or ":" not in line:
+                continue
+            above, j = [], i - 1
+            while j >= 0 and lines[j].strip().startswith("#"):
+                above.insert(0, comments[j])
+                j -= 1
+            docs[name] = comments.get(i) or " ".join(above) or docs.get(name, "")
+    return docs
+
+
 def describe_defaults() -> str:
+    """Every key, per section: --section.key=default (type)  description."""
     lines = []
     cfg = Config()
     for section, keys in section_keys().items():
         obj = getattr(cfg, section)
         hints = typing.get_type_hints(type(obj))
+        docs = field_docs(type(obj))
         lines.append(f"{section}:")
         for k in keys:
-            t = hints[k]
-            tname = getattr(t, "__name__", str(t))
-            lines.append(f"  --{section}.{k}={getattr(obj, k)!r}  ({tname})")
+            tname = getattr(hints[k], "__name__", str(hints[k]))
+            lines.append(f"  --{section}.{k}={getattr(obj, k)!r}  ({tname})  {docs[k]}")
     return "\n".join(lines)
 
 
