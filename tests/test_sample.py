@@ -364,8 +364,10 @@ def test_help_groups_the_options_by_input_decoding_and_device(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0
     sections = {name: out.index(f"\n{name}:\n") for name in ("input", "decoding", "device")}
-    assert sections["input"] < out.index("--prompt-file") < sections["decoding"] < out.index("--top-p") \
-        < sections["device"] < out.index("--dtype")
+    assert sections["input"] < sections["decoding"] < sections["device"]
+    assert sections["input"] < out.index("--prompt-file", sections["input"]) < sections["decoding"]
+    assert sections["decoding"] < out.index("--top-p", sections["decoding"]) < sections["device"]
+    assert sections["device"] < out.index("--dtype", sections["device"])
 
 
 @pytest.mark.parametrize("argv,words", [
