@@ -4,15 +4,25 @@ Every file the project writes for keeps goes through `atomic_write`: the bytes g
 beside the target (same filesystem, so the rename is atomic), which is fsynced and then renamed over
 the target with os.replace, and the directory is fsynced. A crash at any moment leaves either the old
 file or the new one, never a half-written one. Temp names are unique per writer
-(`.<name>.<pid>.<random>.tmp`), so two writers never share or delete each other's temp file.
+(`.<name>.<pid>.<random>.tmp`), so two writers never share or delete each other's temp file, and the
+files of a writer killed mid-write can be told apart and removed (`remove_stale_temps`).
+
+Also here: `DirLock`, one process at a time in a directory (a training run's out_dir, a prepared data
+dir), and `check_writable_dir`, the start-up check of a directory the run will write.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
+import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from errors import UserError, short_error
 
 
 def temp_path(final: str | os.PathLike) -> Path:
@@ -71,3 +81,109 @@ def atomic_write(final: str | os.PathLike) -> Iterator[Path]:
 def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
     with atomic_write(final) as tmp:
         write_synced(tmp, data)
+
+
+# ------------------------------------------------------------------------------------------ locks, leftovers
+
+TEMP_NAME = re.compile(r"^\.(?P<final>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")  # what temp_path makes
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (/proc/<pid>/stat field 22), which tells a reused pid from its first owner;
+    None when the process does not exist (or where /proc is not available)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, start_time: str | None = None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return start_time is None or _start_time(pid) in (None, start_time)
+
+
+def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temp files (temp_path's names) left in `directory` by processes of this host that are
+    gone, e.g. killed with -9 mid-write; a live process's temp files are left alone."""
+    removed = []
+    for path in Path(directory).glob(".*.tmp"):
+        m = TEMP_NAME.match(path.name)
+        if m and not pid_alive(int(m["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+class DirLock:
+    """An exclusive lock on a directory: the file `<directory>/<name>` holds its owner's pid, host and
+    start time and is created with O_EXCL, so exactly one process gets it. A lock whose owner is gone
+    (same host, no such process, or the pid now belongs to a later process) is taken over. A lock held
+    by a live process, or by one on another host (which can't be checked from here), is `holder()`."""
+
+    def __init__(self, directory: str | os.PathLike, name: str = ".lock"):
+        self.path = Path(directory) / name
+        self.held = False
+
+    def holder(self) -> dict | None:
+        """Who holds the lock ({"pid", "host", "started", "since"}), or None when it is free or stale."""
+        try:
+            info = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):  # torn by a crash while being written: nobody holds it
+            return None
+        if info.get("host") == socket.gethostname() and not pid_alive(int(info.get("pid", -1)), info.get("started")):
+            return None
+        return info
+
+    def try_acquire(self) -> dict | None:
+        """Take the lock: None on success, else the live holder's info."""
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = self.holder()
+                if holder is not None:
+                    return holder
+                self.path.unlink(missing_ok=True)  # stale: its owner is gone; try once more
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return None
+        return self.holder() or {"pid": "?", "host": "?"}
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """Make sure `path` is (or can be created as) a directory this process can write; else a one-line
+    UserError naming `what` (the option that set it) and the fix. Checked at start, before any work."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{what}={path} is a file, not a directory; choose another {what}") from None
+    except NotADirectoryError:
+        raise UserError(f"{what}={path} lies under a file, not a directory; choose another {what}") from None
+    except OSError as e:
+        raise UserError(f"cannot create {what}={path} ({short_error(e)}); choose another {what}") from None
+    if not path.is_dir():
+        raise UserError(f"{what}={path} is not a directory; choose another {what}")
+    try:
+        probe = temp_path(path / ".write-probe")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{what}={path} is not writable ({short_error(e)}); fix its permissions or choose another "
+                        f"{what}") from None

@@ -17,14 +17,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from errors import UserError
-from fileio import fsync_dir, temp_path, write_synced
+from errors import UserError, short_error
+from fileio import DirLock, check_writable_dir, fsync_dir, remove_stale_temps, temp_path, write_synced
 
 from .config import DataConfig
 from .sources import Source, open_source
@@ -45,17 +48,28 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
     Skips the work when the stored fingerprint matches, rebuilds (saying why) when it doesn't.
     """
     cfg.validate()
+    check_writable_dir(cfg.root, "data.root")
     source = open_source(cfg)
     out = Path(cfg.root) / f"{source.slug}-{cfg.tokenizer}"
-    fingerprint = _fingerprint(cfg, source)
+    fingerprint, files = _fingerprint(cfg, source, _read_meta_quietly(out))
     reason = _rebuild_reason(out, cfg.tokenizer, fingerprint)
     if reason is None:
         if progress:
             _say(f"{out} is up to date")
         return out
-    if reason:
-        _say(f"rebuilding {out}: {reason}")
-    _build(out, cfg, source, fingerprint, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    lock = _wait_for(DirLock(out, ".prepare.lock"), out)
+    try:
+        reason = _rebuild_reason(out, cfg.tokenizer, fingerprint)  # another process may just have built it
+        if reason is None:
+            return out
+        for stale in remove_stale_temps(out):
+            _say(f"removed {stale}, left by a prepare that was killed")
+        if reason:
+            _say(f"rebuilding {out}: {reason}")
+        _build(out, cfg, source, fingerprint, files, progress)
+    finally:
+        lock.release()
     if progress:
         _say(f"prepared {out}")
     return out
@@ -83,12 +97,24 @@ def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict
             and meta["dtype"] in ("uint16", "uint32")
             and (meta["chars"] is None or isinstance(meta["chars"], str))
             and isinstance(meta["fingerprint"], str)
+            and isinstance(meta["tokens_sha256"], str)
             and all(isinstance(meta["splits"][s][k], int) for s in SPLITS for k in ("tokens", "bytes"))
         )
     except (KeyError, TypeError):
         ok = False
     if not ok:
-        raise UserError(f"{path} is missing fields or has wrong types; {REBUILD}")
+        raise UserError(f"{path} is missing fields or has wrong types (or was written by an older version); {REBUILD}")
+    for split in SPLITS:
+        info = meta["splits"][split]
+        if info["tokens"] > 0 and info["bytes"] <= 0:  # bits per byte would divide by zero
+            raise UserError(f"{path} says the {split} split's {info['tokens']} tokens stand for {info['bytes']} bytes of "
+                            f"text; {REBUILD}")
+    if meta["tokenizer"] == CHAR:
+        chars = meta["chars"]
+        if not chars or meta["vocab_size"] != len(chars) + 1 or meta["eot"] != len(chars) \
+                or "".join(sorted(set(chars))) != chars:
+            raise UserError(f"{path}'s char vocabulary does not match its vocab_size {meta['vocab_size']} and eot "
+                            f"{meta['eot']} (a vocabulary of n characters has vocab_size n + 1, eot n); {REBUILD}")
     if tokenizer is not None and meta["tokenizer"] != tokenizer:
         raise UserError(
             f"{data_dir} was prepared with tokenizer {meta['tokenizer']!r}, but {tokenizer!r} was asked for; "
@@ -132,15 +158,59 @@ def _read_meta_json(data_dir: Path) -> dict | None:
     return meta
 
 
-def _fingerprint(cfg: DataConfig, source: Source) -> str:
-    """Everything that decides the bins' content: the source's identity, tokenizer, split and format."""
+def _wait_for(lock: DirLock, out: Path) -> DirLock:
+    """Take `out`'s prepare lock, waiting while another live process prepares the same directory."""
+    said = False
+    while (holder := lock.try_acquire()) is not None:
+        if holder.get("host") != socket.gethostname():
+            raise UserError(f"{out} is being prepared by pid {holder.get('pid')} on host {holder.get('host')} (since "
+                            f"{holder.get('since')}); wait for it, or delete {lock.path} if that process is gone")
+        if not said:
+            _say(f"waiting for pid {holder.get('pid')}, which is preparing {out}")
+            said = True
+        time.sleep(0.5)
+    return lock
+
+
+def _read_meta_quietly(out: Path) -> dict | None:
+    try:
+        return _read_meta_json(out)
+    except UserError:
+        return None
+
+
+def _file_hashes(files: list[Path], previous: dict | None) -> list[list]:
+    """[path, size, mtime_ns, sha256] of each file. A file whose size and mtime match the previous
+    prepare's record keeps that hash (a 1 GB corpus is not re-read at every start-up); any other is read."""
+    known = {}
+    if previous and isinstance(previous.get("source_files"), list):
+        known = {tuple(r[:3]): r[3] for r in previous["source_files"] if isinstance(r, list) and len(r) == 4}
+    out = []
+    for path in files:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in known:
+            with open(path, "rb") as f:
+                known[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        out.append([*key, known[key]])
+    return out
+
+
+def _fingerprint(cfg: DataConfig, source: Source, previous: dict | None) -> tuple[str, list | None]:
+    """Everything that decides the bins' content: the source's identity (for local files, their paths
+    and CONTENT, not their mtime), tokenizer, split and format. -> (fingerprint, the files' records)."""
+    identity = dict(source.identity)
+    files = None
+    if source.files is not None:
+        files = _file_hashes(source.files, previous)
+        identity["files"] = [[path, sha] for path, _, _, sha in files]
     settings = {
         "format_version": FORMAT_VERSION,
-        "source": source.identity,
+        "source": identity,
         "tokenizer": cfg.tokenizer,
         "val_fraction": cfg.val_fraction,
     }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(), files
 
 
 def _rebuild_reason(out: Path, tokenizer: str, fingerprint: str) -> str | None:
@@ -224,6 +294,9 @@ def _write_stream(f, source: Source, tok: Tokenizer, dtype: np.dtype, threads: i
         for new_doc, ids, advance in _encoded(source, tok, threads):
             if new_doc:
                 doc_started = False
+            if len(ids) and int(ids.max()) >= tok.vocab_size:  # a tokenizer bug, never user data: say so
+                raise UserError(f"the {tok.name} tokenizer produced id {int(ids.max())} >= its vocab_size "
+                                f"{tok.vocab_size}; update tiktoken, or report this")
             if len(ids):
                 if not doc_started:
                     if n_docs:
@@ -254,7 +327,26 @@ def _move_tail(stream: Path, val: Path, n_train: int, dtype: np.dtype, byte_leng
     return n_bytes
 
 
-def _build(out: Path, cfg: DataConfig, source: Source, fingerprint: str, progress: bool) -> None:
+def _tokens_sha256(paths: list[Path]) -> str:
+    """A fingerprint of the tokens themselves: what a resumed run checks it trains on (BatchLoader)."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(16 << 20):
+                h.update(chunk)
+        h.update(b"|")  # train then val: the same tokens split elsewhere differ
+    return h.hexdigest()
+
+
+def _build(out: Path, cfg: DataConfig, source: Source, fingerprint: str, files: list | None, progress: bool) -> None:
+    try:
+        _write_dir(out, cfg, source, fingerprint, files, progress)
+    except OSError as e:  # a full disk, a read-only filesystem, ...: the old data (if any) is as it was
+        raise UserError(f"cannot write prepared data in {out} ({short_error(e)}); free some space or set data.root "
+                        "to another disk (the previous data, if any, is kept)") from None
+
+
+def _write_dir(out: Path, cfg: DataConfig, source: Source, fingerprint: str, files: list | None, progress: bool) -> None:
     if cfg.tokenizer == CHAR:
         chars = _char_vocab(source, progress)
         if not chars:
@@ -264,7 +356,7 @@ def _build(out: Path, cfg: DataConfig, source: Source, fingerprint: str, progres
         tok = get_tokenizer(cfg.tokenizer)
     dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
 
-    created = not out.exists()
+    created = not any(p.name != ".prepare.lock" for p in out.iterdir()) if out.exists() else True
     out.mkdir(parents=True, exist_ok=True)
     final = {name: out / name for name in ("train.bin", "val.bin", META_NAME)}
     temps = {name: temp_path(path) for name, path in final.items()}
@@ -282,6 +374,7 @@ def _build(out: Path, cfg: DataConfig, source: Source, fingerprint: str, progres
             )
         val_bytes = _move_tail(temps["train.bin"], temps["val.bin"], n_train, dtype, tok.token_byte_lengths())
         meta = {
+            "tokens_sha256": _tokens_sha256([temps["train.bin"], temps["val.bin"]]),
             "format_version": FORMAT_VERSION,
             "source": cfg.dataset,
             "tokenizer": tok.name,
@@ -290,6 +383,7 @@ def _build(out: Path, cfg: DataConfig, source: Source, fingerprint: str, progres
             "dtype": dtype.name,
             "chars": tok.chars,
             "fingerprint": fingerprint,
+            "source_files": files,
             "val_fraction": cfg.val_fraction,
             "documents": n_docs,
             "splits": {
@@ -307,8 +401,8 @@ def _build(out: Path, cfg: DataConfig, source: Source, fingerprint: str, progres
     finally:
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
-        if created and not any(out.iterdir()):
-            out.rmdir()  # a failed first build leaves no empty dir behind
+        if created and not any(p.name != ".prepare.lock" for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)  # a failed first build leaves no empty dir behind
 
 
 def _empty(cfg: DataConfig) -> UserError:

@@ -13,6 +13,7 @@ from .build import SPLITS, load_meta
 
 # SplitMix64 constants: its n-th output is _mix64(state + n * _GOLDEN), so any output can be computed
 # directly from its index, which makes it a counter-based generator.
+CHECK_ALL, CHECK_BLOCK = 64 << 20, 64 << 10  # the token-range check: see BatchLoader._check_token_range
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -77,6 +78,22 @@ class BatchLoader:
         self._dtype = np.dtype(self.meta["dtype"])
         self._split_id = SPLITS.index(split)
         self._n_starts = info["tokens"] - block_size  # window starts 0 .. tokens - block_size - 1
+        self._check_token_range()
+
+    def _check_token_range(self) -> None:
+        """Every id must be < vocab_size, or the embedding lookup fails mid-run (a file damaged or edited
+        by hand, a lowered vocab_size in meta.json). Exact up to CHECK_ALL tokens; above that, 256 blocks
+        of 64k tokens spread over the file: a damaged region of a large file is found in milliseconds,
+        scattered single bad ids are not (prepare checks every id as it writes them)."""
+        data = np.memmap(self._path, dtype=self._dtype, mode="r")
+        if len(data) <= CHECK_ALL:
+            top = int(data.max()) if len(data) else 0
+        else:
+            starts = np.linspace(0, len(data) - CHECK_BLOCK, 256).astype(np.int64)
+            top = max(int(data[s : s + CHECK_BLOCK].max()) for s in starts)
+        if top >= self.meta["vocab_size"]:
+            raise UserError(f"{self._path} holds token id {top}, but meta.json says vocab_size {self.meta['vocab_size']}; "
+                            f"the prepared data is damaged: re-run `python -m data.prepare` with the same settings")
 
     def offsets(self, step: int, micro_step: int = 0) -> np.ndarray:
         """Start of each row's window for this rank at (step, micro_step)."""
@@ -103,15 +120,17 @@ class BatchLoader:
         return x.to(self.device), y.to(self.device)
 
     def state_dict(self) -> dict:
-        """Plain values for a checkpoint; the step itself lives in the training loop's state."""
-        return {"fingerprint": self.meta["fingerprint"], "split": self.split, "seed": self.seed}
+        """Plain values for a checkpoint; the step itself lives in the training loop's state. The data is
+        identified by its tokens (meta.json's tokens_sha256), so a resume checks it trains on the same
+        tokens, whatever happened to the source files' timestamps."""
+        return {"tokens_sha256": self.meta["tokens_sha256"], "split": self.split, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("fingerprint") != self.meta["fingerprint"]:
+        if state.get("tokens_sha256") != self.meta["tokens_sha256"]:
             raise UserError(
-                f"the checkpoint was trained on different data than {self._path.parent} (fingerprint "
-                f"{str(state.get('fingerprint'))[:12]} vs {self.meta['fingerprint'][:12]}); resume with the same "
-                f"data settings, or start a new run"
+                f"the checkpoint was trained on different data than {self._path.parent} holds (tokens fingerprint "
+                f"{str(state.get('tokens_sha256'))[:12]} vs {self.meta['tokens_sha256'][:12]}); resume with the same "
+                f"data, or start a new run"
             )
         if state.get("split") != self.split:
             raise UserError(f"loader state is for the {state.get('split')!r} split, not {self.split!r}; load each loader's own state")

@@ -41,6 +41,7 @@ class Source:
     total: int | None  # progress-bar total, None when unknown (streaming)
     unit: str  # progress-bar unit
     pieces: Callable[[], Iterator[Piece]]  # may be called more than once (the char tokenizer reads twice)
+    files: list[Path] | None = None  # local files: their CONTENT joins the identity (see build._fingerprint)
 
 
 def open_source(cfg: DataConfig) -> Source:
@@ -128,7 +129,7 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 
 def _local_source(spec: str) -> Source:
     path = Path(spec).expanduser()
-    if _GLOB_CHARS.search(spec):
+    if _GLOB_CHARS.search(spec) and not path.exists():  # a file or dir named with "[" is itself, not a pattern
         paths = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if os.path.isfile(p))
         if not paths:
             raise UserError(f"no files match data.dataset {spec!r}; check the pattern (use ** for subdirectories)")
@@ -147,16 +148,16 @@ def _local_source(spec: str) -> Source:
             f"data.dataset {spec!r} does not exist; give an existing .txt file, directory or glob, "
             f"'{SHAKESPEARE}', or 'hf:<name>'"
         )
-    # Size and mtime (like make) identify the files without reading gigabytes on every start-up.
-    stats = [(p, p.stat()) for p in paths]
-    files = [[str(p.resolve()), st.st_size, st.st_mtime_ns] for p, st in stats]
+    # The files' content identifies them (hashed by build._fingerprint, which reuses a stored hash while a
+    # file's size and mtime are unchanged): touching a file is no change, editing one is.
     where = hashlib.sha256(os.path.abspath(os.path.expanduser(spec)).encode()).hexdigest()[:8]
     return Source(
         slug=f"{_safe(name)}-{where}",  # the hash keeps two different 'input.txt's apart
-        identity={"kind": "files", "files": files},
-        total=sum(st.st_size for _, st in stats),
+        identity={"kind": "files"},
+        total=sum(p.stat().st_size for p in paths),
         unit="B",
         pieces=lambda: _file_pieces(paths),
+        files=paths,
     )
 
 

@@ -409,7 +409,7 @@ def _history_steps(run_file: Path) -> list[int]:
     steps = []
     for rec in _wandb_records(run_file):
         if rec.WhichOneof("record_type") == "history":
-            steps += [json.loads(i.value_json) for i in rec.history.item if i.key == "_step"]
+            steps += [json.loads(i.value_json) for i in rec.history.item if (i.key or "/".join(i.nested_key)) == "_step"]
     return steps
 
 

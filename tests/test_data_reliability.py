@@ -1,0 +1,234 @@
+"""Prepared data is never lost or silently wrong: a prepare killed mid-write leaves nothing behind for
+long, two prepares of one directory take turns, a touched source is no change, and every half-valid
+prepared directory or unusable data.root is one line."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import data.build
+from data import BatchLoader, DataConfig, load_meta, prepare_data
+from errors import UserError
+from fileio import DirLock
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def source(tmp_path) -> Path:
+    path = tmp_path / "text.txt"
+    path.write_text("To be, or not to be, that is the question.\n" * 200, encoding="utf-8")
+    return path
+
+
+def cfg(source: Path, root: Path, **kw) -> DataConfig:
+    return DataConfig(dataset=str(source), tokenizer="char", root=str(root), **kw)
+
+
+def temps(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob(".*.tmp"))
+
+
+# ------------------------------------------------------------------------------------------ killed, concurrent
+
+def test_a_prepare_killed_mid_write_leaves_temps_that_the_next_prepare_removes(source, tmp_path):
+    root = tmp_path / "prepared"
+    child = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        import data.build
+        from data import DataConfig, prepare_data
+        def stuck(*a, **k):  # the whole token stream is in a temp file now
+            print("writing", flush=True)
+            time.sleep(120)
+        data.build._move_tail = stuck
+        prepare_data(DataConfig(dataset={str(source)!r}, tokenizer="char", root={str(root)!r}), progress=False)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.kill()  # kill -9
+    proc.wait()
+    out = next(root.iterdir())
+    left = temps(out)
+    assert any(name.startswith(".train.bin.") for name in left), left  # the stranded stream
+    prepare_data(cfg(source, root), progress=False)  # the next prepare cleans up, then builds
+    assert temps(out) == []
+    assert load_meta(out)["splits"]["train"]["tokens"] > 0
+
+
+def test_a_second_prepare_of_the_same_directory_waits_for_the_first(source, tmp_path):
+    root = tmp_path / "prepared"
+    out = prepare_data(cfg(source, root), progress=False)
+    (out / "meta.json").unlink()  # force a rebuild
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from fileio import DirLock
+        lock = DirLock({str(out)!r}, ".prepare.lock")
+        assert lock.try_acquire() is None
+        print("locked", flush=True)
+        time.sleep(1.5)
+        lock.release()
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    t0 = time.perf_counter()
+    prepare_data(cfg(source, root), progress=False)
+    assert time.perf_counter() - t0 > 1.0  # it waited for the live holder
+    holder.wait()
+    assert load_meta(out)["splits"]["train"]["tokens"] > 0
+
+
+def test_a_lock_left_by_a_dead_process_does_not_block(source, tmp_path):
+    root = tmp_path / "prepared"
+    out = prepare_data(cfg(source, root), progress=False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+
+    (out / ".prepare.lock").write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    (out / "meta.json").unlink()
+    t0 = time.perf_counter()
+    prepare_data(cfg(source, root), progress=False)
+    assert time.perf_counter() - t0 < 5 and load_meta(out)
+
+
+# ------------------------------------------------------------------------------------------ fingerprints
+
+def test_touching_the_source_rebuilds_nothing_and_an_edit_is_a_new_dataset(source, tmp_path, capsys):
+    root = tmp_path / "prepared"
+    out = prepare_data(cfg(source, root), progress=False)
+    state = BatchLoader(out, "train", block_size=8, batch_size=2, seed=0).state_dict()
+    meta_before = (out / "meta.json").read_bytes()
+    st = source.stat()
+    os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touch: same bytes, new time
+    prepare_data(cfg(source, root), progress=True)
+    assert "up to date" in capsys.readouterr().err
+    BatchLoader(out, "train", block_size=8, batch_size=2, seed=0).load_state_dict(state)  # resumes fine
+    source.write_text(source.read_text().replace("question", "Question"), encoding="utf-8")  # a real edit
+    prepare_data(cfg(source, root), progress=True)
+    assert "rebuilding" in capsys.readouterr().err and (out / "meta.json").read_bytes() != meta_before
+    with pytest.raises(UserError, match=r"trained on different data") as e:
+        BatchLoader(out, "train", block_size=8, batch_size=2, seed=0).load_state_dict(state)
+    assert "\n" not in str(e.value)
+
+
+def test_an_unchanged_big_source_is_not_read_again_to_fingerprint_it(source, tmp_path, monkeypatch):
+    root = tmp_path / "prepared"
+    prepare_data(cfg(source, root), progress=False)
+    opened = []
+    real_open = open
+
+    def spying_open(path, *a, **k):
+        opened.append(str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", spying_open)
+    prepare_data(cfg(source, root), progress=False)
+    assert str(source.resolve()) not in opened  # size and mtime unchanged: the stored hash is used
+
+
+# ------------------------------------------------------------------------------------------ half-valid dirs
+
+@pytest.fixture
+def prepared(source, tmp_path) -> Path:
+    return prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
+
+
+def edit_meta(out: Path, change) -> None:
+    meta = json.loads((out / "meta.json").read_text())
+    change(meta)
+    (out / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_token_id_beyond_vocab_size_is_one_line(prepared):
+    meta = load_meta(prepared)
+    tokens = np.fromfile(prepared / "train.bin", dtype=meta["dtype"])
+    tokens[100] = meta["vocab_size"] + 3  # a damaged file
+    tokens.tofile(prepared / "train.bin")
+    with pytest.raises(UserError, match=rf"holds token id {meta['vocab_size'] + 3}, but meta.json says vocab_size"):
+        BatchLoader(prepared, "train", block_size=8, batch_size=2, seed=0)
+
+
+def test_a_lowered_vocab_size_in_meta_is_one_line(prepared):
+    edit_meta(prepared, lambda m: m.update(vocab_size=5, chars=None, tokenizer="gpt2"))
+    with pytest.raises(UserError, match="but meta.json says vocab_size 5"):
+        BatchLoader(prepared, "train", block_size=8, batch_size=2, seed=0)
+
+
+def test_a_large_file_is_range_checked_by_sampling_and_finds_a_damaged_region(prepared, monkeypatch):
+    import data.loader
+
+    monkeypatch.setattr(data.loader, "CHECK_ALL", 100)  # pretend the split is large
+    monkeypatch.setattr(data.loader, "CHECK_BLOCK", 16)
+    meta = load_meta(prepared)
+    tokens = np.fromfile(prepared / "train.bin", dtype=meta["dtype"])
+    tokens[len(tokens) // 2 - 4000:len(tokens) // 2 + 4000] = 60000  # a damaged region
+    tokens.tofile(prepared / "train.bin")
+    with pytest.raises(UserError, match="holds token id 60000"):
+        BatchLoader(prepared, "train", block_size=8, batch_size=2, seed=0)
+
+
+def test_zero_bytes_for_a_split_with_tokens_is_one_line(prepared):
+    edit_meta(prepared, lambda m: m["splits"]["val"].update(bytes=0))
+    with pytest.raises(UserError, match=r"val split's \d+ tokens stand for 0 bytes"):
+        load_meta(prepared)
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: m.update(chars=m["chars"][1:]),  # a character lost
+    lambda m: m.update(vocab_size=m["vocab_size"] + 1),
+    lambda m: m.update(eot=0),
+])
+def test_a_char_vocabulary_that_does_not_match_vocab_size_is_one_line(prepared, change):
+    edit_meta(prepared, change)
+    with pytest.raises(UserError, match="char vocabulary does not match its vocab_size"):
+        load_meta(prepared)
+
+
+# ------------------------------------------------------------------------------------------ filesystem
+
+def test_a_data_root_that_is_a_file_or_unwritable_is_one_line_before_any_work(source, tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match=r"data.root=.*file is a file, not a directory"):
+        prepare_data(cfg(source, tmp_path / "file"), progress=False)
+    with pytest.raises(UserError, match=r"data.root=.* lies under a file"):
+        prepare_data(cfg(source, tmp_path / "file" / "sub"), progress=False)
+    import fileio
+
+    def read_only(final):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(fileio, "temp_path", read_only)  # what an unwritable directory does (tests run as root)
+    monkeypatch.setattr(data.build, "open_source", lambda c: pytest.fail("work started before the check"))
+    with pytest.raises(UserError, match=r"data.root=.* is not writable \(PermissionError"):
+        prepare_data(cfg(source, tmp_path / "ro"), progress=False)
+
+
+def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_old_data(prepared, source, tmp_path, monkeypatch):
+    before = {name: (prepared / name).read_bytes() for name in ("train.bin", "val.bin", "meta.json")}
+    source.write_text(source.read_text() + "more\n", encoding="utf-8")  # a change: prepare rebuilds
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(data.build, "_move_tail", full)
+    with pytest.raises(UserError, match=r"cannot write prepared data in .*No space left on device.*previous data") as e:
+        prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
+    assert "\n" not in str(e.value)
+    assert {name: (prepared / name).read_bytes() for name in before} == before
+    assert temps(prepared) == []
+
+
+def test_a_file_whose_name_has_brackets_is_used_as_is(tmp_path):
+    path = tmp_path / "notes [draft].txt"
+    path.write_text("brackets are not a pattern here\n" * 20, encoding="utf-8")
+    out = prepare_data(cfg(path, tmp_path / "prepared"), progress=False)
+    assert load_meta(out)["splits"]["train"]["tokens"] > 0
