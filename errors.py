@@ -39,4 +39,17 @@ def run_cli(main: Callable[[], int | None]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except (MemoryError, RuntimeError) as e:  # an allocation that failed despite the estimates (runtime/memory.py)
+        if not is_out_of_memory(e):
+            raise
+        print(f"error: out of memory ({short_error(e)}); lower the batch size, the block size or the model's size",
+              file=sys.stderr)
+        sys.exit(2)
     sys.exit(code or 0)
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """MemoryError, torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "out of memory" in text or "can't allocate memory" in text)

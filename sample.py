@@ -37,11 +37,12 @@ import torch
 import yaml
 
 from data import tokenizer_from_meta
-from errors import ArgumentParser, UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli, short_error
 from model.checkpoint import load_model as load_any_model
 from model.generate import generate_stream
 from runtime.device import resolve_device
 from runtime.decoding import setup_decoding
+from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
 
 ROOT = Path(__file__).resolve().parent
@@ -127,26 +128,40 @@ def load_model(spec: str):
 
 # ---------------------------------------------------------------------------------- prompts
 
-def _read_stdin() -> str:
+def _decode_utf8(data: bytes, where: str) -> str:
+    """The one rule for every prompt, whatever its source: valid UTF-8, or an error naming the byte
+    offset. (Replacing bad bytes would silently change what the model is asked to continue.)"""
     try:
-        return sys.stdin.read()
-    except UnicodeDecodeError:
-        raise UserError("the prompt on stdin is not valid UTF-8; re-encode it as UTF-8") from None
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where} is not valid UTF-8: byte 0x{data[e.start]:02x} at byte offset {e.start}; "
+                        "re-encode it as UTF-8 (e.g. iconv -t UTF-8)") from None
+
+
+def _read_stdin() -> str:
+    raw = getattr(sys.stdin, "buffer", None)  # the bytes as given (a text-only stdin: re-encoded as given)
+    data = raw.read() if raw is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+    return _decode_utf8(data, "the prompt on stdin")
+
+
+def _from_argv(text: str) -> str:
+    """A --prompt as typed: Python keeps argv's undecodable bytes as lone surrogates (surrogateescape),
+    so encoding back gives the bytes the user passed, to which the same rule applies."""
+    return _decode_utf8(os.fsencode(text), "--prompt")
 
 
 def _read_file(name: str) -> str:
     if name == "-":
         return _read_stdin()
     try:
-        return Path(name).expanduser().read_text(encoding="utf-8")
+        data = Path(name).expanduser().read_bytes()
     except FileNotFoundError:
         raise UserError(f"prompt file {name} does not exist; check the path") from None
     except IsADirectoryError:
         raise UserError(f"prompt file {name} is a directory; pass a text file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"prompt file {name} is not valid UTF-8 text; re-encode it as UTF-8") from None
     except OSError as e:
         raise UserError(f"cannot read prompt file {name} ({e.strerror}); check its permissions") from None
+    return _decode_utf8(data, f"prompt file {name}")
 
 
 def read_prompts(args) -> list[str] | None:
@@ -155,7 +170,7 @@ def read_prompts(args) -> list[str] | None:
         return [_read_stdin()]
     texts = []
     for text in args.prompt or []:
-        texts.append(_read_stdin() if text == "-" else text)
+        texts.append(_read_stdin() if text == "-" else _from_argv(text))
     for name in args.prompt_file or []:
         texts.append(_read_file(name))
     return texts or None
@@ -228,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         note(f"a prompt is longer than block_size ({block_size} tokens): only its last {block_size} tokens are context")
     rows = [p for p in prompts for _ in range(args.num_samples)]
 
+    check_fits(sampling_bytes(model.config, rows=len(rows), prompt_len=max(len(ids) for _, ids in rows)), device,
+               "sampling", "--num-samples (or the number of prompts)")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     ready = setup_decoding(model, device, args.dtype, compile=args.compile)
     model, decode_fn, dtype, packed = ready.model, ready.decode_fn, ready.dtype, ready.prepacked
@@ -266,9 +283,17 @@ def main(argv: list[str] | None = None) -> int:
                 out.write(text + tok.decode(ids) + "\n")
             out.flush()
     except BrokenPipeError:  # e.g. `python sample.py | head`: the reader left, nothing more to say
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _silence_stdout()
+    except OSError as e:  # e.g. `python sample.py > /dev/full`
+        _silence_stdout()
+        raise UserError(f"cannot write the samples to stdout ({short_error(e)}); free some space where it goes") from None
     return 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's final flush at exit has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _guard_compile(stream, compiled: bool):

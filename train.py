@@ -24,11 +24,13 @@ from tqdm import tqdm
 
 from data import BatchLoader, load_meta, prepare_data, tokenizer_from_meta
 from errors import UserError, run_cli
+from fileio import DirLock, check_writable_dir
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
-from model import GPT
+from model import GPT, GPTConfig
 from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict
 from runtime.device import resolve_device
 from runtime.loss_path import choose_loss_chunk_rows
+from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, training_dtype
 from training.checkpoint import Checkpointer, OptimizerState, ScalerState
 from training.config import Config, load_config, resume_conflicts, to_yaml
@@ -39,7 +41,7 @@ from training.distributed import (
 from training.evaluate import bits_per_byte, evaluate
 from training.health import NonFiniteGuard
 from training.init_from import initial_model
-from training.metrics import LossWindow, MetricsLog, Progress
+from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress
 from training.mfu import mfu, peak_flops
 from training.optim import make_optimizers
 from training.rng import RNGState, seed_everything
@@ -123,6 +125,9 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     out_dir = Path(t.out_dir)
     ckpt_path = out_dir / CKPT_NAME
 
+    lock = DirLock(out_dir, ".train.lock")
+    on_rank0(lambda: claim_out_dir(lock, out_dir), dist, group)  # every rank stops if it is taken
+    cleanup.callback(lock.release)
     resume = decide_resume(ckpt_path, cfg, dist, group)
     # rank 0 prepares the data (or finds it up to date); the others wait, then read only meta.json
     data_dir = Path(on_rank0(lambda: str(prepare_data(cfg.data, progress=True)), dist, group))
@@ -133,6 +138,12 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
                         f"{resume.get('tokenizer', {}).get('tokenizer')!r} and different data; "
                         "use the original data settings, or a new --train.out_dir")
 
+    planned = planned_model(cfg, meta["vocab_size"], resume)
+    if planned is not None:  # before allocating anything big: refuse what can't fit, in one line
+        check_fits(training_bytes(planned, batch_size=t.batch_size, block_size=cfg.model.block_size,
+                                  loss_chunk_rows=choose_loss_chunk_rows(device, compiled=t.compile,
+                                                                         vocab_size=planned.vocab_size)),
+                   device, "training", "train.batch_size, model.block_size, or the model's size (n_layer, n_embd)")
     seed_everything(t.seed)
     raw_model, notes = initial_model(cfg.model, vocab_size=meta["vocab_size"], tokenizer=tokenizer, seed=t.seed,
                                      resume=resume)
@@ -213,17 +224,23 @@ def decide_resume(ckpt_path: Path, cfg: Config, dist: DistInfo, group) -> dict[s
     train.out_dir shared by all nodes): the ranks compare what they found, and any difference or
     error stops every rank with the same one-line error."""
     resume, outcome = None, None
+    out_dir = ckpt_path.parent
+    earlier = [p.name for p in (ckpt_path, out_dir / BEST_NAME, out_dir / METRICS_NAME) if p.exists()]
     try:
+        if earlier and cfg.train.resume == "never":
+            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} and train.resume=never refuses to "
+                            "overwrite them; use --train.resume=auto to continue that run, or a new --train.out_dir")
+        if earlier and not ckpt_path.exists():
+            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} but no {CKPT_NAME} to resume it; "
+                            "a new run there would overwrite them: use a new --train.out_dir, or move those files away")
         if ckpt_path.exists():
-            if cfg.train.resume == "never":
-                raise UserError(f"{ckpt_path} exists and train.resume=never refuses to overwrite it; "
-                                "use --train.resume=auto to continue that run, or a new --train.out_dir")
             resume = load_checkpoint(ckpt_path)
             conflicts = resume_conflicts(resume.get("config", {}), cfg)
             if conflicts:
                 raise UserError(f"cannot resume {ckpt_path}: the config changed in {'; '.join(conflicts)}; "
                                 "restore those values, or train into a new --train.out_dir")
             train_state = resume.get("train") if isinstance(resume.get("train"), dict) else {}
+            check_best_belongs_to(out_dir / BEST_NAME, train_state.get("run_id"))
             outcome = ("checkpoint", train_state.get("run_id"), train_state.get("iter"))
         else:
             outcome = ("fresh",)
@@ -241,6 +258,39 @@ def decide_resume(ckpt_path: Path, cfg: Config, dist: DistInfo, group) -> dict[s
                         "every rank must read and write the same train.out_dir: put it on a filesystem shared by "
                         "all nodes")
     return resume
+
+
+def planned_model(cfg: Config, vocab_size: int, resume: dict[str, Any] | None) -> GPTConfig | None:
+    """The model this run will build, known before building it (None for another run's or HF weights)."""
+    try:
+        if resume is not None:
+            return GPTConfig(**resume["model_config"])
+        if cfg.model.init_from == "scratch":
+            return cfg.model.gpt_config(max(cfg.model.vocab_size, vocab_size))
+    except (KeyError, TypeError, ValueError):  # a damaged checkpoint: model_from_checkpoint says so
+        pass
+    return None
+
+
+def check_best_belongs_to(best: Path, run_id: str | None) -> None:
+    """A resumed run writes best.pt when val loss improves on ITS best: a best.pt of another run would
+    be replaced by a worse model, so it must be this run's."""
+    if not best.exists():
+        return
+    other = load_checkpoint(best).get("train", {}).get("run_id")
+    if other != run_id:
+        raise UserError(f"{best} belongs to another run ({other}) than {best.with_name(CKPT_NAME)} ({run_id}); resuming "
+                        "could replace it with a worse model: move it away, or train into a new --train.out_dir")
+
+
+def claim_out_dir(lock: DirLock, out_dir: Path) -> None:
+    """One trainer per out_dir (rank 0 holds the lock): a second one would write the same checkpoints."""
+    check_writable_dir(out_dir, "train.out_dir")
+    holder = lock.try_acquire()
+    if holder is not None:
+        raise UserError(f"another trainer (pid {holder.get('pid')} on host {holder.get('host')}, since "
+                        f"{holder.get('since')}) is writing to {out_dir}; wait for it or stop it, or use another "
+                        "--train.out_dir")
 
 
 def choose_dtype(name: str, saved: str, device: torch.device, probe) -> tuple[str, str]:

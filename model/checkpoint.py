@@ -70,6 +70,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     """Load one of our checkpoints (a file, or a directory with ckpt.pt) with weights_only=True."""
     p = resolve_checkpoint_path(path)
     try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise UserError(f"cannot read checkpoint {p} ({short_error(e)}); check the path and its permissions") from None
+    if head != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip, or a legacy pickle
+        raise UserError(f"{p} is not a PyTorch checkpoint (neither a zip archive nor a pickle: a text file, or a corrupt "
+                        "one); pass a ckpt.pt written by train.py")
+    try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
             warnings.simplefilter("ignore")
             obj = torch.load(p, map_location=map_location, weights_only=True)
@@ -173,6 +181,11 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     ckpt = load_checkpoint(spec)
     where = resolve_checkpoint_path(spec)
     model = model_from_checkpoint(ckpt, where, **overrides)
+    bad = next((name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()),
+               None)
+    if bad is not None:  # train.py never saves such weights; a damaged or foreign file can hold them
+        raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
+                        "checkpoint")
     if "tokenizer" not in ckpt:
         raise UserError(f"checkpoint {where} has no 'tokenizer' entry; use a ckpt.pt written by train.py")
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None

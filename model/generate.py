@@ -238,28 +238,32 @@ def generate_stream(
     prompt_idx, prompt_pad = _left_pad(prompts, device)
     P = prompt_idx.size(1)
     total = P + max_new_tokens
-    # the whole padded sequence so far; row r's real tokens are its right-most ones
-    seq = torch.zeros(B, total, dtype=torch.long, device=device)
+    # The padded sequence, row r's real tokens right-most. Only the last block_size columns are ever read
+    # again, so the buffer holds at most P + block_size columns and drops its oldest ones when full:
+    # memory does not grow with max_new_tokens. Column w of the sequence is seq[:, w - offset].
+    cap = P + min(max_new_tokens, block_size)
+    seq = torch.zeros(B, cap, dtype=torch.long, device=device)
     seq[:, :P] = prompt_idx
+    offset = 0
     pad = None
     if prompt_pad is not None:
-        pad = torch.ones(B, total, dtype=torch.bool, device=device)
+        pad = torch.ones(B, cap, dtype=torch.bool, device=device)
         pad[:, :P] = prompt_pad
 
     def window_logits(width: int) -> torch.Tensor:
         """Logits after the last min(width, block_size) columns, computed without the cache."""
-        start = max(0, width - block_size)
-        w_pad = None if pad is None else pad[:, start:width]
+        start = max(0, width - block_size) - offset
+        w_pad = None if pad is None else pad[:, start:width - offset]
         if w_pad is not None and bool(w_pad.all()):
             w_pad = None
-        return model(seq[:, start:width], pad_mask=w_pad)[:, -1]
+        return model(seq[:, start:width - offset], pad_mask=w_pad)[:, -1]
 
     cache = cache_pad = None
     if use_cache and P <= block_size:
         # slots for everything that fits before the first crop; after that the cache is not used
         S = min(total, block_size)
         cache = model.new_kv_cache(B, S)
-        cache_pad = None if pad is None else pad[:, :S]
+        cache_pad = None if pad is None else pad[:, :S].clone()
         logits = prefill(model, prompt_idx, cache, cache_pad)
     else:
         logits = window_logits(P)
@@ -271,7 +275,14 @@ def generate_stream(
             logits = logits[:, :vocab_size]
         tok = sample(logits, temperature, top_k, top_p, generator)  # (B,)
         width = P + step  # columns filled so far; tok goes to column `width`
-        seq[:, width] = tok
+        if width - offset == cap:  # full: keep the last block_size - 1 columns, the window's past
+            drop = cap - (block_size - 1)
+            seq[:, : cap - drop] = seq[:, drop:].clone()
+            if pad is not None:
+                pad[:, : cap - drop] = pad[:, drop:].clone()
+                pad[:, cap - drop:] = True
+            offset += drop
+        seq[:, width - offset] = tok
         out = tok.tolist()
         if check_eot:
             done = [d or t == eot for t, d in zip(out, done)]  # the EOT itself is not emitted

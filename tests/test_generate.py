@@ -215,3 +215,23 @@ def test_sampling_shortcut_distribution_equals_reference_filter(case, temperatur
     for row in range(2):
         expected = ref_probs(logits[row].tolist(), temperature, top_k, top_p)
         assert full[row].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_huge_max_new_tokens_allocates_nothing_in_proportion(model, monkeypatch):
+    """The token buffer is P + block_size wide, whatever max_new_tokens says (it used to be P + max_new_tokens
+    wide, allocated before the first token): a billion new tokens start at once and stream."""
+    from model.generate import generate_stream
+
+    widths = []
+    real_zeros = torch.zeros
+
+    def spying_zeros(*size, **k):
+        widths.append(size[-1] if size and isinstance(size[-1], int) else None)
+        return real_zeros(*size, **k)
+
+    monkeypatch.setattr(torch, "zeros", spying_zeros)
+    stream = generate_stream(model, [[1, 2, 3], [4]], 10**9, temperature=0)
+    first = [next(stream) for _ in range(model.config.block_size + 5)]  # well past the first crop
+    stream.close()
+    assert len(first) == model.config.block_size + 5
+    assert max(w for w in widths if w is not None) <= 3 + model.config.block_size

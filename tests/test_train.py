@@ -129,7 +129,8 @@ def test_resume_refuses_a_changed_architecture_and_keeps_the_checkpoint(tmp_path
     before = (out / "ckpt.pt").read_bytes()
     with pytest.raises(UserError, match=r"cannot resume .*model.n_layer: 2 -> 3; .*new --train.out_dir"):
         run(out, data_root, "--train.max_iters=6", "--model.n_layer=3")
-    with pytest.raises(UserError, match=r"exists and train.resume=never refuses to overwrite it"):
+    with pytest.raises(UserError, match=r"holds an earlier run's ckpt.pt, best.pt, metrics.jsonl and train.resume=never "
+                                        r"refuses to overwrite them"):
         run(out, data_root, "--train.max_iters=6", "--train.resume=never")
     assert (out / "ckpt.pt").read_bytes() == before
     res = run(out, data_root, "--train.max_iters=5", "--train.log_interval=2")  # allowed changes: continues

@@ -77,7 +77,13 @@ class Checkpointer:
         """Collect every state (on every rank: some gather across ranks), then rank 0 writes `path`."""
         payload = {name: obj.state_dict() for name, obj in self.states.items()}
         if self.is_main:
-            save_checkpoint(path, {**self.static, **payload})
+            try:
+                save_checkpoint(path, {**self.static, **payload})
+            except OSError as e:  # a full disk, a quota, a read-only mount: the previous file is intact
+                kept = f"it still holds iter {self.last_saved_iter}" if self.last_saved_iter is not None and \
+                    Path(path).exists() else "nothing was written"
+                raise UserError(f"cannot write {path} ({short_error(e)}); {kept}; free some space, then rerun the same "
+                                "command to resume") from None
         if iter_num is not None and Path(path).name == "ckpt.pt":
             self.last_saved_iter = iter_num
 

@@ -207,9 +207,29 @@ def find_config_file(name: str) -> Path:
     raise UserError(f"config {name!r} not found as a file or in configs/; pass a YAML path or one of: {shipped}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key written twice in one mapping is an error (PyYAML keeps the
+    last one silently, so a config could say two things and mean one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise UserError(f"{self.name}: {key!r} appears twice (line {key_node.start_mark.line + 1}); "
+                                "keep one of them")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -387,6 +407,8 @@ def validate(cfg: Config) -> None:
     ok_dev = dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())
     _check(ok_dev, f"train.device must be auto, cpu, cuda, cuda:N or mps, got {dev!r}")
     _check(bool(t.out_dir.strip()), "train.out_dir is empty; set it to a directory, e.g. out/small")
+    for k in ("seed", "eval_seed"):
+        _check(0 <= getattr(t, k) < 2**63, f"train.{k} must be in [0, 2**63), got {getattr(t, k)}; e.g. 1337")
 
     e = cfg.eval
     for k in ("hellaswag_interval", "hellaswag_limit"):

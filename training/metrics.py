@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from errors import UserError, short_error
 from fileio import atomic_write_bytes
 
 METRICS_NAME = "metrics.jsonl"
@@ -35,6 +36,8 @@ class MetricsLog:
     def __init__(self, out_dir: str | Path, *, active: bool = True):
         self.path = Path(out_dir) / METRICS_NAME
         self.active = active
+        if active and self.path.exists() and not self.path.is_file():
+            raise UserError(f"{self.path} is not a file; move it away (train.py writes its metrics there)")
 
     def resume_at(self, iter_num: int) -> int | None:
         """Keep the records up to `iter_num` (the checkpoint's): later ones are about to be redone.
@@ -57,10 +60,13 @@ class MetricsLog:
     def append(self, iter_num: int, values: dict[str, Any]) -> None:
         if not self.active or not values:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         record = {"iter": iter_num, **{k: _plain(v) for k, v in values.items()}}
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
+        except OSError as e:
+            raise UserError(f"cannot append to {self.path} ({short_error(e)}); free some space or fix the file, then "
+                            "rerun the same command to resume") from None
 
 
 class LossWindow:

@@ -1,0 +1,79 @@
+"""How much memory a run will need, estimated before anything large is allocated: a run that cannot fit
+stops at start with one line giving the estimate and what to lower, instead of dying in the allocator
+or, worse, being killed by the kernel's OOM killer (which endangers everything else on the host).
+
+The estimates count the big tensors and round up; they are checked against the measured peak of a
+small run in the tests (tests/test_memory.py) to stay within a factor of a few. A run is refused when
+its estimate exceeds 90% of what is available: MemAvailable on a CPU (per local rank), free memory on a GPU.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from errors import UserError
+from model import GPT, GPTConfig
+
+HEADROOM = 0.9
+# per token per layer, the activations autograd keeps, in units of n_embd: the block's input and two
+# norms (3), q, k, v and the attention output (4), the projection's input (1), the MLP's input, hidden
+# and activated hidden (1 + 4 + 4), residual sums and dropout masks (3): ~20, plus the head's logits
+ACTIVATIONS_PER_LAYER = 20
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def param_count(config: GPTConfig) -> int:
+    with torch.device("meta"):  # counts without allocating
+        return sum(p.numel() for p in GPT(config).parameters())
+
+
+def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_chunk_rows: int | None) -> dict[str, int]:
+    """The big allocations of one training process, in fp32 (a bf16/fp16 run needs less)."""
+    n = param_count(config)
+    tokens = batch_size * block_size
+    C, V, L = config.n_embd, config.vocab_size, config.n_layer
+    attention = 0 if config.attn_backend == "sdpa" else 2 * batch_size * config.n_head * block_size ** 2 * 4 * L
+    head_rows = tokens if loss_chunk_rows is None else min(loss_chunk_rows, tokens)
+    return {
+        "weights, gradients and AdamW state": 4 * n * 4,
+        "activations": tokens * C * ACTIVATIONS_PER_LAYER * L * 4 + attention,
+        "logits": head_rows * V * 4 * 3 + V * C * 4,  # logits, softmax and its gradient; the head's fp32 gradient
+    }
+
+
+def sampling_bytes(config: GPTConfig, *, rows: int, prompt_len: int) -> dict[str, int]:
+    """sample.py: the model in fp32 and two candidates of the dtype probe, the KV cache of every row,
+    the token buffer and the logits."""
+    n = param_count(config)
+    C, L, V, S = config.n_embd, config.n_layer, config.vocab_size, config.block_size
+    return {
+        "weights (and the dtype probe's copies)": n * 4 * 3,
+        "KV cache": 2 * L * rows * S * C * 4,
+        "tokens and logits": rows * (prompt_len + S) * 9 + rows * V * 4 * 4,
+    }
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory for this process: on a GPU what the driver says is free; on a CPU MemAvailable
+    (Linux) shared by the local ranks (torchrun's LOCAL_WORLD_SIZE); None where it can't be known."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kb * 1024 // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def check_fits(need: dict[str, int], device: torch.device, what: str, lower: str) -> None:
+    """One line if the estimate `need` is over HEADROOM of what `device` has free."""
+    free = available_bytes(device)
+    total = sum(need.values())
+    if free is not None and total > HEADROOM * free:
+        parts = ", ".join(f"{k} {gib(v)}" for k, v in sorted(need.items(), key=lambda kv: -kv[1]))
+        raise UserError(f"{what} needs about {gib(total)} ({parts}) but {device.type} has {gib(free)} free; lower {lower}")

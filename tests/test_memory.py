@@ -1,0 +1,115 @@
+"""Memory: runs that can't fit are refused at start in one line, with an estimate that tracks what a run
+really uses; an allocation that fails anyway is one line too."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from errors import run_cli
+from model import GPTConfig
+from runtime.memory import sampling_bytes, training_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = textwrap.dedent("""
+    import json, resource, sys
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    torch.set_num_threads(1)
+    from model import GPT, GPTConfig
+    from training.optim import make_optimizers
+    from training.step import train_step
+
+    def rss_kb():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+
+    cfg = GPTConfig(**json.loads(sys.argv[2]))
+    B, T = json.loads(sys.argv[3])
+    before = rss_kb()
+    model = GPT(cfg)
+    model.loss_chunk_rows = None
+    opts = make_optimizers(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    x = torch.randint(0, cfg.vocab_size, (B, T))
+    for _ in range(2):
+        train_step(model, opts, scaler, [(x, x)], amp=lambda: torch.autocast("cpu", enabled=False), grad_clip=1.0)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+""")
+
+
+def test_the_training_estimate_tracks_the_measured_peak():
+    config = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=8000)
+    B, T = 16, 256
+    r = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), json.dumps(config), json.dumps([B, T])],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    measured = int(r.stdout.strip())
+    estimate = sum(training_bytes(GPTConfig(**config), batch_size=B, block_size=T, loss_chunk_rows=None).values())
+    assert measured > 200 * 2**20  # big enough for the comparison to mean something
+    assert 0.7 <= estimate / measured <= 3.0, (estimate / 2**20, measured / 2**20)  # on the safe side, not absurdly
+
+
+def test_the_estimates_grow_with_what_the_user_can_lower():
+    small = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=100)
+    base = sum(training_bytes(small, batch_size=4, block_size=64, loss_chunk_rows=128).values())
+    assert sum(training_bytes(small, batch_size=8, block_size=64, loss_chunk_rows=128).values()) > base
+    assert sum(sampling_bytes(small, rows=100, prompt_len=10).values()) > sum(sampling_bytes(small, rows=1, prompt_len=10).values())
+
+
+def _one_line(code, err, *words):
+    assert code == 2 and "Traceback" not in err, err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("override,words", [
+    ("--train.batch_size=100000000", "activations"),
+    ("--model.n_embd=65536", "weights, gradients and AdamW state"),
+    ("--model.block_size=5000000", "activations"),
+])
+def test_training_that_cannot_fit_is_refused_in_one_line_before_allocating(tmp_path, capsys, override, words):
+    import train
+
+    argv = ["--data.tokenizer=char", f"--data.root={tmp_path / 'prepared'}", f"--train.out_dir={tmp_path / 'out'}",
+            "--model.n_head=4", "--wandb.mode=disabled", "--train.device=cpu", override]
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: train.main(argv))
+    _one_line(e.value.code, capsys.readouterr().err, "training needs about", words, "lower train.batch_size")
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_sampling_that_cannot_fit_is_refused_in_one_line(tmp_path, capsys):
+    import sample
+    from test_sample import make_char_checkpoint
+
+    make_char_checkpoint(tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: sample.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--num-samples", "100000000"]))
+    _one_line(e.value.code, capsys.readouterr().err, "sampling needs about", "KV cache", "--num-samples")
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried "
+                                                              "to allocate 1000000000000 bytes")])
+def test_an_allocation_that_fails_anyway_is_one_line(capsys, exc):
+    def main():
+        raise exc
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main)
+    _one_line(e.value.code, capsys.readouterr().err, "out of memory")
+
+
+def test_other_runtime_errors_are_not_mistaken_for_memory():
+    def main():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_cli(main)
