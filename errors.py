@@ -8,6 +8,7 @@ that message on one line, with no traceback, and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Callable
 
@@ -28,6 +29,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UserError(f"{message}; see `{self.prog} --help`")
+
+
+def quiet_interrupts() -> None:
+    """For an entry script, before its heavy imports (torch takes seconds): Ctrl-C then prints
+    `interrupted` and exits 130, as run_cli does later, instead of a traceback from inside an import.
+    (Handlers installed later, like train.py's, restore this one when they are done.)"""
+    def interrupted(signum, frame):
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 def run_cli(main: Callable[[], int | None]) -> None:

@@ -27,6 +27,11 @@ Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr 
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # before the heavy imports below: Ctrl-C during start-up is one line too
+    errors.quiet_interrupts()
+
 import argparse
 import math
 import os
@@ -40,7 +45,7 @@ from data import tokenizer_from_meta
 from errors import ArgumentParser, UserError, run_cli, short_error
 from model.checkpoint import load_model as load_any_model
 from model.generate import generate_stream
-from runtime.device import resolve_device
+from runtime.device import compile_failed, resolve_device
 from runtime.decoding import setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
@@ -304,7 +309,7 @@ def _guard_compile(stream, compiled: bool):
     try:
         yield from stream
     except Exception as e:
-        if type(e).__module__.startswith("torch._dynamo") or type(e).__module__.startswith("torch._inductor"):
+        if compile_failed(e):
             raise UserError(f"--compile failed ({type(e).__name__}); run without --compile") from None
         raise
 

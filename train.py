@@ -11,6 +11,11 @@ latest complete checkpoint, `best.pt` the best val loss, `metrics.jsonl` every l
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # before the heavy imports below: Ctrl-C during start-up is one line too
+    errors.quiet_interrupts()
+
 import sys
 import time
 from contextlib import ExitStack
@@ -23,12 +28,12 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from data import BatchLoader, load_meta, prepare_data, tokenizer_from_meta
-from errors import UserError, run_cli
-from fileio import DirLock, check_writable_dir
+from errors import UserError, run_cli, short_error
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
+from fileio import DirLock, check_writable_dir
 from model import GPT, GPTConfig
 from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict
-from runtime.device import resolve_device
+from runtime.device import compile_failed, resolve_device
 from runtime.loss_path import choose_loss_chunk_rows
 from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, training_dtype
@@ -117,6 +122,21 @@ class Run:
     def amp(self):
         return autocast(self.device, self.dtype)
 
+    def step(self, batches) -> StepOutput:
+        """train_step; if torch.compile fails (no C++ compiler for Inductor on a CPU, an unsupported GPU),
+        the step is redone from the same state without compile, and the run goes on eager."""
+        try:
+            return train_step(self.model, self.optimizers, self.scaler, batches, amp=self.amp,
+                              grad_clip=self.cfg.train.grad_clip)
+        except Exception as e:
+            if not (self.cfg.train.compile and self.model is not self.raw_model and compile_failed(e)):
+                raise
+            self.say(f"warning: torch.compile failed ({short_error(e)}); training continues without it")
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)  # a failed backward may have left partial gradients
+            self.model = apply_ddp(self.raw_model, self.dist, self.device)
+            return self.step(batches)
+
 
 def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack) -> Run:
     t = cfg.train
@@ -157,7 +177,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
 
     # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate),
     # every rank uses its choice, and a resumed run keeps the one it made
-    saved_dtype = resume["train"].get("dtype") if resume is not None else ""
+    saved = resume.get("train") if resume is not None else None
+    saved_dtype = saved.get("dtype", "") if isinstance(saved, dict) else ""  # a damaged entry: restore says so
     probe = forward_backward_probe(raw_model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
     name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device, probe), dist, group)
     dtype = DTYPE_BY_NAME[name]
@@ -180,7 +201,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
         is_main=dist.is_main)
     if resume is not None:
         checkpointer.restore(resume, ckpt_path)
-        checkpointer.last_saved_iter = state.iter
+        checkpointer.last_saved, checkpointer.last_saved_iter = ckpt_path, state.iter
         state.dtype = name  # kept from the checkpoint unless train.dtype overrides it (choose_dtype)
     elif dist.rank:
         torch.manual_seed(t.seed + dist.rank)  # different dropout masks per rank; same init (above)
@@ -275,7 +296,7 @@ def planned_model(cfg: Config, vocab_size: int, resume: dict[str, Any] | None) -
 def check_best_belongs_to(best: Path, run_id: str | None) -> None:
     """A resumed run writes best.pt when val loss improves on ITS best: a best.pt of another run would
     be replaced by a worse model, so it must be this run's."""
-    if not best.exists():
+    if not best.exists() or run_id is None:  # no run id: the restore reports the damaged entry
         return
     other = load_checkpoint(best).get("train", {}).get("run_id")
     if other != run_id:
@@ -318,7 +339,7 @@ def loop(r: Run) -> dict[str, Any]:
         lr = lr_at(state.iter, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters)
         apply_lr(r.optimizers, lr, t.lr)
         batches = [r.train_loader.get_batch(state.iter, micro) for micro in range(r.accum)]
-        out = train_step(r.model, r.optimizers, r.scaler, batches, amp=r.amp, grad_clip=t.grad_clip)
+        out = r.step(batches)
         guard.observe(out, state.iter)
         state.iter += 1
         state.tokens_seen += r.tokens_per_step

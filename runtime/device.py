@@ -1,4 +1,5 @@
-"""Which device to run on (training, sampling, evaluation and the benchmark share it)."""
+"""Which device to run on (training, sampling, evaluation and the benchmark share it), and how a
+torch.compile failure is told from a model error."""
 from __future__ import annotations
 
 import torch
@@ -33,3 +34,9 @@ def resolve_device(name: str, local_rank: int = 0, option: str = "--train.device
     if dev.type == "mps" and not _mps_available():
         raise UserError(f"{option}={name} but MPS is not available here; use {option}=cpu or auto")
     return dev
+
+
+def compile_failed(e: BaseException) -> bool:
+    """Whether an exception comes from torch.compile's machinery (Dynamo, Inductor: e.g. no C++
+    compiler on a CPU) rather than from the model: then running without compile is the fix."""
+    return type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))

@@ -71,6 +71,7 @@ class Checkpointer:
         self.states = dict(states)
         self.static = dict(static)
         self.is_main = is_main
+        self.last_saved: Path | None = None  # the latest ckpt.pt written or restored, and its iteration
         self.last_saved_iter: int | None = None
 
     def save(self, path: str | os.PathLike, iter_num: int | None = None) -> None:
@@ -79,13 +80,13 @@ class Checkpointer:
         if self.is_main:
             try:
                 save_checkpoint(path, {**self.static, **payload})
-            except OSError as e:  # a full disk, a quota, a read-only mount: the previous file is intact
-                kept = f"it still holds iter {self.last_saved_iter}" if self.last_saved_iter is not None and \
-                    Path(path).exists() else "nothing was written"
+            except OSError as e:  # a full disk, a quota, a read-only mount: the files written before are intact
+                kept = (f"the last checkpoint, {self.last_saved}, still holds iter {self.last_saved_iter}"
+                        if self.last_saved is not None else "no checkpoint was written yet")
                 raise UserError(f"cannot write {path} ({short_error(e)}); {kept}; free some space, then rerun the same "
                                 "command to resume") from None
         if iter_num is not None and Path(path).name == "ckpt.pt":
-            self.last_saved_iter = iter_num
+            self.last_saved, self.last_saved_iter = Path(path), iter_num
 
     def restore(self, ckpt: Mapping[str, Any], where: str | os.PathLike) -> None:
         """Give every registered state its saved entry. A missing or malformed entry is a one-line

@@ -1,0 +1,83 @@
+"""Faults from outside, on real processes: `kill -9` at random moments of a training run, then resume,
+ten times over, must end bitwise equal to an uninterrupted run; and a checkpoint written onto a really
+full filesystem (a small tmpfs) must fail in one line and keep the previous checkpoint.
+
+    python -m pytest tests/test_faults.py -v
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from data import DataConfig, prepare_data
+from model.checkpoint import load_checkpoint
+from test_train import tiny_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("prepared")
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    return root
+
+
+def train_argv(out: Path, data_root: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), *tiny_argv(out, data_root, "--model.dropout=0.1", "--train.max_iters=60",
+                                                               "--train.checkpoint_interval=4", "--train.eval_interval=20",
+                                                               "--train.log_interval=5", *extra)]
+
+
+def test_kill_9_at_ten_random_moments_then_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, data_root):
+    reference = subprocess.run(train_argv(tmp_path / "ref", data_root), env=ENV, capture_output=True, text=True,
+                               timeout=300)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    out, rng = tmp_path / "killed", random.Random(1234)
+    for _ in range(10):  # each kill lands anywhere: imports, set-up, a step, mid-checkpoint-write
+        proc = subprocess.Popen(train_argv(out, data_root), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, 3.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    final = subprocess.run(train_argv(out, data_root), env=ENV, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-2000:]
+    a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(out)
+    assert a["train"]["iter"] == b["train"]["iter"] == 60
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert not list(out.glob(".*.tmp"))  # the killed writers' temp files were cleaned up or never left
+
+
+def test_a_checkpoint_onto_a_full_filesystem_is_one_line_and_keeps_the_previous_one(tmp_path, data_root):
+    probe = tmp_path / "probe"
+    r = subprocess.run(train_argv(probe, data_root, "--train.max_iters=2"), env=ENV, capture_output=True, timeout=300)
+    assert r.returncode == 0
+    size = (probe / "ckpt.pt").stat().st_size
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2 // 1024 + 8}k", "tmpfs", str(disk)],
+                           capture_output=True, text=True)
+    if mount.returncode:
+        pytest.skip(f"mounting a small tmpfs needs root or CAP_SYS_ADMIN here ({mount.stderr.strip()}): the "
+                    "simulated full disk of test_train_reliability.py covers the code path instead")
+    try:
+        out = disk / "out"
+        r = subprocess.run(train_argv(out, data_root, "--train.max_iters=8"), env=ENV, capture_output=True, text=True,
+                           timeout=300)
+        errors = [ln for ln in r.stderr.replace("\r", "\n").splitlines() if ln.startswith("error:")]
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert len(errors) == 1 and "No space left on device" in errors[0] and "ckpt.pt, still holds iter 4" in errors[0]
+        assert load_checkpoint(out)["train"]["iter"] == 4  # the first checkpoint, intact
+        assert not list(out.glob(".*.tmp"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

@@ -1,0 +1,314 @@
+"""Training and sampling never lose or overwrite a run's files, and every bad file, full disk or
+interruption is one line: one writer per out_dir, earlier runs' files kept, half-valid checkpoints and
+HF directories refused, non-UTF-8 prompts named, compile failures survived."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import sample
+import train
+from data import DataConfig, prepare_data
+from errors import UserError, run_cli
+from faults import inject
+from model import GPT, GPTConfig
+from model.checkpoint import load_checkpoint, save_checkpoint
+from test_train import run, tiny_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("prepared")
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    return root
+
+
+def cli(argv, capsys, main=train.main):
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: main(argv))
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def one_line(code, err, *words):
+    assert code == 2 and "Traceback" not in err, err
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------ one writer
+
+@pytest.mark.slow
+def test_a_second_trainer_on_the_same_out_dir_stops_and_the_checkpoint_is_never_torn(tmp_path, data_root):
+    out = tmp_path / "out"
+    argv = tiny_argv(out, data_root, "--train.max_iters=100000", "--train.checkpoint_interval=2",
+                     "--train.eval_interval=100000", "--train.log_interval=50")
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "ckpt.pt").exists():
+        assert time.time() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    reads, torn = 0, []
+
+    def reader():  # meanwhile ckpt.pt is rewritten every 2 steps: it must always load
+        nonlocal reads
+        while first.poll() is None and reads < 200:
+            try:
+                load_checkpoint(out)
+            except UserError as e:
+                torn.append(str(e))
+            reads += 1
+
+    t = threading.Thread(target=reader)
+    t.start()
+    second = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], env=ENV, capture_output=True, text=True,
+                            timeout=120)
+    t.join(timeout=60)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    line = one_line(second.returncode, second.stderr, "another trainer", f"pid {first.pid}", "is writing to")
+    assert os.uname().nodename in line
+    assert reads >= 20 and torn == []
+    assert first.returncode == 0 and not (out / ".train.lock").exists()  # released at the end
+
+
+def test_a_lock_left_by_a_killed_trainer_does_not_block(tmp_path, data_root):
+    import socket
+
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / ".train.lock").write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    assert run(out, data_root, "--train.max_iters=2")["iter"] == 2
+
+
+# ------------------------------------------------------------------------------------------ earlier runs' files
+
+def test_resume_never_refuses_an_out_dir_holding_any_earlier_runs_file(tmp_path, data_root, capsys):
+    for name in ("best.pt", "metrics.jsonl"):
+        out = tmp_path / name
+        out.mkdir()
+        (out / name).write_bytes(b"earlier")
+        code, _, err = cli(tiny_argv(out, data_root, "--train.resume=never"), capsys)
+        one_line(code, err, f"holds an earlier run's {name}", "train.resume=never refuses")
+        assert (out / name).read_bytes() == b"earlier"
+
+
+def test_a_fresh_run_never_replaces_another_runs_best_checkpoint(tmp_path, data_root, capsys):
+    """The reported case: out_dir with only best.pt (a good model) and resume=auto used to end with a
+    worse best.pt and the old metrics.jsonl appended to."""
+    out = tmp_path / "out"
+    run(out, data_root, "--train.max_iters=4", "--train.eval_interval=2")
+    (out / "ckpt.pt").unlink()
+    before = {name: (out / name).read_bytes() for name in ("best.pt", "metrics.jsonl")}
+    code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=2"), capsys)
+    one_line(code, err, "holds an earlier run's best.pt, metrics.jsonl but no ckpt.pt", "new --train.out_dir")
+    assert {name: (out / name).read_bytes() for name in before} == before
+
+
+def test_a_resumed_run_refuses_a_best_checkpoint_of_another_run(tmp_path, data_root, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run(a, data_root, "--train.max_iters=2", "--train.eval_interval=2")
+    run(b, data_root, "--train.max_iters=2", "--train.eval_interval=2")
+    (b / "best.pt").write_bytes((a / "best.pt").read_bytes())  # another run's best model, moved in by hand
+    code, _, err = cli(tiny_argv(b, data_root, "--train.max_iters=4"), capsys)
+    one_line(code, err, "best.pt belongs to another run", "worse model")
+
+
+@pytest.fixture(scope="module")
+def char_ckpt(tmp_path_factory) -> Path:
+    from test_sample import make_char_checkpoint
+
+    path = tmp_path_factory.mktemp("ck") / "ckpt.pt"
+    make_char_checkpoint(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ filesystem
+
+def test_an_out_dir_that_is_a_file_or_unwritable_is_one_line_at_start(tmp_path, data_root, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    code, _, err = cli(tiny_argv(tmp_path / "file", data_root), capsys)
+    one_line(code, err, "train.out_dir=", "is a file")
+    import fileio
+
+    def denied(final):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(fileio, "temp_path", denied)  # tests run as root: an unwritable dir, simulated
+    code, _, err = cli(tiny_argv(tmp_path / "ro", data_root), capsys)
+    one_line(code, err, "train.out_dir=", "is not writable")
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, data_root, capsys,
+                                                                                      monkeypatch):
+    import model.checkpoint
+
+    out = tmp_path / "out"
+    run(out, data_root, "--train.max_iters=2", "--train.eval_interval=2")
+    before = (out / "ckpt.pt").read_bytes()
+    real = torch.save
+
+    def full(obj, f, *a, **k):
+        real(obj, f, *a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(model.checkpoint.torch, "save", full)
+    code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=4", "--train.eval_interval=100"), capsys)
+    one_line(code, err, "cannot write", "No space left on device", "ckpt.pt, still holds iter 2")
+    assert (out / "ckpt.pt").read_bytes() == before and not list(out.glob(".*.tmp"))
+
+
+def test_a_metrics_file_that_is_a_directory_is_one_line(tmp_path, data_root, capsys):
+    out = tmp_path / "out"
+    run(out, data_root, "--train.max_iters=2")
+    (out / "metrics.jsonl").unlink()
+    (out / "metrics.jsonl").mkdir()
+    code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=3"), capsys)
+    one_line(code, err, "metrics.jsonl is not a file")
+
+
+@pytest.mark.slow
+def test_sampling_into_a_full_device_is_one_line(char_ckpt):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(char_ckpt), "--max-new-tokens",
+                            "50", "--seed", "1"], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV, timeout=120)
+    one_line(r.returncode, r.stderr, "cannot write the samples to stdout", "No space left on device")
+
+
+# ------------------------------------------------------------------------------------------ half-valid files
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda ck: ck.pop("optimizer"), "no 'optimizer' entry"),
+    (lambda ck: ck.pop("rng"), "no 'rng' entry"),
+    (lambda ck: ck.pop("loader"), "no 'loader' entry"),
+    (lambda ck: ck.pop("train"), "no 'train' entry"),
+    (lambda ck: ck.update(rng={"ranks": "nonsense"}), "its 'rng' entry is malformed"),
+    (lambda ck: ck["train"].update(iter="ten"), "its 'train' entry is malformed"),
+])
+def test_a_checkpoint_with_a_missing_or_malformed_entry_is_one_line(tmp_path, data_root, capsys, damage, words):
+    out = tmp_path / "out"
+    run(out, data_root, "--train.max_iters=2")
+    ck = load_checkpoint(out)
+    damage(ck)
+    save_checkpoint(out / "ckpt.pt", ck)
+    code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=4"), capsys)
+    one_line(code, err, words)
+
+
+def test_a_checkpoint_with_nan_weights_is_one_line_in_sample(tmp_path, capsys):
+    from test_sample import make_char_checkpoint
+
+    make_char_checkpoint(tmp_path / "ckpt.pt")
+    ck = load_checkpoint(tmp_path / "ckpt.pt")
+    ck["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
+    save_checkpoint(tmp_path / "ckpt.pt", ck)
+    code, _, err = cli(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "3"], capsys, main=sample.main)
+    one_line(code, err, "non-finite weights", "transformer.h.0.mlp.c_fc.weight")
+
+
+class _Evil:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("case", ["pickle_bin", "corrupt_safetensors", "config_missing_keys", "config_a_list"])
+def test_init_from_a_bad_hf_directory_is_one_line_in_train_and_sample(tmp_path, data_root, capsys, case):
+    transformers = pytest.importorskip("transformers")
+    hf = tmp_path / "hf"
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=1, n_embd=8, n_positions=32))
+    model.save_pretrained(hf)
+    marker = tmp_path / "MARKER"
+    if case == "pickle_bin":
+        (hf / "model.safetensors").unlink()
+        torch.save({"x": _Evil(marker)}, hf / "pytorch_model.bin")
+    elif case == "corrupt_safetensors":
+        (hf / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken")
+    elif case == "config_missing_keys":
+        (hf / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    else:
+        (hf / "config.json").write_text("[1, 2, 3]")
+    code, _, err = cli(tiny_argv(tmp_path / "out", data_root, "--data.tokenizer=gpt2", f"--model.init_from={hf}"), capsys)
+    train_line = one_line(code, err)
+    code, _, err = cli(["--checkpoint", str(hf), "--max-new-tokens", "2"], capsys, main=sample.main)
+    sample_line = one_line(code, err)
+    assert str(hf) in train_line and str(hf) in sample_line
+    assert not marker.exists()  # the pickle's code never ran
+
+
+# ------------------------------------------------------------------------------------------ prompts
+
+@pytest.mark.parametrize("where", ["argv", "stdin", "file"])
+def test_a_non_utf8_prompt_is_one_line_naming_the_byte_offset_on_every_input_path(char_ckpt, tmp_path, where):
+    """One rule everywhere: before, char checkpoints crashed with UnicodeEncodeError and gpt2 ones
+    silently turned the bytes into '?'."""
+    bad = b"ROMEO:\xff\xfe"
+    args = [sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(char_ckpt), "--max-new-tokens", "2"]
+    kw = {}
+    if where == "argv":
+        args += ["--prompt", os.fsdecode(bad)]
+    elif where == "stdin":
+        args += ["-"]
+        kw["input"] = bad
+    else:
+        (tmp_path / "p.txt").write_bytes(bad)
+        args += ["--prompt-file", str(tmp_path / "p.txt")]
+    r = subprocess.run(args, capture_output=True, env=ENV, timeout=120, **kw)
+    one_line(r.returncode, r.stderr.decode(), "not valid UTF-8: byte 0xff at byte offset 6")
+
+
+# ------------------------------------------------------------------------------------------ compile, Ctrl-C
+
+def test_a_compile_failure_falls_back_to_eager_with_one_line(tmp_path, data_root, capsys, monkeypatch):
+    class CppCompileError(Exception):
+        """What Inductor raises on a CPU without a C++ compiler."""
+    CppCompileError.__module__ = "torch._inductor.exc"
+
+    class Broken(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *a, **k):
+            raise CppCompileError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", lambda m, **k: Broken(m))
+    eager = run(tmp_path / "eager", data_root, "--train.max_iters=3")
+    capsys.readouterr()
+    compiled = run(tmp_path / "compiled", data_root, "--train.max_iters=3", "--train.compile=true")
+    warnings = [ln for ln in capsys.readouterr().out.splitlines() if "torch.compile failed" in ln]
+    assert len(warnings) == 1 and "no C++ compiler found" in warnings[0]
+    assert compiled["losses"] == eager["losses"]  # the failed step was redone from the same state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_ctrl_c_during_start_up_is_one_line_not_a_traceback(script, tmp_path):
+    proc = subprocess.Popen([sys.executable, str(ROOT / script), "--train.out_dir=x" if script == "train.py" else
+                             "--max-new-tokens=1"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    time.sleep(0.3)  # inside the imports (torch alone takes longer than this)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "interrupted", err
