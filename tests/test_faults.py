@@ -46,7 +46,7 @@ def test_kill_9_at_ten_random_moments_then_resume_ends_bitwise_equal_to_an_unint
     out, rng = tmp_path / "killed", random.Random(1234)
     for _ in range(10):  # each kill lands anywhere: imports, set-up, a step, mid-checkpoint-write
         proc = subprocess.Popen(train_argv(out, data_root), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, 3.0))
+        time.sleep(rng.uniform(0.3, 2.2))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     final = subprocess.run(train_argv(out, data_root), env=ENV, capture_output=True, text=True, timeout=300)

@@ -92,7 +92,7 @@ def test_sampling_that_cannot_fit_is_refused_in_one_line(tmp_path, capsys):
 
     make_char_checkpoint(tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit) as e:
-        run_cli(lambda: sample.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--num-samples", "100000000"]))
+        run_cli(lambda: sample.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--num-samples", "10000000"]))
     _one_line(e.value.code, capsys.readouterr().err, "sampling needs about", "KV cache", "--num-samples")
 
 
