@@ -5,6 +5,9 @@ largest tensor. Where the logits go depends on the hardware:
 - CPU: the fused, chunked head + loss (model/fused_ce.py) in 128-row chunks keeps each chunk's logits
   in cache; measured on a 2-core CPU it is ~1.9x faster than full logits + F.cross_entropy, and 128
   rows are at least as fast as 64-384.
+- A small vocabulary (a char model: 65 ids), on any device: the full logits are a few hundred KB, and
+  one matmul + cross_entropy costs less than the chunks' many small ops (char step, 2-core CPU: 25.2
+  against 26.0 ms).
 - CUDA with torch.compile: the full logits inside the compiled graph, where Inductor fuses the
   log-softmax into few kernels; the chunked path stays eager (a graph break) and runs many small
   launches (see the GPU rows of bench.py for the measurement).
@@ -18,7 +21,12 @@ import torch
 from model.fused_ce import CHUNK_ROWS
 
 
+SMALL_VOCAB = 8192  # below this the logits are small, and one matmul + cross_entropy beats chunking
+
+
 def choose_loss_chunk_rows(device: torch.device, *, compiled: bool, vocab_size: int) -> int | None:
+    if vocab_size < SMALL_VOCAB:
+        return None
     if device.type != "cuda":
         return CHUNK_ROWS
     if compiled:

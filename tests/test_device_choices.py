@@ -39,6 +39,7 @@ def fake_gpu(monkeypatch):
 def test_loss_path_is_full_logits_in_a_compiled_gpu_graph_and_bounded_chunks_otherwise(fake_gpu):
     assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257) == CHUNK_ROWS
     assert choose_loss_chunk_rows(torch.device("cpu"), compiled=True, vocab_size=50257) == CHUNK_ROWS
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=65) is None  # a char model
     fake_gpu(free_gb=70.0)
     assert choose_loss_chunk_rows(CUDA, compiled=True, vocab_size=50304) is None
     # eager on a GPU: a chunk's fp32 logits take at most 1/16 of free memory, at most 8192 rows
