@@ -47,8 +47,13 @@ def test_config_found_by_name_or_path(name, monkeypatch):
 
 
 def test_shipped_configs_load_and_validate():
-    for name in ("small", "shakespeare_char", "gpt2_124m"):
+    names = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+    assert {"small", "small_modern", "shakespeare_char", "shakespeare_char_modern", "gpt2_124m"} <= set(names)
+    for name in names:
         load_config(["--config", name])
+    for name in ("small_modern", "shakespeare_char_modern"):  # the modern recipe is really on
+        m, t = (lambda c: (c.model, c.train))(load_config(["--config", name]))
+        assert (m.pos_embedding, m.qk_norm, m.mlp_act, t.optimizer) == ("rope", True, "relu2", "muon")
     assert load_config(["--config", "shakespeare_char"]).data.tokenizer == "char"
     big = load_config(["--config", "gpt2_124m"])
     assert (big.model.n_layer, big.model.n_embd, big.train.dtype, big.train.compile) == (12, 768, "bfloat16", True)

@@ -96,13 +96,18 @@ def test_ampere_and_newer_train_and_sample_in_bf16_without_a_scaler(fake_gpu):
 
 # ------------------------------------------------------------------------------------------ MFU
 
-def test_fp32_mfu_uses_the_tf32_peak_when_tf32_matmuls_are_on(fake_gpu, monkeypatch):
+def test_fp32_mfu_uses_the_tf32_peak_when_tf32_matmuls_are_on(fake_gpu):
     fake_gpu(name="NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    peak, note = peak_flops(CUDA, torch.float32)
-    assert peak == 495e12 and "tf32" in note  # H100 SXM dense TF32, not the 67 TFLOP/s of plain fp32
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    assert peak_flops(CUDA, torch.float32)[0] == 67e12
+    # Set and restored by hand: on a CUDA build allow_tf32 is a property that monkeypatch can't undo.
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        peak, note = peak_flops(CUDA, torch.float32)
+        assert peak == 495e12 and "tf32" in note  # H100 SXM dense TF32, not the 67 TFLOP/s of plain fp32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert peak_flops(CUDA, torch.float32)[0] == 67e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
     assert peak_flops(CUDA, torch.bfloat16)[0] == 989e12
     assert gpu_peak_flops("Tesla V100-SXM2-16GB", torch.float32, tf32=True) == 15.7e12  # no TF32 on Volta
 

@@ -17,7 +17,7 @@ from runtime.memory import sampling_bytes, training_bytes
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     sys.path.insert(0, sys.argv[1])
     import torch
     torch.set_num_threads(1)
@@ -25,13 +25,17 @@ CHILD = textwrap.dedent("""
     from training.optim import make_optimizers
     from training.step import train_step
 
-    def rss_kb():
+    def status_kb(field):
         with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+            return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
 
     cfg = GPTConfig(**json.loads(sys.argv[2]))
     B, T = json.loads(sys.argv[3])
-    before = rss_kb()
+    # Reset the peak to the current RSS, so that a peak reached while importing torch (a CUDA build's is
+    # larger) isn't counted as the run's.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status_kb("VmRSS")
     model = GPT(cfg)
     model.loss_chunk_rows = None
     opts = make_optimizers(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
@@ -39,7 +43,7 @@ CHILD = textwrap.dedent("""
     x = torch.randint(0, cfg.vocab_size, (B, T))
     for _ in range(2):
         train_step(model, opts, scaler, [(x, x)], amp=lambda: torch.autocast("cpu", enabled=False), grad_clip=1.0)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+    print((status_kb("VmHWM") - before) * 1024)
 """)
 
 

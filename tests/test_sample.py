@@ -243,7 +243,8 @@ def test_dtype_auto_on_cpu_times_decoding_in_each_dtype_and_explicit_choices_are
     for name in ("float32", "bfloat16", "float16"):
         assert inference_dtype(name, cpu)[0] == getattr(torch, name)
     assert inference_dtype("auto", cpu)[0] == torch.float32  # nothing to time: the safe choice
-    code, out, err = run(["--checkpoint", str(char_ckpt[0]), "--max-new-tokens", "3", "--seed", "1"], capsys)
+    code, out, err = run(["--checkpoint", str(char_ckpt[0]), "--max-new-tokens", "3", "--seed", "1", "--device", "cpu"],
+                         capsys)
     assert code == 0
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # both candidates exist: both are timed and said
         assert re.search(r"dtype auto -> (float32|bfloat16): decoding took [\d.]+ ms in float32, [\d.]+ ms in bfloat16",
