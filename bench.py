@@ -5,6 +5,8 @@ nanoGPT-style baselines, measured side by side in one process. The measuring liv
     python bench.py                                    # CPU: everything (~5 min on a quiet 2-core CPU)
     python bench.py --device cuda                      # GPU: GPT-2 124M rows, decode, same-loss check
     python bench.py --json benchmarks/results-cpu.json # also write the results as JSON
+    python bench.py --only budget                      # quality in nanoGPT's time (minutes)
+    python bench.py --only profile                     # where a CPU training step's time goes
     python bench.py --compile                          # add torch.compile rows on a CPU
     python bench.py --quick                            # smoke run: seconds, figures meaningless
 
@@ -31,10 +33,12 @@ from benchmarks.budget import bench_budget
 from benchmarks.decode import bench_decode
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
 from benchmarks.prepare import bench_prepare, prepare_peak_rss
+from benchmarks.profile import profile_step
 from benchmarks.report import print_report
 from benchmarks.timing import peak_rss_mb
 from benchmarks.train import (
-    CPU_SHAPES, GPT2_124M, QUICK_GPU, bench_shape, largest_batch, loss_check, with_batch,
+    CPU_SHAPES, GPT2_124M, QUICK_GPU, auto_dtype_for, bench_shape, largest_batch, loss_check, ours_step,
+    random_batches, reference_weights, with_batch,
 )
 from data import DataConfig, prepare_data
 from errors import ArgumentParser, UserError, run_cli
@@ -43,14 +47,14 @@ from runtime.precision import allow_tf32, dtype_name, training_dtype
 from training.mfu import peak_flops
 
 SECTIONS = ("train", "decode", "prepare", "loss")  # what runs by default
-EXTRA_SECTIONS = ("budget",)  # asked for by name: minutes of training
+EXTRA_SECTIONS = ("budget", "profile")  # asked for by name: minutes of training; a profile of the CPU step
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
-                   help="run only these sections (repeatable); 'budget' runs only when named here")
+                   help="run only these sections (repeatable); 'budget' and 'profile' run only when named here")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, a few steps; the figures mean nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -157,6 +161,12 @@ def main(argv=None) -> int:
                                               data_dir=data_dir, tolerance=args.loss_tol, say=say,
                                               noise_reference=cuda)
 
+        if "profile" in args.sections:
+            if cuda:
+                raise UserError("--only profile profiles the CPU training step; on a GPU use --device cpu, or "
+                                "torch.profiler with CUDA activity")
+            for shape in CPU_SHAPES:
+                report.setdefault("profile", {})[shape.label] = profile_shape(shape, device, say)
         if "budget" in args.sections:
             configs = [c for c in args.budget_configs.split(",") if c]
             report["budget"] = bench_budget(configs, Path(tmp), device, args.budget_s, say)
@@ -194,6 +204,15 @@ def bench_gpu_train(args, device, auto_dtype, compile_: bool, peaks: dict, repor
             report["rows"] += rows
             done += rows
             torch.cuda.empty_cache()
+
+
+def profile_shape(shape, device, say) -> dict:
+    """The profile of ours in the dtype train.py's dtype=auto picks for this shape."""
+    weights, batches = reference_weights(shape), random_batches(shape, device)
+    dtype = auto_dtype_for(shape, weights, device, batches[0])[0]
+    say(f"[profile] {shape.label}, ours in {dtype_name(dtype)}: 3 warm-up + 10 profiled steps")
+    step = ours_step(shape, weights, device, dtype, False, lambda i: batches[i % len(batches)])
+    return profile_step(step, shape.vocab_size) | {"dtype": dtype_name(dtype)}
 
 
 if __name__ == "__main__":

@@ -8,5 +8,7 @@ train.py runs) against a plain baseline measured in the same process; report.py 
     train.py     training-step rows, and the same-loss check
     decode.py    decoding rows
     prepare.py   data-preparation rows
+    budget.py    quality in nanoGPT's time (--only budget)
+    profile.py   where a CPU step's time goes (--only profile)
     report.py    the table and the text around it
 """

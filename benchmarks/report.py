@@ -1,6 +1,8 @@
 """The report bench.py prints: a header on the machine and settings, one table, and the text around it."""
 from __future__ import annotations
 
+from .profile import format_profile
+
 
 def _fmt(v, kind: str) -> str:
     if v is None:
@@ -101,6 +103,8 @@ def print_report(report: dict, print=print) -> None:
         widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
         for cells in [head, ["-" * w for w in widths]] + body:
             print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    for label, prof in report.get("profile", {}).items():
+        print("\nwhere the time goes, " + format_profile(label, prof["dtype"], prof))
     rss = report.get("prepare_rss")
     if rss:
         print(f"\nprepare {rss['size_mb']} MB synthetic source: peak RSS {rss['peak_rss_mb']:.0f} MB, "

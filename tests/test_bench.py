@@ -118,3 +118,27 @@ def test_budget_reports_each_configs_val_loss_within_the_time_nanogpts_recipe_ta
     assert row["iter"] == (within[-1]["iter"] if within else None)  # the last eval within W
     assert row["final_val"] == evals[-1]["val/loss"]
     assert budget.at_budget(evals, evals[1]["elapsed_s"])["iter"] == 4 and budget.at_budget(evals, 0.0) is None
+
+
+def test_profile_puts_the_head_the_blocks_and_the_optimizer_in_their_buckets_and_accounts_for_the_wall_time():
+    from benchmarks.profile import format_profile, profile_step
+    from model import GPT, GPTConfig
+    from training.optim import make_optimizers
+
+    torch.manual_seed(0)
+    vocab = 997  # a size no other dimension has, so the head's matmuls are recognisable
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=vocab))
+    m.loss_chunk_rows = None
+    opts = make_optimizers(m, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    x = torch.randint(0, vocab, (2, 16))
+
+    def step(i):
+        return training.step.train_step(m, opts, scaler, [(x, x)], amp=lambda: torch.autocast("cpu", enabled=False),
+                                        grad_clip=1.0)
+
+    r = profile_step(step, vocab, steps=3, warmup=1)
+    for bucket in ("LM head matmuls", "block matmuls", "optimizer", "grad clipping", "loss and softmax"):
+        assert r["ms"][bucket] > 0, (bucket, r)
+    assert sum(r["ms"].values()) == pytest.approx(r["wall_ms"], rel=0.01)  # every millisecond in one bucket
+    assert "LM head matmuls" in format_profile("tiny", "float32", r)

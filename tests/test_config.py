@@ -77,6 +77,8 @@ def test_int_accepts_integral_scientific_notation():
     (["--train.lr=nan"], r"train.lr expects a finite float"),
     (["--train.compile=maybe"], r"train.compile expects a bool \(true/false\), got 'maybe'"),
     (["--train.max_iters=0"], r"train.max_iters must be >= 1, got 0"),
+    (["--train.seed=18446744073709551616"], r"train.seed must be in \[0, 2\*\*63\), got 18446744073709551616"),
+    (["--train.eval_seed=-1"], r"train.eval_seed must be in \[0, 2\*\*63\)"),
     (["--train.lr=-1e-3"], r"train.lr must be >= 0, got -0.001"),
     (["--train.min_lr=1e-2", "--train.lr=1e-3"], r"train.min_lr must be between 0 and train.lr"),
     (["--train.batch_size=0"], r"train.batch_size must be >= 1"),
@@ -108,6 +110,8 @@ def test_bad_config_raises_one_line_user_error(argv, pattern):
     ("train: 3\n", r"section 'train' must be a mapping"),
     ("train:\n  max_iters: many\n", r"run.yaml: train.max_iters expects an int, got 'many'"),
     ("optim:\n  lr: 1\n", r"unknown section 'optim'"),
+    ("train:\n  lr: 1e-3\n  max_iters: 5\n  lr: 3e-3\n", r"'lr' appears twice \(line 4\)"),  # PyYAML keeps the last
+    ("train:\n  lr: 1\ntrain:\n  max_iters: 5\n", r"'train' appears twice \(line 3\)"),
 ])
 def test_bad_yaml_raises_user_error_naming_the_file(tmp_path, text, pattern):
     with pytest.raises(UserError, match=pattern):

@@ -160,6 +160,27 @@ def test_auto_picks_the_faster_of_two_fake_steps():
     assert dtype == torch.bfloat16 and note.startswith("dtype auto -> bfloat16: the model's forward + backward took ")
 
 
+def test_auto_keeps_float32_when_bfloat16_is_only_a_little_faster(monkeypatch):
+    """A 2% lead is within the probe's noise: the more exact dtype stays. A 10% lead wins. (A fake clock
+    that each fake step advances by its duration, so the test doesn't depend on sleep's precision.)"""
+    import types
+
+    import runtime.precision
+
+    clock = [0.0]
+    monkeypatch.setattr(runtime.precision, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def steps(bf16_seconds):
+        def run(dtype):
+            clock[0] += bf16_seconds if dtype == torch.bfloat16 else 0.020
+        return run
+
+    cpu = torch.device("cpu")
+    pick, seconds = runtime.precision.fastest((torch.float32, torch.bfloat16), steps(0.0196), cpu)
+    assert seconds == pytest.approx({"float32": 0.020, "bfloat16": 0.0196}) and pick == torch.float32
+    assert runtime.precision.fastest((torch.float32, torch.bfloat16), steps(0.018), cpu)[0] == torch.bfloat16
+
+
 def test_the_probe_leaves_weights_gradients_and_rng_as_they_were():
     from runtime.precision import autocast
     from training.step import forward_backward_probe

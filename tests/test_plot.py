@@ -69,6 +69,8 @@ def test_a_torn_last_line_is_skipped_and_an_unwritable_out_is_one_line(tmp_path,
     with open(a / "metrics.jsonl", "a") as f:
         f.write('{"iter": 7, "train/lo')  # a run killed mid-write
     assert len(plot.read_metrics(a)) == 6
+    assert plot.main([str(a), "--out", str(tmp_path / "new" / "dir" / "x.png")]) == 0  # folders are made
+    assert (tmp_path / "new" / "dir" / "x.png").stat().st_size > 0
     (tmp_path / "file").write_text("x")
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: plot.main([str(a), "--out", str(tmp_path / "file" / "x.png")]))

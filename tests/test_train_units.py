@@ -105,3 +105,18 @@ def test_first_signal_sets_the_flag_second_interrupts():
     finally:
         flag.restore()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_metrics_are_strict_json_with_null_for_non_finite_values_and_a_resume_drops_the_redone_steps(tmp_path):
+    import json
+
+    from training.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    for i, loss in enumerate([3.0, float("inf"), float("nan"), 2.5], start=1):
+        log.append(i, {"train/loss": loss, "lr": 1e-3})
+    strict = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+              for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/loss"] for r in strict] == [3.0, None, None, 2.5]
+    assert MetricsLog(tmp_path).resume_at(2) == 4  # the last step the interrupted run had logged
+    assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]

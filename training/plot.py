@@ -81,6 +81,7 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     fig = make_figure(run_dirs)  # every input is checked before anything is written
     plt = _pyplot()
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
         fig.savefig(out, dpi=110)
     except OSError as e:
         raise UserError(f"cannot write {out} ({short_error(e)}); choose another --out") from None
