@@ -108,6 +108,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device, option="--device")
     cuda = device.type == "cuda"
+    if cuda and "profile" in args.sections:  # refused before any other section spends minutes
+        raise UserError("--only profile profiles the CPU training step; on a GPU use --device cpu, or "
+                        "torch.profiler with CUDA activity")
     compile_ = cuda if args.compile is None else args.compile
     busy_before = cpu_busy_fraction(0.2 if args.quick else 1.0)
     use = CoreUse()
@@ -162,9 +165,6 @@ def main(argv=None) -> int:
                                               noise_reference=cuda)
 
         if "profile" in args.sections:
-            if cuda:
-                raise UserError("--only profile profiles the CPU training step; on a GPU use --device cpu, or "
-                                "torch.profiler with CUDA activity")
             for shape in CPU_SHAPES:
                 report.setdefault("profile", {})[shape.label] = profile_shape(shape, device, say)
         if "budget" in args.sections:

@@ -35,7 +35,7 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def _rss_kb(key: str) -> float | None:
+def rss_kb(key: str) -> float | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -49,7 +49,7 @@ def _rss_kb(key: str) -> float | None:
 _peak_rss_kb = 0.0  # the process's peak RSS before the last reset of the kernel's mark
 
 
-def _reset_peak_rss() -> float | None:
+def reset_peak_rss() -> float | None:
     """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS and return that RSS in KiB; None
     where /proc/self/clear_refs is not available. The reset also resets getrusage's ru_maxrss, so the
     peak so far is kept here first (see peak_rss_mb)."""
@@ -60,7 +60,7 @@ def _reset_peak_rss() -> float | None:
             f.write("5")
     except OSError:
         return None
-    return _rss_kb("VmRSS")
+    return rss_kb("VmRSS")
 
 
 def peak_rss_mb() -> float:
@@ -83,11 +83,11 @@ def run_interleaved(variants: list[Variant], warmup: int, iters: int, rounds: in
             torch.cuda.reset_peak_memory_stats(device)
         for i in range(warmup):
             measure_rss = device.type != "cuda" and i == min(1, warmup - 1)  # steady state: optimizer state exists
-            before = _reset_peak_rss() if measure_rss else None
+            before = reset_peak_rss() if measure_rss else None
             dt = timed(v, i)
             v.first = dt if v.first is None else v.first
             if measure_rss and before is not None:
-                v.peak_mb = max(0.0, _rss_kb("VmHWM") - before) / 1024
+                v.peak_mb = max(0.0, rss_kb("VmHWM") - before) / 1024
         if device.type == "cuda" and warmup:
             v.peak_mb = v.resident_mb + (torch.cuda.max_memory_allocated(device) - allocated) / 2**20
     rounds = max(1, min(rounds, iters))

@@ -24,18 +24,13 @@ CHILD = textwrap.dedent("""
     from model import GPT, GPTConfig
     from training.optim import make_optimizers
     from training.step import train_step
-
-    def status_kb(field):
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
+    from benchmarks.timing import reset_peak_rss, rss_kb
 
     cfg = GPTConfig(**json.loads(sys.argv[2]))
     B, T = json.loads(sys.argv[3])
-    # Reset the peak to the current RSS, so that a peak reached while importing torch (a CUDA build's is
+    # The peak is reset to the current RSS, so that a peak reached while importing torch (a CUDA build's is
     # larger) isn't counted as the run's.
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = status_kb("VmRSS")
+    before = reset_peak_rss()
     model = GPT(cfg)
     model.loss_chunk_rows = None
     opts = make_optimizers(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
@@ -43,7 +38,7 @@ CHILD = textwrap.dedent("""
     x = torch.randint(0, cfg.vocab_size, (B, T))
     for _ in range(2):
         train_step(model, opts, scaler, [(x, x)], amp=lambda: torch.autocast("cpu", enabled=False), grad_clip=1.0)
-    print((status_kb("VmHWM") - before) * 1024)
+    print(int((rss_kb("VmHWM") - before) * 1024))
 """)
 
 
