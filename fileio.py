@@ -4,7 +4,7 @@ Every file the project writes for keeps goes through `atomic_write`: the bytes g
 beside the target (same filesystem, so the rename is atomic), which is fsynced and then renamed over
 the target with os.replace, and the directory is fsynced. A crash at any moment leaves either the old
 file or the new one, never a half-written one. Temp names are unique per writer
-(`.<name>.<pid>.<random>.tmp`), so two writers never share or delete each other's temp file, and the
+(`.<name>.<pid>-<start time>.<random>.tmp`), so two writers never share or delete each other's temp file, and the
 files of a writer killed mid-write can be told apart and removed (`remove_stale_temps`).
 
 Also here: `DirLock`, one process at a time in a directory (a training run's out_dir, a prepared data
@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import time
 from contextlib import contextmanager
@@ -25,12 +26,27 @@ from typing import Iterator
 from errors import UserError, short_error
 
 
-def temp_path(final: str | os.PathLike) -> Path:
-    """A new, empty, hidden temp file beside `final`, named after it and this process's pid."""
+def temp_name(final: str | os.PathLike) -> Path:
+    """A fresh temp name beside `final`: `.<name>.<pid>-<start>.<random>.tmp`, where <start> is this
+    process's start time, so that a temp left by a killed writer is told apart even once its pid has been
+    reused by another process (stale_temps)."""
     final = Path(final)
-    path = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    me = f"{os.getpid()}-{_start_time(os.getpid()) or 0}"
+    return final.with_name(f".{final.name}.{me}.{secrets.token_hex(4)}.tmp")
+
+
+def temp_path(final: str | os.PathLike) -> Path:
+    """A new, empty, hidden temp file beside `final` (temp_name)."""
+    path = temp_name(final)
     # Not tempfile.mkstemp: its files are 0600, and our outputs should get the usual umask mode.
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    return path
+
+
+def temp_dir(final: str | os.PathLike) -> Path:
+    """A new, empty temp directory beside `final` (temp_name), to fill and then rename to `final`."""
+    path = temp_name(final)
+    path.mkdir()
     return path
 
 
@@ -85,7 +101,8 @@ def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
 
 # ------------------------------------------------------------------------------------------ locks, leftovers
 
-TEMP_NAME = re.compile(r"^\.(?P<final>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")  # what temp_path makes
+# what temp_name makes; the start time is absent from names written by earlier versions
+TEMP_NAME = re.compile(r"^\.(?P<final>.+)\.(?P<pid>\d+)(?:-(?P<start>\d+))?\.[0-9a-f]{8}\.tmp$")
 
 
 def _start_time(pid: int) -> str | None:
@@ -108,16 +125,45 @@ def pid_alive(pid: int, start_time: str | None = None) -> bool:
     return start_time is None or _start_time(pid) in (None, start_time)
 
 
-def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
-    """Delete the temp files (temp_path's names) left in `directory` by processes of this host that are
-    gone, e.g. killed with -9 mid-write; a live process's temp files are left alone."""
-    removed = []
+def stale_temps(directory: str | os.PathLike, name: str | None = None) -> list[tuple[Path, int]]:
+    """The temp files and temp directories (temp_name's names) in `directory` whose writer is gone, e.g.
+    killed with -9 mid-write, with their sizes in bytes. A writer is gone when no process of this host
+    has its pid, or when the process that has it now started at another time than the one recorded in
+    the name (the pid was reused). Temps of live writers are left out. `name`: only the temps of that
+    final name (a file or directory beside others that are not ours)."""
+    out = []
     for path in Path(directory).glob(".*.tmp"):
         m = TEMP_NAME.match(path.name)
-        if m and not pid_alive(int(m["pid"])):
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
+        if not m or (name is not None and m["final"] != name):
+            continue
+        start = m["start"] if m["start"] not in (None, "0") else None
+        if not pid_alive(int(m["pid"]), start):
+            out.append((path, _size(path)))
+    return out
+
+
+def _size(path: Path) -> int:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+        return path.lstat().st_size
+    except OSError:
+        return 0
+
+
+def remove_temp(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_stale_temps(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete stale_temps(directory, name); a live writer's temps are left alone."""
+    stale = [path for path, _ in stale_temps(directory, name)]
+    for path in stale:
+        remove_temp(path)
+    return stale
 
 
 class DirLock:
@@ -165,6 +211,25 @@ class DirLock:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
+
+
+def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int) -> bytes:
+    """The bytes of a file the user named (a prompt, a data file), at most `limit` of them. Every problem
+    is a one-line UserError: `{what} {path}` and the problem, then `fix` where the file is missing. The
+    read is bounded, so /dev/zero or a huge file is refused after `limit` bytes, not read to the end."""
+    p = Path(path).expanduser()
+    try:
+        with open(p, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise UserError(f"{what} {p} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {p} is a directory; pass a file") from None
+    except OSError as e:
+        raise UserError(f"cannot read {what} {p} ({e.strerror or short_error(e)}); check its permissions") from None
+    if len(data) > limit:
+        raise UserError(f"{what} {p} is larger than {limit / 2**20:.0f} MiB, the most this reads; pass a smaller file")
+    return data
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:

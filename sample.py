@@ -1,6 +1,6 @@
 """Sample text from a trained checkpoint (or an HF GPT-2), with the KV cache.
 
-    python sample.py                                   # out/small (small.yaml's out_dir), prompt "\\n"
+    python sample.py                                   # the run under out/ trained last, prompt "\\n"
     python sample.py --checkpoint out/small --prompt "ROMEO:" --num-samples 3 --temperature 0.8
     python sample.py --checkpoint gpt2 --prompt-file prompt.txt --top-p 0.9
     echo "Once upon a time" | python sample.py -       # the prompt from stdin (also --prompt-file -)
@@ -39,20 +39,19 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
-
 from data import tokenizer_from_meta
 from errors import ArgumentParser, UserError, run_cli, short_error
-from model.checkpoint import load_model as load_any_model
-from model.generate import generate_stream
-from runtime.device import compile_failed, resolve_device
+from fileio import read_user_file
+from checkpoint import CKPT_NAME, load_model as load_any_model
+from model.generate import generate, generate_stream
+from runtime.device import resolve_device
 from runtime.decoding import setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
 
-ROOT = Path(__file__).resolve().parent
-FALLBACK_CHECKPOINT = "out/small"
+DEFAULT_OUT = "out"  # train.py's runs go to out/<name> (configs/*.yaml set train.out_dir so)
 DEFAULT_PROMPT = "\n"
+MAX_PROMPT_BYTES = 16 * 2**20  # far past any block_size; /dev/zero is refused, not read forever
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     given.add_argument("stdin", nargs="?", metavar="-", help="read the prompt from stdin")
     given.add_argument("--checkpoint", default=None,
                        help="ckpt file or training out_dir; or an HF GPT-2 directory or hub name "
-                            "(default: small.yaml's out_dir, out/small)")
+                            "(default: the run under out/ trained last, e.g. out/small)")
     given.add_argument("--prompt", action="append", default=None, help="the prompt ('-' = stdin); repeat for several")
     given.add_argument("--prompt-file", action="append", default=None, help="read the prompt from a file ('-' = stdin)")
     decoding = p.add_argument_group("decoding")
@@ -109,15 +108,14 @@ def validate_args(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------- loading
 
 def default_checkpoint() -> str:
-    """train.out_dir of configs/small.yaml, read when asked (falls back to out/small)."""
-    try:
-        cfg = yaml.safe_load((ROOT / "configs" / "small.yaml").read_text(encoding="utf-8"))
-        out_dir = cfg["train"]["out_dir"]
-        if isinstance(out_dir, str) and out_dir:
-            return out_dir
-    except Exception:  # no file, no key, unreadable: the documented default
-        pass
-    return FALLBACK_CHECKPOINT
+    """The most recently written ckpt.pt under ./out (out/ckpt.pt or out/<run>/ckpt.pt): after
+    `python train.py --config small.yaml` that is out/small. A UserError says how to train one when
+    there is none."""
+    found = [p for p in (Path(DEFAULT_OUT) / CKPT_NAME, *Path(DEFAULT_OUT).glob(f"*/{CKPT_NAME}")) if p.is_file()]
+    if not found:
+        raise UserError(f"no checkpoint under {DEFAULT_OUT}/ (the default); train one with `python train.py --config "
+                        "small`, or pass --checkpoint PATH")
+    return str(max(found, key=lambda p: p.stat().st_mtime).parent)
 
 
 def load_model(spec: str):
@@ -145,7 +143,11 @@ def _decode_utf8(data: bytes, where: str) -> str:
 
 def _read_stdin() -> str:
     raw = getattr(sys.stdin, "buffer", None)  # the bytes as given (a text-only stdin: re-encoded as given)
-    data = raw.read() if raw is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+    data = raw.read(MAX_PROMPT_BYTES + 1) if raw is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1).encode(
+        "utf-8", "surrogateescape")
+    if len(data) > MAX_PROMPT_BYTES:
+        raise UserError(f"the prompt on stdin is larger than {MAX_PROMPT_BYTES // 2**20} MiB, the most this reads; "
+                        "pass a shorter prompt")
     return _decode_utf8(data, "the prompt on stdin")
 
 
@@ -158,14 +160,7 @@ def _from_argv(text: str) -> str:
 def _read_file(name: str) -> str:
     if name == "-":
         return _read_stdin()
-    try:
-        data = Path(name).expanduser().read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"prompt file {name} does not exist; check the path") from None
-    except IsADirectoryError:
-        raise UserError(f"prompt file {name} is a directory; pass a text file") from None
-    except OSError as e:
-        raise UserError(f"cannot read prompt file {name} ({e.strerror}); check its permissions") from None
+    data = read_user_file(name, "prompt file", fix="check the path", limit=MAX_PROMPT_BYTES)
     return _decode_utf8(data, f"prompt file {name}")
 
 
@@ -232,12 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     def note(msg: str) -> None:
         print(f"sample.py: {msg}", file=sys.stderr, flush=True)
 
-    spec = args.checkpoint
-    if spec is None:
-        spec = default_checkpoint()
-        if not Path(spec).exists():
-            raise UserError(f"no checkpoint at {spec} (the default, small.yaml's out_dir); "
-                            "train one with `python train.py --config small`, or pass --checkpoint PATH")
+    spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
     device = resolve_device(args.device, option="--device")
     model, tok, desc = load_model(spec)
     n_params = model.num_params(non_embedding=False)
@@ -251,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     check_fits(sampling_bytes(model.config, rows=len(rows), prompt_len=max(len(ids) for _, ids in rows)), device,
                "sampling", "--num-samples (or the number of prompts)")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    ready = setup_decoding(model, device, args.dtype, compile=args.compile)
+    ready = setup_decoding(model, device, args.dtype, compile=args.compile, say=note)
     model, decode_fn, dtype, packed = ready.model, ready.decode_fn, ready.dtype, ready.prepacked
     generator = torch.Generator(device=device).manual_seed(seed)
     if args.dtype == "auto" and device.type == "cpu":
@@ -259,30 +249,23 @@ def main(argv: list[str] | None = None) -> int:
     note(f"{desc}, {n_params / 1e6:.2f}M params, {tok.name} tokenizer; {device}, {dtype_name(dtype)}"
          f"{', compiled' if args.compile else ''}{', prepacked' if packed else ''}; seed {seed}")
 
-    stream = generate_stream(
-        model, [ids for _, ids in rows], args.max_new_tokens,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p if args.top_p < 1 else None,
-        generator=generator, eot=tok.eot, stop_at_eot=args.stop_at_eot,
-        vocab_size=tok.vocab_size, decode_fn=decode_fn,
-    )
+    decoding = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p if args.top_p < 1 else None,
+                    generator=generator, eot=tok.eot, stop_at_eot=args.stop_at_eot, vocab_size=tok.vocab_size,
+                    decode_fn=decode_fn)
     out = sys.stdout
     if hasattr(out, "reconfigure"):
         out.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?', not a crash
     try:
-        if len(rows) == 1:
+        if len(rows) == 1:  # one sample streams as it is generated
             printer = StreamPrinter(tok, out)
             out.write(rows[0][0])
             out.flush()
-            for step in _guard_compile(stream, args.compile):
-                if step[0] is not None:
-                    printer.add(step[0])
+            for (token,) in generate_stream(model, [rows[0][1]], args.max_new_tokens, **decoding):
+                if token is not None:
+                    printer.add(token)
             printer.finish()
         else:
-            generated: list[list[int]] = [[] for _ in rows]
-            for step in _guard_compile(stream, args.compile):
-                for r, t in enumerate(step):
-                    if t is not None:
-                        generated[r].append(t)
+            generated = generate(model, [ids for _, ids in rows], args.max_new_tokens, **decoding)
             for r, ((text, _), ids) in enumerate(zip(rows, generated)):
                 out.write(f"---------- sample {r + 1}/{len(rows)} ----------\n")
                 out.write(text + tok.decode(ids) + "\n")
@@ -299,19 +282,6 @@ def _silence_stdout() -> None:
     """Point stdout at /dev/null, so that Python's final flush at exit has nowhere to fail."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-
-
-def _guard_compile(stream, compiled: bool):
-    """Turns a torch.compile failure (no C++ compiler, unsupported backend) into a one-line UserError."""
-    if not compiled:
-        yield from stream
-        return
-    try:
-        yield from stream
-    except Exception as e:
-        if compile_failed(e):
-            raise UserError(f"--compile failed ({type(e).__name__}); run without --compile") from None
-        raise
 
 
 if __name__ == "__main__":

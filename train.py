@@ -24,32 +24,29 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn as nn
 from tqdm import tqdm
 
+from checkpoint import Checkpointer, claim_out_dir, decide_resume
 from data import BatchLoader, load_meta, prepare_data, tokenizer_from_meta
-from errors import UserError, run_cli, short_error
+from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
-from fileio import DirLock, check_writable_dir
-from model import GPT, GPTConfig
-from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict
-from runtime.device import compile_failed, resolve_device
-from runtime.loss_path import choose_loss_chunk_rows
-from runtime.memory import check_fits, training_bytes
-from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, training_dtype
-from training.checkpoint import Checkpointer, OptimizerState, ScalerState
+from model import GPT
+from runtime.device import resolve_device, with_compile_fallback
+from runtime.loss_path import use_loss_path
+from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
+from training.builders import (
+    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, parallelize,
+)
 from training.config import Config, load_config, resume_conflicts, to_yaml
 from training.distributed import (
-    DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, apply_ddp, broadcast_object,
-    control_group, destroy_distributed, dist_from_env, init_distributed, on_rank0,
+    DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, broadcast_object, control_group,
+    destroy_distributed, dist_from_env, init_distributed, on_rank0,
 )
 from training.evaluate import bits_per_byte, evaluate
 from training.health import NonFiniteGuard
-from training.init_from import initial_model
 from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress
 from training.mfu import mfu, peak_flops
-from training.optim import make_optimizers
-from training.rng import RNGState, seed_everything
+from training.rng import seed_everything
 from training.schedule import apply_lr, due_after, lr_at
 from training.signals import StopFlag
 from training.state import TrainState
@@ -92,50 +89,60 @@ def train(cfg: Config) -> dict[str, Any]:
 
 @dataclass
 class Run:
-    """Everything the loop needs, built once by set_up."""
+    """What the loop needs, built once by set_up."""
     cfg: Config
     dist: DistInfo
+    group: Any  # the CPU control group of the ranks (None on one process)
     device: torch.device
-    dtype: torch.dtype
-    raw_model: GPT  # the plain module: saved and evaluated
-    model: nn.Module  # what the step runs: raw_model, compiled and/or wrapped in DDP
-    optimizers: list[torch.optim.Optimizer]
-    scaler: torch.amp.GradScaler
+    model: GPT  # the plain module: saved and evaluated
+    step: Callable[[list], StepOutput]  # one optimizer step on this rank's micro-batches
+    amp: Callable[[], Any]  # autocast context for evals
+    accum: int  # micro-steps per rank per optimizer step
     train_loader: BatchLoader
     eval_loaders: dict[str, BatchLoader]  # rank 0 only
     hellaswag: tuple | None  # (tokenizer, items) when eval.hellaswag_interval is set
     state: TrainState
     checkpointer: Checkpointer
-    metrics: MetricsLog
-    logger: WandbLogger
+    log: RunLog
     stop: StopFlag
+    clock: tuple[float, float] = (0.0, 0.0)  # (perf_counter at start, elapsed_s of earlier sessions)
+
+
+@dataclass
+class RunLog:
+    """Where the run reports: the console (say), the progress bar, metrics.jsonl and wandb, and what the
+    throughput line is computed from."""
+    say: Callable[[str], None]
     progress: Progress
-    group: Any  # the CPU control group of the ranks (None on one process)
-    ckpt_path: Path
-    accum: int  # micro-steps per rank per optimizer step
+    metrics: MetricsLog
+    wandb: WandbLogger
     tokens_per_step: int
     flops_per_token: float
     peak: float | None
-    say: Callable[[str], None]
-    clock: tuple[float, float] = (0.0, 0.0)  # (perf_counter at start, elapsed_s of earlier sessions)
 
-    def amp(self):
-        return autocast(self.device, self.dtype)
 
-    def step(self, batches) -> StepOutput:
-        """train_step; if torch.compile fails (no C++ compiler for Inductor on a CPU, an unsupported GPU),
-        the step is redone from the same state without compile, and the run goes on eager."""
-        try:
-            return train_step(self.model, self.optimizers, self.scaler, batches, amp=self.amp,
-                              grad_clip=self.cfg.train.grad_clip)
-        except Exception as e:
-            if not (self.cfg.train.compile and self.model is not self.raw_model and compile_failed(e)):
-                raise
-            self.say(f"warning: torch.compile failed ({short_error(e)}); training continues without it")
-            for opt in self.optimizers:
-                opt.zero_grad(set_to_none=True)  # a failed backward may have left partial gradients
-            self.model = apply_ddp(self.raw_model, self.dist, self.device)
-            return self.step(batches)
+class Stepper:
+    """train_step on the parallelized model; if torch.compile fails (no C++ compiler for Inductor on a
+    CPU, an unsupported GPU) the step is redone from the same state without compile, and the run goes on
+    eager (runtime/device.py's with_compile_fallback, the policy sample.py follows too)."""
+
+    def __init__(self, model: GPT, optimizers, scaler, cfg: Config, dist: DistInfo, device, amp, say):
+        self.raw, self.optimizers, self.scaler, self.amp, self.say = model, optimizers, scaler, amp, say
+        self.t, self.dist, self.device = cfg.train, dist, device
+        self.model = parallelize(model, cfg.train, dist, device)
+        self.compiled = cfg.train.compile
+
+    def __call__(self, batches) -> StepOutput:
+        return with_compile_fallback(
+            lambda: train_step(self.model, self.optimizers, self.scaler, batches, amp=self.amp,
+                               grad_clip=self.t.grad_clip),
+            compiled=self.compiled, go_eager=self.go_eager, say=self.say)
+
+    def go_eager(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)  # a failed backward may have left partial gradients
+        self.model = parallelize(self.raw, self.t, self.dist, self.device, compile=False)
+        self.compiled = False
 
 
 def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack) -> Run:
@@ -143,65 +150,42 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     say = tqdm.write if dist.is_main else (lambda *a, **k: None)
     group = control_group(dist)
     out_dir = Path(t.out_dir)
-    ckpt_path = out_dir / CKPT_NAME
 
-    lock = DirLock(out_dir, ".train.lock")
-    on_rank0(lambda: claim_out_dir(lock, out_dir), dist, group)  # every rank stops if it is taken
-    cleanup.callback(lock.release)
-    resume = decide_resume(ckpt_path, cfg, dist, group)
+    lock = on_rank0(lambda: claim_out_dir(out_dir, say), dist, group)  # every rank stops if it is taken
+    cleanup.callback(lambda: lock and lock.release())
+    resume = decide_resume(out_dir, mode=t.resume, config_conflicts=lambda saved: resume_conflicts(saved, cfg),
+                           gather=lambda o: all_gather_object(o, dist, group), other_files=(METRICS_NAME,))
     # rank 0 prepares the data (or finds it up to date); the others wait, then read only meta.json
     data_dir = Path(on_rank0(lambda: str(prepare_data(cfg.data, progress=True)), dist, group))
     meta = load_meta(data_dir)
     tokenizer = {"tokenizer": meta["tokenizer"], "chars": meta["chars"]}
-    if resume is not None and resume.get("tokenizer") != tokenizer:
-        raise UserError(f"cannot resume {ckpt_path}: it was trained with tokenizer "
-                        f"{resume.get('tokenizer', {}).get('tokenizer')!r} and different data; "
+    if resume is not None and resume.tokenizer != tokenizer:
+        raise UserError(f"cannot resume {resume.path}: it was trained with tokenizer "
+                        f"{(resume.tokenizer or {}).get('tokenizer')!r} and different data; "
                         "use the original data settings, or a new --train.out_dir")
 
-    planned = planned_model(cfg, meta["vocab_size"], resume)
-    if planned is not None:  # before allocating anything big: refuse what can't fit, in one line
-        check_fits(training_bytes(planned, batch_size=t.batch_size, block_size=cfg.model.block_size,
-                                  loss_chunk_rows=choose_loss_chunk_rows(device, compiled=t.compile,
-                                                                         vocab_size=planned.vocab_size)),
-                   device, "training", "train.batch_size, model.block_size, or the model's size (n_layer, n_embd)")
+    check_memory(cfg, meta["vocab_size"], resume, device)  # before allocating anything big
     seed_everything(t.seed)
-    raw_model, notes = initial_model(cfg.model, vocab_size=meta["vocab_size"], tokenizer=tokenizer, seed=t.seed,
-                                     resume=resume)
-    raw_model.to(device)
-    raw_model.loss_chunk_rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=raw_model.config.vocab_size)
-    block = cfg.model.block_size
-    train_loader = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
-                               rank=dist.rank, world_size=dist.world_size, device=device)
-    eval_loaders = {split: BatchLoader(data_dir, split, block_size=block, batch_size=t.batch_size, seed=t.eval_seed,
-                                       device=device) for split in ("train", "val")} if dist.is_main else {}
-
+    model, notes = build_model(cfg, vocab_size=meta["vocab_size"], tokenizer=tokenizer, resume=resume, device=device)
+    train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device)
+    use_loss_path(model, device, compiled=t.compile)  # the dtype probe below times the real loss path
     # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate),
     # every rank uses its choice, and a resumed run keeps the one it made
-    saved = resume.get("train") if resume is not None else None
-    saved_dtype = saved.get("dtype", "") if isinstance(saved, dict) else ""  # a damaged entry: restore says so
-    probe = forward_backward_probe(raw_model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
-    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device, probe), dist, group)
+    probe = forward_backward_probe(model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
+    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, resume, device, probe), dist, group)
     dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
 
-    optimizers = make_optimizers(raw_model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                 device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
-                                 muon_momentum=t.muon_momentum)
+    def amp():
+        return autocast(device, dtype)
+    optimizers = build_optimizers(model, t, device)
     scaler = make_scaler(device, dtype)
-    model = torch.compile(raw_model) if t.compile else raw_model  # raw_model stays the plain module
-    model = apply_ddp(model, dist, device)
-
-    # every stateful part, registered once: saved and restored by the same mapping, RNG streams last
+    step = Stepper(model, optimizers, scaler, cfg, dist, device, amp, say)  # loss path, compile, DDP
     state = TrainState(dtype=name)
-    rng = RNGState(dist, group)
-    checkpointer = Checkpointer(
-        {"model": raw_model, "optimizer": OptimizerState(optimizers), "scaler": ScalerState(scaler),
-         "loader": train_loader, "train": state, "rng": rng},
-        static={"model_config": model_config_dict(raw_model), "config": cfg.to_dict(), "tokenizer": tokenizer},
-        is_main=dist.is_main)
+    checkpointer, rng = build_checkpointer(out_dir, dist, group, model=model, optimizers=optimizers, scaler=scaler,
+                                           loader=train_loader, state=state, cfg=cfg, tokenizer=tokenizer)
     if resume is not None:
-        checkpointer.restore(resume, ckpt_path)
-        checkpointer.last_saved, checkpointer.last_saved_iter = ckpt_path, state.iter
+        checkpointer.restore(resume)
         state.dtype = name  # kept from the checkpoint unless train.dtype overrides it (choose_dtype)
     elif dist.rank:
         torch.manual_seed(t.seed + dist.rank)  # different dropout masks per rank; same init (above)
@@ -215,15 +199,15 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
 
     metrics = MetricsLog(out_dir, active=dist.is_main)
     logged_through = metrics.resume_at(state.iter) if resume is not None else None
-    tokens_per_step = t.batch_size * block * t.grad_accum_steps
+    tokens_per_step = t.batch_size * cfg.model.block_size * t.grad_accum_steps
     peak, peak_note = peak_flops(device, dtype, override=t.peak_flops) if dist.is_main else (None, "")
     say(f"config:\n{to_yaml(cfg)}")
     for note in notes + ([rng.note] if rng.note else []):
         say(note)
     say(f"{dtype_note}; {peak_note}")
-    say(f"device {device}, {dist.world_size} rank(s), {raw_model.num_params() / 1e6:.2f}M non-embedding params, "
-        f"{tokens_per_step} tokens/step ({t.batch_size} x {block} x {t.grad_accum_steps} micro-steps), "
-        + (f"resuming {ckpt_path} at iter {state.iter}" if resume is not None else f"fresh run into {out_dir}"))
+    say(f"device {device}, {dist.world_size} rank(s), {model.num_params() / 1e6:.2f}M non-embedding params, "
+        f"{tokens_per_step} tokens/step ({t.batch_size} x {cfg.model.block_size} x {t.grad_accum_steps} micro-steps), "
+        + (f"resuming {resume.path} at iter {state.iter}" if resume is not None else f"fresh run into {out_dir}"))
 
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
                          run_id=state.run_id, out_dir=str(out_dir), config=cfg.to_dict(), active=dist.is_main,
@@ -233,94 +217,11 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     cleanup.callback(stop.restore)
     progress = Progress(t.max_iters, state.iter, active=dist.is_main)
     cleanup.callback(progress.close)
-    return Run(cfg=cfg, dist=dist, device=device, dtype=dtype, raw_model=raw_model, model=model, optimizers=optimizers,
-               scaler=scaler, train_loader=train_loader, eval_loaders=eval_loaders, hellaswag=hellaswag, state=state,
-               checkpointer=checkpointer, metrics=metrics, logger=logger, stop=stop, progress=progress, group=group,
-               ckpt_path=ckpt_path, accum=t.grad_accum_steps // dist.world_size, tokens_per_step=tokens_per_step,
-               flops_per_token=raw_model.flops_per_token(block), peak=peak, say=say)
-
-
-def decide_resume(ckpt_path: Path, cfg: Config, dist: DistInfo, group) -> dict[str, Any] | None:
-    """The checkpoint to resume from, or None for a fresh run. Every rank must see the same one (a
-    train.out_dir shared by all nodes): the ranks compare what they found, and any difference or
-    error stops every rank with the same one-line error."""
-    resume, outcome = None, None
-    out_dir = ckpt_path.parent
-    earlier = [p.name for p in (ckpt_path, out_dir / BEST_NAME, out_dir / METRICS_NAME) if p.exists()]
-    try:
-        if earlier and cfg.train.resume == "never":
-            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} and train.resume=never refuses to "
-                            "overwrite them; use --train.resume=auto to continue that run, or a new --train.out_dir")
-        if earlier and not ckpt_path.exists():
-            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} but no {CKPT_NAME} to resume it; "
-                            "a new run there would overwrite them: use a new --train.out_dir, or move those files away")
-        if ckpt_path.exists():
-            resume = load_checkpoint(ckpt_path)
-            conflicts = resume_conflicts(resume.get("config", {}), cfg)
-            if conflicts:
-                raise UserError(f"cannot resume {ckpt_path}: the config changed in {'; '.join(conflicts)}; "
-                                "restore those values, or train into a new --train.out_dir")
-            train_state = resume.get("train") if isinstance(resume.get("train"), dict) else {}
-            check_best_belongs_to(out_dir / BEST_NAME, train_state.get("run_id"))
-            outcome = ("checkpoint", train_state.get("run_id"), train_state.get("iter"))
-        else:
-            outcome = ("fresh",)
-    except UserError as e:
-        outcome = ("error", str(e))
-    seen = all_gather_object(outcome, dist, group)
-    errors = [o[1] for o in seen if o[0] == "error"]
-    if errors:
-        raise UserError(errors[0])
-    differ = [r for r, o in enumerate(seen) if o != seen[0]]
-    if differ:
-        def what(o):
-            return "no checkpoint" if o[0] == "fresh" else f"run {o[1]} at iter {o[2]}"
-        raise UserError(f"rank(s) {differ} see {what(seen[differ[0]])} in {ckpt_path} but rank 0 sees {what(seen[0])}; "
-                        "every rank must read and write the same train.out_dir: put it on a filesystem shared by "
-                        "all nodes")
-    return resume
-
-
-def planned_model(cfg: Config, vocab_size: int, resume: dict[str, Any] | None) -> GPTConfig | None:
-    """The model this run will build, known before building it (None for another run's or HF weights)."""
-    try:
-        if resume is not None:
-            return GPTConfig(**resume["model_config"])
-        if cfg.model.init_from == "scratch":
-            return cfg.model.gpt_config(max(cfg.model.vocab_size, vocab_size))
-    except (KeyError, TypeError, ValueError):  # a damaged checkpoint: model_from_checkpoint says so
-        pass
-    return None
-
-
-def check_best_belongs_to(best: Path, run_id: str | None) -> None:
-    """A resumed run writes best.pt when val loss improves on ITS best: a best.pt of another run would
-    be replaced by a worse model, so it must be this run's."""
-    if not best.exists() or run_id is None:  # no run id: the restore reports the damaged entry
-        return
-    other = load_checkpoint(best).get("train", {}).get("run_id")
-    if other != run_id:
-        raise UserError(f"{best} belongs to another run ({other}) than {best.with_name(CKPT_NAME)} ({run_id}); resuming "
-                        "could replace it with a worse model: move it away, or train into a new --train.out_dir")
-
-
-def claim_out_dir(lock: DirLock, out_dir: Path) -> None:
-    """One trainer per out_dir (rank 0 holds the lock): a second one would write the same checkpoints."""
-    check_writable_dir(out_dir, "train.out_dir")
-    holder = lock.try_acquire()
-    if holder is not None:
-        raise UserError(f"another trainer (pid {holder.get('pid')} on host {holder.get('host')}, since "
-                        f"{holder.get('since')}) is writing to {out_dir}; wait for it or stop it, or use another "
-                        "--train.out_dir")
-
-
-def choose_dtype(name: str, saved: str, device: torch.device, probe) -> tuple[str, str]:
-    """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
-    resume under another load never flips it (bitwise resume needs the same dtype)."""
-    if name == "auto" and saved in DTYPE_BY_NAME:
-        return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
-    dtype, note = training_dtype(name, device, forward_backward=probe)
-    return dtype_name(dtype), note
+    log = RunLog(say=say, progress=progress, metrics=metrics, wandb=logger, tokens_per_step=tokens_per_step,
+                 flops_per_token=model.flops_per_token(cfg.model.block_size), peak=peak)
+    return Run(cfg=cfg, dist=dist, group=group, device=device, model=model, step=step, amp=amp,
+               accum=t.grad_accum_steps // dist.world_size, train_loader=train_loader, eval_loaders=eval_loaders,
+               hellaswag=hellaswag, state=state, checkpointer=checkpointer, log=log, stop=stop)
 
 
 # ------------------------------------------------------------------------------------------ loop
@@ -330,28 +231,28 @@ def loop(r: Run) -> dict[str, Any]:
     t, state = r.cfg.train, r.state
     summary: dict[str, Any] = {"losses": {}, "eval": {}, "stopped": None}
     if state.iter >= t.max_iters:
-        r.say(f"{r.ckpt_path} is already at iter {state.iter} >= train.max_iters={t.max_iters}; nothing to do "
+        r.log.say(f"{r.checkpointer.latest} is already at iter {state.iter} >= train.max_iters={t.max_iters}; nothing to do "
               "(raise --train.max_iters to train further)")
     window = LossWindow(r.device)
-    guard = NonFiniteGuard(r.device, fp16=r.scaler.is_enabled())
-    r.raw_model.train()
+    guard = NonFiniteGuard(r.device, fp16=r.step.scaler.is_enabled())
+    r.model.train()
     while state.iter < t.max_iters:
         lr = lr_at(state.iter, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters)
-        apply_lr(r.optimizers, lr, t.lr)
+        apply_lr(r.step.optimizers, lr, t.lr)
         batches = [r.train_loader.get_batch(state.iter, micro) for micro in range(r.accum)]
         out = r.step(batches)
         guard.observe(out, state.iter)
         state.iter += 1
-        state.tokens_seen += r.tokens_per_step
+        state.tokens_seen += r.log.tokens_per_step
         window.add(out.loss)
-        r.progress.update()
+        r.log.progress.update()
 
         stopping = any_rank(r.stop.requested, r.dist, r.group)  # every rank stops after the same step
         due = due_after(state.iter, max_iters=t.max_iters, log_interval=t.log_interval,
                         eval_interval=t.eval_interval, checkpoint_interval=t.checkpoint_interval, stopping=stopping,
                         hellaswag_interval=r.cfg.eval.hellaswag_interval)
         if due.log or due.checkpoint:  # never log, evaluate or save poisoned weights
-            guard.check(r.dist, r.group, r.ckpt_path, r.checkpointer.last_saved_iter)
+            guard.check(r.dist, r.group, r.checkpointer.latest, r.checkpointer.last_saved_iter)
         record = log_step(r, out, lr, window, summary) if due.log else {}
         window.pause()  # evals and checkpoints don't count against tokens/s
         if due.eval:
@@ -359,20 +260,20 @@ def loop(r: Run) -> dict[str, Any]:
         if due.hellaswag:
             record |= hellaswag_step(r)
         state.elapsed_s = r.clock[1] + time.perf_counter() - r.clock[0]  # evals included, for time budgets
-        r.metrics.append(state.iter, record | {"elapsed_s": state.elapsed_s} if record else record)
+        r.log.metrics.append(state.iter, record | {"elapsed_s": state.elapsed_s} if record else record)
         if due.checkpoint:
-            r.checkpointer.save(r.ckpt_path, state.iter)
+            r.checkpointer.save(state.iter)
         window.resume()
         if stopping:
             summary["stopped"] = r.stop.reason
-            r.say(f"stopped by {r.stop.reason} after iter {state.iter}; {r.ckpt_path} written; "
+            r.log.say(f"stopped by {r.stop.reason} after iter {state.iter}; {r.checkpointer.latest} written; "
                   "rerun the same command to resume")
             break
 
     summary.update(iter=state.iter, best_val_loss=state.best_val_loss, tokens_seen=state.tokens_seen,
-                   out_dir=str(r.ckpt_path.parent), wandb_run_id=r.logger.run_id, dtype=dtype_name(r.dtype))
+                   out_dir=str(r.checkpointer.out_dir), wandb_run_id=r.log.wandb.run_id, dtype=state.dtype)
     if summary["eval"]:
-        r.logger.summary({"val/loss": summary["eval"]["val/loss"], "val/bpb": summary["eval"]["val/bpb"],
+        r.log.wandb.summary({"val/loss": summary["eval"]["val/loss"], "val/bpb": summary["eval"]["val/bpb"],
                           "best_val_loss": state.best_val_loss})
     return summary
 
@@ -382,14 +283,14 @@ def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow, summary: di
     it (bar or line) and send it to wandb. Returns the record for metrics.jsonl."""
     step = r.state.iter
     train_loss = all_reduce_mean(window.loss / window.steps, r.dist).item()
-    tok_per_sec = window.steps * r.tokens_per_step / window.elapsed()
-    util = mfu(r.flops_per_token, tok_per_sec, r.peak, r.dist.world_size)
+    tok_per_sec = window.steps * r.log.tokens_per_step / window.elapsed()
+    util = mfu(r.log.flops_per_token, tok_per_sec, r.log.peak, r.dist.world_size)
     summary["losses"][step] = train_loss
     record = {"train/loss": train_loss, "lr": lr, "grad_norm": out.grad_norm.item(), "tokens_per_sec": tok_per_sec,
               "mfu": util, "tokens_seen": r.state.tokens_seen}
-    r.progress.show(step, f"loss {train_loss:.4f}, lr {lr:.2e}, tok/s {tok_per_sec:,.0f}"
+    r.log.progress.show(step, f"loss {train_loss:.4f}, lr {lr:.2e}, tok/s {tok_per_sec:,.0f}"
                     + (f", mfu {util:.1%}" if util is not None else ""))
-    r.logger.log(record, step)
+    r.log.wandb.log(record, step)
     window.reset()
     return record
 
@@ -400,31 +301,31 @@ def evaluate_and_keep_best(r: Run, summary: dict) -> dict[str, Any]:
     record: dict[str, Any] = {}
     improved = False
     if r.dist.is_main:
-        losses = evaluate(r.raw_model, r.eval_loaders, r.cfg.train.eval_iters, r.amp)
+        losses = evaluate(r.model, r.eval_loaders, r.cfg.train.eval_iters, r.amp)
         bpb = bits_per_byte(losses["val"], r.eval_loaders["val"].bytes_per_token)
         summary["eval"] = {"iter": r.state.iter, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb}
-        r.say(f"iter {r.state.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val bpb {bpb:.4f}")
+        r.log.say(f"iter {r.state.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val bpb {bpb:.4f}")
         record = {"val/loss": losses["val"], "val/bpb": bpb, "eval/train_loss": losses["train"]}
-        r.logger.log(record, r.state.iter)
+        r.log.wandb.log(record, r.state.iter)
         improved = losses["val"] < r.state.best_val_loss
         if improved:
             r.state.best_val_loss = losses["val"]
     if broadcast_object(improved, r.dist, r.group):
-        r.checkpointer.save(r.ckpt_path.with_name(BEST_NAME), r.state.iter)
+        r.checkpointer.save(r.state.iter, best=True)
     return record
 
 
 def hellaswag_step(r: Run) -> dict[str, Any]:
     """Every rank scores its shard of HellaSwag; the counts are summed over the ranks."""
     tok, items = r.hellaswag
-    counts = evaluate_hellaswag(r.raw_model, items, tok, batch_size=r.cfg.eval.hellaswag_batch_size, autocast_ctx=r.amp,
+    counts = evaluate_hellaswag(r.model, items, tok, batch_size=r.cfg.eval.hellaswag_batch_size, autocast_ctx=r.amp,
                                 rank=r.dist.rank, world_size=r.dist.world_size)
     total = torch.tensor([counts["correct"], counts["correct_norm"], counts["total"]], dtype=torch.int64)
     all_reduce_sum(total, r.dist, r.group)
     metrics = hellaswag_metrics(dict(zip(("correct", "correct_norm", "total"), total.tolist())))
-    r.say(f"iter {r.state.iter}: hellaswag acc {metrics['hellaswag/acc']:.4f}, acc_norm "
+    r.log.say(f"iter {r.state.iter}: hellaswag acc {metrics['hellaswag/acc']:.4f}, acc_norm "
           f"{metrics['hellaswag/acc_norm']:.4f} ({int(total[2])} items)")
-    r.logger.log(metrics, r.state.iter)
+    r.log.wandb.log(metrics, r.state.iter)
     return metrics
 
 

@@ -14,8 +14,9 @@ import tempfile
 import torch
 
 from model import GPT, GPTConfig
-from model.checkpoint import load_model
-from model.generate import generate, prepare_for_decoding
+from checkpoint import load_model
+from model.generate import generate
+from runtime.decoding import prepare_for_decoding
 from runtime.decoding import setup_decoding
 from runtime.precision import dtype_name
 

@@ -19,11 +19,14 @@ import torch
 
 from data import BatchLoader
 from model import GPT, GPTConfig
-from runtime.loss_path import choose_loss_chunk_rows
-from runtime.precision import autocast, dtype_name, make_scaler, training_dtype
+from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
+from runtime.memory import param_count
+from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name, make_scaler
+from training.builders import build_optimizers, choose_dtype, parallelize
+from training.config import TrainSection
+from training.distributed import DistInfo
 from training.evaluate import evaluate
 from training.mfu import mfu
-from training.optim import make_optimizers
 from training.step import forward_backward_probe, train_step
 
 from .baseline import BETAS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
@@ -74,15 +77,20 @@ def _model(shape: Shape, weights, backend: str, device: torch.device) -> GPT:
 AUTO = "auto"
 
 
+def train_section(compiled: bool) -> TrainSection:
+    """The baseline's hyperparameters as train.py's config section."""
+    return TrainSection(lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], grad_clip=GRAD_CLIP,
+                        compile=compiled)
+
+
 def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, compiled: bool,
               get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO) -> Callable[[int], torch.Tensor]:
-    """train.py's step: the loss path chosen for this device (or the one given, to compare), fused
-    AdamW, GradScaler (fp16 only)."""
+    """train.py's step, set up by train.py's builders: the loss path chosen for this device (or the one
+    given, to compare), compile, fused AdamW, GradScaler (fp16 only)."""
     raw = _model(shape, weights, "sdpa", device)
-    raw.loss_chunk_rows = (choose_loss_chunk_rows(device, compiled=compiled, vocab_size=shape.vocab_size)
-                           if loss_chunk_rows == AUTO else loss_chunk_rows)
-    model = torch.compile(raw) if compiled else raw
-    optimizers = make_optimizers(raw, lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, device_type=device.type)
+    t = train_section(compiled)
+    model = parallelize(raw, t, DistInfo(), device, loss_chunk_rows=loss_chunk_rows)
+    optimizers = build_optimizers(raw, t, device)
     scaler = make_scaler(device, dtype)
 
     def step(i: int) -> torch.Tensor:
@@ -106,9 +114,9 @@ def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callab
 
 def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[torch.dtype, str]:
     """What train.py's dtype=auto picks for this shape: the same probe of the real forward + backward."""
-    model = _model(shape, weights, "sdpa", device)
-    model.loss_chunk_rows = choose_loss_chunk_rows(device, compiled=False, vocab_size=shape.vocab_size)
-    return training_dtype("auto", device, forward_backward_probe(model, batch, lambda dt: autocast(device, dt)))
+    model = use_loss_path(_model(shape, weights, "sdpa", device), device, compiled=False)
+    name, note = choose_dtype("auto", None, device, forward_backward_probe(model, batch, lambda dt: autocast(device, dt)))
+    return DTYPE_BY_NAME[name], note
 
 
 def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: list[bool], peaks: dict, warmup: int,
@@ -173,8 +181,7 @@ def flops_per_token(shape: Shape) -> float:
 
 
 def weights_mb(shape: Shape) -> float:
-    with torch.device("meta"):  # no need for real weights to count them
-        return sum(p.numel() for p in GPT(shape.gpt_config("sdpa")).parameters()) * 4 / 2**20
+    return param_count(shape.gpt_config("sdpa")) * 4 / 2**20
 
 
 def largest_batch(rows: list[dict], shape: Shape, device: torch.device, headroom: float = 0.9) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from errors import UserError
+from settings import setting
 
 from .tokenizer import check_tokenizer_name
 
@@ -13,17 +14,19 @@ HF_PREFIX = "hf:"
 
 @dataclass
 class DataConfig:
-    # "shakespeare" | a local path (.txt file, directory of .txt files, or glob) | "hf:<name>"
-    dataset: str = SHAKESPEARE
-    tokenizer: str = "gpt2"  # "char", or any tiktoken encoding name ("gpt2", "cl100k_base", ...)
-    val_fraction: float = 0.1  # the last val_fraction of the token stream becomes the val split
-    root: str = "data/prepared"  # prepared dirs go under here, one per (source, tokenizer)
-    local_path: str = ""  # a local copy of tiny shakespeare; the env var SMALLGPT_SHAKESPEARE works too
-    hf_subset: str = ""  # HF datasets: the config (subset) name, if the dataset has several
-    hf_split: str = "train"  # HF datasets: the split to read
-    text_field: str = "text"  # HF datasets: the column holding the text
-    streaming: bool = False  # HF datasets: stream the rows instead of downloading the dataset first
-    num_proc: int = 0  # tokenizer threads; 0 = one per available core
+    dataset: str = setting(SHAKESPEARE, '"shakespeare" | a local path (.txt file, directory of .txt files, or glob) | '
+                                        '"hf:<name>"')
+    tokenizer: str = setting("gpt2", '"char", or any tiktoken encoding name ("gpt2", "cl100k_base", ...)')
+    val_fraction: float = setting(0.1, "the last val_fraction of the token stream becomes the val split")
+    root: str = setting("data/prepared", "prepared dirs go under here, one per (source, tokenizer)", resume=True)
+    local_path: str = setting("", "a local copy of tiny shakespeare; the env var SMALLGPT_SHAKESPEARE works too",
+                              resume=True)
+    hf_subset: str = setting("", "HF datasets: the config (subset) name, if the dataset has several")
+    hf_split: str = setting("train", "HF datasets: the split to read")
+    text_field: str = setting("text", "HF datasets: the column holding the text")
+    streaming: bool = setting(False, "HF datasets: stream the rows instead of downloading the dataset first",
+                              resume=True)
+    num_proc: int = setting(0, "tokenizer threads; 0 = one per available core", resume=True)
 
     def validate(self) -> None:
         """Raise UserError naming the first bad value and how to fix it."""

@@ -33,14 +33,16 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from data import tokenizer_from_meta
+from checkpoint import load_model
 from errors import ArgumentParser, UserError, run_cli, short_error
-from model.checkpoint import load_model
+from fileio import read_user_file
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_BY_NAME, DTYPE_NAMES, autocast
 
 HF_DATASET = "Rowan/hellaswag"
 HF_SPLIT = "validation"
 N_ENDINGS = 4
+MAX_DATA_BYTES = 256 * 2**20  # HellaSwag's val jsonl is ~11 MB
 ITEM_FORMAT = "each item needs ctx (a string), endings (a list of 4 strings) and label (0..3)"
 
 
@@ -79,17 +81,12 @@ def parse_item(raw: Any, where: str) -> Item:
 def read_jsonl(path: str | Path) -> list[Item]:
     """Items from a jsonl file in HellaSwag's original format (one JSON object a line)."""
     p = Path(path).expanduser()
+    data = read_user_file(p, "HellaSwag data file", limit=MAX_DATA_BYTES,
+                          fix=f"check --data, or leave --data out to load {HF_DATASET} from the HF hub")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"HellaSwag data file {p} does not exist; check --data, or leave --data out "
-                        f"to load {HF_DATASET} from the HF hub") from None
-    except IsADirectoryError:
-        raise UserError(f"HellaSwag data file {p} is a directory; pass the jsonl file, e.g. hellaswag_val.jsonl") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"HellaSwag data file {p} is not UTF-8 text; pass the jsonl file, e.g. hellaswag_val.jsonl") from None
-    except OSError as e:
-        raise UserError(f"cannot read HellaSwag data file {p} ({e.strerror}); check its permissions") from None
     items = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

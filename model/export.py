@@ -25,7 +25,7 @@ import tiktoken.load
 from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import atomic_write_bytes, fsync_dir
 
-from .checkpoint import load_model
+from checkpoint import load_model
 from .gpt import GPT
 from .hf import write_hf_weights
 

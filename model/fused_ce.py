@@ -2,8 +2,7 @@
 
 With a 50k vocabulary the plain `F.cross_entropy(x @ W.T, targets)` writes a (B*T, V) logits tensor,
 reads it again for log_softmax, writes its gradient, and so on: at B*T=768 that is 154 MB per pass in
-fp32, and on a CPU that memory traffic (and the page faults of allocating it afresh every step) costs
-more than the matmuls. Here each chunk of rows goes through logits -> log-sum-exp -> softmax -> the
+fp32, and that memory traffic (and allocating it afresh every step) can cost more than the matmuls. Here each chunk of rows goes through logits -> log-sum-exp -> softmax -> the
 two gradient matmuls while it is still in cache, and only the (N, C) and (V, C) gradients are kept.
 The gradients are computed in the forward pass (the backward only scales them by the incoming
 gradient), so nothing of size (N, V) outlives a chunk.
@@ -11,8 +10,6 @@ gradient), so nothing of size (N, V) outlives a chunk.
 from __future__ import annotations
 
 import torch
-
-CHUNK_ROWS = 128  # measured on this 2-core CPU, 4L/128 model at 768 x 50257: 128 is at least as fast as 64-384
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -26,7 +23,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 def _chunk_logits(xs, wc, buf):
     """(n, V) logits of one chunk in buf's dtype (fp32, or fp64 for fp64 inputs). When the matmul runs
     in that dtype they go straight into the reused buffer: allocating ~25 MB afresh per chunk costs page
-    faults on a CPU that are as slow as the matmul itself."""
+    faults that can be as slow as the matmul itself."""
     if xs.dtype == buf.dtype:
         return torch.mm(xs, wc.t(), out=buf[: xs.shape[0]])
     return torch.mm(xs, wc.t()).to(buf.dtype)  # bf16/fp16 matmul, softmax statistics in fp32
@@ -105,7 +102,7 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap):
 # chunk loop. Each chunk is a few large kernels (two matmuls dominate), so eager costs little here.
 @torch.compiler.disable
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_rows: int = CHUNK_ROWS, softcap: float = 0.0) -> torch.Tensor:
+                         chunk_rows: int, softcap: float = 0.0) -> torch.Tensor:
     """mean over targets != -1 of cross_entropy(x @ weight.T, targets), without the full logits.
 
     x (N, C), weight (V, C), targets (N,). Under autocast the matmuls run in the autocast dtype, the

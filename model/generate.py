@@ -24,8 +24,8 @@ End of text: with `stop_at_eot` a row that samples `eot` is finished; the EOT it
 and the row emits nothing more. The batch stops when every row has finished.
 
 Speed (batch 1 decoding is bound by reading the weights): `sample` draws from the top-k (or top-512)
-candidates instead of sorting the whole vocabulary, and `prepack_for_cpu` stores bf16 Linear weights
-in oneDNN's layout once. Device, dtype, compile and prepacking are applied from outside, by `prepare_for_decoding`.
+candidates instead of sorting the whole vocabulary. Device, dtype, compile and any hardware-specific
+weight layout are applied from outside (runtime/decoding.py).
 """
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ import torch.nn.functional as F
 
 __all__ = [
     "logits_to_probs", "candidate_probs", "sample", "prefill", "decode_one_token", "generate_stream", "generate",
-    "prepack_for_cpu", "prepare_for_decoding",
 ]
 
 
@@ -122,7 +121,7 @@ def sample(
     """One token id per row from logits (B, V) -> (B,), drawn from logits_to_probs' distribution.
     temperature == 0 is greedy (argmax, first index on ties) and draws no random numbers."""
     if temperature == 0:
-        return logits.float().argmax(dim=-1)  # (fp32 argmax is several times faster than bf16's on CPU)
+        return logits.float().argmax(dim=-1)  # (an fp32 argmax is faster than a bf16 one)
     weights, ids = candidate_probs(logits, temperature, top_k, top_p)
     choice = torch.multinomial(weights, 1, generator=generator)  # (B, 1)
     return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
@@ -137,57 +136,6 @@ def prefill(model, idx: torch.Tensor, kv_cache, pad_mask: torch.Tensor | None = 
 def decode_one_token(model, tok: torch.Tensor, input_pos: torch.Tensor, kv_cache, pad_mask=None) -> torch.Tensor:
     """One new token per row, tok (B, 1), written at cache slot input_pos (1,); its logits (B, V)."""
     return model(tok, input_pos=input_pos, kv_cache=kv_cache, pad_mask=pad_mask)[:, -1]
-
-
-class _PackedLinear(torch.nn.Module):
-    """An nn.Linear whose weight is stored once in oneDNN's blocked layout (CPU, bf16). The plain
-    layout is re-blocked on every call, which costs more than the product itself for one token."""
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
-        self.bias = None if linear.bias is None else linear.bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-
-
-def prepack_for_cpu(model) -> bool:
-    """For inference only: on a CPU, for a bf16 model, put every Linear's weight in oneDNN's blocked
-    layout once (1.3-1.5x faster decoding of GPT-2-124M on a 2-core AVX512-BF16 CPU, same results).
-    Returns False and changes nothing elsewhere (other device or dtype, no oneDNN). Apply it last:
-    the packed model can no longer be moved, cast, trained or saved.
-    """
-    weight = model.transformer.wte.weight
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
-        return False
-    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-               if isinstance(child, torch.nn.Linear)]
-    try:  # the ops are oneDNN internals: check that this build has them and that they agree with F.linear
-        probe = _PackedLinear(targets[0][2])
-        x = torch.randn(2, targets[0][2].in_features, dtype=weight.dtype)
-        with torch.inference_mode():
-            if not torch.allclose(probe(x).float(), targets[0][2](x).float(), rtol=1e-2, atol=1e-2):
-                return False
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
-    for parent, name, child in targets:
-        setattr(parent, name, _PackedLinear(child))
-    return True
-
-
-def prepare_for_decoding(model, device, dtype, *, compile: bool = False):
-    """sample.py's set-up, shared with the benchmark so that it times what users run: the weights on
-    `device` in `dtype`, then either the one-token decode step compiled (compile=True) or, for bf16 on
-    a CPU, the Linear weights prepacked for oneDNN. Returns (model, decode_fn or None, prepacked)."""
-    model = model.to(device=device, dtype=dtype).eval()
-    # on CUDA, batch-1 decoding of a small model is bound by kernel launches: CUDA graphs
-    # (mode="reduce-overhead") replay the whole step as one launch
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    decode_fn = torch.compile(decode_one_token, fullgraph=True, mode=mode) if compile else None
-    packed = not compile and prepack_for_cpu(model)  # CPU bf16 only: oneDNN weight layout, done once
-    return model, decode_fn, packed
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:

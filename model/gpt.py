@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fused_ce import CHUNK_ROWS, linear_cross_entropy
+from .fused_ce import linear_cross_entropy
 
 ATTN_BACKENDS = ("sdpa", "manual")
 GELU_APPROXIMATIONS = ("tanh", "none")
@@ -240,8 +240,10 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
         self.init_weights()
-        # rows per chunk of the fused LM-head loss (return_logits=False); None = through the full logits
-        self.loss_chunk_rows: int | None = CHUNK_ROWS
+        # rows per chunk of the fused LM-head loss (return_logits=False); None = through the full logits.
+        # Which is faster depends on the hardware, so it is chosen from outside, like compile and DDP:
+        # runtime/loss_path.py's use_loss_path is the one place that sets it
+        self.loss_chunk_rows: int | None = None
 
     def tie_weights(self) -> None:
         """Weight tying (Press & Wolf 2017): the output layer reuses the token embedding, which saves

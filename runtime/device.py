@@ -2,9 +2,13 @@
 torch.compile failure is told from a model error."""
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import torch
 
-from errors import UserError
+from errors import UserError, short_error
+
+T = TypeVar("T")
 
 
 def _mps_available() -> bool:
@@ -40,3 +44,20 @@ def compile_failed(e: BaseException) -> bool:
     """Whether an exception comes from torch.compile's machinery (Dynamo, Inductor: e.g. no C++
     compiler on a CPU) rather than from the model: then running without compile is the fix."""
     return type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
+def with_compile_fallback(run: Callable[[], T], *, compiled: bool, go_eager: Callable[[], None],
+                          say: Callable[[str], None]) -> T:
+    """The one policy for a torch.compile failure, in training and in sampling alike: run(); if it fails
+    inside torch.compile's machinery, say so in one line, go_eager() (replace the compiled function by
+    the plain one) and run() again. A compile fails before the compiled code runs, so the retry starts
+    from the same state. Any other exception is the caller's."""
+    try:
+        return run()
+    except Exception as e:
+        if not (compiled and compile_failed(e)):
+            raise
+        failure = short_error(e)
+    say(f"warning: torch.compile failed ({failure}); continuing without it")
+    go_eager()
+    return run()

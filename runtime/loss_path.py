@@ -1,4 +1,5 @@
-"""How the LM head's loss runs on this device: GPT.loss_chunk_rows, set from outside the model.
+"""How the LM head's loss runs on this device, applied to the model from outside: `use_loss_path(model,
+device, compiled=...)`, one line beside compile and DDP (the only code that sets GPT.loss_chunk_rows).
 
 With a 50k vocabulary the head is the largest matmul of a small GPT, and the (B*T, V) logits the
 largest tensor. Where the logits go depends on the hardware:
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from model.fused_ce import CHUNK_ROWS
+from model import GPT
 
-
+CHUNK_ROWS = 128  # CPU: measured on a 2-core CPU, 4L/128 model at 768 x 50257: 128 is at least as fast as 64-384
 SMALL_VOCAB = 8192  # below this the logits are small, and one matmul + cross_entropy beats chunking
 
 
@@ -34,3 +35,12 @@ def choose_loss_chunk_rows(device: torch.device, *, compiled: bool, vocab_size: 
     free, _ = torch.cuda.mem_get_info(device)
     rows = free // 16 // (vocab_size * 4)
     return int(max(256, min(8192, rows // 256 * 256)))
+
+
+def use_loss_path(model: GPT, device: torch.device, *, compiled: bool, rows: int | None | str = "auto") -> GPT:
+    """Set how `model` computes its training loss: chunks of choose_loss_chunk_rows(...) rows of the fused
+    head + loss, or the full logits (None); `rows` given explicitly overrides the choice (the benchmark
+    compares both). Returns the model."""
+    model.loss_chunk_rows = (choose_loss_chunk_rows(device, compiled=compiled, vocab_size=model.config.vocab_size)
+                             if rows == "auto" else rows)
+    return model

@@ -8,6 +8,8 @@
 Subprocess tests run `python tests/faults.py <train.py args>` (also under torchrun), which installs
 the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_INTERRUPT_AFTER=k, SMALLGPT_TEST_NAN_AT=k   as above
+    SMALLGPT_TEST_KILL_IN_SAVE=k         SIGKILL this process in the middle of writing its k-th checkpoint
+                                         (k = 1, 2, ...): half the bytes are in the temp file, none renamed
     SMALLGPT_TEST_OUT_DIR_PER_RANK=1     each rank appends -rank<R> to train.out_dir (no shared out_dir)
     SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY=1  data preparation fails loudly on any rank but 0
 """
@@ -47,6 +49,27 @@ def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | No
     return step
 
 
+def kill_in_save(k: int) -> None:
+    """Make the k-th checkpoint write of this process die of SIGKILL halfway through its bytes."""
+    import io
+
+    import checkpoint.format
+
+    real, saves = checkpoint.format.torch.save, 0
+
+    def save(obj, f, *a, **kw):
+        nonlocal saves
+        saves += 1
+        if saves < k:
+            return real(obj, f, *a, **kw)
+        buf = io.BytesIO()
+        real(obj, buf, *a, **kw)
+        f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    checkpoint.format.torch.save = save
+
+
 @contextmanager
 def inject(**faults):
     import train
@@ -67,6 +90,8 @@ if __name__ == "__main__":
     env = {k: int(os.environ[v]) for k, v in (("interrupt_after", "SMALLGPT_TEST_INTERRUPT_AFTER"),
                                               ("nan_at", "SMALLGPT_TEST_NAN_AT")) if v in os.environ}
     train.train_step = wrap_step(train.train_step, **env)
+    if "SMALLGPT_TEST_KILL_IN_SAVE" in os.environ:
+        kill_in_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SAVE"]))
     rank = int(os.environ.get("RANK", "0"))
     argv = sys.argv[1:]
     if os.environ.get("SMALLGPT_TEST_OUT_DIR_PER_RANK"):

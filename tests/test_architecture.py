@@ -3,17 +3,18 @@ heavy dependencies; and a checkpoint's save and restore cover the same states.""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-import train
+import checkpoint.run
 from faults import inject
-from model.checkpoint import load_checkpoint
+from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "data", "runtime", "training", "benchmarks", "eval")
-TOP_MODULES = ("train", "sample", "bench", "errors", "fileio")
+PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval")
+TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "settings")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
 OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel"}
 # `import data` stays light (tests/test_data_prepare.py checks it): data/__init__.py's module __getattr__
@@ -76,12 +77,12 @@ def test_import_graph_sees_the_known_edges():
     """The walker itself: it must find edges we know exist, relative and absolute, or every other test
     here would pass vacuously."""
     g = graph()
-    assert "model.gpt" in g["model.checkpoint"] and "model.fused_ce" in g["model.gpt"]
+    assert "model.gpt" in g["checkpoint.load"] and "model.fused_ce" in g["model.gpt"]
     assert "training.step" in g["train"] and "training.distributed" in g["training.health"]
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
-@pytest.mark.parametrize("root", ["model", "data", "runtime", "eval", "sample"])
+@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample"])
 def test_inference_and_lower_layers_never_import_training(root):
     g = graph()
     starts = [m for m in g if m == root or m.startswith(root + ".")]
@@ -159,9 +160,69 @@ def test_saving_and_restoring_cover_the_same_states(tmp_path, monkeypatch):
         run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
     saved = load_checkpoint(out)
     recorded = RecordingDict(saved)
-    monkeypatch.setattr(train, "load_checkpoint", lambda path: recorded)
+    monkeypatch.setattr(checkpoint.run, "load_checkpoint", lambda path: recorded)
     res = run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
     assert res["iter"] == 4
     written = set(saved) - {"format", "version"}  # the file format's stamp, checked by load_checkpoint
     assert recorded.read - written == set(), "restored but never saved"
     assert written - recorded.read == set(), "saved but never restored"
+
+
+# ------------------------------------------------------------------------------------------ one owner each
+
+def _product_trees() -> dict[str, ast.AST]:
+    return {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in project_modules().items()}
+
+
+def test_nothing_outside_the_loss_path_sets_loss_chunk_rows():
+    """The loss path is applied from outside the model by runtime/loss_path.py's use_loss_path, like
+    compile and DDP; the model only declares the attribute (None: full logits) in its __init__."""
+    offenders = []
+    for module, tree in _product_trees().items():
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and t.attr == "loss_chunk_rows":
+                    declared = (module == "model.gpt" and isinstance(node, ast.AnnAssign)
+                                and isinstance(node.value, ast.Constant) and node.value.value is None)
+                    if module != "runtime.loss_path" and not declared:
+                        offenders.append(f"{module}:{node.lineno}")
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value == "loss_chunk_rows"):
+                offenders.append(f"{module}:{node.lineno} (setattr)")
+    assert not offenders, offenders
+
+
+def test_nothing_under_model_mentions_the_cpu_isa_packing_or_threads():
+    """model/ is the architecture, the KV cache, the loss and the HF weight mapping: hardware tuning
+    (oneDNN weight packing, ISA checks, thread counts) lives in runtime/."""
+    words = re.compile(r"\b(avx\w*|amx|isa|onednn|mkldnn|prepack\w*|packed|packing|threads?|num_threads|"
+                       r"set_num_threads|cpu_capability)\b", re.IGNORECASE)
+    hits = [f"{p.name}:{i}: {line.strip()}" for p in sorted((ROOT / "model").glob("*.py"))
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if words.search(line)]
+    assert not hits, hits
+
+
+def test_the_words_the_model_check_looks_for_are_found_where_they_are():
+    """The check above must be able to fail: the same pattern finds runtime/decoding.py's packing."""
+    text = (ROOT / "runtime" / "decoding.py").read_text(encoding="utf-8")
+    assert re.search(r"\b(prepack\w*|packed|mkldnn)\b", text, re.IGNORECASE)
+
+
+def test_checkpoint_names_are_spelled_only_in_the_checkpoint_module():
+    """The file names ckpt.pt / best.pt are constants of checkpoint/format.py: no other product module
+    writes them as string literals (they import CKPT_NAME / BEST_NAME, or ask the Checkpointer)."""
+    offenders = [f"{m}:{node.lineno}" for m, tree in _product_trees().items() if not m.startswith("checkpoint")
+                 for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in ("ckpt.pt", "best.pt")]
+    assert not offenders, offenders
+
+
+def test_every_part_a_run_registers_is_in_the_checkpoint_schema():
+    from checkpoint import SCHEMA, Checkpointer
+
+    ckpt = Checkpointer("unused")
+    with pytest.raises(ValueError, match="SCHEMA"):
+        ckpt.register("throwaway", object())
+    for name in ("model", "optimizer", "scaler", "loader", "train", "rng"):
+        assert name in SCHEMA

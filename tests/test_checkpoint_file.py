@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from errors import UserError
-from model.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from checkpoint import FORMAT, load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def test_process_killed_between_write_and_rename_leaves_old_checkpoint_loadable(
     child = textwrap.dedent(f"""
         import os, signal, sys, torch
         sys.path.insert(0, {str(ROOT)!r})
-        from model.checkpoint import save_checkpoint
+        from checkpoint import save_checkpoint
         os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)   # die right before the rename
         save_checkpoint({str(path)!r}, {{"model": {{"w": torch.full((4, 4), 2.0)}}, "iter": 2}})
     """)

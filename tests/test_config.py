@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from errors import UserError
-from model.checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from training.config import Config, load_config, resume_conflicts, section_keys
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from model.fused_ce import CHUNK_ROWS
-from runtime.loss_path import choose_loss_chunk_rows
+from runtime.loss_path import CHUNK_ROWS, choose_loss_chunk_rows
 from runtime.precision import inference_dtype, make_scaler, training_dtype
 from training.mfu import gpu_peak_flops, mfu, peak_flops
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from model.generate import candidate_probs, generate, logits_to_probs, prepack_for_cpu, sample
+from model.generate import candidate_probs, generate, logits_to_probs, sample
+from runtime.decoding import prepack_for_cpu
 
 
 def tiny_model(seed=0, vocab=61, block_size=32, n_layer=2, n_head=2, n_embd=32, std=0.4):

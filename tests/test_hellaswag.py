@@ -16,7 +16,7 @@ from errors import run_cli
 from eval import hellaswag
 from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items, score_items
 from model import GPT, GPTConfig
-from model.checkpoint import load_model, save_checkpoint
+from checkpoint import load_model, save_checkpoint
 from runtime.precision import autocast
 
 transformers = pytest.importorskip("transformers")

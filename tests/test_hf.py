@@ -102,7 +102,7 @@ def run_export_cli(*args):
 def test_export_cli_writes_a_directory_transformers_loads(tmp_path):
     import dataclasses
 
-    from model.checkpoint import save_checkpoint
+    from checkpoint import save_checkpoint
 
     torch.manual_seed(2)
     ours = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50257)).eval()
@@ -135,7 +135,7 @@ def test_export_cli_with_a_missing_checkpoint_fails_in_one_line(tmp_path):
 
 
 def test_export_cli_with_a_checkpoint_whose_config_is_broken_fails_in_one_line(tmp_path):
-    from model.checkpoint import save_checkpoint
+    from checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ckpt.pt", {"model": {}, "model_config": {"n_embd": 30, "n_head": 4}})
     result = run_export_cli("--checkpoint", tmp_path / "ckpt.pt", "--out", tmp_path / "hf")
@@ -157,7 +157,7 @@ def run_dir(tmp_path_factory):
     """A checkpoint (a tiny random model, GPT-2's tokenizer) and its export, made once."""
     import dataclasses
 
-    from model.checkpoint import save_checkpoint
+    from checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("export")
     torch.manual_seed(4)
@@ -227,7 +227,7 @@ def test_a_padded_vocabulary_exports_and_never_generates_a_padded_id(tmp_path):
 def _checkpoint(path, config: GPTConfig, tokenizer: dict):
     import dataclasses
 
-    from model.checkpoint import save_checkpoint
+    from checkpoint import save_checkpoint
 
     save_checkpoint(path, {"model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config),
                            "tokenizer": tokenizer})

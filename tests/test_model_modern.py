@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from errors import UserError
 from model import GPT, GPTConfig
-from model.checkpoint import model_from_checkpoint
+from checkpoint import model_from_checkpoint
 from model.fused_ce import linear_cross_entropy
 from model.gpt import apply_rotary, rotary_cos_sin
 from training.config import load_config
@@ -322,7 +322,7 @@ def test_a_modern_run_with_muon_resumes_bitwise(tmp_path):
         run(tmp_path / "resumed", root, *modern)
     resumed = run(tmp_path / "resumed", root, *modern)
     assert {k: v for k, v in full["losses"].items() if k > 3} == resumed["losses"]
-    from model.checkpoint import load_checkpoint
+    from checkpoint import load_checkpoint
 
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "resumed")
     assert len(a["optimizer"]["optimizers"]) == 2  # Muon's and AdamW's states

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from data import DataConfig, prepare_data
-from model.checkpoint import load_checkpoint
+from checkpoint import load_checkpoint
 from training.distributed import CONTROL_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_hellaswag_during_training_is_sharded_over_ranks_and_sums_to_the_whole(t
     accuracy equals scoring every item of the final checkpoint in one process."""
     from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items
     from data import get_tokenizer
-    from model.checkpoint import load_model
+    from checkpoint import load_model
     from test_hellaswag import ITEMS, write_jsonl
 
     data = write_jsonl(tmp_path / "hellaswag.jsonl", ITEMS)

@@ -86,3 +86,28 @@ def test_without_matplotlib_the_hint_is_one_line(tmp_path):
                        env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}, timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == ("error: plotting needs matplotlib, which is not installed; "
                                                      "pip install matplotlib")
+
+
+def test_the_plot_is_written_atomically_and_a_killed_plots_temp_is_removed(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from errors import UserError
+
+    a = write_run(tmp_path / "a")
+    out = tmp_path / "curves.png"
+    leftover = tmp_path / ".curves.png.999999999-5.0123abcd.tmp"  # a pid above any pid_max: its writer is gone
+    leftover.write_bytes(b"half a png")
+    other = tmp_path / ".notes.txt.999999999-5.0123abcd.tmp"  # another file's temp: not the plot's to remove
+    other.write_bytes(b"x")
+    plot.plot([a], out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not leftover.exists() and other.exists()
+
+    before = out.read_bytes()
+
+    def disk_full(self, fname, **kwargs):
+        Path(fname).write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", disk_full)
+    with pytest.raises(UserError, match="No space left on device"):
+        plot.plot([a], out)
+    assert out.read_bytes() == before and not list(tmp_path.glob(".curves.png.*.tmp"))

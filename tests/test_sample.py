@@ -22,7 +22,7 @@ from data import get_tokenizer
 from errors import run_cli
 from model import GPT, GPTConfig
 from model.generate import generate
-from model.checkpoint import save_checkpoint
+from checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"

@@ -21,7 +21,7 @@ from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
 from model.export import export_hf
-from model.checkpoint import load_checkpoint
+from checkpoint import load_checkpoint
 from training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

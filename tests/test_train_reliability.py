@@ -22,7 +22,7 @@ from data import DataConfig, prepare_data
 from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
-from model.checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from test_train import run, tiny_argv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_an_out_dir_that_is_a_file_or_unwritable_is_one_line_at_start(tmp_path, 
 
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, data_root, capsys,
                                                                                       monkeypatch):
-    import model.checkpoint
+    import checkpoint.format
 
     out = tmp_path / "out"
     run(out, data_root, "--train.max_iters=2", "--train.eval_interval=2")
@@ -171,7 +171,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_chec
         real(obj, f, *a, **k)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(model.checkpoint.torch, "save", full)
+    monkeypatch.setattr(checkpoint.format.torch, "save", full)
     code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=4", "--train.eval_interval=100"), capsys)
     one_line(code, err, "cannot write", "No space left on device", "ckpt.pt, still holds iter 2")
     assert (out / "ckpt.pt").read_bytes() == before and not list(out.glob(".*.tmp"))
@@ -312,3 +312,40 @@ def test_ctrl_c_during_start_up_is_one_line_not_a_traceback(script, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip() == "interrupted", err
+
+
+# ------------------------------------------------------------------------------------------ leftovers of killed writers
+
+def test_a_run_removes_the_temps_of_killed_writers_and_says_so(tmp_path, data_root, capsys):
+    """A writer killed mid-save leaves a whole checkpoint as a temp file (or a temp dir, for a sharded
+    writer). The next trainer of the out_dir removes those of dead writers, including one whose pid now
+    belongs to an unrelated live process (its start time differs from the one in the name), keeps a
+    live writer's, and says what it removed in one line."""
+    from fileio import _start_time
+
+    out = tmp_path / "out"
+    run(out, data_root, "--train.max_iters=2", "--train.eval_interval=2")
+    dead_pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                  text=True).stdout)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        while _start_time(live.pid) is None:
+            time.sleep(0.01)
+        stale = [out / f".ckpt.pt.{dead_pid}.1234abcd.tmp",  # a name of the earlier format: pid only
+                 out / f".best.pt.{live.pid}-1.5678abcd.tmp"]  # the pid, reused by a process started later
+        stale[0].write_bytes(b"x" * 700_000)
+        stale[1].write_bytes(b"x" * 500_000)
+        shards = out / f".ckpt.pt.{dead_pid}-7.9abcdef0.tmp"  # a temp directory of a killed sharded writer
+        shards.mkdir()
+        (shards / "shard-0").write_bytes(b"x" * 300_000)
+        alive = out / f".ckpt.pt.{live.pid}-{_start_time(live.pid)}.aaaaaaaa.tmp"  # a live writer's: kept
+        alive.write_bytes(b"y")
+        capsys.readouterr()
+        res = run(out, data_root, "--train.max_iters=4", "--train.eval_interval=2")
+        printed = [ln for ln in capsys.readouterr().out.splitlines() if "leftover" in ln]
+        assert printed == ["removed 3 leftover temp files from a killed run (1.5 MB)"]
+        assert not any(p.exists() for p in (*stale, shards)) and alive.exists()
+        assert res["iter"] == 4 and load_checkpoint(out)["train"]["iter"] == 4
+    finally:
+        live.kill()
+        live.wait()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from model.checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from training.mfu import gpu_peak_flops, mfu, peak_flops
 from training.optim import make_optimizer
 from training.rng import get_rng_state, set_rng_state

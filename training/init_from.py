@@ -1,6 +1,6 @@
 """The weights a run starts from (`model.init_from`): its own checkpoint when resuming, fresh weights
 (`scratch`, initialised by GPT.init_weights), another run's checkpoint, or HF GPT-2 weights. The last
-two go through model.checkpoint.load_model, the loader sample.py and eval/ use too."""
+two go through checkpoint.load_model, the loader sample.py and eval/ use too."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +9,7 @@ import torch
 
 from errors import UserError
 from model import GPT
-from model.checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
+from checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
 
 from .config import ModelSection
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli, short_error
+from fileio import atomic_write, remove_stale_temps
 
 from .metrics import METRICS_NAME
 
@@ -82,7 +83,9 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     plt = _pyplot()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
-        fig.savefig(out, dpi=110)
+        remove_stale_temps(out.parent, name=out.name)  # what a plot killed mid-write left
+        with atomic_write(out) as tmp:  # a failure (a full disk) leaves the old PNG, not a torn one
+            fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
     except OSError as e:
         raise UserError(f"cannot write {out} ({short_error(e)}); choose another --out") from None
     finally:

@@ -1,4 +1,5 @@
-"""The run's counters, in one object that checkpoints like every other stateful part."""
+"""The run's stateful parts that are not a model, a loader or RNG streams: its counters (TrainState), its
+optimizers and its GradScaler, each with the state_dict / load_state_dict pair the Checkpointer calls."""
 from __future__ import annotations
 
 import math
@@ -6,6 +7,8 @@ import secrets
 import string
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+import torch
 
 
 def new_run_id() -> str:
@@ -34,3 +37,40 @@ class TrainState:
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise TypeError(f"{f.name} should be {f.type}, got {value!r}")
             setattr(self, f.name, float(value) if f.type == "float" else value)
+
+
+class OptimizerState:
+    """The run's optimizers (one or more), as one stateful part."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["optimizers"]
+        if len(saved) != len(self.optimizers):
+            raise ValueError(f"it holds {len(saved)} optimizer state(s), this run has {len(self.optimizers)}")
+        for opt, sd in zip(self.optimizers, saved):
+            # the checkpoint gives the moments and step counts; the hyperparameters (peak lr, betas,
+            # weight decay) stay the config's, which may change on resume
+            fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+            opt.load_state_dict(sd)
+            for group, hyper in zip(opt.param_groups, fresh):
+                group.update(hyper)
+
+
+class ScalerState:
+    """The GradScaler. A disabled scaler saves {}; restoring {} into an enabled one (a bf16 run resumed
+    in fp16) keeps the fresh scale."""
+
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state)

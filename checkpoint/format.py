@@ -1,0 +1,167 @@
+"""What a checkpoint holds, and how one file of it is written and read.
+
+A checkpoint is a dict of tensors and plain values (numbers, strings, lists, dicts, None): no pickled
+objects, so reading never runs code from the file (`torch.load(weights_only=True)`). Its entries are
+SCHEMA below; a reader names the entries it needs, and a file that lacks one or holds the wrong type
+is refused in one line naming the entry. The storage is a backend behind two calls, `write(path, payload)` and
+`read(path)`: today one file (`TorchFile`); a sharded format (torch.distributed.checkpoint, a
+directory per checkpoint) is a second backend behind the same calls.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from errors import UserError, short_error
+from fileio import atomic_write
+
+FORMAT = "smallgpt-checkpoint"
+VERSION = 2  # version 1 files are read too (upgrade below)
+CKPT_NAME = "ckpt.pt"  # the latest complete checkpoint of a run
+BEST_NAME = "best.pt"  # the checkpoint with the run's best val loss
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: type
+    what: str
+    inference: bool = False  # read by sample.py, eval and the export (else only by a resumed run)
+
+
+# The payload, entry by entry. Training adds a stateful part by registering it under one of these names
+# (training/builders.py, build_checkpointer); a name missing here is refused there, so this table is
+# always the whole format.
+SCHEMA: dict[str, Entry] = {
+    "format": Entry(str, f"always {FORMAT!r}", inference=True),
+    "version": Entry(int, f"{VERSION}; older versions are upgraded when read", inference=True),
+    "model": Entry(dict, "state_dict of the plain module (no `_orig_mod.` or `module.` prefixes)", inference=True),
+    "model_config": Entry(dict, "dataclasses.asdict(GPTConfig): GPT(GPTConfig(**d)) rebuilds it", inference=True),
+    "tokenizer": Entry(dict, '{"tokenizer": name, "chars": str | None}: data.tokenizer_from_meta builds it',
+                       inference=True),
+    "config": Entry(dict, "the resolved training config, section by section"),
+    "train": Entry(dict, "the run's counters: training/state.py's TrainState"),
+    "optimizer": Entry(dict, '{"optimizers": [state_dict, ...]}, one per optimizer'),
+    "scaler": Entry(dict, "the GradScaler's state ({} when disabled)"),
+    "loader": Entry(dict, "the batch loader's position and the tokens' fingerprint"),
+    "rng": Entry(dict, '{"ranks": [streams of rank 0, rank 1, ...]}'),
+}
+
+
+def check_payload(obj: Any, where: str | os.PathLike, needed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`obj` as a checkpoint payload: our format and a version this code reads (upgraded to this one);
+    each of the `needed` entries present, of its SCHEMA type. One-line UserError otherwise. (Entries a
+    reader does not need are checked where they are used: restoring a malformed one names it.)"""
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise UserError(f"{where} is not a smallgpt checkpoint (no format={FORMAT!r}); pass a ckpt.pt written by train.py")
+    version = obj.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
+        raise UserError(f"checkpoint {where} has format version {version!r}, this code reads 1 to {VERSION}; "
+                        "update the code or use another checkpoint")
+    obj = upgrade(obj)
+    for name in needed:
+        if name not in obj:
+            raise UserError(f"checkpoint {where} has no {name!r} entry; it was not written by train.py or is damaged: "
+                            "use another checkpoint (e.g. best.pt)")
+        entry = SCHEMA[name]
+        if not isinstance(obj[name], entry.kind):
+            raise UserError(f"checkpoint {where}: its {name!r} entry is a {type(obj[name]).__name__}, not a "
+                            f"{entry.kind.__name__}; the file is damaged: use another checkpoint (e.g. best.pt)")
+    return obj
+
+
+def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 kept the counters at the top level, one optimizer state, rank 0's RNG streams and a
+    scaler entry of None; version 2 groups the counters under "train" and has lists for the others."""
+    if obj["version"] == 1:
+        obj = dict(obj)
+        train = {k: obj.pop(k) for k in ("iter", "best_val_loss", "tokens_seen") if k in obj}
+        train["run_id"] = obj.pop("wandb_run_id", None) or ""
+        train["dtype"] = ""
+        train["elapsed_s"] = 0.0
+        obj["train"] = train
+        if "optimizer" in obj:
+            obj["optimizer"] = {"optimizers": [obj["optimizer"]]}
+        if "rng" in obj:
+            obj["rng"] = {"ranks": [obj["rng"]]}
+        if "scaler" in obj and obj["scaler"] is None:
+            obj["scaler"] = {}
+        obj["version"] = VERSION
+    return obj
+
+
+class Backend(Protocol):
+    """Where a checkpoint's bytes go. `path` names the checkpoint (ckpt.pt, best.pt) in an out_dir."""
+
+    def write(self, path: Path, payload: dict[str, Any]) -> None: ...
+
+    def read(self, path: Path) -> Any: ...
+
+
+class TorchFile:
+    """One file per checkpoint: torch.save to a temp file beside it, then an atomic rename
+    (fileio.atomic_write), so a reader sees the old checkpoint or the new one, never a torn one."""
+
+    def write(self, path: Path, payload: dict[str, Any]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as tmp, open(tmp, "wb") as f:
+            torch.save(payload, f)
+
+    def read(self, path: Path) -> Any:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4)
+        except OSError as e:
+            raise UserError(f"cannot read checkpoint {path} ({short_error(e)}); check the path and its permissions") from None
+        if head != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip, or a legacy pickle
+            raise UserError(f"{path} is not a PyTorch checkpoint (neither a zip archive nor a pickle: a text file, or a "
+                            "corrupt one); pass a ckpt.pt written by train.py")
+        try:
+            with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
+                warnings.simplefilter("ignore")
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "weights_only" in str(e) or "Weights only load failed" in str(e):
+                raise UserError(f"checkpoint {path} contains objects that would run code when loaded, so it was "
+                                "refused; use a checkpoint written by train.py") from None
+            raise UserError(f"checkpoint {path} is corrupt or not a PyTorch file ({short_error(e, 120)}); "
+                            "use another checkpoint, e.g. best.pt, or retrain") from None
+        except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, AttributeError,
+                TypeError, IndexError) as e:
+            raise UserError(f"checkpoint {path} is corrupt or truncated ({short_error(e, 120)}); "
+                            "use another checkpoint, e.g. best.pt, or retrain") from None
+
+
+BACKEND: Backend = TorchFile()
+
+
+def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
+    """A checkpoint file, or a directory holding ckpt.pt. Raises UserError when neither exists."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        f = p / CKPT_NAME
+        if not f.exists():
+            raise UserError(f"no {CKPT_NAME} in directory {p}; pass a checkpoint file, or the out_dir of a training run")
+        return f
+    if not p.exists():
+        raise UserError(f"checkpoint {p} does not exist; check the path, or train first with `python train.py`")
+    return p
+
+
+def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    """Write `payload` to `path` atomically; "format" and "version" are stamped in."""
+    BACKEND.write(Path(path), {**payload, "format": FORMAT, "version": VERSION})
+
+
+def load_checkpoint(path: str | os.PathLike, needed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Read one of our checkpoints (a file, or an out_dir holding ckpt.pt), checked against SCHEMA and
+    upgraded to the current version. Every problem is a one-line UserError."""
+    p = resolve_checkpoint_path(path)
+    return check_payload(BACKEND.read(p), p, needed)

@@ -1,0 +1,105 @@
+"""Inference asks here for a model: from one of our checkpoints (a file or a training out_dir), an HF
+GPT-2 directory, or an HF hub name. sample.py, eval/, the HF export and training's init_from all load
+through `load_model`, so inference never needs the training package."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from errors import UserError, short_error
+from model.gpt import GPT, GPTConfig
+from model.hf import from_pretrained
+
+from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, resolve_checkpoint_path
+
+GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **overrides: Any) -> GPT:
+    """Our GPT, on the CPU, with the checkpoint's model_config (fields in `overrides` replaced, e.g.
+    dropout) and its weights. A checkpoint whose config or weights don't fit gives a one-line UserError."""
+    for key in ("model", "model_config"):
+        if key not in ckpt:
+            raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
+    try:
+        config = GPTConfig(**{**ckpt["model_config"], **overrides})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"checkpoint {where} has an invalid model_config ({short_error(e, 120)}); "
+                        "use a ckpt.pt written by this version of train.py") from None
+    with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
+        model = GPT(config)
+    try:
+        # a plain dict: assign=True records itself in a state dict's _metadata, which would make every
+        # later load_state_dict of the checkpoint's dict replace parameters instead of copying into them
+        model.load_state_dict(dict(ckpt["model"]), assign=True)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise UserError(f"checkpoint {where}: weights do not match its model_config ({short_error(e, 120)}); "
+                        "use an intact ckpt.pt") from None
+    model.tie_weights()  # assign=True replaced the tied tensor; tie again
+    return model
+
+
+def model_config_dict(model: GPT) -> dict[str, Any]:
+    return dataclasses.asdict(model.config)
+
+
+# ------------------------------------------------------------------------------ any model, by name
+
+@dataclass
+class LoadedModel:
+    model: GPT  # on the CPU, fp32, eval mode
+    tokenizer: dict[str, Any]  # {"tokenizer", "chars"}: data.tokenizer_from_meta(...) builds it
+    description: str  # one line for the user: where it came from
+    checkpoint: dict[str, Any] | None = None  # the whole checkpoint, for our own files
+
+
+def is_hub_name(spec: str) -> bool:
+    """A bare name ("gpt2", "gpt2-medium", "distilgpt2") or openai-community/...; anything else with a
+    slash is a local path, so a mistyped path never turns into a download attempt."""
+    if Path(spec).expanduser().exists() or spec.lower().endswith(CHECKPOINT_SUFFIXES):
+        return False
+    return bool(re.fullmatch(r"(openai-community/)?[A-Za-z0-9][\w.-]*", spec))
+
+
+def is_hf_dir(spec: str) -> bool:
+    path = Path(spec).expanduser()
+    return path.is_dir() and not (path / CKPT_NAME).is_file() and (path / "config.json").is_file()
+
+
+def load_model(spec: str, **overrides: Any) -> LoadedModel:
+    """A checkpoint file, a training out_dir, an HF GPT-2 directory or an HF hub name -> LoadedModel.
+    `overrides` replace model_config fields (e.g. dropout=0.0). Every bad input is a one-line UserError."""
+    if is_hf_dir(spec) or is_hub_name(spec):
+        return _load_hf(spec, **overrides)
+    where = resolve_checkpoint_path(spec)
+    ckpt = load_checkpoint(where, needed=("model", "model_config", "tokenizer"))
+    model = model_from_checkpoint(ckpt, where, **overrides)
+    bad = next((name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()),
+               None)
+    if bad is not None:  # train.py never saves such weights; a damaged or foreign file can hold them
+        raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
+                        "checkpoint")
+    it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
+    desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
+    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt)
+
+
+def _load_hf(spec: str, **overrides: Any) -> LoadedModel:
+    try:
+        model = from_pretrained(spec, **overrides)
+    except FileNotFoundError as e:
+        raise UserError(f"cannot load {spec!r}: {' '.join(str(e).split())[:160]}; pass a checkpoint file, "
+                        "a training out_dir, or an HF GPT-2 directory") from None
+    except (ValueError, KeyError, TypeError, OSError) as e:  # bad config.json or weights
+        raise UserError(f"{spec} is not a usable HF GPT-2 directory ({short_error(e)}); "
+                        "re-export it or pass another path") from None
+    except Exception as e:  # e.g. safetensors' own errors on a damaged file
+        raise UserError(f"cannot read the HF GPT-2 weights in {spec} ({type(e).__name__}); "
+                        "re-export or re-download them") from None
+    return LoadedModel(model.eval(), dict(GPT2_TOKENIZER), f"HF GPT-2 {spec}")

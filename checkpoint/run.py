@@ -1,0 +1,208 @@
+"""A training run's checkpoints: who owns the out_dir, whether to resume, and saving and restoring every
+stateful part by the same mapping (torchtitan's Checkpointer).
+
+    lock = claim_out_dir(out_dir)                      # one trainer per out_dir; leftovers of killed ones go
+    resume = decide_resume(out_dir, mode="auto", ...)  # a Resume, or None for a fresh run
+    ckpt = Checkpointer(out_dir, is_main=...)
+    ckpt.register("model", raw_model); ckpt.register("optimizer", OptimizerState(optimizers)); ...
+    ckpt.restore(resume)                               # every rank; each part gets back what it saved
+    ckpt.save()  /  ckpt.save(best=True)               # every rank (some parts gather); rank 0 writes
+
+Restoring goes in registration order, so the RNG streams (registered last) are restored last and nothing
+consumes them after. The names a part may be registered under are the file format's (format.SCHEMA).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol
+
+from errors import UserError, short_error
+from fileio import DirLock, check_writable_dir, remove_temp, stale_temps
+
+from .format import BEST_NAME, CKPT_NAME, SCHEMA, load_checkpoint, save_checkpoint
+
+LOCK_NAME = ".train.lock"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+# ------------------------------------------------------------------------------------------ the out_dir
+
+def claim_out_dir(out_dir: Path, say: Callable[[str], None] = print) -> DirLock:
+    """One trainer per out_dir (rank 0 holds the lock): a second one would write the same checkpoints.
+    The new holder then removes what writers killed mid-save left behind (their temp files and temp
+    directories: each is a whole checkpoint), and says so in one line."""
+    check_writable_dir(out_dir, "train.out_dir")
+    lock = DirLock(out_dir, LOCK_NAME)
+    holder = lock.try_acquire()
+    if holder is not None:
+        raise UserError(f"another trainer (pid {holder.get('pid')} on host {holder.get('host')}, since "
+                        f"{holder.get('since')}) is writing to {out_dir}; wait for it or stop it, or use another "
+                        "--train.out_dir")
+    stale = stale_temps(out_dir)
+    for path, _ in stale:
+        remove_temp(path)
+    if stale:
+        size = sum(n for _, n in stale)
+        say(f"removed {len(stale)} leftover temp file{'s' if len(stale) > 1 else ''} from a killed run "
+            f"({size / 1e6:.1f} MB)")
+    return lock
+
+
+# ------------------------------------------------------------------------------------------ resuming
+
+@dataclass
+class Resume:
+    """The checkpoint a run continues from, with what set-up reads of it before restoring."""
+    path: Path
+    payload: dict[str, Any]
+
+    @property
+    def train(self) -> dict[str, Any]:
+        """The saved counters ({} if damaged: restoring reports it, naming the entry)."""
+        train = self.payload.get("train")
+        return train if isinstance(train, dict) else {}
+
+    @property
+    def dtype(self) -> str:
+        dtype = self.train.get("dtype", "")
+        return dtype if isinstance(dtype, str) else ""
+
+    @property
+    def tokenizer(self) -> dict[str, Any] | None:
+        return self.payload.get("tokenizer")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.payload.get("config") or {}
+
+
+def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict], list[str]],
+                  gather: Callable[[Any], list[Any]], other_files: Iterable[str] = ()) -> Resume | None:
+    """The checkpoint to resume from (mode "auto": out_dir's ckpt.pt, when there), or None for a fresh run.
+
+    Refused in one line: earlier files with mode "never"; earlier files (best.pt, `other_files` such as
+    metrics.jsonl) but no ckpt.pt; a config that changed where it may not (`config_conflicts` lists the
+    keys); a best.pt of another run. Every rank must see the same checkpoint (an out_dir shared by all
+    nodes): `gather` collects each rank's outcome, and any difference or error stops every rank with
+    the same line."""
+    ckpt_path = out_dir / CKPT_NAME
+    resume, outcome = None, None
+    earlier = [name for name in (CKPT_NAME, BEST_NAME, *other_files) if (out_dir / name).exists()]
+    try:
+        if earlier and mode == "never":
+            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} and train.resume=never refuses to "
+                            "overwrite them; use --train.resume=auto to continue that run, or a new --train.out_dir")
+        if earlier and not ckpt_path.exists():
+            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} but no {CKPT_NAME} to resume it; "
+                            "a new run there would overwrite them: use a new --train.out_dir, or move those files away")
+        if ckpt_path.exists():
+            resume = Resume(ckpt_path, load_checkpoint(ckpt_path))
+            conflicts = config_conflicts(resume.config)
+            if conflicts:
+                raise UserError(f"cannot resume {ckpt_path}: the config changed in {'; '.join(conflicts)}; "
+                                "restore those values, or train into a new --train.out_dir")
+            check_best_belongs_to(out_dir / BEST_NAME, resume.train.get("run_id"))
+            outcome = ("checkpoint", resume.train.get("run_id"), resume.train.get("iter"))
+        else:
+            outcome = ("fresh",)
+    except UserError as e:
+        outcome = ("error", str(e))
+    seen = gather(outcome)
+    errors = [o[1] for o in seen if o[0] == "error"]
+    if errors:
+        raise UserError(errors[0])
+    differ = [r for r, o in enumerate(seen) if o != seen[0]]
+    if differ:
+        def what(o):
+            return "no checkpoint" if o[0] == "fresh" else f"run {o[1]} at iter {o[2]}"
+        raise UserError(f"rank(s) {differ} see {what(seen[differ[0]])} in {ckpt_path} but rank 0 sees {what(seen[0])}; "
+                        "every rank must read and write the same train.out_dir: put it on a filesystem shared by "
+                        "all nodes")
+    return resume
+
+
+def check_best_belongs_to(best: Path, run_id: str | None) -> None:
+    """The best-checkpoint rule: a run writes best.pt when val loss improves on ITS best, so a best.pt of
+    another run would be replaced by a worse model; it must be this run's."""
+    if not best.exists() or run_id is None:  # no run id: the restore reports the damaged entry
+        return
+    other = load_checkpoint(best).get("train", {}).get("run_id")
+    if other != run_id:
+        raise UserError(f"{best} belongs to another run ({other}) than {best.with_name(CKPT_NAME)} ({run_id}); resuming "
+                        "could replace it with a worse model: move it away, or train into a new --train.out_dir")
+
+
+# ------------------------------------------------------------------------------------------ save / restore
+
+class Checkpointer:
+    def __init__(self, out_dir: str | os.PathLike, *, is_main: bool = True):
+        self.out_dir = Path(out_dir)
+        self.is_main = is_main
+        self.states: dict[str, Stateful] = {}
+        self.static: dict[str, Any] = {}  # written with every checkpoint, read only to build the run
+        self.last_saved_iter: int | None = None  # the iteration the latest ckpt.pt holds (written or restored)
+
+    @property
+    def latest(self) -> Path:
+        return self.out_dir / CKPT_NAME
+
+    @property
+    def best(self) -> Path:
+        return self.out_dir / BEST_NAME
+
+    def register(self, name: str, state: Stateful) -> None:
+        """A stateful part, saved and restored under `name` (one of format.SCHEMA's entries)."""
+        self._check_name(name)
+        self.states[name] = state
+
+    def register_static(self, name: str, value: Any) -> None:
+        """A value written with every checkpoint that the run does not restore (it built the run from it)."""
+        self._check_name(name)
+        self.static[name] = value
+
+    def _check_name(self, name: str) -> None:
+        if name not in SCHEMA or name in ("format", "version") or name in self.states or name in self.static:
+            raise ValueError(f"cannot register {name!r}: add it to checkpoint.format.SCHEMA once, under a new name")
+
+    def save(self, iter_num: int, *, best: bool = False) -> None:
+        """Collect every state (on every rank: some gather across ranks), then rank 0 writes ckpt.pt (or
+        best.pt). A failed write is a one-line UserError naming the last good checkpoint."""
+        path = self.best if best else self.latest
+        payload = {name: obj.state_dict() for name, obj in self.states.items()}
+        if self.is_main:
+            try:
+                save_checkpoint(path, {**self.static, **payload})
+            except OSError as e:  # a full disk, a quota, a read-only mount: the files written before are intact
+                kept = (f"the last checkpoint, {self.latest}, still holds iter {self.last_saved_iter}"
+                        if self.last_saved_iter is not None else "no checkpoint was written yet")
+                raise UserError(f"cannot write {path} ({short_error(e)}); {kept}; free some space, then rerun the same "
+                                "command to resume") from None
+        if not best:
+            self.last_saved_iter = iter_num
+
+    def restore(self, resume: Resume) -> None:
+        """Give every registered state its saved entry. A missing or malformed entry is a one-line
+        UserError naming it."""
+        ckpt, where = resume.payload, resume.path
+        missing = [name for name in self.states if name not in ckpt]
+        if missing:
+            raise UserError(f"checkpoint {where} has no {', '.join(map(repr, missing))} entr"
+                            f"{'y' if len(missing) == 1 else 'ies'}; it was not written by train.py or is damaged: "
+                            "use another checkpoint (e.g. best.pt), or a new --train.out_dir")
+        for name, obj in self.states.items():
+            try:
+                obj.load_state_dict(ckpt[name])
+            except UserError:
+                raise
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+                raise UserError(f"checkpoint {where}: its {name!r} entry is malformed ({short_error(e, 120)}); "
+                                "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None
+        iter_num = resume.train.get("iter")
+        self.last_saved_iter = iter_num if isinstance(iter_num, int) else None

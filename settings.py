@@ -1,0 +1,74 @@
+"""Config fields that carry their own rules. Every key of every config section is one `setting(...)`:
+a dataclass field whose metadata holds its help line (what --help prints), whether a resumed run may
+change it, and its check. Adding a key is one line in its section; no other table lists the keys.
+
+    @dataclass
+    class TrainSection:
+        lr: float = setting(1e-3, "peak learning rate", resume=True, check=at_least(0))
+
+A check takes the value and returns None, or what is wrong ("must be >= 1, got 0"), which the caller
+prefixes with the key's name (`train.max_iters must be >= 1, got 0`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from errors import UserError
+
+Check = Callable[[Any], "str | None"]
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, resume: bool = False, check: Check | None = None,
+            default_factory: Any = dataclasses.MISSING) -> Any:
+    """A config field: `help` is its --help line; `resume=True` if a resumed run may change it (it does not
+    change what the weights or the data mean); `check` validates its value."""
+    if not help:
+        raise ValueError("every setting needs a help line")
+    meta = {"help": help, "resume": resume, "check": check}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def help_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("help", "")
+
+
+def may_change_on_resume(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("resume"))
+
+
+def check_fields(obj: Any, section: str) -> None:
+    """Run every field's check; the first problem is a one-line UserError naming `section.key`."""
+    for f in dataclasses.fields(obj):
+        check = f.metadata.get("check")
+        problem = check(getattr(obj, f.name)) if check else None
+        if problem:
+            raise UserError(f"{section}.{f.name} {problem}")
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+def at_least(low: float, hint: str = "") -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}, got {v}{hint}"
+
+
+def in_range(low: float, high: float, shown: str | None = None, hint: str = "") -> Check:
+    """low <= v < high; `shown` writes the interval in the message (e.g. "[0, 2**63)")."""
+    interval = shown or f"[{low}, {high})"
+    return lambda v: None if low <= v < high else f"must be in {interval}, got {v}{hint}"
+
+
+def one_of(*choices: str) -> Check:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
+
+
+def not_blank(hint: str) -> Check:
+    return lambda v: None if isinstance(v, str) and v.strip() else f"is empty; {hint}"
+
+
+def all_of(*checks: Check) -> Check:
+    def check(v: Any) -> str | None:
+        return next((p for p in (c(v) for c in checks) if p), None)
+    return check

@@ -1,0 +1,67 @@
+"""Checkpoints written before the checkpoint code moved into checkpoint/ still work: the committed
+fixture (tests/fixtures/README.md says how it was made, by train.py at bc82a42) samples and resumes."""
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import sample
+import train
+from checkpoint import load_model
+from data import DataConfig, prepare_data
+from training.config import load_config
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "ckpt_v2_char.pt"
+# the settings the fixture was trained with (its config entry holds them too)
+FIXTURE_ARGV = ["--config", "shakespeare_char", "--model.n_layer=1", "--model.n_head=2", "--model.n_embd=16",
+                "--model.block_size=16", "--train.batch_size=2", "--train.eval_interval=3", "--train.eval_iters=1",
+                "--train.warmup_iters=1", "--train.dtype=float32", "--wandb.mode=disabled"]
+
+
+def _raw_tensors() -> dict[str, torch.Tensor]:
+    """The fixture's weights read without our code: torch.save's zip holds a pickle, read with
+    torch.load(weights_only=True) directly."""
+    assert zipfile.is_zipfile(FIXTURE)
+    return torch.load(FIXTURE, map_location="cpu", weights_only=True)["model"]
+
+
+def test_an_old_checkpoint_loads_for_inference_with_its_own_weights():
+    loaded = load_model(str(FIXTURE))
+    raw = _raw_tensors()
+    ours = loaded.model.state_dict()
+    assert set(ours) == set(raw)
+    for k, t in raw.items():
+        assert torch.equal(ours[k], t), k
+    assert loaded.tokenizer["tokenizer"] == "char" and len(loaded.tokenizer["chars"]) == 65
+    assert (loaded.model.config.n_layer, loaded.model.config.n_embd, loaded.model.config.block_size) == (1, 16, 16)
+
+
+def test_an_old_checkpoint_samples_greedily_like_an_uncached_loop(capsys):
+    loaded = load_model(str(FIXTURE), dropout=0.0)
+    chars = loaded.tokenizer["chars"]
+    idx = torch.tensor([[chars.index("\n")]])
+    with torch.no_grad():  # the textbook loop: whole context each step, argmax, no cache
+        for _ in range(10):
+            idx = torch.cat([idx, loaded.model(idx[:, -16:])[:, -1].argmax(-1, keepdim=True)], dim=1)
+    expected = "".join(chars[i] for i in idx[0].tolist())
+    with pytest.raises(SystemExit) as ei:
+        sample.run_cli(lambda: sample.main(["--checkpoint", str(FIXTURE), "--temperature", "0", "--max-new-tokens",
+                                            "10", "--dtype", "float32", "--device", "cpu"]))
+    assert ei.value.code == 0
+    assert capsys.readouterr().out == expected + "\n"
+
+
+def test_an_old_run_resumes_where_it_stopped(tmp_path):
+    root = tmp_path / "prepared"
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    out = tmp_path / "old-run"
+    out.mkdir()
+    shutil.copy(FIXTURE, out / "ckpt.pt")
+    res = train.train(load_config([*FIXTURE_ARGV, f"--train.out_dir={out}", f"--data.root={root}",
+                                   "--train.max_iters=5", "--train.log_interval=1"]))
+    assert sorted(res["losses"]) == [4, 5]  # iters 1-3 came from the old run
+    assert res["iter"] == 5

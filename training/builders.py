@@ -1,0 +1,124 @@
+"""The parts of a training run, one builder each (torchtitan's shape). train.py chains them; the benchmark
+calls the same ones, so what it times is what train.py runs.
+
+    check_memory(cfg, vocab_size, resume, device)        # refuse what can't fit, before allocating
+    model, notes = build_model(cfg, ...)                 # fresh, resumed, another run's or HF weights
+    train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device)
+    dtype, note = choose_dtype(cfg.train.dtype, resume, device, probe)
+    optimizers = build_optimizers(model, cfg.train, device)
+    step_model = parallelize(model, cfg.train, dist, device)   # loss path, compile, DDP: one line each
+    checkpointer = build_checkpointer(out_dir, dist, model=..., optimizers=..., ...)
+
+A new hardware switch (FSDP, float8) is one more function here that train.py calls in order.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from checkpoint import Checkpointer, Resume, model_config_dict
+from data import BatchLoader
+from model import GPT, GPTConfig
+from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
+from runtime.memory import check_fits, training_bytes
+from runtime.precision import DTYPE_BY_NAME, dtype_name, training_dtype
+
+from .config import Config, TrainSection
+from .distributed import DistInfo, apply_ddp
+from .init_from import initial_model
+from .optim import make_optimizers
+from .rng import RNGState
+from .state import OptimizerState, ScalerState, TrainState
+
+
+def planned_model(cfg: Config, vocab_size: int, resume: Resume | None) -> GPTConfig | None:
+    """The model this run will build, known before building it (None for another run's or HF weights)."""
+    try:
+        if resume is not None:
+            return GPTConfig(**resume.payload["model_config"])
+        if cfg.model.init_from == "scratch":
+            return cfg.model.gpt_config(max(cfg.model.vocab_size, vocab_size))
+    except (KeyError, TypeError, ValueError):  # a damaged checkpoint: model_from_checkpoint says so
+        pass
+    return None
+
+
+def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: torch.device) -> None:
+    """Refuse, in one line and before allocating anything big, a run whose model and batch can't fit."""
+    planned = planned_model(cfg, vocab_size, resume)
+    if planned is None:
+        return
+    rows = choose_loss_chunk_rows(device, compiled=cfg.train.compile, vocab_size=planned.vocab_size)
+    check_fits(training_bytes(planned, batch_size=cfg.train.batch_size, block_size=cfg.model.block_size,
+                              loss_chunk_rows=rows),
+               device, "training", "train.batch_size, model.block_size, or the model's size (n_layer, n_embd)")
+
+
+def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resume: Resume | None,
+                device: torch.device) -> tuple[GPT, list[str]]:
+    """(the plain model on `device` in fp32, notes to print): the checkpoint's when resuming, else as
+    model.init_from says (scratch weights drawn from train.seed)."""
+    model, notes = initial_model(cfg.model, vocab_size=vocab_size, tokenizer=tokenizer, seed=cfg.train.seed,
+                                 resume=resume.payload if resume is not None else None)
+    return model.to(device), notes
+
+
+def build_loaders(cfg: Config, data_dir: Path, dist: DistInfo,
+                  device: torch.device) -> tuple[BatchLoader, dict[str, BatchLoader]]:
+    """(this rank's training batches, the fixed eval batches of each split: rank 0 only)."""
+    t, block = cfg.train, cfg.model.block_size
+    train = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
+                        rank=dist.rank, world_size=dist.world_size, device=device)
+    evals = {split: BatchLoader(data_dir, split, block_size=block, batch_size=t.batch_size, seed=t.eval_seed,
+                                device=device) for split in ("train", "val")} if dist.is_main else {}
+    return train, evals
+
+
+def choose_dtype(name: str, resume: Resume | None, device: torch.device,
+                 probe: Callable[[torch.dtype], None]) -> tuple[str, str]:
+    """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
+    resume under another load never flips it (bitwise resume needs the same dtype)."""
+    saved = resume.dtype if resume is not None else ""
+    if name == "auto" and saved in DTYPE_BY_NAME:
+        return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
+    dtype, note = training_dtype(name, device, forward_backward=probe)
+    return dtype_name(dtype), note
+
+
+def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[torch.optim.Optimizer]:
+    return make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                           device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr, muon_momentum=t.muon_momentum)
+
+
+def parallelize(model: GPT, t: TrainSection, dist: DistInfo, device: torch.device, *,
+                compile: bool | None = None, loss_chunk_rows: int | None | str = "auto") -> nn.Module:
+    """What the training step runs: `model` with the loss path for this device, compiled (train.compile),
+    wrapped in DDP (several ranks). `model` itself stays the plain module, which is saved and evaluated.
+    `compile` overrides train.compile (False: the eager fallback); `loss_chunk_rows` overrides the loss
+    path's choice (the benchmark compares both)."""
+    compile = t.compile if compile is None else compile
+    use_loss_path(model, device, compiled=compile, rows=loss_chunk_rows)
+    step_model = torch.compile(model) if compile else model
+    return apply_ddp(step_model, dist, device)
+
+
+def build_checkpointer(out_dir: Path, dist: DistInfo, group, *, model: GPT, optimizers: list, scaler,
+                       loader: BatchLoader, state: TrainState, cfg: Config,
+                       tokenizer: dict[str, Any]) -> tuple[Checkpointer, RNGState]:
+    """Every stateful part, registered once: the same mapping is saved and restored. The RNG streams
+    come last, so that restoring nothing after them consumes a random number."""
+    ckpt = Checkpointer(out_dir, is_main=dist.is_main)
+    ckpt.register_static("model_config", model_config_dict(model))
+    ckpt.register_static("config", cfg.to_dict())
+    ckpt.register_static("tokenizer", tokenizer)
+    ckpt.register("model", model)
+    ckpt.register("optimizer", OptimizerState(optimizers))
+    ckpt.register("scaler", ScalerState(scaler))
+    ckpt.register("loader", loader)
+    ckpt.register("train", state)
+    rng = RNGState(dist, group)
+    ckpt.register("rng", rng)
+    return ckpt, rng

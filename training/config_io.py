@@ -1,0 +1,191 @@
+"""Reading a config: YAML files (duplicate keys refused), `--section.key=value` arguments, and coercing each
+value to its field's type. Generic over the config dataclass (training/config.py's Config), so this file
+knows no section or key."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from errors import UserError
+
+
+def section_keys(cfg: Any) -> dict[str, list[str]]:
+    return {s.name: [f.name for f in dataclasses.fields(getattr(cfg, s.name))] for s in dataclasses.fields(cfg)}
+
+
+def parse_argv(argv: list[str], sections: dict[str, list[str]]) -> tuple[str | None, list[tuple[str, str]]]:
+    """(the --config value, [(section.key, value), ...]) from the command line."""
+    config_name = None
+    overrides: list[tuple[str, str]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or arg == "--":
+            raise UserError(f"unexpected argument {arg!r}; options look like --config small or --train.lr=3e-4")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:  # "--key value"
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise UserError(f"option --{key} has no value; write --{key}=VALUE")
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if key == "config":
+            config_name = value
+        elif "." in key:
+            overrides.append((key, value))
+        else:
+            raise UserError(f"unknown option --{key}; {_suggest_option(key, sections)}")
+    return config_name, overrides
+
+
+def _suggest_option(key: str, sections: dict[str, list[str]]) -> str:
+    owners = [s for s, keys in sections.items() if key in keys]
+    if owners:
+        return f"did you mean --{owners[0]}.{key}=...? overrides are written --section.key=value"
+    return f"overrides are written --section.key=value with sections {', '.join(sections)}; see --help"
+
+
+def nest(dotted: str, value: Any) -> dict[str, Any]:
+    section, _, key = dotted.partition(".")
+    if not section or not key or "." in key:
+        raise UserError(f"bad option --{dotted}; overrides are written --section.key=value, e.g. --train.lr=3e-4")
+    return {section: {key: value}}
+
+
+def find_config_file(name: str, config_dir: Path) -> Path:
+    """A path to a YAML file, or a name in configs/ with or without .yaml."""
+    candidates = [Path(name).expanduser()]
+    if not name.endswith((".yaml", ".yml")):
+        candidates.append(Path(name + ".yaml").expanduser())
+    candidates += [config_dir / c.name for c in list(candidates) if c.parent == Path(".")]
+    for c in candidates:
+        if c.is_file():
+            return c
+    shipped = ", ".join(sorted(p.stem for p in config_dir.glob("*.yaml"))) or "none"
+    raise UserError(f"config {name!r} not found as a file or in configs/; pass a YAML path or one of: {shipped}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key written twice in one mapping is an error (PyYAML keeps the
+    last one silently, so a config could say two things and mean one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise UserError(f"{self.name}: {key!r} appears twice (line {key_node.start_mark.line + 1}); "
+                                "keep one of them")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise UserError(f"config {path} is not valid YAML{at}; fix the syntax (sections of key: value)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {path} ({e.__class__.__name__}); check the file") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config {path} must be a mapping of sections (model:, data:, train:, wandb:); got {type(data).__name__}")
+    return data
+
+
+
+# ------------------------------------------------------------------------------------ typed overrides
+
+def apply_overrides(cfg: Any, d: dict[str, Any], *, source: str) -> None:
+    """Set cfg.<section>.<key> = value for each entry of a nested dict, coercing to the field's type."""
+    if not isinstance(d, dict):
+        raise UserError(f"{source}: expected a mapping of sections, got {type(d).__name__}")
+    sections = section_keys(cfg)
+    for section, values in d.items():
+        if section not in sections:
+            raise UserError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sections)}")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise UserError(f"{source}: section {section!r} must be a mapping of key: value, got {values!r}")
+        obj = getattr(cfg, section)
+        hints = typing.get_type_hints(type(obj))
+        for key, value in values.items():
+            if key not in sections[section]:
+                close = difflib.get_close_matches(str(key), sections[section], n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise UserError(f"{source}: unknown key {section}.{key}{hint}; valid keys: {', '.join(sections[section])}")
+            setattr(obj, key, coerce(value, hints[key], f"{section}.{key}", source))
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def coerce(value: Any, typ: Any, name: str, source: str = "config") -> Any:
+    """Convert a YAML value or a CLI string to `typ` (bool, int, float, str, or X | None)."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~")):
+            return None
+        typ = next(a for a in args if a is not type(None))
+    where = f"{source}: {name}"
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise UserError(f"{where} expects a bool (true/false), got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                try:
+                    f = float(value)
+                except ValueError:
+                    f = math.nan
+                if math.isfinite(f) and f.is_integer():
+                    return int(f)  # e.g. 5e3
+        raise UserError(f"{where} expects an int, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            f = float(value)
+        elif isinstance(value, str):
+            try:
+                f = float(value.strip())
+            except ValueError:
+                raise UserError(f"{where} expects a float (e.g. 3e-4), got {value!r}") from None
+        else:
+            raise UserError(f"{where} expects a float (e.g. 3e-4), got {value!r}")
+        if not math.isfinite(f):
+            raise UserError(f"{where} expects a finite float, got {value!r}")
+        return f
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # a YAML `run_name: 42`
+        raise UserError(f"{where} expects a string, got {value!r}")
+    raise TypeError(f"config field {name} has unsupported type {typ!r}")  # a bug in this file, not user input
