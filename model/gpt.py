@@ -28,6 +28,13 @@ NORMS = ("layernorm", "rmsnorm")
 MLP_ACTS = ("gelu", "relu2")
 
 
+# Sizes past any model this project can train: refused before anything is built (an absurd config would
+# otherwise spin building millions of modules, or overflow a tensor's size, before the memory check).
+MAX_LAYERS = 1024
+MAX_BLOCK_SIZE = 2**24
+MAX_PARAMS = 10**12
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024  # the longest context, in tokens
@@ -54,6 +61,13 @@ class GPTConfig:
     def __post_init__(self):
         self.validate()
 
+    def approx_num_params(self) -> int:
+        """The parameter count from the config alone (embeddings, 12 * n_embd**2 + 13 * n_embd per block,
+        an untied head): at least the model's, to a few percent, with no module built."""
+        C, V, L = self.n_embd, self.vocab_size, self.n_layer
+        n = V * C * (1 if self.tie_embeddings else 2) + L * (12 * C * C + 13 * C) + 2 * C
+        return n + (self.block_size * C if self.pos_embedding == "learned" else 0)
+
     def gpt2_incompatibilities(self) -> list[str]:
         """What HF's GPT-2 format can't express about this model, one short reason each ([] for GPT-2).
         An untied head, zero-initialised projections, a padded vocabulary and bias=False are expressible."""
@@ -77,6 +91,15 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_layer > MAX_LAYERS:
+            raise ValueError(f"GPTConfig.n_layer must be at most {MAX_LAYERS}, got {self.n_layer}")
+        if self.block_size > MAX_BLOCK_SIZE:
+            raise ValueError(f"GPTConfig.block_size must be at most {MAX_BLOCK_SIZE}, got {self.block_size}")
+        n = self.approx_num_params()
+        if n > MAX_PARAMS:  # refused by arithmetic: building even on the meta device would take minutes
+            raise ValueError(f"GPTConfig.n_layer={self.n_layer}, GPTConfig.n_embd={self.n_embd} and GPTConfig.vocab_size="
+                             f"{self.vocab_size} make a model of about {n:.2g} parameters, more than the "
+                             f"{MAX_PARAMS:.0e} this project builds; lower them")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by GPTConfig.n_head ({self.n_head}); "

@@ -193,3 +193,58 @@ def test_model_fields_are_checked_by_gpt_config_and_named_as_config_keys():
     assert all(b in str(e.value) for b in ATTN_BACKENDS)
     with pytest.raises(UserError, match=r"model.gelu_approximate"):
         load_config(["--model.gelu_approximate=erf"])
+
+
+def billion_laughs(levels: int = 9) -> str:
+    lines = ["wandb:", "  run_name: [&a [lol, lol, lol, lol, lol, lol, lol, lol, lol],"]
+    for prev, name in zip("abcdefghi", "bcdefghij"[:levels - 1]):
+        lines.append(f"    &{name} [{', '.join([f'*{prev}'] * 9)}],")
+    lines[-1] = lines[-1].rstrip(",") + "]"
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text,words", [
+    (billion_laughs(), "uses a YAML alias (*a)"),  # 9**9 strings if expanded: refused before any expansion
+    ("model: &m\n  n_layer: 2\ntrain:\n  <<: *m\n", "YAML alias"),  # a merge key is an alias too
+    ("train:\n  seed: " + "9" * 5000 + "\n", "line 2 has 5000 characters, too many for an integer"),
+    ("train:\n  seed: " + "[" * 100000 + "]" * 100000 + "\n", "nested more than 32 deep"),
+])
+def test_hostile_yaml_is_refused_in_one_line_before_it_expands(tmp_path, text, words):
+    with pytest.raises(UserError, match=re.escape(words)):
+        load_config(["--config", _yaml(tmp_path, text)])
+
+
+def test_a_config_file_larger_than_a_config_is_refused_unread(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_bytes(b"# " + b"x" * (2**20 + 10) + b"\n")
+    with pytest.raises(UserError, match="larger than 1 MiB"):
+        load_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize("override,words", [
+    ("--model.n_layer=1000000000000", "model.n_layer must be at most 1024"),
+    ("--model.n_embd=1000000000000000", "about 4.8e+31 parameters"),  # 12 * n_embd**2 * 4 layers
+    ("--model.n_embd=1e15", "about 4.8e+31 parameters"),
+    ("--model.vocab_size=10000000000000", "parameters, more than the 1e+12"),
+    ("--model.block_size=100000000000", "model.block_size must be at most"),
+])
+def test_absurd_model_sizes_are_refused_by_arithmetic_in_one_line(override, words):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=re.escape(words)):
+        load_config(["--config", "shakespeare_char", "--model.n_head=1", override])
+    assert time.perf_counter() - start < 5  # no model is built, not even on the meta device
+
+
+def test_the_parameter_count_from_the_config_bounds_the_built_models():
+    import torch
+
+    from model import GPT, GPTConfig
+
+    for kw in ({}, {"tie_embeddings": False, "bias": False}, {"pos_embedding": "rope", "norm": "rmsnorm", "qk_norm": True},
+               {"mlp_act": "relu2", "vocab_size": 50304}):
+        config = GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=kw.pop("vocab_size", 101), **kw)
+        with torch.device("meta"):
+            built = sum(p.numel() for p in GPT(config).parameters())
+        assert built <= config.approx_num_params() <= 1.02 * built, (kw, built)

@@ -379,3 +379,18 @@ def test_unknown_options_and_positionals_are_named_in_one_line(argv, words, caps
     code, _, err = run(argv, capsys)
     assert_one_error_line(code, err, words)
     assert "invalid choice" not in err
+
+
+@pytest.mark.parametrize("field,value,words", [("n_layer", 10**12, "n_layer must be at most 1024"),
+                                               ("n_embd", 10**15, "parameters, more than the 1e+12")])
+def test_a_checkpoint_whose_config_is_absurdly_large_is_refused_before_building(tmp_path, capsys, field, value, words):
+    import time
+
+    model = GPT(GPTConfig(vocab_size=len(CHARS) + 1, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "huge.pt"
+    save_checkpoint(path, {"model": model.state_dict(), "model_config": dataclasses.asdict(model.config) | {field: value},
+                           "tokenizer": {"tokenizer": "char", "chars": CHARS}, "config": {}})
+    start = time.perf_counter()
+    code, out, err = run(["--checkpoint", path, "--max-new-tokens", "3"], capsys)
+    assert_one_error_line(code, err, "invalid model_config", words)
+    assert out == "" and time.perf_counter() - start < 10

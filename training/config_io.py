@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from errors import UserError
+from fileio import read_user_file
 
 
 def section_keys(cfg: Any) -> dict[str, list[str]]:
@@ -72,9 +73,40 @@ def find_config_file(name: str, config_dir: Path) -> Path:
     raise UserError(f"config {name!r} not found as a file or in configs/; pass a YAML path or one of: {shipped}")
 
 
+MAX_CONFIG_BYTES = 2**20  # a config is a few hundred bytes; a bigger file is not one
+MAX_YAML_DEPTH = 32  # sections of key: value need 2 or 3 levels
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, except that a key written twice in one mapping is an error (PyYAML keeps the
-    last one silently, so a config could say two things and mean one)."""
+    """yaml.safe_load, except that:
+    - a key written twice in one mapping is an error (PyYAML keeps the last one silently, so a config
+      could say two things and mean one);
+    - aliases (`*name`) are refused: a config has no use for them, and nested aliases expand
+      exponentially (a "billion laughs" file of a few hundred bytes fills the memory);
+    - nesting deeper than MAX_YAML_DEPTH is refused (PyYAML recurses once per level);
+    - an integer too long for Python's int() (over 4300 digits) is a one-line error, not a ValueError."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise UserError(f"{self.name}: line {mark.line + 1} uses a YAML alias (*{self.peek_event().anchor}); "
+                            "configs do not expand aliases: write the value out")
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise UserError(f"{self.name}: values nested more than {MAX_YAML_DEPTH} deep (line {mark.line + 1}); "
+                                "a config is sections of key: value")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise UserError(f"{self.name}: the number at line {node.start_mark.line + 1} has {len(node.value)} "
+                            "characters, too many for an integer; write a sensible value") from None
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -87,9 +119,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+        text = read_user_file(path, "config", fix="check --config", limit=MAX_CONFIG_BYTES).decode("utf-8")
+        loader = _UniqueKeyLoader(text)
         loader.name = str(path)
         try:
             data = loader.get_single_data()
