@@ -97,9 +97,8 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.block_size must be at most {MAX_BLOCK_SIZE}, got {self.block_size}")
         n = self.approx_num_params()
         if n > MAX_PARAMS:  # refused by arithmetic: building even on the meta device would take minutes
-            raise ValueError(f"GPTConfig.n_layer={self.n_layer}, GPTConfig.n_embd={self.n_embd} and GPTConfig.vocab_size="
-                             f"{self.vocab_size} make a model of about {n:.2g} parameters, more than the "
-                             f"{MAX_PARAMS:.0e} this project builds; lower them")
+            raise ValueError(f"a model of about {n:.2g} parameters, more than the {MAX_PARAMS:.0e} this project builds; "
+                             f"lower n_layer ({self.n_layer}), n_embd ({self.n_embd}) or vocab_size ({self.vocab_size})")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by GPTConfig.n_head ({self.n_head}); "
