@@ -22,6 +22,9 @@ is drawn and shown on stderr (with the checkpoint, device and dtype) so a run ca
 --dtype auto: on a CPU the faster of fp32 and prepacked bf16 for this model, timed on a few decoding
 steps (runtime/precision.py's inference_dtype); on GPUs bf16 where native, else fp16.
 --stop-at-eot (default): a sample ends at the end-of-text token, which is not printed.
+--min-p, --repetition-penalty: see model/generate.py's logits_to_probs (the order of every filter).
+--no-stream prints a single sample whole at the end; --out FILE writes the samples there (atomically)
+instead of stdout. Ctrl-C keeps what was generated: it is printed (or written to --out), then exit 130.
 
 Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr and exit status 2.
 """
@@ -35,15 +38,17 @@ if __name__ == "__main__":  # before the heavy imports below: Ctrl-C during star
 import argparse
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
 from data import tokenizer_from_meta
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import read_user_file
+from fileio import atomic_write_bytes, read_user_file
 from checkpoint import CKPT_NAME, load_model as load_any_model
-from model.generate import generate, generate_stream
+from model.generate import generate_stream
 from runtime.device import resolve_device
 from runtime.decoding import setup_decoding
 from runtime.memory import check_fits, sampling_bytes
@@ -52,6 +57,7 @@ from runtime.precision import DTYPE_NAMES, dtype_name
 DEFAULT_OUT = "out"  # train.py's runs go to out/<name> (configs/*.yaml set train.out_dir so)
 DEFAULT_PROMPT = "\n"
 MAX_PROMPT_BYTES = 16 * 2**20  # far past any block_size; /dev/zero is refused, not read forever
+MAX_NEW_TOKENS = 1_000_000  # hours of text at any speed; a typo of a few zeros more is refused
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,9 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
     decoding.add_argument("--top-k", type=int, default=200, help="keep the K most likely tokens (default: %(default)s)")
     decoding.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
+    decoding.add_argument("--min-p", type=float, default=0.0,
+                          help="keep the tokens at least MIN_P times as likely as the top one; 0 turns it off "
+                               "(default: %(default)s)")
+    decoding.add_argument("--repetition-penalty", type=float, default=1.0,
+                          help="divide the (positive) logits of tokens already in the text by this; 1 turns it "
+                               "off, 1.1-1.3 is typical (default: %(default)s)")
     decoding.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
     decoding.add_argument("--stop-at-eot", action=argparse.BooleanOptionalAction, default=True,
                           help="end a sample at the end-of-text token (default: on)")
+    output = p.add_argument_group("output")
+    output.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                        help="print a single sample token by token as it is generated (default: on; "
+                             "--no-stream prints it whole at the end)")
+    output.add_argument("--out", default=None, metavar="FILE",
+                        help="write the samples to FILE (written whole, atomically) instead of stdout")
     device = p.add_argument_group("device")
     device.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
     device.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
@@ -88,14 +106,22 @@ def validate_args(args: argparse.Namespace) -> None:
                         "stdin): see `python sample.py --help`")
     if args.num_samples < 1:
         raise UserError(f"--num-samples must be >= 1, got {args.num_samples}")
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got {args.max_new_tokens}; an "
+                        "interrupted run (Ctrl-C) keeps the text generated so far")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise UserError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}; e.g. 0.8")
     if args.top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {args.top_k}; use a large value (e.g. 50257) to keep every token")
     if not (0.0 < args.top_p <= 1.0):  # also rejects nan
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}; e.g. 0.9, or 1 to turn nucleus sampling off")
+    if not 0.0 <= args.min_p < 1.0:  # also rejects nan
+        raise UserError(f"--min-p must be in [0, 1), got {args.min_p}; e.g. 0.05, or 0 to turn it off")
+    if not (math.isfinite(args.repetition_penalty) and args.repetition_penalty > 0):
+        raise UserError(f"--repetition-penalty must be a number > 0, got {args.repetition_penalty}; e.g. 1.2, or 1 "
+                        "to turn it off")
+    if args.out is not None:
+        check_out_file(args.out)
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UserError(f"--seed must be an integer in [0, 2**63), got {args.seed}")
     sources = (args.prompt or []) + (args.prompt_file or [])
@@ -103,6 +129,17 @@ def validate_args(args: argparse.Namespace) -> None:
         raise UserError("the prompt comes either from stdin ('-') or from --prompt/--prompt-file; pass only one")
     if sum(s == "-" for s in sources) > 1:
         raise UserError("stdin ('-') can be read only once; give the other prompts with --prompt or --prompt-file")
+
+
+def check_out_file(name: str) -> None:
+    """--out must name a file in an existing folder: checked before anything is loaded or generated."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        raise UserError(f"--out {name} is a directory; name a file, e.g. {path / 'samples.txt'}")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {name}: the folder {path.parent} does not exist; create it or choose another --out")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"--out {name}: the folder {path.parent} is not writable; choose another --out")
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -251,31 +288,71 @@ def main(argv: list[str] | None = None) -> int:
 
     decoding = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p if args.top_p < 1 else None,
                     generator=generator, eot=tok.eot, stop_at_eot=args.stop_at_eot, vocab_size=tok.vocab_size,
-                    decode_fn=decode_fn)
+                    decode_fn=decode_fn, min_p=args.min_p or None,
+                    repetition_penalty=args.repetition_penalty if args.repetition_penalty != 1 else None)
     out = sys.stdout
     if hasattr(out, "reconfigure"):
         out.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?', not a crash
+    # Ctrl-C from here on is a KeyboardInterrupt, caught below, so the text generated so far is kept
+    # (the start-up handler of errors.quiet_interrupts would exit at once)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    stream = len(rows) == 1 and args.stream and args.out is None
+    generated: list[list[int]] = [[] for _ in rows]
     try:
-        if len(rows) == 1:  # one sample streams as it is generated
+        if stream:  # one sample streams as it is generated
             printer = StreamPrinter(tok, out)
             out.write(rows[0][0])
             out.flush()
-            for (token,) in generate_stream(model, [rows[0][1]], args.max_new_tokens, **decoding):
-                if token is not None:
-                    printer.add(token)
-            printer.finish()
+            try:
+                for (token,) in generate_stream(model, [rows[0][1]], args.max_new_tokens, **decoding):
+                    if token is not None:
+                        printer.add(token)
+            finally:  # also on Ctrl-C: what was generated stays on the screen, ending in a newline
+                printer.finish()
         else:
-            generated = generate(model, [ids for _, ids in rows], args.max_new_tokens, **decoding)
-            for r, ((text, _), ids) in enumerate(zip(rows, generated)):
-                out.write(f"---------- sample {r + 1}/{len(rows)} ----------\n")
-                out.write(text + tok.decode(ids) + "\n")
-            out.flush()
+            interrupted = False
+            try:
+                for step in generate_stream(model, [ids for _, ids in rows], args.max_new_tokens, **decoding):
+                    for row, token in zip(generated, step):
+                        if token is not None:
+                            row.append(token)
+            except KeyboardInterrupt:  # keep what exists: it is printed (or written), then we exit 130
+                interrupted = True
+            text = format_samples(tok, rows, generated, interrupted)
+            if args.out is not None:
+                write_out_file(args.out, text)
+                note(f"wrote {len(rows)} sample{'s' * (len(rows) > 1)} to {args.out}"
+                     f"{' (interrupted: the text generated so far)' if interrupted else ''}")
+            else:
+                out.write(text)
+                out.flush()
+            if interrupted:
+                raise KeyboardInterrupt
     except BrokenPipeError:  # e.g. `python sample.py | head`: the reader left, nothing more to say
         _silence_stdout()
     except OSError as e:  # e.g. `python sample.py > /dev/full`
         _silence_stdout()
         raise UserError(f"cannot write the samples to stdout ({short_error(e)}); free some space where it goes") from None
     return 0
+
+
+def format_samples(tok, rows, generated: list[list[int]], interrupted: bool = False) -> str:
+    """The text of every sample (its prompt, then what was generated); several under separator lines."""
+    if len(rows) == 1:
+        return rows[0][0] + tok.decode(generated[0]) + "\n"
+    parts = []
+    for r, ((text, _), ids) in enumerate(zip(rows, generated)):
+        parts.append(f"---------- sample {r + 1}/{len(rows)}{' (interrupted)' if interrupted else ''} ----------\n")
+        parts.append(text + tok.decode(ids) + "\n")
+    return "".join(parts)
+
+
+def write_out_file(name: str, text: str) -> None:
+    try:
+        atomic_write_bytes(Path(name).expanduser(), text.encode("utf-8", "replace"))
+    except OSError as e:
+        raise UserError(f"cannot write --out {name} ({short_error(e)}); free some space or choose another --out") from None
 
 
 def _silence_stdout() -> None:

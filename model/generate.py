@@ -29,29 +29,34 @@ weight layout are applied from outside (runtime/decoding.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "logits_to_probs", "candidate_probs", "sample", "prefill", "decode_one_token", "generate_stream", "generate",
+    "logits_to_probs", "candidate_probs", "penalize_repetition", "sample", "prefill", "decode_one_token", "generate_stream", "generate",
 ]
 
 
 def logits_to_probs(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+    min_p: float | None = None, repetition_penalty: float | None = None, seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Next-token probabilities (float32, same shape) from logits (..., V).
 
-    Applied in this order: temperature (logits / T; T == 0 puts all the mass on the argmax, first index
-    on ties), top-k (keep the tokens whose logit is >= the k-th largest), top-p (keep the most probable
-    tokens, in decreasing order, up to and including the one at which the cumulative probability first
-    reaches p; the top token always stays). Dropped tokens get 0 and the rest are renormalised. Both
-    filters keep every token tied with the last one kept, so the result never depends on how a sort
+    Applied in this order: the repetition penalty (CTRL's, as in HF transformers: the logit of every
+    token in `seen` (..., V bool, the tokens of the context) is divided by the penalty where positive,
+    multiplied by it where negative), temperature (logits / T; T == 0 puts all the mass on the argmax,
+    first index on ties), top-k (keep the tokens whose logit is >= the k-th largest), top-p (keep the
+    most probable tokens, in decreasing order, up to and including the one at which the cumulative
+    probability first reaches p; the top token always stays), min-p (keep the tokens whose probability
+    is at least min_p times the top token's). Dropped tokens get 0 and the rest are renormalised. Every
+    filter keeps every token tied with the last one kept, so the result never depends on how a sort
     orders equal values (bf16 logits have many).
     """
-    logits = logits.float()
+    logits = penalize_repetition(logits.float(), seen, repetition_penalty)
     V = logits.size(-1)
     if temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), V).to(torch.float32)
@@ -63,7 +68,23 @@ def logits_to_probs(
         sorted_logits = torch.sort(logits, dim=-1, descending=True).values
         cut = _top_p_cut(sorted_logits, torch.softmax(sorted_logits, dim=-1), top_p)
         logits = logits.masked_fill(logits < cut, float("-inf"))
+    if min_p is not None and min_p > 0:
+        logits = logits.masked_fill(logits < _min_p_cut(logits.amax(dim=-1, keepdim=True), min_p), float("-inf"))
     return torch.softmax(logits, dim=-1)
+
+
+def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float | None) -> torch.Tensor:
+    """logits (..., V) with the context's tokens (`seen`, bool (..., V)) made less likely: a positive
+    logit divided by `penalty`, a negative one multiplied by it (so both move down for penalty > 1)."""
+    if seen is None or penalty is None or penalty == 1.0:
+        return logits
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def _min_p_cut(top_logit: torch.Tensor, min_p: float) -> torch.Tensor:
+    """The smallest logit min-p keeps: p >= min_p * p_top  <=>  logit >= top_logit + log(min_p)."""
+    return top_logit + math.log(min_p)
 
 
 def _top_p_cut(sorted_logits: torch.Tensor, sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -78,7 +99,8 @@ NUCLEUS_CANDIDATES = 512  # top-p alone first looks for the nucleus among this m
 
 
 def candidate_probs(
-    logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None
+    logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None,
+    min_p: float | None = None, repetition_penalty: float | None = None, seen: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The distribution of `logits_to_probs`, restricted to a candidate set that holds all of its mass:
     (weights (B, C), ids (B, C)), or (probs (B, V), None) when the candidates are the whole vocabulary.
@@ -87,10 +109,12 @@ def candidate_probs(
     tokens instead of all V skips the full softmax and the full sort that top-p needs: at GPT-2's
     vocabulary that is most of the sampling time. Ties at the k-th logit widen the candidate set (they
     all stay, as in logits_to_probs); a nucleus that does not end inside the 512 falls back to the
-    full vocabulary.
+    full vocabulary. The repetition penalty is elementwise (one pass over V); min-p keeps a prefix of
+    the sorted candidates, as top-p does.
     """
-    logits = logits.float() / temperature
+    logits = penalize_repetition(logits.float(), seen, repetition_penalty) / temperature
     V = logits.size(-1)
+    use_min_p = min_p is not None and min_p > 0
     if top_k is not None and top_k < V:
         vals, ids = torch.topk(logits, top_k, dim=-1)  # sorted, most likely first
         kth = vals[:, -1:]
@@ -101,14 +125,19 @@ def candidate_probs(
         probs = torch.softmax(vals, dim=-1)
         if top_p is not None and top_p < 1.0:
             probs = probs.masked_fill(vals < _top_p_cut(vals, probs, top_p), 0.0)
+        if use_min_p:
+            probs = probs.masked_fill(vals < _min_p_cut(vals[:, :1], min_p), 0.0)
         return probs, ids
-    if top_p is not None and top_p < 1.0 and V > NUCLEUS_CANDIDATES:
+    nucleus = top_p is not None and top_p < 1.0
+    if (nucleus or use_min_p) and V > NUCLEUS_CANDIDATES:
         vals, ids = torch.topk(logits, NUCLEUS_CANDIDATES, dim=-1)
         probs = torch.exp(vals - torch.logsumexp(logits, dim=-1, keepdim=True))  # of the full softmax
-        cut = _top_p_cut(vals, probs, top_p)
-        if bool((vals[:, -1:] < cut).all()):  # the nucleus ends inside the candidates, ties included
+        lowest = torch.full_like(vals[:, :1], -float("inf"))
+        cut = torch.maximum(_top_p_cut(vals, probs, top_p) if nucleus else lowest,
+                            _min_p_cut(vals[:, :1], min_p) if use_min_p else lowest)
+        if bool((vals[:, -1:] < cut).all()):  # the kept set ends inside the candidates, ties included
             return probs.masked_fill(vals < cut, 0.0), ids
-    return logits_to_probs(logits, 1.0, top_k, top_p), None
+    return logits_to_probs(logits, 1.0, top_k, top_p, min_p), None
 
 
 def sample(
@@ -117,12 +146,16 @@ def sample(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token id per row from logits (B, V) -> (B,), drawn from logits_to_probs' distribution.
-    temperature == 0 is greedy (argmax, first index on ties) and draws no random numbers."""
-    if temperature == 0:
-        return logits.float().argmax(dim=-1)  # (an fp32 argmax is faster than a bf16 one)
-    weights, ids = candidate_probs(logits, temperature, top_k, top_p)
+    temperature == 0 is greedy (argmax of the penalised logits, first index on ties) and draws no
+    random numbers."""
+    if temperature == 0:  # (an fp32 argmax is faster than a bf16 one)
+        return penalize_repetition(logits.float(), seen, repetition_penalty).argmax(dim=-1)
+    weights, ids = candidate_probs(logits, temperature, top_k, top_p, min_p, repetition_penalty, seen)
     choice = torch.multinomial(weights, 1, generator=generator)  # (B, 1)
     return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
 
@@ -165,6 +198,8 @@ def generate_stream(
     use_cache: bool = True,
     vocab_size: int | None = None,
     decode_fn=None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
 ) -> Iterator[list[int | None]]:
     """Yield, once per step, each row's new token id, or None for a row that has finished.
 
@@ -172,7 +207,9 @@ def generate_stream(
     mode; it runs on the device and dtype of its weights, and so does the cache. use_cache=False runs
     the plain uncached loop under the same crop rule (for comparison). vocab_size: sample only ids below
     it (a model whose embedding is padded past the tokenizer's vocabulary). decode_fn replaces
-    `decode_one_token` (e.g. a torch.compile'd version of it).
+    `decode_one_token` (e.g. a torch.compile'd version of it). min_p, repetition_penalty: see
+    logits_to_probs; the penalty applies to every token of the row so far (the whole prompt and all it
+    generated, not only the window), as in HF transformers.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token (start an empty prompt from EOT)")
@@ -216,12 +253,22 @@ def generate_stream(
     else:
         logits = window_logits(P)
 
+    seen = None  # (B, V): the tokens each row has had; only the repetition penalty needs them
+    if repetition_penalty is not None and repetition_penalty != 1.0:
+        seen = torch.zeros(B, logits.size(-1), dtype=torch.bool)
+        for row, p in enumerate(prompts):
+            seen[row, torch.as_tensor(list(p), dtype=torch.long)] = True
+        seen = seen.to(device)
+
     done = [False] * B  # on the host: the step's one sync (tok.tolist) tells everything
     check_eot = stop_at_eot and eot is not None
     for step in range(max_new_tokens):
         if vocab_size is not None:
             logits = logits[:, :vocab_size]
-        tok = sample(logits, temperature, top_k, top_p, generator)  # (B,)
+        tok = sample(logits, temperature, top_k, top_p, generator, min_p, repetition_penalty,
+                     None if seen is None else seen[:, :logits.size(-1)])  # (B,)
+        if seen is not None:
+            seen.scatter_(1, tok.view(B, 1), True)
         width = P + step  # columns filled so far; tok goes to column `width`
         if width - offset == cap:  # full: keep the last block_size - 1 columns, the window's past
             drop = cap - (block_size - 1)
