@@ -198,7 +198,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
                                   dist, group)
 
     metrics = MetricsLog(out_dir, active=dist.is_main)
-    logged_through = metrics.resume_at(state.iter) if resume is not None else None
+    history = metrics.resume_at(state.iter) if resume is not None else None
     tokens_per_step = t.batch_size * cfg.model.block_size * t.grad_accum_steps
     peak, peak_note = peak_flops(device, dtype, override=t.peak_flops) if dist.is_main else (None, "")
     say(f"config:\n{to_yaml(cfg)}")
@@ -211,7 +211,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
 
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
                          run_id=state.run_id, out_dir=str(out_dir), config=cfg.to_dict(), active=dist.is_main,
-                         printer=say, logged_through=logged_through)
+                         printer=say, history=history)
     cleanup.push(lambda exc_type, *_: logger.finish(exit_code=1 if exc_type else 0))
     stop = StopFlag().install()
     cleanup.callback(stop.restore)

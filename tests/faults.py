@@ -8,6 +8,7 @@
 Subprocess tests run `python tests/faults.py <train.py args>` (also under torchrun), which installs
 the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_INTERRUPT_AFTER=k, SMALLGPT_TEST_NAN_AT=k   as above
+    SMALLGPT_TEST_KILL_AFTER=k           SIGKILL this process right after its k-th step (before that step is logged)
     SMALLGPT_TEST_KILL_IN_SAVE=k         SIGKILL this process in the middle of writing its k-th checkpoint
                                          (k = 1, 2, ...): half the bytes are in the temp file, none renamed
     SMALLGPT_TEST_OUT_DIR_PER_RANK=1     each rank appends -rank<R> to train.out_dir (no shared out_dir)
@@ -31,7 +32,7 @@ class InjectedCrash(RuntimeError):
 
 
 def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | None = None,
-              crash_at: int | None = None):
+              crash_at: int | None = None, kill_after: int | None = None):
     calls = 0
 
     def step(model, optimizers, scaler, batches, **kwargs):
@@ -43,6 +44,8 @@ def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | No
             with torch.no_grad():
                 next(model.parameters()).fill_(float("nan"))
         out = real_step(model, optimizers, scaler, batches, **kwargs)
+        if kill_after is not None and index + 1 == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)  # kill -9: nothing is flushed, no handler runs
         if interrupt_after is not None and index + 1 == interrupt_after:
             os.kill(os.getpid(), signal.SIGINT)  # handled by train.py's StopFlag after this step
         return out
@@ -88,7 +91,8 @@ if __name__ == "__main__":
     from errors import run_cli
 
     env = {k: int(os.environ[v]) for k, v in (("interrupt_after", "SMALLGPT_TEST_INTERRUPT_AFTER"),
-                                              ("nan_at", "SMALLGPT_TEST_NAN_AT")) if v in os.environ}
+                                              ("nan_at", "SMALLGPT_TEST_NAN_AT"),
+                                              ("kill_after", "SMALLGPT_TEST_KILL_AFTER")) if v in os.environ}
     train.train_step = wrap_step(train.train_step, **env)
     if "SMALLGPT_TEST_KILL_IN_SAVE" in os.environ:
         kill_in_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SAVE"]))

@@ -462,3 +462,85 @@ def test_a_terminal_gets_the_progress_bar_instead(capsys):
     progress.close()
     out, err = capsys.readouterr()
     assert out == "" and "\r" in err and "4/4" in err and "loss 1.0" in err
+
+
+def test_after_kill_9_every_logged_step_reaches_wandb_exactly_once(tmp_path, data_root):
+    """kill -9 right after step 7 (steps 1-6 logged, checkpoints at 3 and 6): wandb writes its offline
+    file in batches, so the killed process's folder may lack steps it logged. Over both folders (what
+    `wandb sync --id` uploads, in start order), read with this test's own reader, each step is there
+    exactly once and in order."""
+    import glob
+
+    out = tmp_path / "out"
+    common = ("--wandb.mode=offline", "--train.max_iters=10", "--train.checkpoint_interval=3",
+              "--train.eval_interval=100", "--train.log_interval=1")
+    killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *tiny_argv(out, data_root, *common)],
+                            env={**{k: v for k, v in _sub_env().items() if k != "WANDB_SERVICE"},  # its own wandb-core
+                                 "SMALLGPT_TEST_KILL_AFTER": "7"}, capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert load_checkpoint(out)["train"]["iter"] == 6
+    res = run(out, data_root, *common)
+    run_id = res["wandb_run_id"]
+    folders = sorted(glob.glob(str(out / "wandb" / f"offline-run-*-{run_id}*")))
+    assert len(folders) == 2
+    deadline = time.time() + 60  # wandb-core finishes writing the file a moment after run.finish() returns
+    while True:
+        steps = [s for f in folders for s in _history_steps(Path(f) / f"run-{run_id}.wandb")]
+        if steps[-1:] == [10] or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert steps == list(range(1, 11)), steps
+
+
+def test_the_offline_reader_stops_at_a_torn_record_and_finds_the_last_step(tmp_path):
+    """training.wandb_logger.last_offline_step reads what a killed process left: a file cut mid-record
+    (or with a damaged byte) yields the steps before the damage, as this test's own reader counts them."""
+    import wandb
+
+    from training.wandb_logger import last_offline_step
+
+    run = wandb.init(project="p", id="tornrun1", dir=str(tmp_path), mode="offline",
+                     settings=wandb.Settings(console="off", silent=True))
+    for step in range(1, 41):
+        run.log({"x": float(step), "pad": "y" * 3000}, step=step)  # records spanning 32 KiB blocks
+    run.finish()
+    (run_file,) = glob_files(tmp_path, "wandb/offline-run-*-tornrun1/run-tornrun1.wandb")
+    assert last_offline_step(str(tmp_path), "tornrun1") == 40  # (it waits until wandb-core has closed the file)
+    assert _history_steps(run_file) == list(range(1, 41))
+    data = run_file.read_bytes()
+    cut = data.index(b'"x"' if b'"x"' in data else b"x", len(data) // 2)
+    run_file.write_bytes(data[:cut])  # torn in the middle of a record
+    expected = max(_history_steps_prefix(data, cut))
+    assert 1 <= last_offline_step(str(tmp_path), "tornrun1") == expected < 40
+    damaged = bytearray(data)
+    damaged[len(data) // 3] ^= 0xFF
+    run_file.write_bytes(bytes(damaged))
+    assert last_offline_step(str(tmp_path), "tornrun1") < 40
+
+
+def glob_files(root: Path, pattern: str) -> list[Path]:
+    return sorted(root.glob(pattern))
+
+
+def _history_steps_prefix(data: bytes, cut: int) -> list[int]:
+    """The history steps of the records of the whole transaction log `data` that end before byte `cut`
+    (this test's own framing loop, as in _wandb_records)."""
+    import json
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    steps, pos, block, pending = [0], 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending = (b"" if kind in (1, 2) else pending) + data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4) and pos <= cut:
+            rec = pb.Record()
+            rec.ParseFromString(pending)
+            if rec.WhichOneof("record_type") == "history":
+                steps += [json.loads(i.value_json) for i in rec.history.item if (i.key or "/".join(i.nested_key)) == "_step"]
+    return steps

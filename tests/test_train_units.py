@@ -118,5 +118,22 @@ def test_metrics_are_strict_json_with_null_for_non_finite_values_and_a_resume_dr
     strict = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
               for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["train/loss"] for r in strict] == [3.0, None, None, 2.5]
-    assert MetricsLog(tmp_path).resume_at(2) == 4  # the last step the interrupted run had logged
+    kept = MetricsLog(tmp_path).resume_at(2)  # the records up to the checkpoint, for wandb's missing steps
+    assert [r["iter"] for r in kept] == [1, 2] and kept[1]["train/loss"] is None
     assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_damaged_metrics_line_is_dropped_with_a_note_and_the_run_stays_resumable(tmp_path, capsys):
+    """A non-UTF-8 byte (or a line that is not JSON) anywhere in metrics.jsonl: resume drops that line,
+    says so in one line, and keeps the rest."""
+    import json
+
+    from training.metrics import MetricsLog
+
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"iter": 1, "train/loss": 3.0}\n{"iter": 2, "train/lo\xff\xfess": 2.9}\n'
+                                             b'not json\n{"iter": 3, "train/loss": 2.8}\n{"iter": 4, "train/loss": 2.7}\n')
+    kept = MetricsLog(tmp_path).resume_at(3)
+    assert [r["iter"] for r in kept] == [1, 3]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "dropped 2 damaged line(s)" in out[0]
+    assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text("utf-8").splitlines()] == [1, 3]

@@ -39,23 +39,33 @@ class MetricsLog:
         if active and self.path.exists() and not self.path.is_file():
             raise UserError(f"{self.path} is not a file; move it away (train.py writes its metrics there)")
 
-    def resume_at(self, iter_num: int) -> int | None:
+    def resume_at(self, iter_num: int) -> list[dict[str, Any]]:
         """Keep the records up to `iter_num` (the checkpoint's): later ones are about to be redone.
-        Returns the last iteration the file held (what the interrupted process logged last), or None."""
+        Returns the kept records (wandb_logger sends those wandb lacks). A line that is not a JSON
+        record (torn by a crash mid-write, or damaged: not UTF-8, not JSON) is dropped with a note, so a
+        damaged file never makes a run unresumable."""
         if not self.active or not self.path.is_file():
-            return None
-        kept, last = [], None
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+            return []
+        kept, records, dropped = [], [], 0
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            raise UserError(f"cannot read {self.path} ({short_error(e)}); fix or move the file, then resume") from None
+        for line in raw.splitlines():
             try:
-                record = json.loads(line)
-            except ValueError:  # a line torn by a crash mid-write
+                record = json.loads(line.decode("utf-8"))
+            except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON
+                dropped += bool(line.strip())
                 continue
-            if isinstance(record, dict) and isinstance(record.get("iter"), int):
-                last = max(last or 0, record["iter"])
-                if record["iter"] <= iter_num:
-                    kept.append(line + "\n")
+            if isinstance(record, dict) and isinstance(record.get("iter"), int) and record["iter"] <= iter_num:
+                kept.append(json.dumps(record, allow_nan=False) + "\n")
+                records.append(record)
+        if dropped:
+            print(f"note: {self.path}: dropped {dropped} damaged line(s) (not UTF-8 JSON); the other records are kept",
+                  flush=True)
         atomic_write_bytes(self.path, "".join(kept).encode("utf-8"))
-        return last
+        return records
 
     def append(self, iter_num: int, values: dict[str, Any]) -> None:
         if not self.active or not values:

@@ -5,19 +5,26 @@
   disabled), never less;
 - any exception from wandb (at init or while logging) prints one warning line and turns logging off;
 - a resumed run passes the stored run id with resume="allow", so it continues the same wandb run;
-- resuming replays the steps after the last checkpoint. wandb's history is append-only (rewinding a
-  run is a private preview), so the steps the interrupted process already logged are not logged again:
-  each step is in the run once, online and offline. train.py passes the last of them (the last record
-  of metrics.jsonl, written with every wandb log); online, wandb's own step counter is used as well.
-  With a bitwise resume the replayed values are the same anyway; metrics.jsonl holds the resumed ones;
+- each logged step reaches wandb exactly once, whatever ended the earlier process (a SIGTERM, a crash,
+  kill -9). wandb's history is append-only (rewinding a run is a private preview), and wandb-core
+  writes its offline file (and uploads) in batches, so a process killed hard loses the steps it had
+  logged but wandb had not yet written. A resumed run therefore asks wandb what it HAS: online, the
+  run's step counter on the server; offline, the last history step in the run's earlier offline folders,
+  read back from their transaction logs (`last_offline_step`). Then it sends, from metrics.jsonl (which
+  holds every logged step up to the checkpoint, written unbuffered), the steps wandb lacks up to the
+  checkpoint (`history`), and from there on logs only the steps past what wandb has: the steps it
+  replays from the checkpoint that wandb already holds are skipped (with a bitwise resume their values
+  are the same anyway; metrics.jsonl holds the resumed ones);
 - offline, every process writes its own folder `<out_dir>/wandb/offline-run-<time>-<run id>`, and
   `wandb sync --id <run id> <those folders>` uploads them into one run in the order they started:
   that command is printed when an offline run ends.
 """
 from __future__ import annotations
 
+import glob
 import netrc
 import os
+import time
 from typing import Any
 from urllib.parse import urlparse
 
@@ -51,6 +58,93 @@ def resolve_mode(mode: str, env: dict[str, str] | None = None) -> tuple[str, str
     return mode, ""
 
 
+# wandb's transaction log (a `.wandb` file): a 7-byte header (":W&B", 0xBEE1, version), then LevelDB-log
+# framing: 32 KiB blocks of records, each a 7-byte header (CRC-32 of type + data, little-endian length,
+# type: 1 full, 2 first, 3 middle, 4 last) and data; each (reassembled) record is a protobuf Record.
+_LOG_HEADER, _BLOCK, _RECORD_HEADER = 7, 32768, 7
+
+
+def read_transaction_log(path: str | os.PathLike) -> list:
+    """The protobuf Records of a .wandb file, up to the first torn or damaged one (where a process
+    killed mid-write stopped): what wandb would upload from it."""
+    import struct
+    import zlib
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b":W&B":
+        return []
+    records, pos, pending = [], _LOG_HEADER, b""
+    while pos + _RECORD_HEADER <= len(data):
+        if _BLOCK - pos % _BLOCK < _RECORD_HEADER:  # a block's tail too short for a header is padding
+            pos += _BLOCK - pos % _BLOCK
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + _RECORD_HEADER])
+        chunk = data[pos + _RECORD_HEADER:pos + _RECORD_HEADER + length]
+        if kind not in (1, 2, 3, 4) or len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != crc:
+            break
+        pos += _RECORD_HEADER + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            try:
+                record.ParseFromString(pending)
+            except Exception:  # the protobuf's own DecodeError: damaged data
+                break
+            records.append(record)
+    return records
+
+
+def _open_by_any_process(paths: list[str]) -> bool:
+    """Whether a process holds one of `paths` open (Linux /proc; False where it can't be told)."""
+    targets = {os.path.realpath(p) for p in paths}
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def last_offline_step(out_dir: str, run_id: str, *, wait_s: float = 60.0, printer=print) -> int:
+    """The last history step that the earlier offline processes of this run wrote to their
+    transaction logs (`<out_dir>/wandb/offline-run-*-<run id>*/run-<run id>.wandb`); -1 when none.
+
+    The wandb-core of a process killed with -9 outlives it for a moment, writing what it had received:
+    its file is read once no process holds it open (waiting at most `wait_s`), so that no step is
+    counted missing that it is about to write."""
+    paths = glob.glob(os.path.join(glob.escape(out_dir), "wandb", f"offline-run-*-{glob.escape(run_id)}*",
+                                   f"run-{glob.escape(run_id)}.wandb"))
+    deadline, said = time.monotonic() + wait_s, False
+    while paths and _open_by_any_process(paths) and time.monotonic() < deadline:
+        if not said:
+            printer("wandb: waiting for the interrupted process's wandb-core to finish writing its offline files")
+            said = True
+        time.sleep(0.2)
+    last = -1
+    for path in paths:
+        try:
+            records = read_transaction_log(path)
+        except OSError:
+            continue
+        for record in records:
+            if record.WhichOneof("record_type") == "history":
+                last = max(last, int(record.history.step.num))
+    return last
+
+
 def sync_command(out_dir: str, run_id: str) -> str:
     """The command that uploads every offline folder of this run (one per process) into one run."""
     return f"wandb sync --id {run_id} {os.path.join(out_dir, 'wandb', f'offline-run-*-{run_id}*')}"
@@ -58,13 +152,15 @@ def sync_command(out_dir: str, run_id: str) -> str:
 
 class WandbLogger:
     def __init__(self, *, mode: str, project: str, run_name: str, run_id: str, out_dir: str,
-                 config: dict[str, Any], active: bool = True, printer=print, logged_through: int | None = None) -> None:
-        """active=False (ranks other than 0) makes every method a no-op. logged_through: the last step
-        an earlier process of this run logged; steps up to it are not logged again."""
+                 config: dict[str, Any], active: bool = True, printer=print,
+                 history: list[dict[str, Any]] | None = None) -> None:
+        """active=False (ranks other than 0) makes every method a no-op. history: when resuming, the
+        records of metrics.jsonl up to the checkpoint (each with its "iter"); those wandb lacks are sent
+        first (see the module's docstring)."""
         self.run = None
         self.run_id = run_id
         self.out_dir = out_dir
-        self.logged_through = logged_through if logged_through is not None else -1
+        self.logged_through = -1  # the last step wandb has: later calls to log() for steps up to it are skipped
         self._print = printer
         if not active:
             self.mode = "disabled"
@@ -78,14 +174,31 @@ class WandbLogger:
             import wandb
 
             os.makedirs(out_dir, exist_ok=True)
+            if history and self.mode == "offline":  # before init: this process's own folder is not among them
+                self.logged_through = last_offline_step(out_dir, run_id, printer=printer)
             self.run = wandb.init(
                 project=project, name=run_name or None, id=self.run_id, resume="allow", dir=out_dir,
                 config=config, mode=self.mode, settings=wandb.Settings(console="off", silent=True),
             )
             if self.mode == "online":  # the server knows the run's history: steps below run.step are in it
-                self.logged_through = max(self.logged_through, int(self.run.step) - 1)
+                self.logged_through = int(self.run.step) - 1
         except Exception as e:  # wandb must never take the training run down
             self._disable(f"wandb failed to start ({short_error(e)}); continuing without wandb")
+            return
+        self._send_missing(history or [])
+
+    def _send_missing(self, history: list[dict[str, Any]]) -> None:
+        """Log the records of metrics.jsonl that wandb lacks: those an earlier process logged but that
+        never reached wandb's file or server (a hard kill), in step order."""
+        missing = sorted((r for r in history if isinstance(r.get("iter"), int) and r["iter"] > self.logged_through),
+                         key=lambda r: r["iter"])
+        for record in missing:
+            step = record["iter"]
+            self.log({k: v for k, v in record.items() if k != "iter"}, step)
+            self.logged_through = max(self.logged_through, step)
+        if missing and self.run is not None:
+            self._print(f"wandb: sent {len(missing)} logged step(s) ({missing[0]['iter']}..{missing[-1]['iter']}) "
+                        "that the interrupted process had not got to wandb, from metrics.jsonl")
 
     @property
     def enabled(self) -> bool:
