@@ -24,7 +24,9 @@ from __future__ import annotations
 import glob
 import netrc
 import os
+import sys
 import time
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
@@ -145,6 +147,86 @@ def last_offline_step(out_dir: str, run_id: str, *, wait_s: float = 60.0, printe
     return last
 
 
+PROBE_TIMEOUT_S = 3.0  # an unreachable server is known within this, not after wandb's 90 s of retries
+INIT_TIMEOUT_S = 30.0  # a server that answers the probe but not the init
+
+
+def unreachable(env: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """"" when wandb's server (WANDB_BASE_URL) answers an HTTP request within `timeout` seconds (any
+    status: a 401 still proves the network path), else why not, in a few words. The proxy variables
+    apply as they do for wandb. The request runs in a thread, so a resolver or a TLS handshake that
+    hangs is bounded by the same timeout."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    env = os.environ if env is None else env
+    url = env.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    result: list[str] = []
+
+    def request() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+            result.append("")
+        except urllib.error.HTTPError:  # the server answered
+            result.append("")
+        except Exception as e:  # URLError (DNS, refused, TLS), timeouts, a malformed URL
+            reason = getattr(e, "reason", e)
+            result.append(short_error(reason, 80) if isinstance(reason, BaseException) else str(reason)[:80])
+
+    thread = threading.Thread(target=request, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not result:
+        return f"no answer from {url} within {timeout:.0f} s"
+    return f"{url}: {result[0]}" if result[0] else ""
+
+
+WANDB_DIR_VARIABLES = ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")
+
+
+def unusable_dir_variable(env: dict[str, str] | None = None) -> str:
+    """"" when every wandb folder variable that is set names a folder this process can create and write,
+    else a one-line reason naming the variable. (wandb-core, refused its folders, prints its log lines on
+    the console instead.)"""
+    env = os.environ if env is None else env
+    for name in WANDB_DIR_VARIABLES:
+        value = env.get(name)
+        if not value:
+            continue
+        try:
+            os.makedirs(value, exist_ok=True)
+            ok = os.path.isdir(value) and os.access(value, os.W_OK)
+            why = "is not a writable folder"
+        except OSError as e:
+            ok, why = False, f"cannot be created ({e.strerror or type(e).__name__})"
+        if not ok:
+            return f"{name}={value} {why}; fix or unset {name}"
+    return ""
+
+
+@contextmanager
+def _stderr_to(path: str):
+    """Point file descriptor 2 at `path` for the block: wandb-core, started inside wandb.init, inherits it,
+    so whatever it prints goes to its log file instead of the user's console."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        os.close(saved)
+        yield
+        return
+    try:
+        os.dup2(fd, 2)
+        os.close(fd)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def sync_command(out_dir: str, run_id: str) -> str:
     """The command that uploads every offline folder of this run (one per process) into one run."""
     return f"wandb sync --id {run_id} {os.path.join(out_dir, 'wandb', f'offline-run-*-{run_id}*')}"
@@ -170,16 +252,30 @@ class WandbLogger:
             printer(hint)
         if self.mode == "disabled":
             return
+        bad_dir = unusable_dir_variable()
+        if bad_dir:
+            printer(f"warning: wandb: {bad_dir}; continuing without wandb")
+            self.mode = "disabled"
+            return
+        if self.mode == "online":
+            why = unreachable()
+            if why:
+                printer(f"wandb: cannot reach the wandb server ({why}); logging offline, upload later with the "
+                        "`wandb sync` command printed at the end")
+                self.mode = "offline"
         try:
             import wandb
 
             os.makedirs(out_dir, exist_ok=True)
             if history and self.mode == "offline":  # before init: this process's own folder is not among them
                 self.logged_through = last_offline_step(out_dir, run_id, printer=printer)
-            self.run = wandb.init(
-                project=project, name=run_name or None, id=self.run_id, resume="allow", dir=out_dir,
-                config=config, mode=self.mode, settings=wandb.Settings(console="off", silent=True),
-            )
+            os.makedirs(os.path.join(out_dir, "wandb"), exist_ok=True)
+            with _stderr_to(os.path.join(out_dir, "wandb", "wandb-core-stderr.log")):
+                self.run = wandb.init(
+                    project=project, name=run_name or None, id=self.run_id, resume="allow", dir=out_dir,
+                    config=config, mode=self.mode,
+                    settings=wandb.Settings(console="off", silent=True, init_timeout=INIT_TIMEOUT_S),
+                )
             if self.mode == "online":  # the server knows the run's history: steps below run.step are in it
                 self.logged_through = int(self.run.step) - 1
         except Exception as e:  # wandb must never take the training run down

@@ -1,0 +1,100 @@
+"""training/wandb_logger.py from the outside: an unreachable wandb server is decided within seconds in one
+line, and wandb's own noise stays off the console."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _logger_script(out_dir: Path, mode: str, extra: str = "") -> str:
+    return (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{extra}\n"
+            "from training.wandb_logger import WandbLogger\n"
+            f"l = WandbLogger(mode={mode!r}, project='p', run_name='', run_id='probe123', out_dir={str(out_dir)!r}, "
+            "config={})\n"
+            "print('MODE', l.mode, 'ENABLED', l.enabled, flush=True)\n"
+            "l.log({'x': 1.0}, 1)\nl.finish()\n")
+
+
+def _run(script: str, env: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in {**os.environ, **env}.items() if k not in ("WANDB_MODE", "WANDB_SERVICE")}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_online_with_a_key_and_no_server_goes_offline_within_seconds_in_one_line(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.perf_counter()
+    r = _run(_logger_script(tmp_path / "out", "online"),
+             {"WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{port}"})
+    took = time.perf_counter() - start
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in (r.stdout + r.stderr).splitlines() if l.strip()]
+    assert lines[0].startswith("wandb: cannot reach the wandb server (http://127.0.0.1:") and "logging offline" in lines[0]
+    assert "MODE offline ENABLED True" in lines[1]
+    assert all(l.startswith(("wandb:", "MODE")) for l in lines), lines  # nothing else: no retries, no log lines
+    assert took < 30, took  # wandb's own init waits 90 s
+
+
+def test_a_server_that_accepts_but_never_answers_is_given_up_on_within_the_probe_timeout():
+    from training.wandb_logger import PROBE_TIMEOUT_S, unreachable
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        start = time.perf_counter()
+        why = unreachable({"WANDB_BASE_URL": f"http://127.0.0.1:{server.getsockname()[1]}"})
+        took = time.perf_counter() - start
+    finally:
+        stop.set()
+        t.join()
+        server.close()
+        for c in held:
+            c.close()
+    assert why.startswith("no answer from http://127.0.0.1:") and f"within {PROBE_TIMEOUT_S:.0f} s" in why
+    assert took < PROBE_TIMEOUT_S + 1.5
+
+
+def test_a_wandb_folder_variable_under_a_file_is_one_line_and_training_goes_on_without_wandb(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        r = _run(_logger_script(tmp_path / "out", "offline"), {name: str(blocker / "sub")})
+        assert r.returncode == 0, r.stderr
+        lines = [l for l in (r.stdout + r.stderr).splitlines() if l.strip()]
+        assert lines == [f"warning: wandb: {name}={blocker / 'sub'} cannot be created (Not a directory); fix or unset "
+                         f"{name}; continuing without wandb", "MODE disabled ENABLED False"], lines
+
+
+def test_whatever_wandb_core_prints_goes_to_a_log_file_not_the_console(tmp_path):
+    """With the folder check bypassed, wandb-core refused its log folder prints ~17 INFO/ERROR lines on its
+    stderr; they land in <out_dir>/wandb/wandb-core-stderr.log."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    bypass = "import training.wandb_logger as w; w.unusable_dir_variable = lambda env=None: ''"
+    r = _run(_logger_script(tmp_path / "out", "offline", bypass), {"WANDB_CACHE_DIR": str(blocker / "sub")})
+    assert r.returncode == 0, r.stderr
+    assert " INFO " not in r.stderr and " ERROR " not in r.stderr, r.stderr
+    assert "MODE offline ENABLED True" in r.stdout
+    log = (tmp_path / "out" / "wandb" / "wandb-core-stderr.log").read_text()
+    assert "INFO" in log or "ERROR" in log
