@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 from errors import UserError
 from fileio import atomic_write_bytes
+from network import hub_offline_unless_reachable, unreachable
 
 from .config import HF_PREFIX, SHAKESPEARE, DataConfig
 
@@ -201,6 +202,9 @@ def shakespeare_path(local_path: str = "") -> Path:
 
 def _download_shakespeare(dest: Path) -> None:
     fix = f"download {SHAKESPEARE_URL} yourself and save it as {dest}, or set {SHAKESPEARE_ENV} to a copy"
+    why = unreachable(SHAKESPEARE_URL)  # seconds, not a minute of waiting on a network that is not there
+    if why:
+        raise UserError(f"could not download tiny shakespeare ({why}); {fix}")
     try:
         with urllib.request.urlopen(SHAKESPEARE_URL, timeout=60) as r:
             body = r.read()
@@ -225,6 +229,8 @@ def _hf_source(cfg: DataConfig) -> Source:
     @functools.cache
     def dataset():
         import datasets  # slow to import; only HF sources need it
+
+        hub_offline_unless_reachable()  # an unreachable hub: the cache or HF's quick offline error
 
         kwargs: dict[str, Any] = {"split": cfg.hf_split, "streaming": cfg.streaming}
         if cfg.num_proc > 1 and not cfg.streaming:

@@ -36,6 +36,7 @@ from data import tokenizer_from_meta
 from checkpoint import load_model
 from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import read_user_file
+from network import hub_offline_unless_reachable
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_BY_NAME, DTYPE_NAMES, autocast
 
@@ -109,6 +110,7 @@ def load_hf_items() -> list[Item]:
     except ImportError:
         raise UserError("loading HellaSwag from the HF hub needs the `datasets` package: `pip install datasets`, "
                         "or pass --data hellaswag_val.jsonl") from None
+    hub_offline_unless_reachable()  # an unreachable hub: the cache or HF's quick offline error, not 30 s of retries
     try:
         ds = datasets.load_dataset(HF_DATASET, split=HF_SPLIT)
     except Exception as e:  # offline, hub errors, a broken cache: all the same to the user

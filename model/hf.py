@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fileio import atomic_write, atomic_write_bytes
+from network import hub_offline_unless_reachable
 
 from .gpt import GPT, GPTConfig
 
@@ -61,6 +62,7 @@ def _resolve_dir(name_or_dir: str) -> Path:
     # not a local directory: a hub name such as "gpt2" or "gpt2-medium" (needs the network once)
     from huggingface_hub import snapshot_download
 
+    hub_offline_unless_reachable()  # the hub not answering: the cache or a quick error, not 30 s of retries
     try:
         return Path(snapshot_download(name_or_dir, allow_patterns=["config.json", "*.safetensors"]))
     except Exception as e:  # offline, unknown repo, ...: the caller turns this into a clear message

@@ -14,7 +14,7 @@ from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval")
-TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "settings")
+TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "settings", "network")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
 OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel"}
 # `import data` stays light (tests/test_data_prepare.py checks it): data/__init__.py's module __getattr__

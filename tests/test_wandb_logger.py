@@ -98,3 +98,45 @@ def test_whatever_wandb_core_prints_goes_to_a_log_file_not_the_console(tmp_path)
     assert "MODE offline ENABLED True" in r.stdout
     log = (tmp_path / "out" / "wandb" / "wandb-core-stderr.log").read_text()
     assert "INFO" in log or "ERROR" in log
+
+
+def _dead_endpoint() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_an_unreachable_hf_hub_is_decided_within_seconds_for_hellaswag_hub_models_and_hf_datasets(tmp_path):
+    """HF_HUB_OFFLINE unset and the hub not answering: HellaSwag without --data, a hub model name and an hf:
+    dataset each fail with a one-line UserError within seconds (HF's own retries take ~25 s), with HF's
+    cache empty; the switch to offline mode is one note line."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env |= {"HF_ENDPOINT": _dead_endpoint(), "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
+    script = """
+import time, datasets, torch
+from errors import UserError
+from checkpoint import load_model
+from data.config import DataConfig
+from data.sources import open_source
+from eval.hellaswag import load_hf_items
+calls = {
+    "hellaswag": load_hf_items,
+    "hub model": lambda: load_model("openai-community/gpt2"),
+    "hf dataset": lambda: list(open_source(DataConfig(dataset="hf:someone/some-corpus")).pieces()),
+}
+for what, call in calls.items():
+    start = time.perf_counter()
+    try:
+        call()
+        print(what, "NO ERROR")
+    except UserError as e:
+        print(what, "|", round(time.perf_counter() - start, 2), "|", str(e).replace("\\n", " NEWLINE "))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    notes = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(notes) == 1 and notes[0].startswith("note: the HF hub does not answer"), r.stderr[-3000:]
+    results = [l.split(" | ") for l in r.stdout.splitlines()]
+    assert [w for w, *_ in results] == ["hellaswag", "hub model", "hf dataset"], r.stdout
+    for what, took, message in results:
+        assert float(took) < 10 and "NEWLINE" not in message, (what, took, message)

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
+import network
 from errors import short_error
 
 _PRIVACY = {"online": 0, "offline": 1, "disabled": 2}
@@ -147,39 +148,14 @@ def last_offline_step(out_dir: str, run_id: str, *, wait_s: float = 60.0, printe
     return last
 
 
-PROBE_TIMEOUT_S = 3.0  # an unreachable server is known within this, not after wandb's 90 s of retries
+PROBE_TIMEOUT_S = network.PROBE_TIMEOUT_S  # an unreachable server is known within this, not after wandb's 90 s
 INIT_TIMEOUT_S = 30.0  # a server that answers the probe but not the init
 
 
 def unreachable(env: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S) -> str:
-    """"" when wandb's server (WANDB_BASE_URL) answers an HTTP request within `timeout` seconds (any
-    status: a 401 still proves the network path), else why not, in a few words. The proxy variables
-    apply as they do for wandb. The request runs in a thread, so a resolver or a TLS handshake that
-    hangs is bounded by the same timeout."""
-    import threading
-    import urllib.error
-    import urllib.request
-
+    """"" when wandb's server (WANDB_BASE_URL) answers within `timeout` seconds, else why not (network.py)."""
     env = os.environ if env is None else env
-    url = env.get("WANDB_BASE_URL", "https://api.wandb.ai")
-    result: list[str] = []
-
-    def request() -> None:
-        try:
-            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
-            result.append("")
-        except urllib.error.HTTPError:  # the server answered
-            result.append("")
-        except Exception as e:  # URLError (DNS, refused, TLS), timeouts, a malformed URL
-            reason = getattr(e, "reason", e)
-            result.append(short_error(reason, 80) if isinstance(reason, BaseException) else str(reason)[:80])
-
-    thread = threading.Thread(target=request, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if not result:
-        return f"no answer from {url} within {timeout:.0f} s"
-    return f"{url}: {result[0]}" if result[0] else ""
+    return network.unreachable(env.get("WANDB_BASE_URL", "https://api.wandb.ai"), timeout)
 
 
 WANDB_DIR_VARIABLES = ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")
