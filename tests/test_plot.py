@@ -22,16 +22,21 @@ def write_run(path: Path, steps: int = 6, scale: float = 1.0) -> Path:
         rec = {"iter": i, "train/loss": scale * (5 - 0.5 * i), "lr": 1e-3 * i / steps, "tokens_seen": 128 * i}
         if i % 3 == 0:
             rec["val/loss"] = scale * (5.2 - 0.5 * i)
+            rec["val/bpb"] = scale * (5.2 - 0.5 * i) / 0.6931
         lines.append(json.dumps(rec))
     (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return path
 
 
-def test_two_runs_in_one_figure_with_train_val_and_lr_curves(tmp_path):
+def test_two_runs_in_one_figure_with_train_val_bpb_and_lr_curves(tmp_path):
     a, b = write_run(tmp_path / "a"), write_run(tmp_path / "b", scale=0.9)
     fig = plot.make_figure([a, b])
-    loss_step, loss_tokens, lr = fig.axes
-    assert len(loss_step.lines) == len(loss_tokens.lines) == 4 and len(lr.lines) == 2  # train + val per run
+    loss_step, loss_tokens, bpb, lr = fig.axes
+    assert len(loss_step.lines) == len(loss_tokens.lines) == 4 and len(lr.lines) == len(bpb.lines) == 2
+    assert [ax.get_title() for ax in fig.axes] == ["Loss by step", "Loss by tokens seen", "Validation bits per byte",
+                                                  "Learning rate"]
+    assert list(bpb.lines[0].get_ydata()) == pytest.approx([(5.2 - 1.5) / 0.6931, (5.2 - 3.0) / 0.6931])
+    assert fig._suptitle.get_text() == f"Training curves: {a}, {b}"
     train_a = loss_step.lines[0]
     assert list(train_a.get_xdata()) == [1, 2, 3, 4, 5, 6] and list(train_a.get_ydata())[0] == 4.5
     val_a = loss_tokens.lines[1]
@@ -47,7 +52,7 @@ def test_the_cli_writes_a_png(tmp_path, capsys):
     png = (a / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
-    assert (width, height) == (1760, 495)  # 16 x 4.5 inches at 110 dpi
+    assert (width, height) == (1430, 935)  # 13 x 8.5 inches at 110 dpi
     assert capsys.readouterr().out.strip() == str(a / "curves.png")
 
 
@@ -111,3 +116,70 @@ def test_the_plot_is_written_atomically_and_a_killed_plots_temp_is_removed(tmp_p
     with pytest.raises(UserError, match="No space left on device"):
         plot.plot([a], out)
     assert out.read_bytes() == before and not list(tmp_path.glob(".curves.png.*.tmp"))
+
+
+def test_token_tick_labels_are_short_and_do_not_run_together(tmp_path):
+    """Token counts in the hundreds of thousands: the full numbers ("1000001200001400000") ran into each
+    other; the labels are compact (150k, 1.2M) and there are few of them."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"iter": i, "train/loss": 3 - i / 1000, "tokens_seen": 768 * i, "lr": 1e-3}) + "\n"
+        for i in range(10, 2010, 10)))
+    fig = plot.make_figure([run])
+    fig.canvas.draw()
+    tokens_axis = fig.axes[1]
+    labels = [t.get_text() for t in tokens_axis.get_xticklabels() if t.get_text()]
+    assert 3 <= len(labels) <= 8 and all(len(l) <= 5 for l in labels), labels
+    assert any(l.endswith("M") for l in labels) and any(l.endswith("k") for l in labels), labels
+    boxes = [t.get_window_extent() for t in tokens_axis.get_xticklabels() if t.get_text()]
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), "tick labels overlap"
+    assert plot._compact(1_500_000) == "1.5M" and plot._compact(150_000) == "150k" and plot._compact(42) == "42"
+
+
+def test_log_scale_puts_loss_and_bpb_on_log_axes(tmp_path):
+    fig = plot.make_figure([write_run(tmp_path / "a")], log_scale=True)
+    assert [ax.get_yscale() for ax in fig.axes] == ["log", "log", "log", "linear"]
+    assert [ax.get_yscale() for ax in plot.make_figure([tmp_path / "a"]).axes] == ["linear"] * 4
+
+
+def _cli(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: plot.main([str(a) for a in argv]))
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".txt", ".png2"])
+def test_an_unknown_out_suffix_is_one_line_before_anything_is_written(tmp_path, capsys, suffix):
+    a = write_run(tmp_path / "a")
+    code, out, err = _cli([a, "--out", tmp_path / f"x{suffix}"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"cannot write '{suffix}' files" in err, err
+    assert ".png" in err and "Traceback" not in err and not (tmp_path / f"x{suffix}").exists()
+
+
+def test_a_folder_or_a_name_without_suffix_prints_the_file_actually_written(tmp_path, capsys):
+    a = write_run(tmp_path / "a")
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    code, out, _ = _cli([a, "--out", folder], capsys)
+    assert code == 0 and out.strip() == str(folder / "curves.png") and (folder / "curves.png").is_file()
+    code, out, _ = _cli([a, "--out", tmp_path / "curves"], capsys)
+    assert code == 0 and out.strip() == str(tmp_path / "curves.png") and (tmp_path / "curves.png").is_file()
+    code, out, _ = _cli([a, "--out", tmp_path / "c.svg"], capsys)
+    assert code == 0 and (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_a_non_utf8_line_is_skipped_with_a_note(tmp_path, capsys):
+    a = write_run(tmp_path / "a")
+    with open(a / "metrics.jsonl", "ab") as f:
+        f.write(b'{"iter": 7, "train/loss": 1.0, "no\xfft": 1}\n{"iter": 8, "train/loss": 0.9}\n')
+    records = plot.read_metrics(a)
+    assert [r["iter"] for r in records] == [1, 2, 3, 4, 5, 6, 8]
+    err = capsys.readouterr().err
+    assert err.strip() == f"note: {a / 'metrics.jsonl'} line 7 is damaged (not UTF-8); skipped"
+
+
+def test_matplotlib_is_a_runtime_requirement():
+    runtime = (ROOT / "requirements.txt").read_text().splitlines()
+    assert any(line.startswith("matplotlib") for line in runtime)

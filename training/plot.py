@@ -1,14 +1,18 @@
-"""Curves without wandb: train and val loss against step and against tokens seen, and the learning rate,
-read from the metrics.jsonl of one or more runs, in one PNG.
+"""Curves without wandb: train and val loss against step and against tokens seen, val bits per byte, and
+the learning rate, read from the metrics.jsonl of one or more runs, in one PNG (four titled panels).
 
     python -m training.plot out/small                       # -> out/small/curves.png
-    python -m training.plot out/small out/small_modern --out compare.png
+    python -m training.plot out/small out/small_modern --out compare.png --log-scale
 
-matplotlib is optional: it is imported here only, and its absence is a one-line hint.
+--out: a file whose suffix matplotlib writes (.png, .pdf, .svg, ...); a folder gets curves.png inside it
+and a name without a suffix gets .png; the path written is printed. --log-scale: logarithmic loss and
+bits-per-byte axes (where late progress shows). matplotlib is a runtime requirement (requirements.txt);
+imported here only, so a partial install still trains, and its absence here is a one-line hint.
 """
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli, short_error
@@ -24,10 +28,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
         raise UserError(f"no {METRICS_NAME} in {run_dir}; pass a training out_dir (train.out_dir) or the file itself")
     records = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    except OSError as e:
         raise UserError(f"cannot read {path} ({short_error(e)}); check the file") from None
     for number, line in enumerate(lines, 1):
+        if "\ufffd" in line:  # a byte that was not UTF-8: the line is damaged, the rest still plots
+            print(f"note: {path} line {number} is damaged (not UTF-8); skipped", file=sys.stderr)
+            continue
         try:
             record = json.loads(line)
         except ValueError:
@@ -57,29 +64,83 @@ def _pyplot():
     return plt
 
 
-def make_figure(run_dirs: list[Path]):
-    """One figure, three panels: loss against step, loss against tokens seen (train solid, val dashed),
-    and the learning rate against step; one colour per run."""
+def _compact(value: float, _pos=None) -> str:
+    """A tick label that stays short: 150000 -> 150k, 1200000 -> 1.2M (full numbers run together)."""
+    for factor, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
+    """One figure, four titled panels, one colour per run: loss against step and against tokens seen
+    (train solid, val dashed with markers), val bits per byte against step, the learning rate against step."""
     plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     runs = {str(d): read_metrics(d) for d in run_dirs}
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for color, (name, records) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10, runs.items()):
-        for ax, x in ((axes[0], "iter"), (axes[1], "tokens_seen")):
+    fig, grid = plt.subplots(2, 2, figsize=(13, 8.5))
+    loss_step, loss_tokens, bpb, lr = grid.flat
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
+    for color, (name, records) in zip(colors, runs.items()):
+        for ax, x in ((loss_step, "iter"), (loss_tokens, "tokens_seen")):
             ax.plot(*series(records, "train/loss", x), color=color, label=f"{name} train")
             ax.plot(*series(records, "val/loss", x), color=color, linestyle="--", marker="o", markersize=3,
                     label=f"{name} val")
-        axes[2].plot(*series(records, "lr", "iter"), color=color, label=name)
-    for ax, xlabel, ylabel in ((axes[0], "step", "loss"), (axes[1], "tokens seen", "loss"), (axes[2], "step", "learning rate")):
+        bpb.plot(*series(records, "val/bpb", "iter"), color=color, linestyle="--", marker="o", markersize=3,
+                 label=f"{name} val")
+        lr.plot(*series(records, "lr", "iter"), color=color, label=name)
+    panels = ((loss_step, "Loss by step", "step", "loss (nats/token)"),
+              (loss_tokens, "Loss by tokens seen", "tokens seen", "loss (nats/token)"),
+              (bpb, "Validation bits per byte", "step", "bits per byte"),
+              (lr, "Learning rate", "step", "learning rate"))
+    for ax, title, xlabel, ylabel in panels:
+        ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+        ax.xaxis.set_major_formatter(FuncFormatter(_compact))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    if log_scale:
+        for ax in (loss_step, loss_tokens, bpb):
+            if ax.lines:
+                ax.set_yscale("log")
+    fig.suptitle(f"Training curves: {', '.join(runs)}", fontsize=11)
     fig.tight_layout()
     return fig
 
 
-def plot(run_dirs: list[Path], out: Path) -> Path:
-    fig = make_figure(run_dirs)  # every input is checked before anything is written
+def resolve_out(out: Path | None, runs: list[Path]) -> Path:
+    """The file to write: --out as given when its suffix is one matplotlib writes; a folder gets
+    curves.png inside; a name without a suffix gets .png; no --out: <first run>/curves.png."""
+    if out is None:
+        return runs[0] / "curves.png" if runs[0].is_dir() else runs[0].with_suffix(".png")
+    if out.is_dir():
+        return out / "curves.png"
+    if not out.suffix:
+        return out.with_name(out.name + ".png")
+    formats = _formats()
+    if out.suffix.lstrip(".").lower() not in formats:
+        raise UserError(f"--out {out}: matplotlib cannot write {out.suffix!r} files; use one of "
+                        f"{', '.join('.' + f for f in sorted(formats))} (e.g. .png)")
+    return out
+
+
+def _formats() -> set[str]:
+    plt = _pyplot()
+    fig = plt.figure()
+    try:
+        return set(fig.canvas.get_supported_filetypes())
+    finally:
+        plt.close(fig)
+
+
+def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
+    fig = make_figure(run_dirs, log_scale=log_scale)  # every input is checked before anything is written
     plt = _pyplot()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
@@ -96,10 +157,13 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m training.plot", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, help="training out_dirs (or metrics.jsonl files)")
-    p.add_argument("--out", type=Path, default=None, help="the PNG to write (default: <first run>/curves.png)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the image to write: .png, .pdf, .svg, ...; a folder gets curves.png (default: "
+                        "<first run>/curves.png)")
+    p.add_argument("--log-scale", action="store_true", help="logarithmic loss and bits-per-byte axes")
     args = p.parse_args(argv)
-    out = args.out or (args.runs[0] / "curves.png" if args.runs[0].is_dir() else args.runs[0].with_suffix(".png"))
-    print(plot(args.runs, out))
+    out = resolve_out(args.out, args.runs)  # an unknown suffix is refused before any reading or drawing
+    print(plot(args.runs, out, log_scale=args.log_scale))
     return 0
 
 
