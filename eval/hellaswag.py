@@ -44,7 +44,10 @@ HF_DATASET = "Rowan/hellaswag"
 HF_SPLIT = "validation"
 N_ENDINGS = 4
 MAX_DATA_BYTES = 256 * 2**20  # HellaSwag's val jsonl is ~11 MB
-ITEM_FORMAT = "each item needs ctx (a string), endings (a list of 4 strings) and label (0..3)"
+ITEM_FORMAT = "each item needs ctx (a string), endings (a list of 4 non-empty strings) and label (0..3)"
+# what to read our figures against: a random choice, and GPT-2 124M on the 10042 validation items in this
+# protocol (as build-nanogpt and llm.c report it)
+REFERENCES = {"chance": {"acc": 0.25, "acc_norm": 0.25}, "GPT-2 124M (published)": {"acc": 0.2859, "acc_norm": 0.2955}}
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ def parse_item(raw: Any, where: str) -> Item:
         raise bad(f"expected {N_ENDINGS} endings, got {n}")
     if not all(isinstance(e, str) for e in endings):
         raise bad("an ending is not a string")
+    blank = [i for i, e in enumerate(endings) if not e.strip()]
+    if blank:  # an empty ending scores as one space token: the choice would mean nothing (all empty: "acc 1.0")
+        raise bad(f"ending {blank[0]} is empty")
     if isinstance(label, str) and label.strip().isdigit():  # the HF copy stores "0".."3"
         label = int(label)
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < N_ENDINGS:
@@ -263,7 +269,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
                    help="autocast dtype of the forward pass; auto: float32, the precision of the published "
                         "figures (evaluation is cheap next to training)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (with the references)")
     return p
+
+
+def report(description: str, counts: dict[str, int], metrics: dict[str, float], as_json: bool) -> str:
+    """The result beside chance and GPT-2 124M's published figures: a small table, or one JSON object."""
+    ours = {"acc": metrics["hellaswag/acc"], "acc_norm": metrics["hellaswag/acc_norm"]}
+    if as_json:
+        return json.dumps({"model": description, "items": counts["total"], **ours, "references": REFERENCES})
+    rows = [(f"this model ({counts['total']} items)", ours), *REFERENCES.items()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  acc {r['acc']:.4f}  acc_norm {r['acc_norm']:.4f}" for name, r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = evaluate_hellaswag(model, items, tok, batch_size=args.batch_size,
                                 autocast_ctx=lambda: autocast(device, DTYPE_BY_NAME[dtype]), progress=True)
     metrics = hellaswag_metrics(counts)
-    print(f"items {counts['total']}  acc {metrics['hellaswag/acc']:.4f}  acc_norm {metrics['hellaswag/acc_norm']:.4f}")
+    print(report(loaded.description, counts, metrics, args.json))
     return 0
 
 

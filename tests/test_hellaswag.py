@@ -248,9 +248,18 @@ def test_cli_prints_acc_and_acc_norm_of_the_reference_choices(hf_dir, data_path,
     assert code == 0, err
     acc = (ref_sum.argmax(1) == labels).float().mean().item()
     acc_norm = (ref_mean.argmax(1) == labels).float().mean().item()
-    assert out.strip() == f"items 6  acc {acc:.4f}  acc_norm {acc_norm:.4f}"
+    assert out.strip().splitlines() == [  # ours beside chance and GPT-2 124M's published figures
+        f"this model (6 items)    acc {acc:.4f}  acc_norm {acc_norm:.4f}",
+        "chance                  acc 0.2500  acc_norm 0.2500",
+        "GPT-2 124M (published)  acc 0.2859  acc_norm 0.2955"]
     code, out, _ = run(["--checkpoint", hf_dir, "--data", data_path, "--limit", "2"], capsys)
-    assert code == 0 and out.startswith("items 2 ")
+    assert code == 0 and out.startswith("this model (2 items) ")
+    code, out, _ = run(["--checkpoint", hf_dir, "--data", data_path, "--json"], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["items"] == 6 and result["acc"] == pytest.approx(acc)
+    assert result["acc_norm"] == pytest.approx(acc_norm) and result["model"]
+    assert result["references"] == {"chance": {"acc": 0.25, "acc_norm": 0.25},
+                                    "GPT-2 124M (published)": {"acc": 0.2859, "acc_norm": 0.2955}}
 
 
 def test_missing_data_path_in_a_subprocess_is_one_error_line(hf_dir, tmp_path):
@@ -265,6 +274,8 @@ def test_missing_data_path_in_a_subprocess_is_one_error_line(hf_dir, tmp_path):
     (lambda it: it.update(label=True), ["line 2", "label"]),
     (lambda it: it.update(ctx=None), ["line 2", "ctx"]),
     (lambda it: it.update(endings=["a", "b", 3, "d"]), ["line 2", "not a string"]),
+    (lambda it: it.update(endings=["", "", "", ""]), ["line 2", "ending 0 is empty"]),  # scored acc 1.0 before
+    (lambda it: it.update(endings=["a", "b", "  ", "d"]), ["line 2", "ending 2 is empty"]),
 ])
 def test_malformed_item_is_one_error_line_naming_its_line(hf_dir, tmp_path, capsys, change, words):
     records = json.loads(json.dumps(ITEMS[:3]))
@@ -339,3 +350,9 @@ def test_bfloat16_autocast_on_cpu_gives_close_scores(ours, data_path, reference)
     scores = score_items(model, load_items(data_path), tok, batch_size=6,
                          autocast_ctx=lambda: autocast(torch.device("cpu"), torch.bfloat16))
     torch.testing.assert_close(scores.mean_logprob, reference[1], atol=0.15, rtol=0.05)
+
+
+def test_data_from_dev_zero_is_refused_after_a_bounded_read_in_one_line(hf_dir, capsys):
+    code, out, err = run(["--checkpoint", hf_dir, "--data", "/dev/zero"], capsys)
+    assert_one_error_line(code, err, "/dev/zero", "larger than 256 MiB")
+    assert "batch size" not in err and out == ""
