@@ -201,8 +201,13 @@ class DirLock:
                     return holder
                 self.path.unlink(missing_ok=True)  # stale: its owner is gone; try once more
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+            except OSError as e:  # a full disk: no empty lock file left behind, one line
+                self.path.unlink(missing_ok=True)
+                raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); free some space "
+                                f"in {self.path.parent}, then rerun") from None
             self.held = True
             return None
         return self.holder() or {"pid": "?", "host": "?"}

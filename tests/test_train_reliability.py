@@ -349,3 +349,21 @@ def test_a_run_removes_the_temps_of_killed_writers_and_says_so(tmp_path, data_ro
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_full_disk_when_taking_the_run_lock_is_one_line_and_leaves_no_empty_lock(tmp_path, data_root, monkeypatch):
+    """ENOSPC while writing .train.lock: before, the error was a traceback and a 0-byte .train.lock stayed."""
+    import fileio
+
+    real_dump = fileio.json.dump
+
+    def disk_full(obj, f, *a, **k):
+        if "pid" in obj:  # the lock's content
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_dump(obj, f, *a, **k)
+    monkeypatch.setattr(fileio.json, "dump", disk_full)
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"cannot write the lock file .*\.train\.lock .*No space left on device.*free "
+                                        r"some space"):
+        run(out, data_root, "--train.max_iters=2")
+    assert not (out / ".train.lock").exists() and not (out / "ckpt.pt").exists()
