@@ -21,6 +21,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -41,7 +44,8 @@ from benchmarks.train import (
     random_batches, reference_weights, with_batch,
 )
 from data import DataConfig, prepare_data
-from errors import ArgumentParser, UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli, short_error
+from fileio import _start_time, atomic_write_bytes, check_writable_dir, pid_alive
 from runtime.device import resolve_device
 from runtime.precision import allow_tf32, dtype_name, training_dtype
 from training.mfu import peak_flops
@@ -90,7 +94,47 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, k) < (0 if k == "warmup" else 1):
             raise UserError(f"--{k.replace('_', '-')} must be >= {0 if k == 'warmup' else 1}, got {getattr(args, k)}")
     args.sections = [s for s in (args.only or SECTIONS) if s not in args.skip]
+    cores = os.cpu_count() or 1
+    if not 0 <= args.threads <= cores:  # torch segfaults on 100000 threads
+        raise UserError(f"--threads must be 0 (torch's default) or 1..{cores} (this machine's cores), got {args.threads}")
+    if args.json:  # checked now, not after minutes of measuring
+        check_json_path(Path(args.json))
     return args
+
+
+def check_json_path(path: Path) -> None:
+    if path.is_dir():
+        raise UserError(f"--json {path} is a directory; name a file, e.g. {path / 'bench.json'}")
+    check_writable_dir(path.parent if str(path.parent) else Path("."), "--json's folder")
+
+
+TEMP_PREFIX = "smallgpt-bench-"
+
+
+def remove_stale_bench_dirs() -> None:
+    """Remove the temp folders of bench runs killed before they could clean up (`smallgpt-bench-<pid>-<start>-*`
+    whose process is gone): an interrupted bench leaves nothing behind for long."""
+    for path in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*-*"):
+        parts = path.name[len(TEMP_PREFIX):].split("-")
+        if len(parts) >= 3 and parts[0].isdigit() and not pid_alive(int(parts[0]), parts[1] if parts[1] != "0" else None):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def bench_temp_dir():
+    """A temp folder removed on every exit, SIGTERM and SIGHUP included (turned into KeyboardInterrupt
+    here, as Ctrl-C is); its name carries this process's pid and start time for remove_stale_bench_dirs."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        remove_stale_bench_dirs()
+        me = f"{os.getpid()}-{_start_time(os.getpid()) or 0}-"
+        with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX + me) as tmp:
+            yield tmp
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def say(msg: str) -> None:
@@ -129,7 +173,7 @@ def main(argv=None) -> int:
                     "peak_flops": {dtype_name(k): v for k, v in peaks.items()}, "peak_source": "; ".join(sorted(sources))}
     timing = dict(warmup=args.warmup, iters=args.iters, rounds=args.rounds, say=say)
 
-    with tempfile.TemporaryDirectory(prefix="smallgpt-bench-") as tmp:
+    with bench_temp_dir() as tmp:
         if "train" in args.sections:
             if cuda:
                 bench_gpu_train(args, device, auto_dtype, compile_, peaks, report, timing)
@@ -176,8 +220,10 @@ def main(argv=None) -> int:
                   peak_rss_mb=peak_rss_mb(), wall_s=time.perf_counter() - t_start)
     print_report(report)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        try:
+            atomic_write_bytes(Path(args.json), (json.dumps(report, indent=2, default=str) + "\n").encode())
+        except OSError as e:
+            raise UserError(f"cannot write --json {args.json} ({short_error(e)}); the report is printed above") from None
     return 0
 
 

@@ -3,7 +3,9 @@ that it times the project's real code paths, not copies of them."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +144,38 @@ def test_profile_puts_the_head_the_blocks_and_the_optimizer_in_their_buckets_and
         assert r["ms"][bucket] > 0, (bucket, r)
     assert sum(r["ms"].values()) == pytest.approx(r["wall_ms"], rel=0.01)  # every millisecond in one bucket
     assert "LM head matmuls" in format_profile("tiny", "float32", r)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--threads", "-5"], "--threads must be 0 (torch's default) or 1.."),
+    (["--threads", "100000"], "--threads must be 0 (torch's default) or 1.."),  # a segfault before
+    (["--json", "/tmp"], "--json /tmp is a directory"),  # found after 39 s of measuring before
+    (["--json", "/proc/x/bench.json"], "--json's folder"),
+])
+def test_bench_options_are_checked_before_anything_is_measured(argv, words, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "resolve_device", lambda *a, **k: pytest.fail("measured before checking the options"))
+    with pytest.raises(SystemExit) as e:
+        bench.run_cli(lambda: bench.main(argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_an_interrupted_or_killed_bench_leaves_no_temp_folder(tmp_path, monkeypatch):
+    import signal as sig
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # SIGTERM inside the block: turned into KeyboardInterrupt, the folder is removed
+    with pytest.raises(KeyboardInterrupt):
+        with bench.bench_temp_dir() as tmp:
+            (Path(tmp) / "x.bin").write_bytes(b"x")
+            os.kill(os.getpid(), sig.SIGTERM)
+    assert not list(tmp_path.glob("smallgpt-bench-*"))
+    # a folder of a bench killed with -9 (its pid is gone) is removed by the next run; a live one's is not
+    dead = tmp_path / "smallgpt-bench-999999999-5-abcd"
+    (dead / "data").mkdir(parents=True)
+    live = tmp_path / f"smallgpt-bench-{os.getppid()}-0-efgh"
+    live.mkdir()
+    with bench.bench_temp_dir():
+        pass
+    assert not dead.exists() and live.exists()
