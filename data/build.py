@@ -147,6 +147,8 @@ def _say(msg: str) -> None:
 
 def _read_meta_json(data_dir: Path) -> dict | None:
     path = data_dir / META_NAME
+    if path.exists() and not path.is_file():  # a folder (or a device): "free some space" would be wrong advice
+        raise UserError(f"{path} is not a file; move it away (the prepared data's metadata goes there), then rerun")
     if not path.is_file():
         return None
     try:
@@ -219,6 +221,8 @@ def _rebuild_reason(out: Path, tokenizer: str, fingerprint: str) -> str | None:
     Raises instead when `out` holds another tokenizer's data: that dir was renamed or copied by hand,
     and overwriting it would destroy data that is good, just misplaced.
     """
+    if (out / META_NAME).exists() and not (out / META_NAME).is_file():  # rebuilding can't fix that: say so
+        _read_meta_json(out)
     # The part of a UserError before ";" names the problem; its fix ("re-run prepare") is what we're doing.
     try:
         raw = _read_meta_json(out)

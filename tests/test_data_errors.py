@@ -227,3 +227,13 @@ def test_cli_bad_input_prints_one_error_line_and_no_traceback(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.txt" in lines[0], r.stderr
     assert r.stdout == ""
+
+
+def test_a_meta_json_that_is_a_folder_gets_the_right_advice(good):
+    """Before: 'cannot write prepared data (IsADirectoryError); free some space', which would not help."""
+    cfg, out, _ = good
+    (out / "meta.json").unlink()
+    (out / "meta.json").mkdir()
+    msg = user_error(lambda: prepare_data(cfg, progress=False), "meta.json is not a file", "move it away")
+    assert "space" not in msg
+    user_error(lambda: load_meta(out), "meta.json is not a file")
