@@ -106,9 +106,15 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     if log_scale:
+        from matplotlib.ticker import NullFormatter
+
         for ax in (loss_step, loss_tokens, bpb):
             if ax.lines:
                 ax.set_yscale("log")
+                # a loss spans less than a decade: plain numbers at even steps, not "4 x 10^0" at 3 and 4
+                ax.yaxis.set_major_locator(MaxNLocator(nbins=8))
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
+                ax.yaxis.set_minor_formatter(NullFormatter())
     fig.suptitle(f"Training curves: {', '.join(runs)}", fontsize=11)
     fig.tight_layout()
     return fig
