@@ -24,8 +24,10 @@ from __future__ import annotations
 import glob
 import netrc
 import os
+import struct
 import sys
 import time
+import zlib
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
@@ -70,9 +72,6 @@ _LOG_HEADER, _BLOCK, _RECORD_HEADER = 7, 32768, 7
 def read_transaction_log(path: str | os.PathLike) -> list:
     """The protobuf Records of a .wandb file, up to the first torn or damaged one (where a process
     killed mid-write stopped): what wandb would upload from it."""
-    import struct
-    import zlib
-
     from wandb.proto import wandb_internal_pb2 as pb
 
     with open(path, "rb") as f:
