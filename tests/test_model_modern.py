@@ -291,7 +291,7 @@ def test_an_untied_head_exports_to_hf_with_the_same_logits(tmp_path):
 # ------------------------------------------------------------------------------------------ validation
 
 @pytest.mark.parametrize("kw,field", [
-    (dict(pos_embedding="alibi"), "pos_embedding"), (dict(norm="batchnorm"), "norm"), (dict(mlp_act="swiglu"), "mlp_act"),
+    (dict(pos_embedding="alibi"), "pos_embedding"), (dict(norm="batchnorm"), "norm"), (dict(mlp_act="geglu"), "mlp_act"),
     (dict(logit_softcap=-1.0), "logit_softcap"), (dict(rope_base=1.0), "rope_base"), (dict(qk_norm="yes"), "qk_norm"),
     (dict(pos_embedding="rope", n_embd=15, n_head=3), "pos_embedding"),
 ])
