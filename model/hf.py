@@ -109,13 +109,13 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     return model
 
 
-def hf_config(model: GPT, eos_token_id: int | None) -> dict:
-    """HF's GPT-2 config.json for our model."""
+def hf_config(model: GPT, eos_token_id: int | None, vocab_size: int | None = None) -> dict:
+    """HF's GPT-2 config.json for our model (vocab_size: the exported rows, default all)."""
     cfg = model.config
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
-        "vocab_size": cfg.vocab_size,
+        "vocab_size": vocab_size or cfg.vocab_size,
         "n_positions": cfg.block_size,
         "n_ctx": cfg.block_size,
         "n_embd": cfg.n_embd,
@@ -131,19 +131,44 @@ def hf_config(model: GPT, eos_token_id: int | None) -> dict:
         "bos_token_id": eos_token_id,
         "eos_token_id": eos_token_id,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": "float32",
+        "dtype": "float32",  # what transformers 5 reads
+        "torch_dtype": "float32",  # what transformers 4 reads (5 drops it when dtype is there)
     }
 
 
-def write_hf_weights(model: GPT, out_dir, eos_token_id: int | None = None) -> None:
-    """config.json and model.safetensors in `out_dir` (which must exist), each written atomically."""
-    out = Path(out_dir)
-    tensors = {}
+def cropped_state(model: GPT, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+    """Our state dict in fp32 on the CPU, contiguous, a tied head left out (HF ties it to wte on load).
+    vocab_size cuts the token embedding and the head to the tokenizer's rows: a vocabulary padded for
+    GPU tiles (50304) has rows no tokenizer id reaches, which an HF model would otherwise sample."""
+    state = {}
     for key, tensor in model.state_dict().items():
         if key == "lm_head.weight" and model.config.tie_embeddings:
-            continue  # HF ties it to wte on load (tie_word_embeddings true)
+            continue
         tensor = tensor.detach().float().cpu()
-        tensors[key] = (tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor).contiguous()
+        if vocab_size and key in ("transformer.wte.weight", "lm_head.weight"):
+            tensor = tensor[:vocab_size]
+        state[key] = tensor.contiguous()
+    return state
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Atomically, with the umask's mode like our other outputs (safetensors' save_file alone makes 0600)."""
+    with atomic_write(path) as tmp:
+        mode = tmp.stat().st_mode  # fileio made it with 0o666 & ~umask
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.chmod(mode & 0o777)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def write_hf_weights(model: GPT, out_dir, eos_token_id: int | None = None, vocab_size: int | None = None) -> None:
+    """GPT-2's config.json and model.safetensors in `out_dir` (which must exist), each written atomically;
+    vocab_size crops a padded vocabulary (cropped_state)."""
+    out = Path(out_dir)
+    tensors = {key: (t.t().contiguous() if key.endswith(CONV1D_SUFFIXES) else t)
+               for key, t in cropped_state(model, vocab_size).items()}
     if not model.config.bias:
         # HF's GPT-2 always has biases: zeros are exactly "no bias"
         for name, module in model.named_modules():
@@ -151,6 +176,5 @@ def write_hf_weights(model: GPT, out_dir, eos_token_id: int | None = None) -> No
                 tensors[f"{name}.bias"] = torch.zeros(module.weight.shape[0])
     if eos_token_id is None and model.config.vocab_size > 50256:
         eos_token_id = 50256  # GPT-2's <|endoftext|>
-    with atomic_write(out / "model.safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    atomic_write_bytes(out / "config.json", (json.dumps(hf_config(model, eos_token_id), indent=2) + "\n").encode())
+    write_safetensors(tensors, out / "model.safetensors")
+    write_json(out / "config.json", hf_config(model, eos_token_id, vocab_size))
