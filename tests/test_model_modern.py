@@ -305,6 +305,23 @@ def test_the_config_layer_gives_one_line_errors_for_modern_options():
         load_config(["--model.norm=batchnorm"])
     with pytest.raises(UserError, match=r"train.optimizer must be one of adamw, muon"):
         load_config(["--train.optimizer=lion"])
+    with pytest.raises(UserError, match=r"model.mlp_act must be one of gelu, relu2, swiglu, got 'geglu'"):
+        load_config(["--model.mlp_act=geglu"])
+
+
+def test_swiglu_is_a_config_key_and_a_swiglu_model_trains():
+    cfg = load_config(["--model.mlp_act=swiglu", "--model.n_embd=16", "--model.n_head=2"])
+    assert cfg.model.gpt_config(29).mlp_act == "swiglu"
+    torch.manual_seed(10)
+    model = GPT(cfg.model.gpt_config(29))
+    assert model.transformer.h[0].mlp.c_fc.weight.shape == (2 * 64, 16)  # gate | up, 8/3 * 16 rounded up to 64
+    optimizers = make_optimizers(model, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.99), device_type="cpu", kind="muon")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    idx = torch.randint(0, 29, (4, 24))
+    amp = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+    losses = [train_step(model, optimizers, scaler, [(idx[:, :-1], idx[:, 1:])], amp=amp, grad_clip=1.0).loss.item()
+              for _ in range(30)]
+    assert losses[-1] < losses[0] - 1.0
 
 
 # ------------------------------------------------------------------------------------------ Muon
