@@ -6,8 +6,9 @@ Our parameter names are GPT-2's, so the only change is that HF's Conv1D stores i
     model = from_pretrained("gpt2")            # a hub name, or a local HF directory
     write_hf_weights(model, directory)          # config.json + model.safetensors
 
-A complete export (tokenizer and generation config too, atomic, refusing what GPT-2 can't express)
-is model/export.py: python -m model.export --checkpoint out/small --out gpt2-small-hf
+A complete export (tokenizer, generation config and model card too, atomic; Llama, Qwen3 or our own
+modeling code for what GPT-2 can't express, model/hf_modern.py) is model/export.py:
+python -m model.export --checkpoint out/small --out gpt2-small-hf
 """
 from __future__ import annotations
 

@@ -77,6 +77,9 @@ def test_export_loads_in_transformers_with_our_logits(case, tmp_path):
         expected = ours(idx)
         assert expected.std() > 0.1  # logits that differ, so the comparison means something
         torch.testing.assert_close(hf(idx).logits, expected, rtol=0, atol=1e-5)
+        # fine-tuning in transformers: its loss (labels = the inputs, shifted inside) is our next-token loss
+        _, loss = ours(idx[:, :-1], idx[:, 1:])
+        torch.testing.assert_close(hf(idx, labels=idx).loss, loss, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["modern_relu2_softcap", "learned_swiglu_softcap"])
