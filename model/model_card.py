@@ -44,6 +44,8 @@ def eval_at(metrics: Path, iteration: Any) -> dict[str, Any] | None:
     """The last eval record (one with val/loss) of metrics.jsonl at `iteration`, or None. Bounded:
     at most MAX_METRICS_BYTES are read, over-long or broken lines are skipped."""
     found = None
+    if not metrics.is_file():  # absent, or a folder or a FIFO (which would block the read)
+        return None
     try:
         with open(metrics, "rb") as f:
             data = f.read(MAX_METRICS_BYTES)
