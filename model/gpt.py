@@ -66,8 +66,10 @@ class GPTConfig:
             reasons.append("RMSNorm (norm=rmsnorm)")
         if self.qk_norm:
             reasons.append("QK-norm (qk_norm=true)")
-        if self.mlp_act != "gelu":
-            reasons.append({"relu2": "the ReLU² MLP (mlp_act=relu2)", "swiglu": "the SwiGLU MLP (mlp_act=swiglu)"}[self.mlp_act])
+        if self.mlp_act == "relu2":
+            reasons.append("the ReLU² MLP (mlp_act=relu2)")
+        if self.mlp_act == "swiglu":
+            reasons.append("the SwiGLU MLP (mlp_act=swiglu)")
         if self.logit_softcap:
             reasons.append(f"a logit soft-cap (logit_softcap={self.logit_softcap})")
         return reasons
@@ -185,7 +187,8 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         if self.qk_norm:
-            q, k = F.rms_norm(q, (self.head_dim,), eps=self.norm_eps), F.rms_norm(k, (self.head_dim,), eps=self.norm_eps)
+            q = F.rms_norm(q, (self.head_dim,), eps=self.norm_eps)
+            k = F.rms_norm(k, (self.head_dim,), eps=self.norm_eps)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # before caching: keys keep their positions
         if kv_cache is not None:
