@@ -95,7 +95,7 @@ class Run:
     group: Any  # the CPU control group of the ranks (None on one process)
     device: torch.device
     model: GPT  # the plain module: saved and evaluated
-    step: Callable[[list], StepOutput]  # one optimizer step on this rank's micro-batches
+    step: Stepper  # one optimizer step on this rank's micro-batches
     amp: Callable[[], Any]  # autocast context for evals
     accum: int  # micro-steps per rank per optimizer step
     train_loader: BatchLoader
@@ -151,8 +151,9 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     group = control_group(dist)
     out_dir = Path(t.out_dir)
 
-    lock = on_rank0(lambda: claim_out_dir(out_dir, say), dist, group)  # every rank stops if it is taken
-    cleanup.callback(lambda: lock and lock.release())
+    locks: list = []  # rank 0 holds the out_dir's lock; a taken out_dir stops every rank
+    on_rank0(lambda: locks.append(claim_out_dir(out_dir, say)), dist, group)
+    cleanup.callback(lambda: [lock.release() for lock in locks])
     resume = decide_resume(out_dir, mode=t.resume, config_conflicts=lambda saved: resume_conflicts(saved, cfg),
                            gather=lambda o: all_gather_object(o, dist, group), other_files=(METRICS_NAME,))
     # rank 0 prepares the data (or finds it up to date); the others wait, then read only meta.json

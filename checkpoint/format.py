@@ -66,6 +66,12 @@ def check_payload(obj: Any, where: str | os.PathLike, needed: tuple[str, ...] = 
         raise UserError(f"checkpoint {where} has format version {version!r}, this code reads 1 to {VERSION}; "
                         "update the code or use another checkpoint")
     obj = upgrade(obj)
+    require(obj, where, needed)
+    return obj
+
+
+def require(obj: dict[str, Any], where: str | os.PathLike, needed: tuple[str, ...]) -> None:
+    """Each of the `needed` entries is in the payload, of its SCHEMA type; else a one-line UserError."""
     for name in needed:
         if name not in obj:
             raise UserError(f"checkpoint {where} has no {name!r} entry; it was not written by train.py or is damaged: "
@@ -74,7 +80,6 @@ def check_payload(obj: Any, where: str | os.PathLike, needed: tuple[str, ...] = 
         if not isinstance(obj[name], entry.kind):
             raise UserError(f"checkpoint {where}: its {name!r} entry is a {type(obj[name]).__name__}, not a "
                             f"{entry.kind.__name__}; the file is damaged: use another checkpoint (e.g. best.pt)")
-    return obj
 
 
 def upgrade(obj: dict[str, Any]) -> dict[str, Any]:

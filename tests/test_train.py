@@ -20,7 +20,7 @@ from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
-from model.export import export_hf
+from checkpoint.export import export_hf
 from checkpoint import load_checkpoint
 from training.config import load_config
 

@@ -58,7 +58,8 @@ class ModelSection:
     norm: str = setting("layernorm", '"layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)')
     qk_norm: bool = setting(False, "RMS-normalise each head's q and k before attention: bounded logits, stabler at "
                                    "high lr")
-    mlp_act: str = setting("gelu", '"gelu" (GPT-2, see gelu_approximate) or "relu2": relu(x) ** 2')
+    mlp_act: str = setting("gelu", '"gelu" (GPT-2, see gelu_approximate), "relu2": relu(x) ** 2, or "swiglu": '
+                                   "silu(gate) * up with a 2/3-width hidden layer (Llama)")
     tie_embeddings: bool = setting(True, "the LM head shares wte's weight (GPT-2); False gives it its own")
     zero_init_proj: bool = setting(False, "zero-init the residual projections (and an untied head): each block starts "
                                           "as identity")

@@ -1,14 +1,17 @@
 """Export one of our checkpoints as a directory the HF ecosystem uses as it is.
 
-    python -m model.export --checkpoint out/small --out my-gpt2
+    python -m checkpoint.export --checkpoint out/small --out my-gpt2
 
-The directory holds what transformers' GPT-2 needs: config.json and model.safetensors (model/hf.py),
-GPT-2's tokenizer (vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json, taken from
-tiktoken's copy of GPT-2's own BPE files) and generation_config.json with sample.py's defaults, so
-AutoTokenizer, GPT2LMHeadModel and pipeline("text-generation") load it unchanged.
+The directory holds config.json and model.safetensors in the HF format that expresses the model exactly
+(model/hf_modern.py: GPT-2, Llama, Qwen3, or our own modeling code for trust_remote_code=True), GPT-2's
+tokenizer (vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json, taken from tiktoken's
+copy of GPT-2's own BPE files), generation_config.json with sample.py's sampling defaults and a length
+within the context, and a model card (README.md) with the config, the data, the val loss and bits/byte
+and how it was trained, so AutoTokenizer, AutoModelForCausalLM, pipeline("text-generation") and
+lm-eval's `--model hf` load it unchanged.
 
-Refused with one line: a character-level checkpoint (no GPT-2 tokenizer reproduces its vocabulary),
-any tokenizer but gpt2, and a model GPT-2's format can't express (GPTConfig.gpt2_incompatibilities).
+A vocabulary padded for GPU speed (50304) is cut to the tokenizer's 50257 rows. Refused with one line:
+a character-level checkpoint (no GPT-2 tokenizer reproduces its vocabulary) and any tokenizer but gpt2.
 The directory is written under a temporary name beside --out and renamed into place at the end, so a
 failure (a full disk, Ctrl-C) never leaves a partial export.
 """
@@ -25,9 +28,12 @@ import tiktoken.load
 from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import atomic_write_bytes, fsync_dir
 
-from checkpoint import load_model
-from .gpt import GPT
-from .hf import write_hf_weights
+from model.gpt import GPT
+
+from .format import resolve_checkpoint_path
+from .hf import write_hf_model
+from .load import load_model
+from .model_card import model_card
 
 # GPT-2's BPE files as tiktoken fetches and checks them (tiktoken_ext/openai_public.py): encoder.json
 # is HF's vocab.json and vocab.bpe its merges.txt, byte for byte
@@ -39,7 +45,7 @@ GPT2_BPE = {
 }
 GPT2_VOCAB = 50257
 EOT, EOT_TEXT = 50256, "<|endoftext|>"
-SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 200, "max_new_tokens": 500}  # sample.py's defaults
+SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 200}  # sample.py's defaults
 
 
 def refusal(model: GPT, tokenizer: dict) -> str | None:
@@ -51,9 +57,6 @@ def refusal(model: GPT, tokenizer: dict) -> str | None:
         return f"its tokenizer is {tokenizer.get('tokenizer')!r}: GPT-2's format carries GPT-2's BPE only"
     if model.config.vocab_size < GPT2_VOCAB:
         return f"its vocab_size {model.config.vocab_size} is smaller than GPT-2's {GPT2_VOCAB}"
-    problems = model.config.gpt2_incompatibilities()
-    if problems:
-        return f"GPT-2's format can't express {', '.join(problems)}"
     return None
 
 
@@ -76,11 +79,13 @@ def tokenizer_files(block_size: int) -> dict[str, bytes]:
 
 
 def generation_config(model: GPT) -> bytes:
-    """sample.py's defaults; ids past GPT-2's vocabulary (a vocab padded for GPU speed, e.g. 50304) are
-    suppressed, as sample.py never samples them."""
-    config = {"bos_token_id": EOT, "eos_token_id": EOT, "pad_token_id": EOT, **SAMPLING}
-    if model.config.vocab_size > GPT2_VOCAB:
-        config["suppress_tokens"] = list(range(GPT2_VOCAB, model.config.vocab_size))
+    """sample.py's sampling defaults, and at most block_size tokens in all (the prompt included):
+    transformers does not crop the context as sample.py does, and a longer sequence runs past GPT-2's
+    position table (IndexError) or past the positions a rotary model was trained on. max_length rather
+    than max_new_tokens, which would override it; pipeline() adds its own max_new_tokens only when
+    max_length is set."""
+    config = {"bos_token_id": EOT, "eos_token_id": EOT, "pad_token_id": EOT, **SAMPLING,
+              "max_length": model.config.block_size}
     return _json(config)
 
 
@@ -88,12 +93,14 @@ def _json(obj) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode()
 
 
-def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike) -> None:
-    """Write the whole HF directory `out`, or nothing: see the module docstring."""
+def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: dict | None = None,
+              source: str | os.PathLike | None = None) -> str:
+    """Write the whole HF directory `out`, or nothing: see the module docstring. `checkpoint` (the
+    loaded dict) and `source` (its file) feed the model card. Returns the HF format written."""
     out = Path(out)
     reason = refusal(model, tokenizer)
     if reason:
-        raise UserError(f"cannot export to HF GPT-2: {reason}")
+        raise UserError(f"cannot export to HF: {reason}")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give the path of a new directory")
     if out.is_dir() and any(out.iterdir()):
@@ -107,8 +114,9 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike) -> None:
     except OSError as e:
         raise UserError(f"cannot create {out} ({short_error(e)}); choose an --out in a writable directory") from None
     try:
-        write_hf_weights(model, tmp, eos_token_id=EOT)
-        for name, data in {**files, "generation_config.json": generation_config(model)}.items():
+        fmt = write_hf_model(model, tmp, GPT2_VOCAB, EOT)
+        card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, GPT2_VOCAB).encode()
+        for name, data in {**files, "generation_config.json": generation_config(model), "README.md": card}.items():
             atomic_write_bytes(tmp / name, data)
         if out.exists():
             out.rmdir()  # empty (checked above)
@@ -119,16 +127,22 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after the rename
     fsync_dir(out.parent)
+    return fmt
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m model.export", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m checkpoint.export", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="a ckpt.pt file or a training out_dir")
     p.add_argument("--out", required=True, help="the directory to create (it must not exist, or be empty)")
     args = p.parse_args(argv)
     loaded = load_model(args.checkpoint, dropout=0.0)
-    export_hf(loaded.model, loaded.tokenizer, args.out)
-    print(f"wrote {args.out}: config.json, model.safetensors, GPT-2's tokenizer files and generation_config.json")
+    source = resolve_checkpoint_path(args.checkpoint) if loaded.checkpoint is not None else args.checkpoint
+    fmt = export_hf(loaded.model, loaded.tokenizer, args.out, loaded.checkpoint, source)
+    how = ("AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True): no transformers architecture "
+           "expresses this model, so its modeling code is in the directory" if fmt == "smallgpt"
+           else "AutoModelForCausalLM.from_pretrained(dir)")
+    print(f"wrote {args.out} as HF {fmt} (config.json, model.safetensors, GPT-2's tokenizer, generation_config.json, "
+          f"README.md); load it with {how}")
     return 0
 
 
