@@ -309,12 +309,7 @@ def test_the_config_layer_gives_one_line_errors_for_modern_options():
         load_config(["--model.mlp_act=geglu"])
 
 
-def test_swiglu_is_a_config_key_and_a_swiglu_model_trains():
-    cfg = load_config(["--model.mlp_act=swiglu", "--model.n_embd=16", "--model.n_head=2"])
-    assert cfg.model.gpt_config(29).mlp_act == "swiglu"
-    torch.manual_seed(10)
-    model = GPT(cfg.model.gpt_config(29))
-    assert model.transformer.h[0].mlp.c_fc.weight.shape == (2 * 64, 16)  # gate | up, 8/3 * 16 rounded up to 64
+def assert_thirty_muon_steps_lower_the_loss(model: GPT) -> None:
     optimizers = make_optimizers(model, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.99), device_type="cpu", kind="muon")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     idx = torch.randint(0, 29, (4, 24))
@@ -322,6 +317,15 @@ def test_swiglu_is_a_config_key_and_a_swiglu_model_trains():
     losses = [train_step(model, optimizers, scaler, [(idx[:, :-1], idx[:, 1:])], amp=amp, grad_clip=1.0).loss.item()
               for _ in range(30)]
     assert losses[-1] < losses[0] - 1.0
+
+
+def test_swiglu_is_a_config_key_and_a_swiglu_model_trains():
+    cfg = load_config(["--model.mlp_act=swiglu", "--model.n_embd=16", "--model.n_head=2"])
+    assert cfg.model.gpt_config(29).mlp_act == "swiglu"
+    torch.manual_seed(10)
+    model = GPT(cfg.model.gpt_config(29))
+    assert model.transformer.h[0].mlp.c_fc.weight.shape == (2 * 64, 16)  # gate | up, 8/3 * 16 rounded up to 64
+    assert_thirty_muon_steps_lower_the_loss(model)
 
 
 # ------------------------------------------------------------------------------------------ Muon
@@ -350,13 +354,7 @@ def test_muon_gets_the_blocks_matrices_by_name_and_adamw_everything_else():
 def test_training_steps_with_muon_lower_the_loss():
     torch.manual_seed(9)
     model = GPT(tiny(**MODERN))
-    optimizers = make_optimizers(model, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.99), device_type="cpu", kind="muon")
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    idx = torch.randint(0, 29, (4, 24))
-    amp = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
-    losses = [train_step(model, optimizers, scaler, [(idx[:, :-1], idx[:, 1:])], amp=amp, grad_clip=1.0).loss.item()
-              for _ in range(30)]
-    assert losses[-1] < losses[0] - 1.0
+    assert_thirty_muon_steps_lower_the_loss(model)
 
 
 def test_a_modern_run_with_muon_resumes_bitwise(tmp_path):
