@@ -180,7 +180,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     saved = resume.get("train") if resume is not None else None
     saved_dtype = saved.get("dtype", "") if isinstance(saved, dict) else ""  # a damaged entry: restore says so
     probe = forward_backward_probe(raw_model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
-    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device, probe), dist, group)
+    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device, probe, t.max_iters), dist, group)
     dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
 
@@ -314,12 +314,12 @@ def claim_out_dir(lock: DirLock, out_dir: Path) -> None:
                         "--train.out_dir")
 
 
-def choose_dtype(name: str, saved: str, device: torch.device, probe) -> tuple[str, str]:
+def choose_dtype(name: str, saved: str, device: torch.device, probe, run_steps: int = 0) -> tuple[str, str]:
     """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
     resume under another load never flips it (bitwise resume needs the same dtype)."""
     if name == "auto" and saved in DTYPE_BY_NAME:
         return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
-    dtype, note = training_dtype(name, device, forward_backward=probe)
+    dtype, note = training_dtype(name, device, forward_backward=probe, run_steps=run_steps)
     return dtype_name(dtype), note
 
 
