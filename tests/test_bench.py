@@ -29,7 +29,7 @@ def test_bench_quick_smoke(tmp_path, capsys):
     for line in ("machine:", "peaks (MFU is against these)", "dtype auto ->", "peak RSS", "other processes kept"):
         assert line in out
     table = [ln for ln in out.splitlines()
-             if ln.startswith(("BPE train", "char train", "decode", "prepare")) and ": dtype auto" not in ln]
+             if ln.startswith(("BPE train", "char train", "Muon vs AdamW", "decode", "prepare")) and ": dtype auto" not in ln]
     rows = {tuple(re.split(r"\s{2,}", ln.strip())[:2]) for ln in table}  # (section, row name)
     native = cpu_native_bf16()  # bf16 rows only where bf16 is native: an emulated dtype is never timed
     for section in ("BPE train", "char train"):
@@ -38,12 +38,14 @@ def test_bench_quick_smoke(tmp_path, capsys):
         assert f"{section}: dtype auto -> " in out
         assert (" ms in float32, " in out) == native  # both probe times shown where both were timed
     assert any(s == "decode" and "sample.py default" in n for s, n in rows)
+    assert any(s == "Muon vs AdamW" for s, _ in rows) and "Muon step / AdamW step (shakespeare_char_modern" in out
+    assert "BPE fp32 step: " in out and "of the fp32 matmul probe's peak" in out
     assert ("prepare", "ours prepare_data") in rows and ("prepare", "ours tokenize only") in rows
     assert all(ln.rstrip().endswith("x") for ln in table)  # every row has its baseline ratio
 
     report = json.loads(out_json.read_text())
     for key in ("settings", "machine", "dtype_auto", "peak_flops", "rows", "decode", "prepare", "busy",
-                "peak_rss_mb", "wall_s"):
+                "peak_rss_mb", "wall_s", "muon", "targets"):
         assert key in report, key
     for key in ("cpu", "cores", "torch", "threads", "amx", "avx512_bf16"):
         assert key in report["machine"], key
@@ -93,6 +95,28 @@ def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monke
     # decode: sample.py's set-up once; its row (and the other dtype's row, where bf16 is native) each
     # generate once to warm up, once timed and once for the agreement check
     assert calls["setup"] == 1 and calls["generate"] == dtypes * 3
+
+
+def test_bench_isa_avx2_reruns_the_sections_in_a_child_under_the_avx2_variables(tmp_path, capsys, monkeypatch):
+    """One command gives both reports: the child gets the same options (without --isa-avx2, with its
+    own --json) and the variables that cap oneDNN and ATen at AVX2; its JSON lands in ours."""
+    seen = {}
+
+    def fake_run(cmd, env):
+        seen.update(cmd=cmd, env=env)
+        json_path = cmd[cmd.index("--json") + 1]
+        with open(json_path, "w") as f:
+            json.dump({"machine": {"cpu_capability": "AVX2"}}, f)
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    out_json = tmp_path / "b.json"
+    argv = [*QUICK, "--device", "cpu", "--only", "muon", "--isa-avx2", "--json", str(out_json)]
+    assert bench.main(argv) == 0
+    assert seen["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2" and seen["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert "--isa-avx2" not in seen["cmd"] and str(out_json) not in seen["cmd"] and "muon" in seen["cmd"]
+    assert "under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["isa_avx2"] == {"machine": {"cpu_capability": "AVX2"}}
 
 
 def test_bench_bad_option_is_one_line(capsys):
