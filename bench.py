@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     dtypes = ([torch.float32] + ([torch.bfloat16] if cpu_native_bf16() else [])) if not cuda else [auto_dtype]
     peaks, sources = {}, set()
     for dt in dict.fromkeys(dtypes + [torch.float32]):
-        peaks[dt], src = peak_flops(device, dt)
+        peaks[dt], src = peak_flops(device, dt, cache=False)  # probed in this run, like every row
         sources.add(src.split("(", 1)[-1].rstrip(")"))
     report: dict = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine, "rows": [],
                     "notes": [], "dtype_auto": {},

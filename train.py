@@ -33,10 +33,12 @@ from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metric
 from fileio import DirLock, check_writable_dir
 from model import GPT, GPTConfig
 from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config_dict
+from runtime.choices import auto_dtype
 from runtime.device import compile_failed, resolve_device
 from runtime.loss_path import choose_loss_chunk_rows
 from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, training_dtype
+from training.budget import fit_to_budget
 from training.checkpoint import Checkpointer, OptimizerState, ScalerState
 from training.config import Config, load_config, resume_conflicts, to_yaml
 from training.distributed import (
@@ -78,6 +80,7 @@ def train(cfg: Config) -> dict[str, Any]:
         with ExitStack() as cleanup:  # closes the progress bar, restores signal handlers, finishes wandb
             run = set_up(cfg, dist, device, cleanup)
             run.clock = (started, run.state.elapsed_s)
+            fit_to_budget(run)  # train.time_budget: max_iters and the schedule sized to this machine
             summary = loop(run)
             failed = False
             return summary
@@ -180,7 +183,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     saved = resume.get("train") if resume is not None else None
     saved_dtype = saved.get("dtype", "") if isinstance(saved, dict) else ""  # a damaged entry: restore says so
     probe = forward_backward_probe(raw_model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
-    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device, probe, t.max_iters), dist, group)
+    shape = {"model": model_config_dict(raw_model), "batch_size": t.batch_size, "world_size": dist.world_size}
+    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, saved_dtype, device, probe, t.max_iters, shape), dist, group)
     dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
 
@@ -314,12 +318,15 @@ def claim_out_dir(lock: DirLock, out_dir: Path) -> None:
                         "--train.out_dir")
 
 
-def choose_dtype(name: str, saved: str, device: torch.device, probe, run_steps: int = 0) -> tuple[str, str]:
+def choose_dtype(name: str, saved: str, device: torch.device, probe, run_steps: int = 0,
+                 shape: dict | None = None) -> tuple[str, str]:
     """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
-    resume under another load never flips it (bitwise resume needs the same dtype)."""
+    resume under another load never flips it (bitwise resume needs the same dtype). A fresh `auto` run
+    decides once per (machine, model shape, batch, world size) and reuses that (runtime/choices.py)."""
     if name == "auto" and saved in DTYPE_BY_NAME:
         return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
-    dtype, note = training_dtype(name, device, forward_backward=probe, run_steps=run_steps)
+    decide = lambda: training_dtype(name, device, forward_backward=probe, run_steps=run_steps)  # noqa: E731
+    dtype, note = auto_dtype("train", shape or {}, decide, device) if name == "auto" else decide()
     return dtype_name(dtype), note
 
 

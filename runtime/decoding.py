@@ -4,6 +4,7 @@ model ready for it (model.generate.prepare_for_decoding: device, dtype, compile 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -12,6 +13,7 @@ import torch
 from model import GPT
 from model.generate import generate, prepare_for_decoding
 
+from .choices import auto_dtype
 from .precision import inference_dtype
 
 PROBE_PROMPT, PROBE_TOKENS = 8, 4  # the timed work: a prefill of 8 tokens, then 4 one-token steps
@@ -40,6 +42,10 @@ def setup_decoding(model: GPT, device: torch.device, dtype: str = "auto", *, com
         m, fn, _ = prepared(dt)
         generate(m, [[0] * PROBE_PROMPT], PROBE_TOKENS, temperature=0, decode_fn=fn)
 
-    chosen, note = inference_dtype(dtype, device, decode=None if compile else decode)
+    choose = lambda: inference_dtype(dtype, device, decode=None if compile else decode)  # noqa: E731
+    if dtype == "auto" and not compile:  # decided once per (machine, model) and reused: the same text every run
+        chosen, note = auto_dtype("sample", {"model": dataclasses.asdict(model.config)}, choose, device)
+    else:
+        chosen, note = choose()
     m, fn, packed = prepared(chosen)
     return Decoding(m, fn, chosen, packed, note)

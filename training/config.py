@@ -24,6 +24,7 @@ from data.config import DataConfig
 from errors import UserError
 from model.gpt import GPTConfig
 from runtime.precision import DTYPE_NAMES
+from .budget import parse_duration
 from .optim import OPTIMIZERS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -85,7 +86,10 @@ class TrainSection:
     checkpoint_interval: int = 0  # write ckpt.pt every N steps; 0 = at each eval (and always at the end)
     out_dir: str = "out"  # checkpoints (ckpt.pt, best.pt), metrics.jsonl and wandb's files go here
     resume: str = "auto"  # auto: continue from out_dir/ckpt.pt if there; never: refuse an existing one
-    peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe
+    peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe (cached per machine)
+    # wall time the run may take, e.g. 8m, 90s, 1h: the step is timed first, then max_iters (at most the
+    # value above) and warmup_iters are fixed to fit, evals and set-up included; 0 = off
+    time_budget: str = "0"
 
 
 @dataclass
@@ -407,6 +411,7 @@ def validate(cfg: Config) -> None:
     ok_dev = dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())
     _check(ok_dev, f"train.device must be auto, cpu, cuda, cuda:N or mps, got {dev!r}")
     _check(bool(t.out_dir.strip()), "train.out_dir is empty; set it to a directory, e.g. out/small")
+    parse_duration(t.time_budget)  # a UserError naming train.time_budget when it is not a duration
     for k in ("seed", "eval_seed"):
         _check(0 <= getattr(t, k) < 2**63, f"train.{k} must be in [0, 2**63), got {getattr(t, k)}; e.g. 1337")
 
