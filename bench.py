@@ -47,6 +47,7 @@ from benchmarks.train import (
 from data import DataConfig, prepare_data
 from errors import ArgumentParser, UserError, run_cli
 from runtime.device import resolve_device
+from runtime.memory import keep_freed_memory
 from runtime.precision import allow_tf32, cpu_native_bf16, dtype_name, training_dtype
 from training.mfu import peak_flops
 
@@ -126,6 +127,8 @@ def main(argv=None) -> int:
     use = CoreUse()
     machine = cpu_info() | (gpu_info(device) if cuda else {})
     allow_tf32(device)  # as train.py does
+    if not cuda:  # as train.py does on a CPU; process-wide, so the baseline rows get it too (ratios conservative)
+        keep_freed_memory()
 
     # the dtypes timed, and the peaks MFU is measured against (on a CPU a matmul probe of each dtype)
     auto_dtype = training_dtype("auto", device)[0]  # on CUDA; on a CPU each shape times its own (below)

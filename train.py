@@ -36,7 +36,7 @@ from model.checkpoint import BEST_NAME, CKPT_NAME, load_checkpoint, model_config
 from runtime.choices import auto_dtype
 from runtime.device import compile_failed, resolve_device
 from runtime.loss_path import choose_loss_chunk_rows
-from runtime.memory import check_fits, training_bytes
+from runtime.memory import check_fits, keep_freed_memory, training_bytes
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, training_dtype
 from training.budget import fit_to_budget
 from training.checkpoint import Checkpointer, OptimizerState, ScalerState
@@ -171,6 +171,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     raw_model, notes = initial_model(cfg.model, vocab_size=meta["vocab_size"], tokenizer=tokenizer, seed=t.seed,
                                      resume=resume)
     raw_model.to(device)
+    if device.type == "cpu":
+        keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
     raw_model.loss_chunk_rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=raw_model.config.vocab_size)
     block = cfg.model.block_size
     train_loader = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
