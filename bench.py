@@ -71,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "largest that fits (default: %(default)s)")
     p.add_argument("--vocabs", default="50304,50257", help="CUDA: vocab sizes of the GPT-2 rows (default: %(default)s)")
     p.add_argument("--loss-paths", action="store_true", help="also time ours with the loss path this device does not choose")
+    p.add_argument("--loss-chunks", default="", help="CPU: also time ours with the fused loss in chunks of these row "
+                   "counts, e.g. 64,256 (the default is model/fused_ce.py's CHUNK_ROWS)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per variant (default 5; quick 2)")
     p.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 30; quick 3)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the timed steps are split into")
@@ -100,6 +102,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     for k in ("warmup", "iters", "rounds", "repeats", "new_tokens", "prompt_len", "loss_steps"):
         if getattr(args, k) < (0 if k == "warmup" else 1):
             raise UserError(f"--{k.replace('_', '-')} must be >= {0 if k == 'warmup' else 1}, got {getattr(args, k)}")
+    try:
+        args.loss_chunk_rows = tuple(int(n) for n in args.loss_chunks.split(",") if n.strip())
+    except ValueError:
+        args.loss_chunk_rows = (0,)
+    if any(n < 1 for n in args.loss_chunk_rows):
+        raise UserError(f"--loss-chunks must be positive row counts separated by commas, e.g. 64,256; got {args.loss_chunks!r}")
     args.sections = [s for s in (args.only or SECTIONS) if s not in args.skip]
     return args
 
@@ -151,7 +159,7 @@ def main(argv=None) -> int:
                 for shape in CPU_SHAPES:
                     rows, report["dtype_auto"][shape.label] = bench_shape(
                         shape, device=device, dtypes=dtypes, compiled=[False] + ([True] if compile_ else []),
-                        peaks=peaks, other_loss_path=args.loss_paths, **timing)
+                        peaks=peaks, other_loss_path=args.loss_paths, loss_chunks=args.loss_chunk_rows, **timing)
                     report["rows"] += rows
         if "muon" in args.sections:
             rows, report["muon"] = muon_vs_adamw(device, quick=args.quick, **timing)

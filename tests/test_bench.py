@@ -124,6 +124,18 @@ def test_bench_bad_option_is_one_line(capsys):
         bench.run_cli(lambda: bench.main(["--iters", "0"]))
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --iters must be >= 1, got 0"
+    with pytest.raises(SystemExit):
+        bench.run_cli(lambda: bench.main(["--loss-chunks", "64,lots"]))
+    assert capsys.readouterr().err.strip() == ("error: --loss-chunks must be positive row counts separated by commas, "
+                                               "e.g. 64,256; got '64,lots'")
+
+
+def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):
+    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--loss-chunks", "64"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and "chunks of 128 (auto)" in out
+    assert re.search(r"char train\s+ours float32 \(auto\)", out) 
+    assert not any(ln.startswith("char train") and "chunks of" in ln for ln in out.splitlines())
 
 
 def test_budget_reports_each_configs_val_loss_within_the_time_nanogpts_recipe_takes(tmp_path, monkeypatch):
