@@ -92,11 +92,21 @@ def keep_freed_memory() -> bool:
     A CPU step allocates and frees the same large buffers every time (a 50k-vocabulary head's logits
     chunk and weight gradient are ~25 MB each at 128 wide). By default glibc maps big blocks afresh
     with mmap, or trims the heap's top, and gives them back to the kernel when freed, so every step
-    faults the pages in again and the kernel zeroes them: ~17,500 minor page faults per step (~70 MB)
-    on the BPE step of bench.py, and 0 with this setting, at the same peak RSS (the step reaches that
-    peak anyway). The cost: memory freed by the process is not returned to the OS until it exits."""
+    faults the pages in again and the kernel zeroes them: 2,500 to 19,000 minor page faults per step
+    on the BPE step of bench.py (glibc's heuristics vary from run to run), and ~0 with this setting, at
+    the same peak RSS (the step reaches that peak anyway); ~4% of the step's CPU time on a 2-core Zen 3. The cost: memory freed by the process is not returned to the OS until it exits."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BELOW)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
     except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
         return False
+
+
+def release_freed_memory() -> None:
+    """Give the memory the process has freed back to the kernel now (glibc's malloc_trim; elsewhere a
+    no-op): before measuring how far one call raises the peak RSS, which memory kept by
+    keep_freed_memory would otherwise hide."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
