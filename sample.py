@@ -19,8 +19,9 @@ Prompts:
 
 Seeds: --seed S gives the same text for the same settings, device and dtype; without it a fresh seed
 is drawn and shown on stderr (with the checkpoint, device and dtype) so a run can be repeated.
---dtype auto: on a CPU the faster of fp32 and prepacked bf16 for this model, timed on a few decoding
-steps (runtime/precision.py's inference_dtype); on GPUs bf16 where native, else fp16.
+--dtype auto: on a CPU with native bf16 (AMX, AVX512-BF16) the faster of fp32 and prepacked bf16 for
+this model, timed on a few decoding steps (runtime/precision.py's inference_dtype); fp32 on other CPUs,
+untimed (bf16 would be emulated); on GPUs bf16 where native, else fp16.
 --stop-at-eot (default): a sample ends at the end-of-text token, which is not printed.
 
 Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr and exit status 2.
@@ -76,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     device = p.add_argument_group("device")
     device.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
     device.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
-                        help="auto: on GPUs bf16 where native, else fp16; on a CPU the faster of float32 and "
-                             "bfloat16 for this model, timed on a few decoding steps (default: auto)")
+                        help="auto: on GPUs bf16 where native, else fp16; on a CPU with native bf16 the faster of "
+                             "float32 and bfloat16 for this model, timed on a few decoding steps; float32 on "
+                             "other CPUs (default: auto)")
     device.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
     return p
 

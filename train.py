@@ -33,10 +33,12 @@ from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metric
 from model import GPT
 from runtime.device import resolve_device, with_compile_fallback
 from runtime.loss_path import use_loss_path
+from runtime.memory import keep_freed_memory
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
 from training.builders import (
-    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, parallelize,
+    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, dtype_shape, parallelize,
 )
+from training.budget import fit_to_budget
 from training.config import Config, load_config, resume_conflicts, to_yaml
 from training.distributed import (
     DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, broadcast_object, control_group,
@@ -75,6 +77,7 @@ def train(cfg: Config) -> dict[str, Any]:
         with ExitStack() as cleanup:  # closes the progress bar, restores signal handlers, finishes wandb
             run = set_up(cfg, dist, device, cleanup)
             run.clock = (started, run.state.elapsed_s)
+            fit_to_budget(run)  # train.time_budget: max_iters and the schedule sized to this machine
             summary = loop(run)
             failed = False
             return summary
@@ -168,12 +171,15 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     check_memory(cfg, meta["vocab_size"], resume, device)  # before allocating anything big
     seed_everything(t.seed)
     model, notes = build_model(cfg, vocab_size=meta["vocab_size"], tokenizer=tokenizer, resume=resume, device=device)
+    if device.type == "cpu":
+        keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
     train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device)
     use_loss_path(model, device, compiled=t.compile)  # the dtype probe below times the real loss path
     # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate),
     # every rank uses its choice, and a resumed run keeps the one it made
     probe = forward_backward_probe(model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
-    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, resume, device, probe), dist, group)
+    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, resume, device, probe, run_steps=t.max_iters,
+                                                     shape=dtype_shape(model, t, dist)), dist, group)
     dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
 

@@ -75,6 +75,16 @@ def print_report(report: dict, print=print) -> None:
         lb = report["largest_batch"]
         print(f"\nlargest batch: {lb['batch']} (peak memory at batch {lb['from_batch']} extrapolated to "
               f"{lb['headroom']:.0%} of the GPU's memory, multiple of 8)")
+    tg = report.get("targets", {})
+    if "bpe_fp32" in tg:
+        b = tg["bpe_fp32"]
+        print(f"\nBPE fp32 step: {_fmt(b['mfu'], 'mfu')} of the fp32 matmul probe's peak (target >= "
+              f"{b['mfu_target']:.0%}), {b['speedup']:.2f}x nanoGPT's loop (target >= {b['speedup_target']:.1f}x)")
+    if "muon" in report:
+        mu = report["muon"]
+        print(f"\nMuon step / AdamW step ({mu['config']}, {mu['dtype']}, Newton-Schulz in {mu['ns_dtype']}): "
+              f"{mu['muon_ms']:.1f} / {mu['adamw_ms']:.1f} ms = {mu['ratio']:.2f}x (target <= {mu['target']}x "
+              f"{'with native bf16' if mu['native_bf16'] else 'without native bf16'})")
     d = report.get("decode")
     if d and "fp32_tokens_equal_hf" in d:
         print(f"\ndecode check: ours fp32 greedy tokens {'==' if d['fp32_tokens_equal_hf'] else '!='} HF generate's")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from errors import UserError, short_error
 from fileio import DirLock, check_writable_dir, remove_temp, stale_temps
@@ -188,9 +188,15 @@ class Checkpointer:
             self.last_saved_iter = iter_num
 
     def restore(self, resume: Resume) -> None:
-        """Give every registered state its saved entry. A missing or malformed entry is a one-line
-        UserError naming it."""
-        ckpt, where = resume.payload, resume.path
+        """Give every registered state its saved entry (restore_states), and remember the iteration the
+        checkpoint holds as the last one saved."""
+        self.restore_states(resume.payload, resume.path)
+        iter_num = resume.train.get("iter")
+        self.last_saved_iter = iter_num if isinstance(iter_num, int) else None
+
+    def restore_states(self, ckpt: Mapping[str, Any], where: str | os.PathLike) -> None:
+        """Give every registered state its entry of `ckpt` (a checkpoint's payload, or a snapshot of the
+        states' own state_dicts). A missing or malformed entry is a one-line UserError naming it."""
         missing = [name for name in self.states if name not in ckpt]
         if missing:
             raise UserError(f"checkpoint {where} has no {', '.join(map(repr, missing))} entr"
@@ -204,5 +210,3 @@ class Checkpointer:
             except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
                 raise UserError(f"checkpoint {where}: its {name!r} entry is malformed ({short_error(e, 120)}); "
                                 "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None
-        iter_num = resume.train.get("iter")
-        self.last_saved_iter = iter_num if isinstance(iter_num, int) else None

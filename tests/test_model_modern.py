@@ -16,7 +16,7 @@ from checkpoint import model_from_checkpoint
 from model.fused_ce import linear_cross_entropy
 from model.gpt import apply_rotary, rotary_cos_sin
 from training.config import load_config
-from training.optim import make_optimizers, split_for_muon
+from training.optim import Muon, make_optimizers, split_for_muon
 from training.step import train_step
 
 MODERN = dict(pos_embedding="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_embeddings=False,
@@ -341,7 +341,7 @@ def test_muon_gets_the_blocks_matrices_by_name_and_adamw_everything_else():
                                       "mlp.c_fc.bias", "mlp.c_proj.bias")])
     muon, adamw = make_optimizers(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu", kind="muon",
                                   muon_lr=0.02)
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     params = dict(model.named_parameters())
     muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
     adamw_ids = {id(p) for g in adamw.param_groups for p in g["params"]}

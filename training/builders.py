@@ -22,6 +22,7 @@ import torch.nn as nn
 from checkpoint import Checkpointer, Resume, model_config_dict
 from data import BatchLoader
 from model import GPT, GPTConfig
+from runtime.choices import auto_dtype
 from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
 from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, dtype_name, training_dtype
@@ -77,14 +78,22 @@ def build_loaders(cfg: Config, data_dir: Path, dist: DistInfo,
     return train, evals
 
 
-def choose_dtype(name: str, resume: Resume | None, device: torch.device,
-                 probe: Callable[[torch.dtype], None]) -> tuple[str, str]:
+def dtype_shape(model: GPT, t: TrainSection, dist: DistInfo) -> dict[str, Any]:
+    """What an `auto` dtype decision depends on besides the machine: the model, the batch, the ranks."""
+    return {"model": model_config_dict(model), "batch_size": t.batch_size, "world_size": dist.world_size}
+
+
+def choose_dtype(name: str, resume: Resume | None, device: torch.device, probe: Callable[[torch.dtype], None], *,
+                 run_steps: int = 0, shape: dict | None = None) -> tuple[str, str]:
     """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
-    resume under another load never flips it (bitwise resume needs the same dtype)."""
+    resume under another load never flips it (bitwise resume needs the same dtype). A fresh `auto` run
+    decides once per (machine, `shape`: dtype_shape's model, batch, world size) and reuses that
+    (runtime/choices.py); without a shape (the benchmark) it is measured now and not kept."""
     saved = resume.dtype if resume is not None else ""
     if name == "auto" and saved in DTYPE_BY_NAME:
         return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
-    dtype, note = training_dtype(name, device, forward_backward=probe)
+    decide = lambda: training_dtype(name, device, forward_backward=probe, run_steps=run_steps)  # noqa: E731
+    dtype, note = auto_dtype("train", shape, decide, device) if name == "auto" and shape is not None else decide()
     return dtype_name(dtype), note
 
 

@@ -23,6 +23,7 @@ from runtime.precision import DTYPE_NAMES
 from settings import at_least, check_fields, help_of, in_range, may_change_on_resume, not_blank, one_of, setting
 
 from . import config_io
+from .budget import parse_duration
 from .optim import OPTIMIZERS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -117,11 +118,15 @@ class TrainSection:
                            resume=True, check=not_blank("set it to a directory, e.g. out/small"))
     resume: str = setting("auto", "auto: continue from out_dir/ckpt.pt if there; never: refuse an existing one",
                           resume=True, check=one_of("auto", "never"))
-    peak_flops: float = setting(0.0, "device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe", resume=True,
-                                check=at_least(0))
+    peak_flops: float = setting(0.0, "device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe (cached per "
+                                     "machine)", resume=True, check=at_least(0))
+    time_budget: str = setting("0", "wall time the run may take, e.g. 8m, 90s, 1h: the step is timed first, then "
+                                    "max_iters (at most the value above) and warmup_iters are fixed to fit, evals and "
+                                    "set-up included; 0 = off")
 
     def validate(self) -> None:
         check_fields(self, "train")
+        parse_duration(self.time_budget)  # a UserError naming train.time_budget when it is not a duration
         if not 0 <= self.min_lr <= self.lr:
             raise UserError(f"train.min_lr must be between 0 and train.lr ({self.lr}), got {self.min_lr}; e.g. lr/10")
 
