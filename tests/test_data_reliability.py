@@ -261,3 +261,61 @@ def test_a_file_whose_name_has_brackets_is_used_as_is(tmp_path):
     path.write_text("brackets are not a pattern here\n" * 20, encoding="utf-8")
     out = prepare_data(cfg(path, tmp_path / "prepared"), progress=False)
     assert load_meta(out)["splits"]["train"]["tokens"] > 0
+
+
+# ------------------------------------------------------------------------------------------ live readers, damage
+
+def test_a_dir_read_by_a_live_training_run_is_not_rebuilt_under_it(prepared, source, tmp_path):
+    from data import hold_data
+
+    before = {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()}
+    release = hold_data(prepared, "the training run into out/x")
+    source.write_text(source.read_text() + "an edit\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and f"pid {os.getpid()}" in msg and "the training run into out/x" in msg, msg
+    assert {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()} == before
+    release()
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=False)  # the run is over: rebuilt
+    assert {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()} != before
+
+
+def test_a_reader_that_died_does_not_block_a_rebuild(prepared, source, tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (prepared / ".readers").mkdir(exist_ok=True)
+    import socket
+
+    (prepared / ".readers" / "x.json").write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname(),
+                                                              "what": "a run"}))
+    source.write_text(source.read_text() + "an edit\n", encoding="utf-8")
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
+    assert not (prepared / ".readers" / "x.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["valid id", "out of range id"])
+def test_damaged_tokens_are_found_at_start_and_rebuilt_by_prepare(prepared, source, tmp_path, capsys, damage):
+    good = {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()}
+    shard = first_file(prepared, "train")
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    tokens[7] = (tokens[7] + 1) % 5 if damage == "valid id" else 60000  # same size, one token changed
+    tokens.tofile(shard)
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
+    err = capsys.readouterr().err
+    assert f"rebuilding {prepared}: {shard.name}'s content differs from its checksum" in err and "up to date" not in err
+    assert {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()} == good
+
+
+def test_a_large_corpus_is_checked_by_sampled_hashes(prepared, source, tmp_path, monkeypatch, capsys):
+    import data.build
+
+    monkeypatch.setattr(data.build, "VERIFY_ALL", 10)  # pretend the corpus is large
+    monkeypatch.setattr(data.build, "file_sha256", lambda *a: pytest.fail("hashed every byte"))
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
+    assert "up to date" in capsys.readouterr().err
+    shard = first_file(prepared, "train")
+    shard.write_bytes(b"\x01\x00" * (shard.stat().st_size // 2))  # a damaged region (here: all of it)
+    monkeypatch.undo()
+    monkeypatch.setattr(data.build, "VERIFY_ALL", 10)
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
+    assert "differs from its sampled checksum" in capsys.readouterr().err
