@@ -7,8 +7,11 @@ GPT-2's tokenizer (vocab.json, merges.txt, tokenizer_config.json, special_tokens
 tiktoken's copy of GPT-2's own BPE files) and generation_config.json with sample.py's defaults, so
 AutoTokenizer, GPT2LMHeadModel and pipeline("text-generation") load it unchanged.
 
+A checkpoint whose tokenizer was trained on its corpus (data.tokenizer: bpe:<n>) exports that BPE as
+tokenizer.json (HF tokenizers' own format, which PreTrainedTokenizerFast loads) instead.
+
 Refused with one line: a character-level checkpoint (no GPT-2 tokenizer reproduces its vocabulary),
-any tokenizer but gpt2, and a model GPT-2's format can't express (GPTConfig.gpt2_incompatibilities).
+any other tokenizer but gpt2, and a model GPT-2's format can't express (GPTConfig.gpt2_incompatibilities).
 The directory is written under a temporary name beside --out and renamed into place at the end, so a
 failure (a full disk, Ctrl-C) never leaves a partial export.
 """
@@ -47,6 +50,9 @@ def refusal(model: GPT, tokenizer: dict) -> str | None:
     if tokenizer.get("chars") is not None or tokenizer.get("tokenizer") == "char":
         return ("it is character-level: GPT-2's tokenizer can't reproduce its vocabulary, and transformers would "
                 "load it with the wrong one; sample from it with sample.py")
+    if isinstance(tokenizer.get("bpe"), str):  # a BPE trained on the corpus: its tokenizer.json goes along
+        problems = model.config.gpt2_incompatibilities()
+        return f"GPT-2's format can't express {', '.join(problems)}" if problems else None
     if tokenizer.get("tokenizer") != "gpt2":
         return f"its tokenizer is {tokenizer.get('tokenizer')!r}: GPT-2's format carries GPT-2's BPE only"
     if model.config.vocab_size < GPT2_VOCAB:
@@ -75,12 +81,24 @@ def tokenizer_files(block_size: int) -> dict[str, bytes]:
     return files
 
 
-def generation_config(model: GPT) -> bytes:
+def bpe_tokenizer_files(bpe: str, block_size: int) -> tuple[dict[str, bytes], int, int]:
+    """A BPE trained by data.prepare (`bpe:<n>`): HF tokenizers' own tokenizer.json, loaded by
+    PreTrainedTokenizerFast as it is. -> (files, eot id, vocab size)."""
+    spec = json.loads(bpe)
+    eot = next(t["id"] for t in spec["added_tokens"] if t["content"] == EOT_TEXT)
+    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size, **special,
+              "clean_up_tokenization_spaces": False, "split_special_tokens": True}
+    files = {"tokenizer.json": bpe.encode(), "tokenizer_config.json": _json(config), "special_tokens_map.json": _json(special)}
+    return files, eot, len(spec["model"]["vocab"]) + sum(t["id"] >= len(spec["model"]["vocab"]) for t in spec["added_tokens"])
+
+
+def generation_config(model: GPT, eot: int = EOT, vocab: int = GPT2_VOCAB) -> bytes:
     """sample.py's defaults; ids past GPT-2's vocabulary (a vocab padded for GPU speed, e.g. 50304) are
     suppressed, as sample.py never samples them."""
-    config = {"bos_token_id": EOT, "eos_token_id": EOT, "pad_token_id": EOT, **SAMPLING}
-    if model.config.vocab_size > GPT2_VOCAB:
-        config["suppress_tokens"] = list(range(GPT2_VOCAB, model.config.vocab_size))
+    config = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot, **SAMPLING}
+    if model.config.vocab_size > vocab:
+        config["suppress_tokens"] = list(range(vocab, model.config.vocab_size))
     return _json(config)
 
 
@@ -99,7 +117,11 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike) -> None:
     if out.is_dir() and any(out.iterdir()):
         held = "an exported model" if (out / "model.safetensors").exists() else "other files"
         raise UserError(f"{out} already holds {held}; choose another --out or delete it first")
-    files = tokenizer_files(model.config.block_size)  # before writing anything: they may need the network
+    eot, vocab = EOT, GPT2_VOCAB
+    if isinstance(tokenizer.get("bpe"), str):
+        files, eot, vocab = bpe_tokenizer_files(tokenizer["bpe"], model.config.block_size)
+    else:
+        files = tokenizer_files(model.config.block_size)  # before writing anything: they may need the network
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -107,8 +129,8 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike) -> None:
     except OSError as e:
         raise UserError(f"cannot create {out} ({short_error(e)}); choose an --out in a writable directory") from None
     try:
-        write_hf_weights(model, tmp, eos_token_id=EOT)
-        for name, data in {**files, "generation_config.json": generation_config(model)}.items():
+        write_hf_weights(model, tmp, eos_token_id=eot)
+        for name, data in {**files, "generation_config.json": generation_config(model, eot, vocab)}.items():
             atomic_write_bytes(tmp / name, data)
         if out.exists():
             out.rmdir()  # empty (checked above)
