@@ -195,3 +195,27 @@ def test_the_export_of_a_trained_bpe_loads_in_transformers_and_encodes_like_ours
     ids = torch.tensor([tok.encode("мама мыла")])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids)[0] if isinstance(model(ids), tuple) else model(ids))
+
+
+def test_a_run_on_a_trained_bpe_keeps_it_in_the_checkpoint_and_sample_py_speaks_it(bpe_dir, tmp_path, capsys):
+    import train
+    import sample
+    from errors import run_cli
+    from model.checkpoint import load_checkpoint
+    from training.config import load_config
+
+    out = tmp_path / "out"
+    train.train(load_config([
+        f"--data.dataset={bpe_dir.parent.parent / 'ru.jsonl'}", "--data.tokenizer=bpe:600", "--data.val_fraction=0.2",
+        f"--data.root={bpe_dir.parent}", f"--train.out_dir={out}", "--model.n_layer=1", "--model.n_head=2",
+        "--model.n_embd=16", "--model.block_size=16", "--train.batch_size=2", "--train.max_iters=2",
+        "--train.eval_interval=2", "--train.eval_iters=1", "--train.dtype=float32", "--train.device=cpu",
+        "--train.peak_flops=1e11", "--wandb.mode=disabled"]))
+    assert load_checkpoint(out)["tokenizer"] == tokenizer_entry(load_meta(bpe_dir))
+    assert not list((bpe_dir / ".readers").glob("*.json"))  # the run let go of its data
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run_cli(lambda: sample.main(["--checkpoint", str(out), "--prompt", "мама мыла", "--max-new-tokens", "8",
+                                     "--seed", "1", "--dtype", "float32"]))
+    text = capsys.readouterr().out
+    assert text.startswith("мама мыла") and len(text) > len("мама мыла")
