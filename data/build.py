@@ -382,6 +382,8 @@ def _rebuild_reason(out: Path, cfg: DataConfig, fingerprint: str) -> str | None:
         return str(e).split(";")[0]
     if raw is None:
         left = [p for p in out.iterdir() if p.name not in (PREPARE_LOCK, READERS)] if out.is_dir() else []
+        if any(p.name.startswith(".prepare-") for p in left):
+            return ""  # a killed prepare's record: the build says it resumes
         return f"{META_NAME} is missing" if any(not p.name.startswith(".") for p in left) else ""
     if isinstance(raw.get("tokenizer"), str) and raw["tokenizer"] != cfg.tokenizer:
         raise UserError(
