@@ -45,7 +45,7 @@ META_NAME = "meta.json"
 PREPARE_LOCK = ".prepare.lock"
 READERS = ".readers"  # one file per live process reading the dir (hold_data)
 VERIFY_ALL = 1 << 30  # up to this many bytes of tokens, a start-up check hashes them all; above, samples
-DEFAULT_VAL_FRACTION = 0.1
+DEFAULT_VAL_FRACTION = DataConfig.val_fraction
 # prepare rebuilds any dir it finds unusable, so this is the fix for every broken-data error
 REBUILD = "re-run `python -m data.prepare` with the same settings to rebuild it"
 
