@@ -254,3 +254,17 @@ def test_a_v1_prepared_dir_still_loads(tmp_path, shakespeare_path):
         assert row.tolist() == ids[len(ids) - n_val + start : len(ids) - n_val + start + 32]
     h = hashlib.sha256((d / "train.bin").read_bytes() + b"|" + (d / "val.bin").read_bytes() + b"|").hexdigest()
     assert loader.state_dict()["tokens_sha256"] == h  # so a v1 run's checkpoint still resumes
+
+
+def test_prepare_keeps_an_unchanged_v1_dir_so_its_runs_still_resume(tmp_path, shakespeare_path, capsys):
+    # the fixture was prepared (by the v1 code) from this file at this path: recreate it there
+    src = Path("/tmp/v1src/v1.txt")
+    src.parent.mkdir(exist_ok=True)
+    src.write_text(shakespeare_path.read_text(encoding="utf-8")[:6000], encoding="utf-8")
+    d = shutil.copytree(FIXTURES / "prepared-v1-gpt2", tmp_path / "p" / "v1-331ec31c-gpt2")
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert prepare_data(DataConfig(dataset=str(src), root=str(tmp_path / "p")), progress=True) == d
+    assert "up to date" in capsys.readouterr().err and {p.name: p.read_bytes() for p in d.iterdir()} == before
+    src.write_text(src.read_text() + "an edit", encoding="utf-8")  # a changed source: rebuilt, in format 2
+    prepare_data(DataConfig(dataset=str(src), root=str(tmp_path / "p")), progress=False)
+    assert load_meta(d)["format_version"] == 2 and not (d / "train.bin").exists()
