@@ -180,8 +180,9 @@ def _files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | No
             yield from _text_pieces(path, compression, [index, 0], cut)
         else:
             reader = _rows_pieces if kind == "rows" else _parquet_pieces
-            yield from reader(path, compression, index, first, cfg, source)
-            yield Piece(False, "", path.stat().st_size, None, None)  # progress: a whole file read
+            moved = [0]  # bytes of this file the progress bar has been moved by so far
+            yield from reader(path, compression, index, first, cfg, source, moved)
+            yield Piece(False, "", max(0, path.stat().st_size - moved[0]), None, None)  # the rest of the file
 
 
 def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int | None) -> Iterator[Piece]:
@@ -242,7 +243,7 @@ def _why(value: Any, fld: str, present: bool) -> str:
 
 
 def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
-                 source: Source | None) -> Iterator[Piece]:
+                 source: Source | None, moved: list[int]) -> Iterator[Piece]:
     """A JSON Lines file (or a .json file holding one array of objects): one document per row, the
     text in cfg.text_field. Parsed by pyarrow in blocks; a block pyarrow refuses (a bad row) is read
     again line by line with the json module, to name the row or skip it."""
@@ -275,6 +276,10 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
                 for i in range(max(0, first - done), n):
                     yield from _doc_pieces(texts[i], 0, [index, done + i], None)
                 done += n
+                if compression is None:  # progress: how far pyarrow has read (roughly: it reads ahead)
+                    step = min(f.tell(), path.stat().st_size) - moved[0]
+                    moved[0] += max(step, 0)
+                    yield Piece(False, "", max(step, 0), None, None)
     except (_Fallback, pa.ArrowInvalid, UnicodeDecodeError):
         yield from _rows_by_line(path, compression, index, max(first, done), cfg, source)
 
@@ -333,7 +338,7 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
 
 
 def _parquet_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
-                    source: Source | None) -> Iterator[Piece]:
+                    source: Source | None, moved: list[int]) -> Iterator[Piece]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -383,6 +388,9 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
                 continue
             yield from _doc_pieces(text, 0, [index, row], None)
         done += len(texts)
+        step = path.stat().st_size * len(texts) // max(pf.metadata.num_rows, 1)  # progress: the rows' share
+        moved[0] += step
+        yield Piece(False, "", step, None, None)
 
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
