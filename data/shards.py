@@ -20,6 +20,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import signal
 import sys
 import time
 from collections import deque
@@ -82,7 +83,10 @@ def file_sha256(path: Path, limit: int | None = None) -> str:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(spec: dict, dtype: str, val_fraction: float | None) -> None:
+def _init_worker(spec: dict, dtype: str, val_fraction: float | None, in_pool: bool = False) -> None:
+    if in_pool:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the main process stops the pool, quietly
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker; and no warning about the fork
     _worker.update(tok=get_tokenizer(spec["tokenizer"], spec.get("chars"), spec.get("bpe")), dtype=np.dtype(dtype),
                    val_fraction=val_fraction)
 
@@ -233,7 +237,7 @@ def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece
                 yield from zip(batch, _encode([(p.new_doc, p.text, p.split) for p in batch]))
             return
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(spec, dtype.name, val_fraction)) as pool:
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(spec, dtype.name, val_fraction, True)) as pool:
             pending: deque = deque()
             for batch in batches:
                 pending.append((batch, pool.apply_async(_encode, ([(p.new_doc, p.text, p.split) for p in batch],))))
