@@ -361,7 +361,10 @@ def _v1_fingerprint(cfg: DataConfig, meta: dict) -> str | None:
         source = open_source(cfg)
     except UserError:
         return None
-    identity = {k: v for k, v in source.identity.items() if k not in ("field", "skip_bad_rows")}
+    identity = dict(source.identity)
+    if identity["kind"] == "files":  # format 1 read text files only: no field, no bad rows
+        identity.pop("field", None)
+        identity.pop("skip_bad_rows", None)
     if source.files is not None:
         if any(p.suffix != ".txt" for p in source.files):
             return None

@@ -577,9 +577,12 @@ def _hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
                     yield Piece(True, "", 1, [0, row - 1], None)
                     continue
                 if not isinstance(text, str):
+                    if cfg.skip_bad_rows:
+                        source.skipped.append([name, row, f"a {type(text).__name__} in column {fld!r}"])
+                        continue
                     raise UserError(
                         f"row {row} of {where} has a {type(text).__name__} in column {fld!r}, not text; "
-                        f"set data.text_field to a text column"
+                        f"set data.text_field to a text column (or data.skip_bad_rows: true to skip such rows)"
                     )
                 yield from _doc_pieces(text, 1, [0, row - 1], None)
 
@@ -589,11 +592,12 @@ def _hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
     content = None if streaming else getattr(dataset(), "_fingerprint", None)
     slug = ("saved-" + Path(name).resolve().name + "-" + hashlib.sha256(str(Path(name).resolve()).encode()).hexdigest()[:8]
             if saved else "hf-" + name.replace("/", "-") + (f"-{subset}" if subset else ""))
-    return Source(
+    source = Source(
         slug=_safe(f"{slug}-{cfg.hf_split}"),
         identity={"kind": "saved" if saved else "hf", "name": name, "subset": subset, "split": cfg.hf_split,
-                  "field": fld, "content": content},
+                  "field": fld, "content": content, **({"skip_bad_rows": True} if cfg.skip_bad_rows else {})},
         total=None if streaming else len(dataset()),
         unit="doc",
         read=read,
     )
+    return source

@@ -268,3 +268,12 @@ def test_prepare_keeps_an_unchanged_v1_dir_so_its_runs_still_resume(tmp_path, sh
     src.write_text(src.read_text() + "an edit", encoding="utf-8")  # a changed source: rebuilt, in format 2
     prepare_data(DataConfig(dataset=str(src), root=str(tmp_path / "p")), progress=False)
     assert load_meta(d)["format_version"] == 2 and not (d / "train.bin").exists()
+
+
+def test_hf_rows_that_are_not_text_are_one_line_or_skipped_when_asked(tmp_path, monkeypatch):
+    ds = datasets.Dataset.from_dict({"text": [{"a": i} for i in range(4)]})
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: ds)
+    with pytest.raises(UserError, match=r"row 1 of HF dataset 'x/y' split 'train' has a dict .*data.skip_bad_rows"):
+        prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False)
+    with pytest.raises(UserError, match="contains no text"):  # every row skipped: nothing left
+        prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path), skip_bad_rows=True), progress=False)
