@@ -119,6 +119,10 @@ class _Split:
         self.partial, self.tokens, self.bytes, self.docs = st["partial"], st["tokens"], st["bytes"], st["docs"]
         self.hash = hashlib.sha256()
         path = self._partial_path()
+        final = self.out / shard_name(build, name, len(self.shards))
+        if self.partial and not path.exists():  # killed after this shard was finished, before the next record:
+            with open(final, "rb") as src, open(path, "wb") as dst:  # its head is the recorded partial
+                dst.write(src.read(self.partial * dtype.itemsize))
         if self.partial:  # resuming: the partial holds at least what was recorded; cut it back to that
             with open(path, "r+b") as f:
                 f.truncate(self.partial * dtype.itemsize)
@@ -197,6 +201,8 @@ def load_resume_state(out: Path, build: str, fingerprint: str, say) -> dict | No
                     say(f"{f.name} of the interrupted prepare does not check out; starting over")
                     return None
             partial = out / f".{shard_name(build, split, len(st['shards']))}.partial"
+            if st["partial"] and not partial.is_file():  # finished after the record was written: its head will do
+                partial = out / shard_name(build, split, len(st["shards"]))
             if st["partial"] and (not partial.is_file() or partial.stat().st_size < st["partial"] * itemsize):
                 say(f"{partial.name} of the interrupted prepare is shorter than recorded; starting over")
                 return None

@@ -56,7 +56,27 @@ def files_of(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
-def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrupted_one(tmp_path):
+KILL_MID_SHARD = """
+real_write, written = data.shards._Split.write, [0]
+def write(self, ids):  # SIGKILL once 3.5 shards' worth of tokens went out: in the middle of a shard
+    written[0] += len(ids)
+    if written[0] >= 2450:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_write(self, ids)
+data.shards._Split.write = write
+"""
+KILL_AFTER_A_SHARD = """
+real_finish = data.shards._Split.finish_shard
+def finish_shard(self):  # SIGKILL just after the third train shard is renamed, before the state is recorded
+    real_finish(self)
+    if self.name == "train" and len(self.shards) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+data.shards._Split.finish_shard = finish_shard
+"""
+
+
+@pytest.mark.parametrize("kill", [KILL_MID_SHARD, KILL_AFTER_A_SHARD], ids=["mid-shard", "after-a-shard"])
+def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrupted_one(tmp_path, kill):
     corpus = jsonl_corpus(tmp_path / "corpus")
     settings = dict(dataset=str(corpus), tokenizer="gpt2", val_fraction=0.2, shard_tokens=700, num_proc=2)
     whole = prepare_data(DataConfig(root=str(tmp_path / "whole"), **settings), progress=False)
@@ -67,20 +87,16 @@ def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrup
         sys.path.insert(0, {str(ROOT)!r})
         import data.shards
         from data import DataConfig, prepare_data
-        real_write, written = data.shards._Split.write, [0]
-        def write(self, ids):  # SIGKILL once 3.5 shards' worth of tokens went out: in the middle of a shard
-            written[0] += len(ids)
-            if written[0] >= 2450:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real_write(self, ids)
-        data.shards._Split.write = write
+    """) + kill + textwrap.dedent(f"""
         prepare_data(DataConfig(root={str(root)!r}, **{settings!r}), progress=False)
     """)
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert r.returncode == -9, r.stderr
     out = root / whole.name
     assert not (out / "meta.json").exists()
-    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")}
+    (record,) = out.glob(".prepare-*.json")  # what the killed prepare recorded as finished
+    recorded = [sh["name"] for st in json.loads(record.read_text())["splits"].values() for sh in st["shards"]]
+    kept = {name: (out / name).stat().st_mtime_ns for name in recorded}
     assert len(kept) >= 2  # finished shards survived the kill
     import io
     from contextlib import redirect_stderr
