@@ -4,8 +4,11 @@ tokenize call alone against tiktoken's plain encode; and, on request, the peak R
 large synthetic source (it streams, so memory stays bounded)."""
 from __future__ import annotations
 
+import json
+import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -103,8 +106,6 @@ CORPUS_FILE_MB = 256  # each generated jsonl file (the last one smaller)
 
 def make_jsonl_corpus(folder: Path, size_mb: int) -> int:
     """`size_mb` of jsonl files of documents (10-60 shuffled shakespeare lines each); returns its bytes."""
-    import json
-
     lines = shakespeare_path().read_text(encoding="utf-8").splitlines(keepends=True)
     rng = random.Random(0)
     folder.mkdir(parents=True, exist_ok=True)
@@ -126,7 +127,7 @@ def make_jsonl_corpus(folder: Path, size_mb: int) -> int:
 def _tree_rss_mb(proc) -> float:
     """Memory of a process and all its descendants (a pool's workers count too): the sum of their PSS
     (proportional set size: pages shared by forked workers count once in all), RSS where PSS is unknown."""
-    import psutil
+    import psutil  # a dev requirement; only this row needs it
 
     total = 0
     try:
@@ -145,9 +146,6 @@ def _tree_rss_mb(proc) -> float:
 def _timed(cmd: list[str], kill_after: float | None = None) -> tuple[float, float, bool]:
     """(seconds, peak MB of the whole process tree sampled every 50 ms, killed?) of a command run in its
     own session; with `kill_after`, SIGKILL the whole session after that many seconds."""
-    import os
-    import signal
-
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
     peak, killed = 0.0, False
@@ -176,8 +174,6 @@ def bench_corpus(work: Path, size_mb: int, procs: int, shard_tokens: int, say) -
     say(f"[corpus] ours: python -m data.prepare, {procs} processes")
     ours_s, ours_mb, _ = _timed(ours_cmd(work / "ours"))
     prepared = next((work / "ours").iterdir())
-    import json
-
     tokens = sum(json.loads((prepared / "meta.json").read_text())["splits"][s]["tokens"] for s in ("train", "val"))
     say(f"[corpus] baseline: benchmarks/pool_prepare.py (multiprocessing.Pool + tiktoken), {procs} processes")
     base_s, base_mb, _ = _timed([sys.executable, str(ROOT / "benchmarks" / "pool_prepare.py"), str(corpus),
