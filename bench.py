@@ -36,7 +36,7 @@ from benchmarks.budget import bench_budget
 from benchmarks.decode import bench_decode
 from benchmarks.muon import muon_vs_adamw
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
-from benchmarks.prepare import bench_prepare, prepare_peak_rss
+from benchmarks.prepare import bench_corpus, bench_prepare, prepare_peak_rss
 from benchmarks.profile import profile_step
 from benchmarks.report import print_report
 from benchmarks.timing import peak_rss_mb
@@ -55,7 +55,8 @@ SECTIONS = ("train", "muon", "decode", "prepare", "loss")  # what runs by defaul
 # the AVX2-only class (AMD Zen 3, most laptops) emulated on any x86: oneDNN and ATen kernels capped at AVX2,
 # and oneDNN then reports no native bf16 (set before torch is imported, so in a child process)
 AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-EXTRA_SECTIONS = ("budget", "profile")  # asked for by name: minutes of training; a profile of the CPU step
+EXTRA_SECTIONS = ("budget", "profile", "corpus")  # asked for by name: minutes of training; a profile of the CPU step;
+# preparing a generated multi-GB jsonl corpus (ours, a Pool + tiktoken script, a resume after a kill)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,6 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loss-tol", type=float, default=0.02, help="same-loss tolerance in nats (default %(default)s)")
     p.add_argument("--prepare-rss-mb", type=int, default=0, help="also prepare a synthetic source of this many MB "
                    "and report its peak RSS (default: off)")
+    p.add_argument("--corpus-mb", type=int, default=4096, help="corpus: size of the generated jsonl corpus in MB "
+                   "(default: %(default)s)")
+    p.add_argument("--corpus-shard-tokens", type=int, default=100_000_000, help="corpus: tokens per shard, both "
+                   "preparations (default: %(default)s; a resume keeps finished shards)")
+    p.add_argument("--corpus-procs", type=int, default=0, help="corpus: processes for both preparations (0 = one per core)")
     p.add_argument("--budget-s", type=float, default=None, help="budget: W in seconds instead of measuring it "
                    "with nanoGPT's CPU recipe")
     p.add_argument("--budget-configs", default="shakespeare_char,shakespeare_char_modern,small,small_modern",
@@ -99,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                      loss_steps=5 if q else 200).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.corpus_mb < 1 or args.corpus_procs < 0 or args.corpus_shard_tokens < 1:
+        raise UserError(f"--corpus-mb and --corpus-shard-tokens must be >= 1 and --corpus-procs >= 0, got "
+                        f"{args.corpus_mb}, {args.corpus_shard_tokens} and {args.corpus_procs}")
     for k in ("warmup", "iters", "rounds", "repeats", "new_tokens", "prompt_len", "loss_steps"):
         if getattr(args, k) < (0 if k == "warmup" else 1):
             raise UserError(f"--{k.replace('_', '-')} must be >= {0 if k == 'warmup' else 1}, got {getattr(args, k)}")
@@ -189,6 +198,11 @@ def main(argv=None) -> int:
                                               data_dir=data_dir, tolerance=args.loss_tol, say=say,
                                               noise_reference=cuda)
 
+        if "corpus" in args.sections:
+            procs = args.corpus_procs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                          else os.cpu_count() or 1)
+            rows, report["corpus"] = bench_corpus(Path(tmp), args.corpus_mb, procs, args.corpus_shard_tokens, say)
+            report["rows"] += rows
         if "profile" in args.sections:
             for shape in CPU_SHAPES:
                 report.setdefault("profile", {})[shape.label] = profile_shape(shape, device, say)

@@ -115,6 +115,9 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+process_start_time = _start_time  # public: what DirLock and data.build.hold_data record beside a pid
+
+
 def pid_alive(pid: int, start_time: str | None = None) -> bool:
     try:
         os.kill(pid, 0)

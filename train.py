@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import Checkpointer, claim_out_dir, decide_resume
-from data import BatchLoader, load_meta, prepare_data, tokenizer_from_meta
+from data import BatchLoader, hold_data, load_meta, prepare_data, tokenizer_entry, tokenizer_from_meta
 from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from model import GPT
@@ -161,8 +161,9 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
                            gather=lambda o: all_gather_object(o, dist, group), other_files=(METRICS_NAME,))
     # rank 0 prepares the data (or finds it up to date); the others wait, then read only meta.json
     data_dir = Path(on_rank0(lambda: str(prepare_data(cfg.data, progress=True)), dist, group))
+    cleanup.callback(hold_data(data_dir, f"the training run into {out_dir}"))  # never rebuilt under this run
     meta = load_meta(data_dir)
-    tokenizer = {"tokenizer": meta["tokenizer"], "chars": meta["chars"]}
+    tokenizer = tokenizer_entry(meta)
     if resume is not None and resume.tokenizer != tokenizer:
         raise UserError(f"cannot resume {resume.path}: it was trained with tokenizer "
                         f"{(resume.tokenizer or {}).get('tokenizer')!r} and different data; "

@@ -115,6 +115,13 @@ def print_report(report: dict, print=print) -> None:
             print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
     for label, prof in report.get("profile", {}).items():
         print("\nwhere the time goes, " + format_profile(label, prof["dtype"], prof))
+    c = report.get("corpus")
+    if c:
+        print(f"\ncorpus {c['corpus_mb']:.0f} MB of jsonl ({c['tokens']:,} tokens), {c['procs']} processes and {c['shard_tokens']:,}-token shards each: ours "
+              f"{c['ours_mb_s']:.1f} MB/s at {c['ours_peak_rss_mb']:.0f} MB peak memory (PSS, all processes), Pool+tiktoken "
+              f"{c['base_mb_s']:.1f} MB/s at {c['base_peak_rss_mb']:.0f} MB; killed at {c['killed_at_s']:.1f} s, the "
+              f"resume took {c['resume_s']:.1f} s = {c['resume_fraction']:.0%} of an uninterrupted run "
+              f"(result {'byte-equal' if c['resumed_equals_uninterrupted'] else 'DIFFERENT'})")
     rss = report.get("prepare_rss")
     if rss:
         print(f"\nprepare {rss['size_mb']} MB synthetic source: peak RSS {rss['peak_rss_mb']:.0f} MB, "

@@ -10,8 +10,10 @@ within the context, and a model card (README.md) with the config, the data, the 
 and how it was trained, so AutoTokenizer, AutoModelForCausalLM, pipeline("text-generation") and
 lm-eval's `--model hf` load it unchanged.
 
-A vocabulary padded for GPU speed (50304) is cut to the tokenizer's 50257 rows. Refused with one line:
-a character-level checkpoint (no GPT-2 tokenizer reproduces its vocabulary) and any tokenizer but gpt2.
+A vocabulary padded for GPU speed (50304) is cut to the tokenizer's 50257 rows. A checkpoint whose
+tokenizer was trained on its corpus (data.tokenizer: bpe:<n>) exports that BPE as tokenizer.json (HF
+tokenizers' own format, which PreTrainedTokenizerFast loads) instead of GPT-2's files. Refused with one
+line: a character-level checkpoint (no HF tokenizer reproduces its vocabulary) and any other tokenizer.
 The directory is written under a temporary name beside --out and renamed into place at the end, so a
 failure (a full disk, Ctrl-C) never leaves a partial export.
 """
@@ -19,14 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from pathlib import Path
 
 import tiktoken.load
 
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import atomic_write_bytes, fsync_dir
+from fileio import atomic_write_bytes, fsync_dir, remove_stale_temps, temp_dir
 
 from model.gpt import GPT
 
@@ -53,6 +54,8 @@ def refusal(model: GPT, tokenizer: dict) -> str | None:
     if tokenizer.get("chars") is not None or tokenizer.get("tokenizer") == "char":
         return ("it is character-level: GPT-2's tokenizer can't reproduce its vocabulary, and transformers would "
                 "load it with the wrong one; sample from it with sample.py")
+    if isinstance(tokenizer.get("bpe"), str):  # a BPE trained on the corpus: its tokenizer.json goes along
+        return None
     if tokenizer.get("tokenizer") != "gpt2":
         return f"its tokenizer is {tokenizer.get('tokenizer')!r}: GPT-2's format carries GPT-2's BPE only"
     if model.config.vocab_size < GPT2_VOCAB:
@@ -78,13 +81,25 @@ def tokenizer_files(block_size: int) -> dict[str, bytes]:
     return files
 
 
-def generation_config(model: GPT) -> bytes:
+def bpe_tokenizer_files(bpe: str, block_size: int) -> tuple[dict[str, bytes], int, int]:
+    """A BPE trained by data.prepare (`bpe:<n>`): HF tokenizers' own tokenizer.json, loaded by
+    PreTrainedTokenizerFast as it is. -> (files, eot id, vocab size)."""
+    spec = json.loads(bpe)
+    eot = next(t["id"] for t in spec["added_tokens"] if t["content"] == EOT_TEXT)
+    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size, **special,
+              "clean_up_tokenization_spaces": False, "split_special_tokens": True}
+    files = {"tokenizer.json": bpe.encode(), "tokenizer_config.json": _json(config), "special_tokens_map.json": _json(special)}
+    return files, eot, len(spec["model"]["vocab"]) + sum(t["id"] >= len(spec["model"]["vocab"]) for t in spec["added_tokens"])
+
+
+def generation_config(model: GPT, eot: int = EOT) -> bytes:
     """sample.py's sampling defaults, and at most block_size tokens in all (the prompt included):
     transformers does not crop the context as sample.py does, and a longer sequence runs past GPT-2's
     position table (IndexError) or past the positions a rotary model was trained on. max_length rather
     than max_new_tokens, which would override it; pipeline() adds its own max_new_tokens only when
     max_length is set."""
-    config = {"bos_token_id": EOT, "eos_token_id": EOT, "pad_token_id": EOT, **SAMPLING,
+    config = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot, **SAMPLING,
               "max_length": model.config.block_size}
     return _json(config)
 
@@ -106,17 +121,21 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
     if out.is_dir() and any(out.iterdir()):
         held = "an exported model" if (out / "model.safetensors").exists() else "other files"
         raise UserError(f"{out} already holds {held}; choose another --out or delete it first")
-    files = tokenizer_files(model.config.block_size)  # before writing anything: they may need the network
+    eot, vocab = EOT, GPT2_VOCAB
+    if isinstance(tokenizer.get("bpe"), str):
+        files, eot, vocab = bpe_tokenizer_files(tokenizer["bpe"], model.config.block_size)
+    else:
+        files = tokenizer_files(model.config.block_size)  # before writing anything: they may need the network
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        tmp.mkdir()
+        remove_stale_temps(out.parent, name=out.name)  # what an export killed mid-write left beside --out
+        tmp = temp_dir(out)
     except OSError as e:
         raise UserError(f"cannot create {out} ({short_error(e)}); choose an --out in a writable directory") from None
     try:
-        fmt = write_hf_model(model, tmp, GPT2_VOCAB, EOT)
-        card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, GPT2_VOCAB).encode()
-        for name, data in {**files, "generation_config.json": generation_config(model), "README.md": card}.items():
+        fmt = write_hf_model(model, tmp, vocab, eot)
+        card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, vocab).encode()
+        for name, data in {**files, "generation_config.json": generation_config(model, eot), "README.md": card}.items():
             atomic_write_bytes(tmp / name, data)
         if out.exists():
             out.rmdir()  # empty (checked above)

@@ -182,3 +182,18 @@ def test_profile_puts_the_head_the_blocks_and_the_optimizer_in_their_buckets_and
         assert r["ms"][bucket] > 0, (bucket, r)
     assert sum(r["ms"].values()) == pytest.approx(r["wall_ms"], rel=0.01)  # every millisecond in one bucket
     assert "LM head matmuls" in format_profile("tiny", "float32", r)
+
+
+def test_corpus_row_prepares_with_ours_and_the_pool_baseline_and_resumes_byte_equal(tmp_path):
+    import json
+
+    from benchmarks.prepare import bench_corpus
+
+    rows, info = bench_corpus(tmp_path, 1, 1, 20_000, lambda msg: None)  # 1 MB, one process, small shards
+    assert [r["name"].split(" ")[0] for r in rows] == ["jsonl", "resume"]
+    assert info["resumed_equals_uninterrupted"] and info["ours_peak_rss_mb"] > 0 and info["base_peak_rss_mb"] > 0
+    # the baseline puts eot before every document; ours between the documents of each of its two splits
+    base_tokens = sum(p.stat().st_size // 2 for p in (tmp_path / "base").iterdir())
+    meta = json.loads(next((tmp_path / "ours").iterdir()).joinpath("meta.json").read_text())
+    assert base_tokens == info["tokens"] + 2 and meta["documents"] == sum(
+        1 for p in (tmp_path / "corpus").iterdir() for line in p.open() if line.strip())

@@ -349,7 +349,7 @@ def test_write_errors_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatc
     with pytest.raises(UserError, match="cannot create"):
         export_hf(model, GPT2_TOKENIZER, tmp_path / "file" / "hf")  # under a file
 
-    import model.hf as hf_module
+    import checkpoint.hf as hf_module
 
     real = hf_module.save_file  # model.safetensors goes through it
 
