@@ -36,6 +36,25 @@ def cuda_native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def cpu_native_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware (AMX or AVX512-BF16), as oneDNN sees it. False on
+    AVX2-only CPUs (e.g. AMD Zen 3), where bf16 is emulated ~25x slower than fp32, and under
+    ONEDNN_MAX_CPU_ISA=AVX2. (The same function is being added by the dtype work of another branch.)"""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def sharded_param_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype FSDP gathers the parameters in for a run training in `dtype` (its mixed-precision
+    policy; gradients are always reduced in fp32): bf16 where the run trains in bf16 and the device
+    computes it natively (CUDA 8.0+, a CPU with AMX / AVX512-BF16), which halves the all-gathers and
+    the gathered copies; None (the stored fp32) everywhere else, e.g. fp16 runs, whose GradScaler wants
+    fp32 parameters, and CPUs that would emulate bf16."""
+    if dtype != torch.bfloat16:
+        return None
+    native = cuda_native_bf16(device) if device.type == "cuda" else device.type == "cpu" and cpu_native_bf16()
+    return torch.bfloat16 if native else None
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
