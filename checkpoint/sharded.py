@@ -114,8 +114,10 @@ class ShardedDir:
             dist.broadcast_object_list(box, src=0)
             tmp = Path(box[0])
         shards = {k: payload[k] for k in SHARDED_ENTRIES if k in payload}
-        dcp.save(shards, storage_writer=dcp.FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True),
-                 no_dist=not distributed)
+        with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(shards, storage_writer=dcp.FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True),
+                     no_dist=not distributed)
         # when dcp.save returns on rank 0 (its coordinator), every rank's shards and the .metadata are written
         if _rank() == 0:
             rest = {k: v for k, v in payload.items() if k not in SHARDED_ENTRIES}
