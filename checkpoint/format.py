@@ -145,7 +145,7 @@ class TorchFile:
 
 
 BACKEND: Backend = TorchFile()
-SHARDED: Backend = ShardedDir()
+SHARDED: Backend = ShardedDir(state_file=BACKEND)
 
 
 def backend_for(path: Path) -> Backend:

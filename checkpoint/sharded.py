@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from errors import UserError, short_error
-from fileio import fsync_file, replace_dir, temp_dir
+from fileio import replace_dir, temp_dir
 
 STATE_NAME = "state.pt"  # the entries written once, beside the shards
 METADATA_NAME = ".metadata"
@@ -78,7 +78,6 @@ class SafeReader(dcp.FileSystemReader):
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{METADATA_NAME} holds a {type(metadata).__name__}, not DCP's Metadata")
         if getattr(metadata, "storage_meta", None) is None:
-            from torch.distributed.checkpoint.metadata import StorageMeta
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -101,7 +100,10 @@ def _rank() -> int:
 class ShardedDir:
     """Backend: a DCP directory per checkpoint (see the module docstring). `write` is collective: every
     rank calls it with its own payload (its shards of "model" and "optimizer"; the other entries are
-    taken from rank 0)."""
+    taken from rank 0). `state_file` is the single-file backend that writes and reads state.pt."""
+
+    def __init__(self, state_file):
+        self.state_file = state_file
 
     def write(self, path: Path, payload: dict[str, Any]) -> None:
         distributed = dist.is_initialized()
@@ -121,19 +123,16 @@ class ShardedDir:
         # when dcp.save returns on rank 0 (its coordinator), every rank's shards and the .metadata are written
         if _rank() == 0:
             rest = {k: v for k, v in payload.items() if k not in SHARDED_ENTRIES}
-            with open(tmp / STATE_NAME, "wb") as f:
-                torch.save(rest, f)
-            fsync_file(tmp / STATE_NAME)
+            self.state_file.write(tmp / STATE_NAME, rest)
             replace_dir(tmp, path)
 
     def read(self, path: Path, needed: tuple[str, ...] = ()) -> dict[str, Any]:
         """state.pt's entries; of the sharded ones, those in `needed` loaded whole into this process
         (inference asks for "model"); a training run restores them in place instead (load_into)."""
-        from .format import TorchFile  # the same safe reader as a single-file checkpoint
         if not (path / STATE_NAME).is_file():
             raise UserError(f"sharded checkpoint {path} has no {STATE_NAME}; it is incomplete: use another "
                             "checkpoint (e.g. best.dcp)")
-        payload = TorchFile().read(path / STATE_NAME)
+        payload = self.state_file.read(path / STATE_NAME)
         if isinstance(payload, dict):
             for name in set(needed) & set(SHARDED_ENTRIES):
                 payload[name] = load_whole(path, name)
