@@ -7,6 +7,7 @@ nanoGPT-style baselines, measured side by side in one process. The measuring liv
     python bench.py --json benchmarks/results-cpu.json # also write the results as JSON
     python bench.py --only budget                      # quality in nanoGPT's time (minutes)
     python bench.py --only profile                     # where a CPU training step's time goes
+    python bench.py --only fsdp                        # DDP vs FSDP: 2 gloo ranks, ~95M params, RSS and step time
     python bench.py --compile                          # add torch.compile rows on a CPU
     python bench.py --quick                            # smoke run: seconds, figures meaningless
 
@@ -31,6 +32,7 @@ import torch
 
 from benchmarks.budget import bench_budget
 from benchmarks.decode import bench_decode
+from benchmarks.fsdp import bench_fsdp
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
 from benchmarks.prepare import bench_prepare, prepare_peak_rss
 from benchmarks.profile import profile_step
@@ -47,14 +49,15 @@ from runtime.precision import allow_tf32, dtype_name, training_dtype
 from training.mfu import peak_flops
 
 SECTIONS = ("train", "decode", "prepare", "loss")  # what runs by default
-EXTRA_SECTIONS = ("budget", "profile")  # asked for by name: minutes of training; a profile of the CPU step
+EXTRA_SECTIONS = ("budget", "profile", "fsdp")  # asked for by name: minutes of training; a profile of the CPU
+# step; DDP against FSDP on 2 gloo ranks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
-                   help="run only these sections (repeatable); 'budget' and 'profile' run only when named here")
+                   help="run only these sections (repeatable); 'budget', 'profile' and 'fsdp' run only when named here")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, a few steps; the figures mean nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -167,6 +170,8 @@ def main(argv=None) -> int:
         if "profile" in args.sections:
             for shape in CPU_SHAPES:
                 report.setdefault("profile", {})[shape.label] = profile_shape(shape, device, say)
+        if "fsdp" in args.sections:
+            report["fsdp"] = bench_fsdp(quick=args.quick, warmup=args.warmup, iters=args.iters, say=say)
         if "budget" in args.sections:
             configs = [c for c in args.budget_configs.split(",") if c]
             report["budget"] = bench_budget(configs, Path(tmp), device, args.budget_s, say)
