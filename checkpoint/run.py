@@ -208,6 +208,11 @@ class Checkpointer:
         """Give every registered state its saved entry. A missing or malformed entry is a one-line
         UserError naming it."""
         ckpt, where = resume.payload, resume.path
+        if resume.sharded != self.sharded:  # e.g. a checkpoint older than train.parallel, whose config lacks it
+            kinds = {True: "sharded (train.parallel=fsdp)", False: "single-file (train.parallel=ddp)"}
+            raise UserError(f"checkpoint {where} is {kinds[resume.sharded]} but this run writes {kinds[self.sharded]} "
+                            f"checkpoints; resume with --train.parallel={'fsdp' if resume.sharded else 'ddp'}, or train "
+                            "into a new --train.out_dir")
         if resume.sharded:  # the model and optimizer are loaded in place, each rank its shards (DCP reshards)
             parts = {name: obj for name, obj in self.states.items() if name in SHARDED_ENTRIES}
             state = {name: obj.state_dict() for name, obj in parts.items()}

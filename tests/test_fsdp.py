@@ -181,12 +181,22 @@ def test_a_world_size_that_cannot_keep_the_global_batch_is_refused_in_one_line(t
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_resuming_with_another_train_parallel_is_refused_in_one_line(tmp_path, data_root):
+    """The checkpoint's layout follows train.parallel (ckpt.pt or ckpt.dcp/), so a resume keeps it."""
+    out = tmp_path / "out"
+    one_process(argv(out, data_root, "--train.max_iters=2", "--train.parallel=ddp"))
+    before = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(UserError, match=r"config changed in train.parallel: 'ddp' -> 'fsdp'"):
+        one_process(argv(out, data_root, "--train.max_iters=4"))
+    assert (out / "ckpt.pt").read_bytes() == before and not (out / "ckpt.dcp").exists()
+
+
 # ------------------------------------------------------------------------------------------ saving
 
 def test_a_kill_mid_save_keeps_the_previous_checkpoint(tmp_path, data_root, fsdp_run):
     """Rank 0 dies of SIGKILL with the new checkpoint's shards and state all written to the temp dir,
     before the rename: ckpt.dcp/ still holds the previous one, whole; the next run removes the temp
-    dir, resumes from it (here on one rank) and ends where the uninterrupted run ends."""
+    dir, resumes from it and ends bitwise where the uninterrupted run ends (exact resume, as with DDP)."""
     out = tmp_path / "out"
     # sharded writes: ckpt at iter 2 (1st), best at iter 4 (2nd), ckpt at iter 4 (3rd: killed)
     r = torchrun(argv(out, data_root, "--train.checkpoint_interval=2"), SMALLGPT_TEST_KILL_IN_SHARDED_SAVE="3")
@@ -194,10 +204,13 @@ def test_a_kill_mid_save_keeps_the_previous_checkpoint(tmp_path, data_root, fsdp
     assert load_checkpoint(out)["train"]["iter"] == 2
     temps = [p for p in out.iterdir() if p.name.startswith(".ckpt.dcp.") and p.name.endswith(".tmp")]
     assert len(temps) == 1 and (temps[0] / ".metadata").is_file()  # the new one, complete but never published
-    one_process(argv(out, data_root, "--train.checkpoint_interval=2"))
+    r = torchrun(argv(out, data_root, "--train.checkpoint_interval=2"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "removed 1 leftover temp file" in r.stdout and "resuming" in r.stdout
     assert not any(p.name.endswith(".tmp") for p in out.iterdir())
     assert load_checkpoint(out)["train"]["iter"] == 8
-    assert max_dw(weights(out), weights(fsdp_run)) <= TOL
+    assert losses(out) == losses(fsdp_run)
+    assert max_dw(weights(out), weights(fsdp_run)) == 0
 
 
 def test_sharded_metadata_that_would_run_code_is_refused(tmp_path, fsdp_run):
