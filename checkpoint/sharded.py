@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from errors import UserError, short_error
@@ -116,10 +117,13 @@ class ShardedDir:
             dist.broadcast_object_list(box, src=0)
             tmp = Path(box[0])
         shards = {k: payload[k] for k in SHARDED_ENTRIES if k in payload}
-        with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process"
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.save(shards, storage_writer=dcp.FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True),
-                     no_dist=not distributed)
+        try:
+            with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process"
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.save(shards, storage_writer=dcp.FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True),
+                         no_dist=not distributed)
+        except CheckpointException as e:  # DCP gathers every rank's failure (a full disk, a quota) into one
+            raise OSError(short_error(e, 200)) from None
         # when dcp.save returns on rank 0 (its coordinator), every rank's shards and the .metadata are written
         if _rank() == 0:
             rest = {k: v for k, v in payload.items() if k not in SHARDED_ENTRIES}
