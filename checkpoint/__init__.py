@@ -18,7 +18,8 @@ from .load import LoadedModel, is_hf_dir, is_hub_name, load_model, model_config_
 from .run import Checkpointer, Resume, claim_out_dir, decide_resume
 
 __all__ = [
-    "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "SHARDED_BEST_NAME", "SHARDED_CKPT_NAME", "VERSION", "find_checkpoint", "Checkpointer", "LoadedModel", "Resume", "claim_out_dir",
-    "decide_resume", "is_hf_dir", "is_hub_name", "load_checkpoint", "load_model", "model_config_dict",
-    "model_from_checkpoint", "resolve_checkpoint_path", "save_checkpoint",
+    "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "SHARDED_BEST_NAME", "SHARDED_CKPT_NAME", "VERSION", "Checkpointer",
+    "LoadedModel", "Resume", "claim_out_dir", "decide_resume", "find_checkpoint", "is_hf_dir", "is_hub_name",
+    "load_checkpoint", "load_model", "model_config_dict", "model_from_checkpoint", "resolve_checkpoint_path",
+    "save_checkpoint",
 ]

@@ -143,14 +143,25 @@ def test_activation_checkpointing_gives_the_same_gradients():
 
 # ------------------------------------------------------------------------------------------ resume
 
-def test_a_two_rank_checkpoint_resumed_on_one_rank_continues_the_trajectory(tmp_path, data_root, fsdp_run):
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory, data_root) -> Path:
+    """A 2-rank FSDP run (checkpoint every 2 steps) whose rank 0 was killed in its 3rd sharded save:
+    ckpt.dcp/ at iter 2, best.dcp/ at iter 4, and the complete but unpublished ckpt of iter 4 in a temp dir."""
+    out = tmp_path_factory.mktemp("killed") / "out"
+    # sharded writes: ckpt at iter 2 (1st), best at iter 4 (2nd), ckpt at iter 4 (3rd: killed)
+    r = torchrun(argv(out, data_root, "--train.checkpoint_interval=2"), SMALLGPT_TEST_KILL_IN_SHARDED_SAVE="3")
+    assert r.returncode != 0
+    return out
+
+
+def test_a_two_rank_checkpoint_resumed_on_one_rank_continues_the_trajectory(tmp_path, data_root, fsdp_run,
+                                                                              killed_run):
     """2 -> 1: the single process gives itself both ranks' micro-batches (grad_accum_steps is global),
     so it sees the same global batches; DCP gathers the shards into its whole tensors."""
     out = tmp_path / "out"
-    r = torchrun(argv(out, data_root), SMALLGPT_TEST_INTERRUPT_AFTER="4")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert load_checkpoint(out)["train"]["iter"] == 4 and len(load_checkpoint(out)["rng"]["ranks"]) == 2
-    one_process(argv(out, data_root))
+    shutil.copytree(killed_run, out)
+    assert load_checkpoint(out)["train"]["iter"] == 2 and len(load_checkpoint(out)["rng"]["ranks"]) == 2
+    one_process(argv(out, data_root, "--train.checkpoint_interval=2"))
     assert load_checkpoint(out)["train"]["iter"] == 8
     assert max_dw(weights(out), weights(fsdp_run)) <= TOL
     a, b = losses(out), losses(fsdp_run)
@@ -193,14 +204,12 @@ def test_resuming_with_another_train_parallel_is_refused_in_one_line(tmp_path, d
 
 # ------------------------------------------------------------------------------------------ saving
 
-def test_a_kill_mid_save_keeps_the_previous_checkpoint(tmp_path, data_root, fsdp_run):
+def test_a_kill_mid_save_keeps_the_previous_checkpoint(tmp_path, data_root, fsdp_run, killed_run):
     """Rank 0 dies of SIGKILL with the new checkpoint's shards and state all written to the temp dir,
     before the rename: ckpt.dcp/ still holds the previous one, whole; the next run removes the temp
     dir, resumes from it and ends bitwise where the uninterrupted run ends (exact resume, as with DDP)."""
     out = tmp_path / "out"
-    # sharded writes: ckpt at iter 2 (1st), best at iter 4 (2nd), ckpt at iter 4 (3rd: killed)
-    r = torchrun(argv(out, data_root, "--train.checkpoint_interval=2"), SMALLGPT_TEST_KILL_IN_SHARDED_SAVE="3")
-    assert r.returncode != 0
+    shutil.copytree(killed_run, out)
     assert load_checkpoint(out)["train"]["iter"] == 2
     temps = [p for p in out.iterdir() if p.name.startswith(".ckpt.dcp.") and p.name.endswith(".tmp")]
     assert len(temps) == 1 and (temps[0] / ".metadata").is_file()  # the new one, complete but never published
