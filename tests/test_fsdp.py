@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import sample
 import train
 from checkpoint import load_checkpoint, load_model
 from checkpoint.__main__ import consolidate
 from data import DataConfig, prepare_data
-from errors import UserError
+from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
 from runtime.memory import training_bytes
@@ -239,22 +240,25 @@ def test_sharded_metadata_that_would_run_code_is_refused(tmp_path, fsdp_run):
 
 # ------------------------------------------------------------------------------------------ inference
 
-def test_sample_greedy_from_the_sharded_checkpoint_equals_the_consolidated_one(tmp_path, fsdp_run):
+def test_sample_greedy_from_the_sharded_checkpoint_equals_the_consolidated_one(tmp_path, fsdp_run, capsys):
     """sample.py reads the 2-rank ckpt.dcp/ in one process with no process group; `python -m
     checkpoint consolidate` writes it as one file; both give the same greedy text, and the weights are
     those the ranks held (gathered by DCP, compared with the shards' own full tensors)."""
-    target = consolidate(fsdp_run, tmp_path / "one.pt")
-    single = load_checkpoint(target, needed=("model",))
+    r = subprocess.run([sys.executable, "-m", "checkpoint", "consolidate", str(fsdp_run), "--out", str(tmp_path / "one.pt")],
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"wrote {tmp_path / 'one.pt'}"), r.stderr[-2000:]
+    single = load_checkpoint(tmp_path / "one.pt", needed=("model",))
     assert max_dw(single["model"], weights(fsdp_run)) == 0
 
     def greedy(spec) -> str:
-        r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(spec), "--prompt", "ROMEO:",
-                            "--temperature", "0", "--max-new-tokens", "40", "--seed", "1", "--dtype", "float32"],
-                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
-        assert r.returncode == 0, r.stderr[-2000:]
-        return r.stdout
+        with pytest.raises(SystemExit) as exc:
+            run_cli(lambda: sample.main(["--checkpoint", str(spec), "--prompt", "ROMEO:", "--temperature", "0",
+                                         "--max-new-tokens", "40", "--seed", "1", "--dtype", "float32"]))
+        out, err = capsys.readouterr()
+        assert exc.value.code in (0, None), err
+        return out
     sharded = greedy(fsdp_run)
-    assert sharded == greedy(target) and sharded.startswith("ROMEO:") and len(sharded) > len("ROMEO:")
+    assert sharded == greedy(tmp_path / "one.pt") and sharded.startswith("ROMEO:") and len(sharded) > len("ROMEO:")
 
 
 def test_consolidating_a_single_file_checkpoint_is_refused_in_one_line(tmp_path, fsdp_run):
