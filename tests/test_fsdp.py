@@ -109,15 +109,16 @@ def test_fsdp_trains_the_same_losses_and_weights_as_ddp(tmp_path, data_root, fsd
     assert max_dw(weights(tmp_path / "ddp"), weights(fsdp_run)) <= TOL
 
 
-def test_muon_on_sharded_matrices_steps_as_on_whole_ones(tmp_path, data_root):
+def test_muon_on_sharded_matrices_steps_as_on_whole_ones_with_activation_checkpointing(tmp_path, data_root):
     """train.optimizer=muon: Muon for the blocks' matrices (each gathered whole for Newton-Schulz, each
-    rank keeping its rows), AdamW for the rest. Two steps, equal to DDP's to the last bit. (Over more
-    steps the runs drift apart by ~1e-4: torch's Muon runs Newton-Schulz in bf16, which turns the
-    last-bit differences of the two reductions, ~1e-9, into bf16-sized ones.)"""
+    rank keeping its rows), AdamW for the rest; the FSDP side also recomputes each block in its
+    backward. Two steps, equal to DDP's to the last bit. (Over more steps the runs drift apart by ~1e-4:
+    torch's Muon runs Newton-Schulz in bf16, which turns the last-bit differences of the two
+    reductions, ~1e-9, into bf16-sized ones.)"""
     extra = ("--train.optimizer=muon", "--train.max_iters=2")
     r = torchrun(argv(tmp_path / "ddp", data_root, *extra, "--train.parallel=ddp"))
     assert r.returncode == 0, r.stderr[-3000:]
-    r = torchrun(argv(tmp_path / "fsdp", data_root, *extra))
+    r = torchrun(argv(tmp_path / "fsdp", data_root, *extra, "--train.activation_checkpointing=true"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert losses(tmp_path / "ddp") == losses(tmp_path / "fsdp")
     assert clipped_every_step(tmp_path / "fsdp")
