@@ -60,12 +60,14 @@ def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: to
     planned = planned_model(cfg, vocab_size, resume)
     if planned is None:
         return
+    dist = dist or DistInfo()
     rows = choose_loss_chunk_rows(device, compiled=cfg.train.compile, vocab_size=planned.vocab_size)
+    could_shard = dist.enabled and cfg.train.parallel != "fsdp"
     check_fits(training_bytes(planned, batch_size=cfg.train.batch_size, block_size=cfg.model.block_size,
-                              loss_chunk_rows=rows, shards=sharded_ranks(cfg.train, dist or DistInfo()),
+                              loss_chunk_rows=rows, shards=sharded_ranks(cfg.train, dist),
                               activation_checkpointing=cfg.train.activation_checkpointing),
                device, "training", "train.batch_size, model.block_size, or the model's size (n_layer, n_embd)"
-               + ("" if cfg.train.parallel == "fsdp" else ", or shard it over the ranks with --train.parallel=fsdp"))
+               + (", or shard it over the ranks with --train.parallel=fsdp" if could_shard else ""))
 
 
 def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resume: Resume | None,
