@@ -36,9 +36,9 @@ def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_
     """The big allocations of one training process, in fp32 (a bf16/fp16 run needs less).
 
     `shards` > 1 (FSDP over that many ranks): each rank keeps 1/shards of the weights, gradients and
-    AdamW state, plus the whole parameters and gradients of the unit being computed (gathered for its
-    forward and backward: the largest of one block and the root's embeddings and head), twice for the
-    next unit's prefetch. `activation_checkpointing`: only each block's input is kept across the
+    AdamW state, plus whole parameters and gradients while they are computed with: the root's
+    (embeddings, head, final norm: gathered through the forward and the backward) and two blocks'
+    (the one computing and the next one, prefetched). `activation_checkpointing`: only each block's input is kept across the
     forward, plus one block's activations while its backward recomputes them."""
     n = param_count(config)
     tokens = batch_size * block_size
@@ -49,8 +49,8 @@ def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_
     activations = (tokens * C * 4 * L + per_layer) if activation_checkpointing else per_layer * L
     out = {"weights, gradients and AdamW state": -(-4 * n * 4 // shards)}
     if shards > 1:
-        block = (n - root_param_count(config)) // L
-        out["gathered units (FSDP)"] = 2 * 2 * max(block, root_param_count(config)) * 4
+        root = root_param_count(config)
+        out["gathered units (FSDP)"] = (root + 2 * (n - root) // L) * 2 * 4
     out |= {
         "activations": activations,
         "logits": head_rows * V * 4 * 3 + V * C * 4,  # logits, softmax and its gradient; the head's fp32 gradient

@@ -280,3 +280,25 @@ def test_the_memory_estimate_shares_the_training_state_over_the_ranks():
     assert quarter["gathered units (FSDP)"] > 0 and quarter["activations"] == whole["activations"]
     ac = training_bytes(cfg, batch_size=8, block_size=64, loss_chunk_rows=128, activation_checkpointing=True)
     assert ac["activations"] < whole["activations"] / 2
+
+
+def test_a_run_refused_for_memory_under_ddp_starts_when_sharded(monkeypatch):
+    """check_memory counts the rank's share: with 4 ranks' worth of memory between the two estimates,
+    DDP is refused in one line that suggests FSDP, and FSDP passes."""
+    import runtime.memory
+    from training.builders import check_memory
+    from training.distributed import DistInfo
+
+    base = ["--model.n_layer=8", "--model.n_embd=256", "--model.n_head=4", "--model.block_size=64",
+            "--train.batch_size=2", "--train.device=cpu", "--wandb.mode=disabled"]
+    cfg = load_config(base)
+    planned = cfg.model.gpt_config(65)
+    sizes = {n: sum(training_bytes(planned, batch_size=2, block_size=64, loss_chunk_rows=None, shards=n).values())
+             for n in (1, 4)}
+    assert sizes[4] < sizes[1] / 2
+    monkeypatch.setattr(runtime.memory, "available_bytes", lambda device: int((sizes[1] + sizes[4]) / 2 / 0.9))
+    four = DistInfo(rank=0, world_size=4)
+    with pytest.raises(UserError) as e:
+        check_memory(cfg, 65, None, torch.device("cpu"), four)
+    assert "\n" not in str(e.value) and "--train.parallel=fsdp" in str(e.value)
+    check_memory(load_config(base + ["--train.parallel=fsdp"]), 65, None, torch.device("cpu"), four)
