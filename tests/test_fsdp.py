@@ -302,3 +302,27 @@ def test_a_run_refused_for_memory_under_ddp_starts_when_sharded(monkeypatch):
         check_memory(cfg, 65, None, torch.device("cpu"), four)
     assert "\n" not in str(e.value) and "--train.parallel=fsdp" in str(e.value)
     check_memory(load_config(base + ["--train.parallel=fsdp"]), 65, None, torch.device("cpu"), four)
+
+
+def test_hellaswag_during_fsdp_training_scores_every_item_once(tmp_path):
+    """With FSDP every rank takes part in each forward, so every rank scores all the items (their
+    shards could need different numbers of forwards and hang the gathers); the logged accuracy
+    equals scoring the final checkpoint in one process."""
+    from data import get_tokenizer
+    from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items
+    from test_hellaswag import ITEMS, write_jsonl
+
+    data = write_jsonl(tmp_path / "hellaswag.jsonl", ITEMS)
+    args = [a for a in argv(tmp_path / "out", tmp_path / "prepared", "--train.max_iters=2", "--eval.hellaswag_interval=2",
+                            f"--eval.hellaswag_data={data}", "--eval.hellaswag_batch_size=2", "--model.block_size=64")
+            if not a.startswith(("--data.tokenizer", "--model.block_size=32"))]
+    r = torchrun(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    logged = [rec for rec in map(json.loads, (tmp_path / "out" / "metrics.jsonl").read_text().splitlines())
+              if "hellaswag/acc" in rec]
+    assert [rec["iter"] for rec in logged] == [2]
+    whole = hellaswag_metrics(evaluate_hellaswag(load_model(str(tmp_path / "out")).model, load_items(data),
+                                                 get_tokenizer("gpt2")))
+    assert logged[0]["hellaswag/acc"] == whole["hellaswag/acc"]
+    assert logged[0]["hellaswag/acc_norm"] == whole["hellaswag/acc_norm"]
+    assert f"({len(ITEMS)} items)" in r.stdout
