@@ -50,23 +50,22 @@ def is_sharded_checkpoint(path: Path) -> bool:
 
 # ---------------------------------------------------------------------------------- safe metadata
 
-# what DCP's .metadata pickles: its own dataclasses, torch.Size, dtypes, layouts, the checkpoint's path
-# (pathlib) and builtins; nothing that runs code
-_SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                 "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
-_SAFE_GLOBALS = {("torch", "Size"), ("torch", "float32"), ("torch", "bfloat16"), ("torch", "float16"),
-                 ("torch", "float64"), ("torch", "int64"), ("torch", "int32"), ("torch", "uint8"), ("torch", "bool"),
-                 ("torch", "int8"), ("torch", "int16"), ("torch", "contiguous_format"), ("torch", "strided"),
-                 ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-                 ("builtins", "slice"), ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"),
-                 ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-                 ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
+# what DCP's .metadata pickles, by name: its own metadata dataclasses and enum, torch.Size, dtypes,
+# layouts and the checkpoint's path. Nothing else is looked up, so nothing that can run code.
+_DCP_CLASSES = {("torch.distributed.checkpoint.metadata", name) for name in (
+    "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+    "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+_SAFE_GLOBALS = _DCP_CLASSES | {("torch", "Size"), ("torch.serialization", "_get_layout"),
+                                ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                                ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module in _SAFE_MODULES or (module, name) in _SAFE_GLOBALS:
+        if (module, name) in _SAFE_GLOBALS:
             return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):  # torch.float32, ...
+            return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
 
 
