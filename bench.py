@@ -7,6 +7,7 @@ nanoGPT-style baselines, measured side by side in one process. The measuring liv
     python bench.py --json benchmarks/results-cpu.json # also write the results as JSON
     python bench.py --only budget                      # quality in nanoGPT's time (minutes)
     python bench.py --only profile                     # where a CPU training step's time goes
+    python bench.py --only fsdp                        # DDP vs FSDP: 2 gloo ranks, ~95M params, RSS and step time
     python bench.py --compile                          # add torch.compile rows on a CPU
     python bench.py --quick                            # smoke run: seconds, figures meaningless
     python bench.py --only train --only muon --isa-avx2  # also re-run them as on an AVX2-only CPU
@@ -34,6 +35,7 @@ import torch
 
 from benchmarks.budget import bench_budget
 from benchmarks.decode import bench_decode
+from benchmarks.fsdp import bench_fsdp
 from benchmarks.muon import muon_vs_adamw
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
 from benchmarks.prepare import bench_corpus, bench_prepare, prepare_peak_rss
@@ -55,15 +57,16 @@ SECTIONS = ("train", "muon", "decode", "prepare", "loss")  # what runs by defaul
 # the AVX2-only class (AMD Zen 3, most laptops) emulated on any x86: oneDNN and ATen kernels capped at AVX2,
 # and oneDNN then reports no native bf16 (set before torch is imported, so in a child process)
 AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-EXTRA_SECTIONS = ("budget", "profile", "corpus")  # asked for by name: minutes of training; a profile of the CPU step;
-# preparing a generated multi-GB jsonl corpus (ours, a Pool + tiktoken script, a resume after a kill)
+# asked for by name: minutes of training; a profile of the CPU step; preparing a generated multi-GB jsonl corpus
+# (ours, a Pool + tiktoken script, a resume after a kill); DDP against FSDP on 2 gloo ranks
+EXTRA_SECTIONS = ("budget", "profile", "corpus", "fsdp")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
-                   help="run only these sections (repeatable); 'budget' and 'profile' run only when named here")
+                   help="run only these sections (repeatable); 'budget', 'profile' and 'fsdp' run only when named here")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, a few steps; the figures mean nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -206,6 +209,8 @@ def main(argv=None) -> int:
         if "profile" in args.sections:
             for shape in CPU_SHAPES:
                 report.setdefault("profile", {})[shape.label] = profile_shape(shape, device, say)
+        if "fsdp" in args.sections:
+            report["fsdp"] = bench_fsdp(quick=args.quick, warmup=args.warmup, iters=args.iters, say=say)
         if "budget" in args.sections:
             configs = [c for c in args.budget_configs.split(",") if c]
             report["budget"] = bench_budget(configs, Path(tmp), device, args.budget_s, say)

@@ -43,7 +43,7 @@ import torch
 from data import tokenizer_from_meta
 from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import read_user_file
-from checkpoint import CKPT_NAME, load_model as load_any_model
+from checkpoint import CKPT_NAME, SHARDED_CKPT_NAME, load_model as load_any_model
 from model.generate import generate, generate_stream
 from runtime.device import resolve_device
 from runtime.decoding import setup_decoding
@@ -113,7 +113,8 @@ def default_checkpoint() -> str:
     """The most recently written ckpt.pt under ./out (out/ckpt.pt or out/<run>/ckpt.pt): after
     `python train.py --config small.yaml` that is out/small. A UserError says how to train one when
     there is none."""
-    found = [p for p in (Path(DEFAULT_OUT) / CKPT_NAME, *Path(DEFAULT_OUT).glob(f"*/{CKPT_NAME}")) if p.is_file()]
+    found = [p for name in (CKPT_NAME, SHARDED_CKPT_NAME)  # one file, or a sharded directory (train.parallel=fsdp)
+             for p in (Path(DEFAULT_OUT) / name, *Path(DEFAULT_OUT).glob(f"*/{name}")) if p.exists()]
     if not found:
         raise UserError(f"no checkpoint under {DEFAULT_OUT}/ (the default); train one with `python train.py --config "
                         "small`, or pass --checkpoint PATH")

@@ -1,6 +1,7 @@
 """The report bench.py prints: a header on the machine and settings, one table, and the text around it."""
 from __future__ import annotations
 
+from .fsdp import format_fsdp
 from .profile import format_profile
 
 
@@ -113,6 +114,8 @@ def print_report(report: dict, print=print) -> None:
         widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
         for cells in [head, ["-" * w for w in widths]] + body:
             print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    if report.get("fsdp"):
+        print("\n" + format_fsdp(report["fsdp"]))
     for label, prof in report.get("profile", {}).items():
         print("\nwhere the time goes, " + format_profile(label, prof["dtype"], prof))
     c = report.get("corpus")

@@ -32,18 +32,38 @@ def param_count(config: GPTConfig) -> int:
         return sum(p.numel() for p in GPT(config).parameters())
 
 
-def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_chunk_rows: int | None) -> dict[str, int]:
-    """The big allocations of one training process, in fp32 (a bf16/fp16 run needs less)."""
+def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_chunk_rows: int | None,
+                   shards: int = 1, activation_checkpointing: bool = False) -> dict[str, int]:
+    """The big allocations of one training process, in fp32 (a bf16/fp16 run needs less).
+
+    `shards` > 1 (FSDP over that many ranks): each rank keeps 1/shards of the weights, gradients and
+    AdamW state, plus whole parameters and gradients while they are computed with: the root's
+    (embeddings, head, final norm: gathered through the forward and the backward) and two blocks'
+    (the one computing and the next one, prefetched). `activation_checkpointing`: only each block's input is kept across the
+    forward, plus one block's activations while its backward recomputes them."""
     n = param_count(config)
     tokens = batch_size * block_size
     C, V, L = config.n_embd, config.vocab_size, config.n_layer
-    attention = 0 if config.attn_backend == "sdpa" else 2 * batch_size * config.n_head * block_size ** 2 * 4 * L
+    per_layer = tokens * C * ACTIVATIONS_PER_LAYER * 4
+    per_layer += 0 if config.attn_backend == "sdpa" else 2 * batch_size * config.n_head * block_size ** 2 * 4
     head_rows = tokens if loss_chunk_rows is None else min(loss_chunk_rows, tokens)
-    return {
-        "weights, gradients and AdamW state": 4 * n * 4,
-        "activations": tokens * C * ACTIVATIONS_PER_LAYER * L * 4 + attention,
+    activations = (tokens * C * 4 * L + per_layer) if activation_checkpointing else per_layer * L
+    out = {"weights, gradients and AdamW state": -(-4 * n * 4 // shards)}
+    if shards > 1:
+        root = root_param_count(config)
+        out["gathered units (FSDP)"] = (root + 2 * (n - root) // L) * 2 * 4
+    out |= {
+        "activations": activations,
         "logits": head_rows * V * 4 * 3 + V * C * 4,  # logits, softmax and its gradient; the head's fp32 gradient
     }
+    return out
+
+
+def root_param_count(config: GPTConfig) -> int:
+    """Parameters outside the blocks: the embeddings, the final norm and an untied head (FSDP's root unit)."""
+    with torch.device("meta"):
+        model = GPT(config)
+        return sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.transformer.h.parameters())
 
 
 def sampling_bytes(config: GPTConfig, *, rows: int, prompt_len: int) -> dict[str, int]:

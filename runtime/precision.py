@@ -57,6 +57,17 @@ def fastest_native_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if native_bf16(device) else torch.float32
 
 
+def sharded_param_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype FSDP gathers the parameters in for a run training in `dtype` (its mixed-precision
+    policy; gradients are always reduced in fp32): bf16 where the run trains in bf16 and the device
+    computes it natively (CUDA 8.0+, a CPU with AMX / AVX512-BF16), which halves the all-gathers and
+    the gathered copies; None (the stored fp32) everywhere else, e.g. fp16 runs, whose GradScaler wants
+    fp32 parameters, and CPUs that would emulate bf16."""
+    if dtype != torch.bfloat16:
+        return None
+    return torch.bfloat16 if native_bf16(device) else None
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -34,6 +34,7 @@ def _device(name: str) -> str | None:
     return None if ok else f"must be auto, cpu, cuda, cuda:N or mps, got {name!r}"
 
 
+PARALLEL = ("ddp", "fsdp")
 SEED = in_range(0, 2**63, "[0, 2**63)", "; e.g. 1337")
 
 
@@ -106,6 +107,11 @@ class TrainSection:
     muon_momentum: float = setting(0.95, "Muon's (Nesterov) momentum", resume=True, check=in_range(0, 1))
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16", resume=True, check=one_of(*DTYPE_NAMES))
     compile: bool = setting(False, "torch.compile the training forward/backward", resume=True)
+    parallel: str = setting("ddp", "several ranks: ddp (each holds the whole model) or fsdp (each holds 1/N of the weights, "
+                                   "gradients and optimizer state; sharded checkpoints, ckpt.dcp/); 1 rank: neither",
+                            check=one_of(*PARALLEL))
+    activation_checkpointing: bool = setting(False, "recompute each block's forward in the backward instead of keeping "
+                                                    "its activations: ~1/3 more compute, far less memory", resume=True)
     device: str = setting("auto", "auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps", resume=True, check=_device)
     seed: int = setting(1337, "model init, dropout, training batches", check=SEED)
     eval_seed: int = setting(4242, "the fixed eval batches", resume=True, check=SEED)

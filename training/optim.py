@@ -123,13 +123,18 @@ class Muon(torch.optim.Optimizer):
                 by_shape[tuple(p.shape)].append(i)
             lr, wd = group["lr"], group["weight_decay"]
             for (rows, cols), idx in by_shape.items():
-                ortho = newton_schulz(torch.stack([updates[i] for i in idx]), group["ns_steps"],
-                                      tuple(group["ns_coefficients"]), dtype=self.ns_dtype, eps=group["eps"])
+                ortho = self.orthogonalize([updates[i] for i in idx], group)
                 scale = math.sqrt(max(1.0, rows / cols))
                 for k, i in enumerate(idx):
                     params[i].mul_(1 - lr * wd)
                     params[i].add_(ortho[k], alpha=-lr * scale)
         return loss
+
+
+    def orthogonalize(self, updates: list[torch.Tensor], group: dict) -> torch.Tensor:
+        """The Newton-Schulz iteration on updates of one shape, batched: (n, rows, cols)."""
+        return newton_schulz(torch.stack(updates), group["ns_steps"], tuple(group["ns_coefficients"]),
+                             dtype=self.ns_dtype, eps=group["eps"])
 
 
 def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
