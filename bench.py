@@ -7,8 +7,10 @@ nanoGPT-style baselines, measured side by side in one process. The measuring liv
     python bench.py --json benchmarks/results-cpu.json # also write the results as JSON
     python bench.py --only budget                      # quality in nanoGPT's time (minutes)
     python bench.py --only profile                     # where a CPU training step's time goes
+    python bench.py --only fsdp                        # DDP vs FSDP: 2 gloo ranks, ~95M params, RSS and step time
     python bench.py --compile                          # add torch.compile rows on a CPU
     python bench.py --quick                            # smoke run: seconds, figures meaningless
+    python bench.py --only train --only muon --isa-avx2  # also re-run them as on an AVX2-only CPU
 
 Offline, point tiktoken and tiny shakespeare at local copies first:
 
@@ -24,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +37,10 @@ import torch
 
 from benchmarks.budget import bench_budget
 from benchmarks.decode import bench_decode
+from benchmarks.fsdp import bench_fsdp
+from benchmarks.muon import muon_vs_adamw
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
-from benchmarks.prepare import bench_prepare, prepare_peak_rss
+from benchmarks.prepare import bench_corpus, bench_prepare, prepare_peak_rss
 from benchmarks.profile import profile_step
 from benchmarks.report import print_report
 from benchmarks.timing import peak_rss_mb
@@ -47,18 +52,24 @@ from data import DataConfig, prepare_data
 from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import _start_time, atomic_write_bytes, check_writable_dir, pid_alive
 from runtime.device import resolve_device
-from runtime.precision import allow_tf32, dtype_name, training_dtype
+from runtime.memory import keep_freed_memory
+from runtime.precision import allow_tf32, cpu_native_bf16, dtype_name, training_dtype
 from training.mfu import peak_flops
 
-SECTIONS = ("train", "decode", "prepare", "loss")  # what runs by default
-EXTRA_SECTIONS = ("budget", "profile")  # asked for by name: minutes of training; a profile of the CPU step
+SECTIONS = ("train", "muon", "decode", "prepare", "loss")  # what runs by default
+# the AVX2-only class (AMD Zen 3, most laptops) emulated on any x86: oneDNN and ATen kernels capped at AVX2,
+# and oneDNN then reports no native bf16 (set before torch is imported, so in a child process)
+AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+# asked for by name: minutes of training; a profile of the CPU step; preparing a generated multi-GB jsonl corpus
+# (ours, a Pool + tiktoken script, a resume after a kill); DDP against FSDP on 2 gloo ranks
+EXTRA_SECTIONS = ("budget", "profile", "corpus", "fsdp")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
-                   help="run only these sections (repeatable); 'budget' and 'profile' run only when named here")
+                   help="run only these sections (repeatable); 'budget', 'profile' and 'fsdp' run only when named here")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, a few steps; the figures mean nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -67,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "largest that fits (default: %(default)s)")
     p.add_argument("--vocabs", default="50304,50257", help="CUDA: vocab sizes of the GPT-2 rows (default: %(default)s)")
     p.add_argument("--loss-paths", action="store_true", help="also time ours with the loss path this device does not choose")
+    p.add_argument("--loss-chunks", default="", help="CPU: also time ours with the fused loss in chunks of these row "
+                   "counts, e.g. 64,256 (the default is model/fused_ce.py's CHUNK_ROWS)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per variant (default 5; quick 2)")
     p.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 30; quick 3)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the timed steps are split into")
@@ -78,11 +91,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loss-tol", type=float, default=0.02, help="same-loss tolerance in nats (default %(default)s)")
     p.add_argument("--prepare-rss-mb", type=int, default=0, help="also prepare a synthetic source of this many MB "
                    "and report its peak RSS (default: off)")
+    p.add_argument("--corpus-mb", type=int, default=4096, help="corpus: size of the generated jsonl corpus in MB "
+                   "(default: %(default)s)")
+    p.add_argument("--corpus-shard-tokens", type=int, default=100_000_000, help="corpus: tokens per shard, both "
+                   "preparations (default: %(default)s; a resume keeps finished shards)")
+    p.add_argument("--corpus-procs", type=int, default=0, help="corpus: processes for both preparations (0 = one per core)")
     p.add_argument("--budget-s", type=float, default=None, help="budget: W in seconds instead of measuring it "
                    "with nanoGPT's CPU recipe")
     p.add_argument("--budget-configs", default="shakespeare_char,shakespeare_char_modern,small,small_modern",
                    help="budget: the configs to run (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    p.add_argument("--isa-avx2", action="store_true", help="after the native run, run the same sections again in a "
+                   "child process under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 (the AVX2-only class, "
+                   "emulated) and print both reports")
     p.add_argument("--json", default=None, help="also write the results to this file")
     args = p.parse_args(argv)
     q = args.quick
@@ -90,9 +111,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                      loss_steps=5 if q else 200).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.corpus_mb < 1 or args.corpus_procs < 0 or args.corpus_shard_tokens < 1:
+        raise UserError(f"--corpus-mb and --corpus-shard-tokens must be >= 1 and --corpus-procs >= 0, got "
+                        f"{args.corpus_mb}, {args.corpus_shard_tokens} and {args.corpus_procs}")
     for k in ("warmup", "iters", "rounds", "repeats", "new_tokens", "prompt_len", "loss_steps"):
         if getattr(args, k) < (0 if k == "warmup" else 1):
             raise UserError(f"--{k.replace('_', '-')} must be >= {0 if k == 'warmup' else 1}, got {getattr(args, k)}")
+    try:
+        args.loss_chunk_sizes = tuple(int(n) for n in args.loss_chunks.split(",") if n.strip())
+    except ValueError:
+        args.loss_chunk_sizes = (0,)
+    if any(n < 1 for n in args.loss_chunk_sizes):
+        raise UserError(f"--loss-chunks must be positive row counts separated by commas, e.g. 64,256; got {args.loss_chunks!r}")
     args.sections = [s for s in (args.only or SECTIONS) if s not in args.skip]
     cores = os.cpu_count() or 1
     if not 0 <= args.threads <= cores:  # torch segfaults on 100000 threads
@@ -160,13 +190,16 @@ def main(argv=None) -> int:
     use = CoreUse()
     machine = cpu_info() | (gpu_info(device) if cuda else {})
     allow_tf32(device)  # as train.py does
+    if not cuda:  # as train.py does on a CPU; process-wide, so the baseline rows get it too (ratios conservative)
+        keep_freed_memory()
 
     # the dtypes timed, and the peaks MFU is measured against (on a CPU a matmul probe of each dtype)
     auto_dtype = training_dtype("auto", device)[0]  # on CUDA; on a CPU each shape times its own (below)
-    dtypes = [torch.float32, torch.bfloat16] if not cuda else [auto_dtype]
+    # on a CPU bf16 rows only where bf16 is native: an emulated dtype is never timed (it costs minutes)
+    dtypes = ([torch.float32] + ([torch.bfloat16] if cpu_native_bf16() else [])) if not cuda else [auto_dtype]
     peaks, sources = {}, set()
     for dt in dict.fromkeys(dtypes + [torch.float32]):
-        peaks[dt], src = peak_flops(device, dt)
+        peaks[dt], src = peak_flops(device, dt, cache=False)  # probed in this run, like every row
         sources.add(src.split("(", 1)[-1].rstrip(")"))
     report: dict = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine, "rows": [],
                     "notes": [], "dtype_auto": {},
@@ -181,8 +214,11 @@ def main(argv=None) -> int:
                 for shape in CPU_SHAPES:
                     rows, report["dtype_auto"][shape.label] = bench_shape(
                         shape, device=device, dtypes=dtypes, compiled=[False] + ([True] if compile_ else []),
-                        peaks=peaks, other_loss_path=args.loss_paths, **timing)
+                        peaks=peaks, other_loss_path=args.loss_paths, loss_chunks=args.loss_chunk_sizes, **timing)
                     report["rows"] += rows
+        if "muon" in args.sections:
+            rows, report["muon"] = muon_vs_adamw(device, quick=args.quick, **timing)
+            report["rows"] += rows
         if "decode" in args.sections:
             rows, info = bench_decode(device=device, quick=args.quick, repeats=args.repeats, new_tokens=args.new_tokens,
                                       prompt_len=args.prompt_len, use_hf=not args.no_hf and not args.quick,
@@ -208,9 +244,16 @@ def main(argv=None) -> int:
                                               data_dir=data_dir, tolerance=args.loss_tol, say=say,
                                               noise_reference=cuda)
 
+        if "corpus" in args.sections:
+            procs = args.corpus_procs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                          else os.cpu_count() or 1)
+            rows, report["corpus"] = bench_corpus(Path(tmp), args.corpus_mb, procs, args.corpus_shard_tokens, say)
+            report["rows"] += rows
         if "profile" in args.sections:
             for shape in CPU_SHAPES:
                 report.setdefault("profile", {})[shape.label] = profile_shape(shape, device, say)
+        if "fsdp" in args.sections:
+            report["fsdp"] = bench_fsdp(quick=args.quick, warmup=args.warmup, iters=args.iters, say=say)
         if "budget" in args.sections:
             configs = [c for c in args.budget_configs.split(",") if c]
             report["budget"] = bench_budget(configs, Path(tmp), device, args.budget_s, say)
@@ -218,13 +261,50 @@ def main(argv=None) -> int:
     report.update(busy={"before": busy_before, "during_others": use.others_fraction(),
                         "after": cpu_busy_fraction(0.2 if args.quick else 1.0)},
                   peak_rss_mb=peak_rss_mb(), wall_s=time.perf_counter() - t_start)
+    report["targets"] = targets(report)
     print_report(report)
+    if args.isa_avx2:
+        report["isa_avx2"] = run_under_avx2(argv if argv is not None else sys.argv[1:], Path(tempfile.mkdtemp()))
     if args.json:
         try:
             atomic_write_bytes(Path(args.json), (json.dumps(report, indent=2, default=str) + "\n").encode())
         except OSError as e:
             raise UserError(f"cannot write --json {args.json} ({short_error(e)}); the report is printed above") from None
     return 0
+
+
+def targets(report: dict) -> dict:
+    """Issue 20's targets, from the rows of this run: the BPE fp32 step's MFU against the fp32 matmul
+    probe (>= 65%) and its speed-up over nanoGPT's loop (>= 2.0x); a Muon step against an AdamW step
+    (<= 1.5x without native bf16, <= 1.3x with it)."""
+    out = {}
+    for r in report["rows"]:
+        if r["section"] == "BPE train" and r["precision"] == "float32" and not r.get("compiled"):
+            out["bpe_fp32"] = {"mfu": r.get("ours_mfu"), "mfu_target": 0.65, "speedup": r["speedup"],
+                               "speedup_target": 2.0}
+    if "muon" in report:
+        out["muon"] = {"ratio": report["muon"]["ratio"], "target": report["muon"]["target"]}
+    return out
+
+
+def run_under_avx2(argv: list[str], tmp: Path) -> dict | None:
+    """The same bench.py command in a child process with AVX2_ENV; its report printed after ours.
+    Returns its JSON report (None where it failed)."""
+    child = [a for a in argv if a != "--isa-avx2"]
+    if "--json" in child:  # the child writes its own JSON where we read it
+        i = child.index("--json")
+        del child[i:i + 2]
+    child = [a for a in child if not a.startswith("--json=")]
+    out = tmp / "avx2.json"
+    say("[isa-avx2] the same sections again under " + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items()))
+    print("\n" + "=" * 100 + "\nunder " + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items())
+          + " (the AVX2-only class, EMULATED on this CPU: other kernels than a real AVX2 machine's may run)\n", flush=True)
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), *child, "--json", str(out)],
+                       env={**os.environ, **AVX2_ENV})
+    if r.returncode or not out.exists():
+        print(f"note: the AVX2 run failed (exit status {r.returncode})")
+        return None
+    return json.loads(out.read_text())
 
 
 def bench_gpu_train(args, device, auto_dtype, compile_: bool, peaks: dict, report: dict, timing: dict) -> None:

@@ -94,6 +94,45 @@ def atomic_write(final: str | os.PathLike) -> Iterator[Path]:
     fsync_dir(final.parent)
 
 
+def replaced_name(final: str | os.PathLike) -> Path:
+    """Where replace_dir keeps the directory it replaces while the new one moves in."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.replaced")
+
+
+def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Move the complete directory `tmp` (from temp_dir) to `final`, replacing the one there. A rename
+    cannot replace a non-empty directory, so the old one first moves aside (replaced_name) and is
+    removed once the new one is in place. A crash between the two renames leaves no `final` but the
+    old one aside, whole: `recover_replaced_dir` (readers and the next writer) takes it back."""
+    tmp, final, aside = Path(tmp), Path(final), replaced_name(final)
+    fsync_dir(tmp)
+    if aside.exists():
+        shutil.rmtree(aside)
+    if final.exists():
+        os.rename(final, aside)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def recover_replaced_dir(final: str | os.PathLike, *, repair: bool = True) -> Path | None:
+    """The directory `final` stands for after a replace_dir killed midway: `final` itself when it
+    exists (a leftover old copy is removed when `repair`), else the old copy set aside (moved back
+    when `repair`), else None."""
+    final, aside = Path(final), replaced_name(final)
+    if final.exists():
+        if repair and aside.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        return final
+    if aside.is_dir():
+        if not repair:
+            return aside
+        os.rename(aside, final)
+        return final
+    return None
+
+
 def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
     with atomic_write(final) as tmp:
         write_synced(tmp, data)
@@ -113,6 +152,9 @@ def _start_time(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
+
+
+process_start_time = _start_time  # public: what DirLock and data.build.hold_data record beside a pid
 
 
 def pid_alive(pid: int, start_time: str | None = None) -> bool:

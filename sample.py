@@ -19,8 +19,9 @@ Prompts:
 
 Seeds: --seed S gives the same text for the same settings, device and dtype; without it a fresh seed
 is drawn and shown on stderr (with the checkpoint, device and dtype) so a run can be repeated.
---dtype auto: on a CPU the faster of fp32 and prepacked bf16 for this model, timed on a few decoding
-steps (runtime/precision.py's inference_dtype); on GPUs bf16 where native, else fp16.
+--dtype auto: on a CPU with native bf16 (AMX, AVX512-BF16) the faster of fp32 and prepacked bf16 for
+this model, timed on a few decoding steps (runtime/precision.py's inference_dtype); fp32 on other CPUs,
+untimed (bf16 would be emulated); on GPUs bf16 where native, else fp16.
 --stop-at-eot (default): a sample ends at the end-of-text token, which is not printed.
 --min-p, --repetition-penalty: see model/generate.py's logits_to_probs (the order of every filter).
 --no-stream prints a single sample whole at the end; --out FILE writes the samples there (atomically)
@@ -45,10 +46,10 @@ from pathlib import Path
 
 import torch
 from data import tokenizer_from_meta
+from checkpoint import CKPT_NAME, SHARDED_CKPT_NAME, load_model as load_any_model
 from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import atomic_write_bytes, read_user_file
-from checkpoint import CKPT_NAME, load_model as load_any_model
-from model.generate import generate_stream
+from model.generate import generate, generate_stream
 from runtime.device import resolve_device
 from runtime.decoding import setup_decoding
 from runtime.memory import check_fits, sampling_bytes
@@ -94,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     device = p.add_argument_group("device")
     device.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
     device.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
-                        help="auto: on GPUs bf16 where native, else fp16; on a CPU the faster of float32 and "
-                             "bfloat16 for this model, timed on a few decoding steps (default: auto)")
+                        help="auto: on GPUs bf16 where native, else fp16; on a CPU with native bf16 the faster of "
+                             "float32 and bfloat16 for this model, timed on a few decoding steps; float32 on "
+                             "other CPUs (default: auto)")
     device.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
     return p
 
@@ -148,7 +150,8 @@ def default_checkpoint() -> str:
     """The most recently written ckpt.pt under ./out (out/ckpt.pt or out/<run>/ckpt.pt): after
     `python train.py --config small.yaml` that is out/small. A UserError says how to train one when
     there is none."""
-    found = [p for p in (Path(DEFAULT_OUT) / CKPT_NAME, *Path(DEFAULT_OUT).glob(f"*/{CKPT_NAME}")) if p.is_file()]
+    found = [p for name in (CKPT_NAME, SHARDED_CKPT_NAME)  # one file, or a sharded directory (train.parallel=fsdp)
+             for p in (Path(DEFAULT_OUT) / name, *Path(DEFAULT_OUT).glob(f"*/{name}")) if p.exists()]
     if not found:
         raise UserError(f"no checkpoint under {DEFAULT_OUT}/ (the default); train one with `python train.py --config "
                         "small`, or pass --checkpoint PATH")
@@ -313,10 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             interrupted = False
             try:
-                for step in generate_stream(model, [ids for _, ids in rows], args.max_new_tokens, **decoding):
-                    for row, token in zip(generated, step):
-                        if token is not None:
-                            row.append(token)
+                generate(model, [ids for _, ids in rows], args.max_new_tokens, into=generated, **decoding)
             except KeyboardInterrupt:  # keep what exists: it is printed (or written), then we exit 130
                 interrupted = True
             text = format_samples(tok, rows, generated, interrupted)

@@ -2,12 +2,14 @@
 
     python train.py --config small.yaml [--section.key=value ...]
     torchrun --standalone --nproc_per_node=N train.py --config ...       # data parallel (nccl / gloo)
+    torchrun ... train.py --config ... --train.parallel=fsdp           # sharded: weights, grads, optimizer
 
 Reads top to bottom: `set_up` builds the run (resume decision, data, precision, model, optimizers,
 the checkpointed states, logging), `loop` runs one `train_step` per iteration and then whatever is due
 (log, eval, checkpoint, stop), and `train` tears everything down. Hardware switches (precision,
-compile, DDP) are applied from outside the model, one line each. `<out_dir>/ckpt.pt` is always the
-latest complete checkpoint, `best.pt` the best val loss, `metrics.jsonl` every logged step (rank 0).
+compile, DDP or FSDP) are applied from outside the model, one line each. `<out_dir>/ckpt.pt` is always
+the latest complete checkpoint, `best.pt` the best val loss (ckpt.dcp/ and best.dcp/, sharded, with
+train.parallel=fsdp), `metrics.jsonl` every logged step (rank 0).
 """
 from __future__ import annotations
 
@@ -27,16 +29,19 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import Checkpointer, claim_out_dir, decide_resume
-from data import BatchLoader, load_meta, prepare_data, tokenizer_from_meta
+from data import BatchLoader, hold_data, load_meta, prepare_data, tokenizer_entry, tokenizer_from_meta
 from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from model import GPT
 from runtime.device import resolve_device, with_compile_fallback
 from runtime.loss_path import use_loss_path
+from runtime.memory import keep_freed_memory
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
 from training.builders import (
-    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, parallelize,
+    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, dtype_shape, parallelize,
+    shard_model,
 )
+from training.budget import fit_to_budget
 from training.config import Config, load_config, resume_conflicts, to_yaml
 from training.distributed import (
     DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, broadcast_object, control_group,
@@ -48,6 +53,7 @@ from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress
 from training.mfu import mfu, peak_flops
 from training.rng import seed_everything
 from training.schedule import apply_lr, due_after, lr_at
+from training.sharding import shard_counts, state_bytes
 from training.signals import StopFlag
 from training.state import TrainState
 from training.step import StepOutput, forward_backward_probe, train_step
@@ -64,9 +70,7 @@ def train(cfg: Config) -> dict[str, Any]:
     """Run (or resume) the training described by cfg. Returns a summary: the logged train losses by
     iteration, the last eval, best val loss, final iteration and why it stopped."""
     dist = dist_from_env()
-    if cfg.train.grad_accum_steps % dist.world_size:
-        raise UserError(f"train.grad_accum_steps={cfg.train.grad_accum_steps} (global) is not divisible by the "
-                        f"{dist.world_size} ranks; use a multiple of {dist.world_size}")
+    check_world_size(cfg.train.grad_accum_steps, dist.world_size)
     started = time.perf_counter()
     device = resolve_device(cfg.train.device, dist.local_rank)
     init_distributed(dist, device)
@@ -75,6 +79,7 @@ def train(cfg: Config) -> dict[str, Any]:
         with ExitStack() as cleanup:  # closes the progress bar, restores signal handlers, finishes wandb
             run = set_up(cfg, dist, device, cleanup)
             run.clock = (started, run.state.elapsed_s)
+            fit_to_budget(run)  # train.time_budget: max_iters and the schedule sized to this machine
             summary = loop(run)
             failed = False
             return summary
@@ -83,6 +88,17 @@ def train(cfg: Config) -> dict[str, Any]:
         # destroy_process_group, the gloo group's destructor can wait for the GIL this thread holds
         run = None
         destroy_distributed(healthy=not failed)
+
+
+def check_world_size(accum: int, world_size: int) -> None:
+    """The global batch (train.grad_accum_steps micro-batches of train.batch_size) is split evenly over
+    the ranks, whatever their number: a run saved on N ranks resumes on M by giving each rank accum / M
+    micro-steps. An M that does not divide it cannot keep the global batch: one line with the options."""
+    if accum % world_size:
+        fits = [n for n in range(1, accum + 1) if accum % n == 0]
+        raise UserError(f"train.grad_accum_steps={accum} (global) is not divisible by the {world_size} ranks, so they "
+                        f"cannot share its global batch; run on {', '.join(map(str, fits))} rank(s), or (a new run) "
+                        f"set train.grad_accum_steps to a multiple of {world_size}")
 
 
 # ---------------------------------------------------------------------------------------- set-up
@@ -95,7 +111,7 @@ class Run:
     group: Any  # the CPU control group of the ranks (None on one process)
     device: torch.device
     model: GPT  # the plain module: saved and evaluated
-    step: Callable[[list], StepOutput]  # one optimizer step on this rank's micro-batches
+    step: Stepper  # one optimizer step on this rank's micro-batches
     amp: Callable[[], Any]  # autocast context for evals
     accum: int  # micro-steps per rank per optimizer step
     train_loader: BatchLoader
@@ -151,33 +167,39 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     group = control_group(dist)
     out_dir = Path(t.out_dir)
 
-    lock = on_rank0(lambda: claim_out_dir(out_dir, say), dist, group)  # every rank stops if it is taken
-    cleanup.callback(lambda: lock and lock.release())
+    locks: list = []  # rank 0 holds the out_dir's lock; a taken out_dir stops every rank
+    on_rank0(lambda: locks.append(claim_out_dir(out_dir, say)), dist, group)
+    cleanup.callback(lambda: [lock.release() for lock in locks])
     resume = decide_resume(out_dir, mode=t.resume, config_conflicts=lambda saved: resume_conflicts(saved, cfg),
                            gather=lambda o: all_gather_object(o, dist, group), other_files=(METRICS_NAME,))
     # rank 0 prepares the data (or finds it up to date); the others wait, then read only meta.json
     data_dir = Path(on_rank0(lambda: str(prepare_data(cfg.data, progress=True)), dist, group))
+    cleanup.callback(hold_data(data_dir, f"the training run into {out_dir}"))  # never rebuilt under this run
     meta = load_meta(data_dir)
-    tokenizer = {"tokenizer": meta["tokenizer"], "chars": meta["chars"]}
+    tokenizer = tokenizer_entry(meta)
     if resume is not None and resume.tokenizer != tokenizer:
         raise UserError(f"cannot resume {resume.path}: it was trained with tokenizer "
                         f"{(resume.tokenizer or {}).get('tokenizer')!r} and different data; "
                         "use the original data settings, or a new --train.out_dir")
 
-    check_memory(cfg, meta["vocab_size"], resume, device)  # before allocating anything big
+    check_memory(cfg, meta["vocab_size"], resume, device, dist)  # before allocating anything big
     seed_everything(t.seed)
     model, notes = build_model(cfg, vocab_size=meta["vocab_size"], tokenizer=tokenizer, resume=resume, device=device)
+    if device.type == "cpu":
+        keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
     train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device)
     use_loss_path(model, device, compiled=t.compile)  # the dtype probe below times the real loss path
     # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate),
     # every rank uses its choice, and a resumed run keeps the one it made
     probe = forward_backward_probe(model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
-    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, resume, device, probe), dist, group)
+    name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, resume, device, probe, run_steps=t.max_iters,
+                                                     shape=dtype_shape(model, t, dist)), dist, group)
     dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
 
     def amp():
         return autocast(device, dtype)
+    model = shard_model(model, t, dist, device, dtype)  # activation checkpointing, FSDP: before the optimizers
     optimizers = build_optimizers(model, t, device)
     scaler = make_scaler(device, dtype)
     step = Stepper(model, optimizers, scaler, cfg, dist, device, amp, say)  # loss path, compile, DDP
@@ -205,6 +227,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     for note in notes + ([rng.note] if rng.note else []):
         say(note)
     say(f"{dtype_note}; {peak_note}")
+    say(memory_line(t.parallel, dist, model, optimizers))
     say(f"device {device}, {dist.world_size} rank(s), {model.num_params() / 1e6:.2f}M non-embedding params, "
         f"{tokens_per_step} tokens/step ({t.batch_size} x {cfg.model.block_size} x {t.grad_accum_steps} micro-steps), "
         + (f"resuming {resume.path} at iter {state.iter}" if resume is not None else f"fresh run into {out_dir}"))
@@ -222,6 +245,16 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     return Run(cfg=cfg, dist=dist, group=group, device=device, model=model, step=step, amp=amp,
                accum=t.grad_accum_steps // dist.world_size, train_loader=train_loader, eval_loaders=eval_loaders,
                hellaswag=hellaswag, state=state, checkpointer=checkpointer, log=log, stop=stop)
+
+
+def memory_line(parallel: str, dist: DistInfo, model: GPT, optimizers: list) -> str:
+    """What each rank holds of the parameters, their gradients and the optimizer state (rank 0's)."""
+    local, whole = shard_counts(model)
+    mb = state_bytes(model, optimizers) / 1e6
+    if not dist.enabled:
+        return f"1 rank: {whole:,} parameters, {mb:.2f} MB of parameters, gradients and optimizer state"
+    return (f"{parallel}: {dist.world_size} ranks, {local:,} of {whole:,} parameters on this rank, {mb:.2f} MB of "
+            "parameters, gradients and optimizer state per rank")
 
 
 # ------------------------------------------------------------------------------------------ loop
@@ -300,6 +333,8 @@ def evaluate_and_keep_best(r: Run, summary: dict) -> dict[str, Any]:
     best.pt (the checkpoint gathers every rank's RNG streams). Returns the record for metrics.jsonl."""
     record: dict[str, Any] = {}
     improved = False
+    if r.eval_loaders and not r.dist.is_main:  # FSDP: every rank takes part in each forward; rank 0 reports
+        evaluate(r.model, r.eval_loaders, r.cfg.train.eval_iters, r.amp)
     if r.dist.is_main:
         losses = evaluate(r.model, r.eval_loaders, r.cfg.train.eval_iters, r.amp)
         bpb = bits_per_byte(losses["val"], r.eval_loaders["val"].bytes_per_token)
@@ -318,10 +353,14 @@ def evaluate_and_keep_best(r: Run, summary: dict) -> dict[str, Any]:
 def hellaswag_step(r: Run) -> dict[str, Any]:
     """Every rank scores its shard of HellaSwag; the counts are summed over the ranks."""
     tok, items = r.hellaswag
+    # FSDP: every rank takes part in each forward, so every rank scores every item (the ranks' shards of
+    # the items could need different numbers of forwards), and the counts are not summed
+    whole = r.cfg.train.parallel == "fsdp"
     counts = evaluate_hellaswag(r.model, items, tok, batch_size=r.cfg.eval.hellaswag_batch_size, autocast_ctx=r.amp,
-                                rank=r.dist.rank, world_size=r.dist.world_size)
+                                rank=0 if whole else r.dist.rank, world_size=1 if whole else r.dist.world_size)
     total = torch.tensor([counts["correct"], counts["correct_norm"], counts["total"]], dtype=torch.int64)
-    all_reduce_sum(total, r.dist, r.group)
+    if not whole:
+        all_reduce_sum(total, r.dist, r.group)
     metrics = hellaswag_metrics(dict(zip(("correct", "correct_norm", "total"), total.tolist())))
     r.log.say(f"iter {r.state.iter}: hellaswag acc {metrics['hellaswag/acc']:.4f}, acc_norm "
           f"{metrics['hellaswag/acc_norm']:.4f} ({int(total[2])} items)")

@@ -10,5 +10,6 @@ train.py runs) against a plain baseline measured in the same process; report.py 
     prepare.py   data-preparation rows
     budget.py    quality in nanoGPT's time (--only budget)
     profile.py   where a CPU step's time goes (--only profile)
+    fsdp.py      DDP against FSDP: 2 gloo ranks, peak RSS and step time per rank (--only fsdp)
     report.py    the table and the text around it
 """

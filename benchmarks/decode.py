@@ -18,7 +18,7 @@ from checkpoint import load_model
 from model.generate import generate
 from runtime.decoding import prepare_for_decoding
 from runtime.decoding import setup_decoding
-from runtime.precision import dtype_name
+from runtime.precision import cpu_native_bf16, dtype_name
 
 from .baseline import uncached_decode
 from .timing import Variant, median, run_interleaved
@@ -76,8 +76,9 @@ def bench_decode(*, device: torch.device, quick: bool, repeats: int, new_tokens:
     variants.append(Variant(f"baseline {dtype_name(auto)}", lambda i: uncached_decode(base_model, prompt, new_tokens)()))
     variants.append(Variant(f"ours {dtype_name(auto)}{' prepacked' if default.prepacked else ''} (sample.py default)",
                             lambda i: generate(default.model, [prompt], new_tokens, temperature=0)[0]))
-    if device.type == "cpu":  # the dtype auto did not pick, for comparison
-        other = torch.bfloat16 if auto == torch.float32 else torch.float32
+    other = torch.bfloat16 if auto == torch.float32 else torch.float32
+    if device.type == "cpu" and (other != torch.bfloat16 or cpu_native_bf16()):  # the dtype auto did not pick
+        # (bf16 only where native: an emulated dtype is never timed)
         step, packed = _ours(model, device, other, False, prompt, new_tokens)
         variants.append(Variant(f"ours {dtype_name(other)}{' prepacked' if packed else ''}", step))
     if compile:

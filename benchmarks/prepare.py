@@ -4,8 +4,11 @@ tokenize call alone against tiktoken's plain encode; and, on request, the peak R
 large synthetic source (it streams, so memory stays bounded)."""
 from __future__ import annotations
 
+import json
+import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -94,3 +97,102 @@ def prepare_peak_rss(work: Path, size_mb: int, say) -> dict:
     seconds = time.perf_counter() - t0
     return {"size_mb": size_mb, "seconds": seconds,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+# --- a user's corpus: a folder of jsonl files, ours against a Pool + tiktoken script ------------
+
+CORPUS_FILE_MB = 256  # each generated jsonl file (the last one smaller)
+
+
+def make_jsonl_corpus(folder: Path, size_mb: int) -> int:
+    """`size_mb` of jsonl files of documents (10-60 shuffled shakespeare lines each); returns its bytes."""
+    lines = shakespeare_path().read_text(encoding="utf-8").splitlines(keepends=True)
+    rng = random.Random(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    written, part = 0, 0
+    while written < size_mb << 20:
+        with open(folder / f"part-{part:04d}.jsonl", "w", encoding="utf-8") as f:
+            in_file = 0
+            while in_file < min(CORPUS_FILE_MB << 20, (size_mb << 20) - written):
+                k = rng.randint(10, 60)
+                start = rng.randrange(len(lines) - k)
+                row = json.dumps({"id": part * 10**9 + in_file, "text": "".join(lines[start : start + k])}) + "\n"
+                f.write(row)
+                in_file += len(row.encode("utf-8"))
+        written += in_file
+        part += 1
+    return written
+
+
+def _tree_rss_mb(proc) -> float:
+    """Memory of a process and all its descendants (a pool's workers count too): the sum of their PSS
+    (proportional set size: pages shared by forked workers count once in all), RSS where PSS is unknown."""
+    import psutil  # a dev requirement; only this row needs it
+
+    total = 0
+    try:
+        p = psutil.Process(proc.pid)
+        for q in [p] + p.children(recursive=True):
+            try:
+                info = q.memory_full_info()
+                total += getattr(info, "pss", info.rss)
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    return total / 2**20
+
+
+def _timed(cmd: list[str], kill_after: float | None = None) -> tuple[float, float, bool]:
+    """(seconds, peak MB of the whole process tree sampled every 50 ms, killed?) of a command run in its
+    own session; with `kill_after`, SIGKILL the whole session after that many seconds."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
+    peak, killed = 0.0, False
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss_mb(proc))
+        if kill_after is not None and time.perf_counter() - t0 >= kill_after:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = True
+            proc.wait()
+            break
+        time.sleep(0.05)
+    if proc.returncode not in (0, -9):
+        raise RuntimeError(f"{' '.join(cmd)} failed with status {proc.returncode}")
+    return time.perf_counter() - t0, peak, killed
+
+
+def bench_corpus(work: Path, size_mb: int, procs: int, shard_tokens: int, say) -> tuple[list[dict], dict]:
+    """The corpus row: a generated jsonl folder prepared by `python -m data.prepare` and by
+    benchmarks/pool_prepare.py (both with `procs` processes); MB/s and peak memory of each; then ours
+    killed (SIGKILL, whole process group) at half its uninterrupted time and run again: the resume's time."""
+    corpus = work / "corpus"
+    say(f"[corpus] generating {size_mb} MB of jsonl in {corpus}")
+    size = make_jsonl_corpus(corpus, size_mb)
+    ours_cmd = lambda root: [sys.executable, "-m", "data.prepare", "--dataset", str(corpus), "--root", str(root),  # noqa: E731
+                             "--num-proc", str(procs), "--shard-tokens", str(shard_tokens), "--no-progress"]
+    say(f"[corpus] ours: python -m data.prepare, {procs} processes")
+    ours_s, ours_mb, _ = _timed(ours_cmd(work / "ours"))
+    prepared = next((work / "ours").iterdir())
+    tokens = sum(json.loads((prepared / "meta.json").read_text())["splits"][s]["tokens"] for s in ("train", "val"))
+    say(f"[corpus] baseline: benchmarks/pool_prepare.py (multiprocessing.Pool + tiktoken), {procs} processes")
+    base_s, base_mb, _ = _timed([sys.executable, str(ROOT / "benchmarks" / "pool_prepare.py"), str(corpus),
+                                 str(work / "base"), "--procs", str(procs), "--shard-tokens", str(shard_tokens)])
+    say(f"[corpus] ours killed at 50% ({ours_s / 2:.1f} s), then run again")
+    killed_s, _, killed = _timed(ours_cmd(work / "resume"), kill_after=ours_s / 2)
+    resume_s, resume_mb, _ = _timed(ours_cmd(work / "resume"))
+    same = all((prepared / p.name).read_bytes() == p.read_bytes()
+               for p in next((work / "resume").iterdir()).iterdir() if p.is_file() and not p.name.startswith("."))
+    mb = size / 2**20
+    rows = [
+        {"section": "prepare", "name": f"jsonl corpus {mb:.0f} MB (base: Pool+tiktoken)", "precision": "-", "unit": "s",
+         "ours": ours_s, "base": base_s, "ours_tok_s": tokens / ours_s, "base_tok_s": tokens / base_s,
+         "ours_mem_mb": ours_mb, "base_mem_mb": base_mb, "speedup": base_s / ours_s},
+        {"section": "prepare", "name": "resume after kill at 50% (base: uninterrupted)", "precision": "-", "unit": "s",
+         "ours": resume_s, "base": ours_s, "ours_mem_mb": resume_mb, "speedup": ours_s / resume_s},
+    ]
+    info = {"corpus_mb": mb, "tokens": tokens, "procs": procs, "shard_tokens": shard_tokens, "ours_s": ours_s, "base_s": base_s,
+            "ours_mb_s": mb / ours_s, "base_mb_s": mb / base_s, "ours_peak_rss_mb": ours_mb, "base_peak_rss_mb": base_mb,
+            "killed_at_s": killed_s, "was_killed": killed, "resume_s": resume_s,
+            "resume_fraction": resume_s / ours_s, "resumed_equals_uninterrupted": same}
+    return rows, info

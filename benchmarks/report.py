@@ -1,6 +1,7 @@
 """The report bench.py prints: a header on the machine and settings, one table, and the text around it."""
 from __future__ import annotations
 
+from .fsdp import format_fsdp
 from .profile import format_profile
 
 
@@ -75,6 +76,16 @@ def print_report(report: dict, print=print) -> None:
         lb = report["largest_batch"]
         print(f"\nlargest batch: {lb['batch']} (peak memory at batch {lb['from_batch']} extrapolated to "
               f"{lb['headroom']:.0%} of the GPU's memory, multiple of 8)")
+    tg = report.get("targets", {})
+    if "bpe_fp32" in tg:
+        b = tg["bpe_fp32"]
+        print(f"\nBPE fp32 step: {_fmt(b['mfu'], 'mfu')} of the fp32 matmul probe's peak (target >= "
+              f"{b['mfu_target']:.0%}), {b['speedup']:.2f}x nanoGPT's loop (target >= {b['speedup_target']:.1f}x)")
+    if "muon" in report:
+        mu = report["muon"]
+        print(f"\nMuon step / AdamW step ({mu['config']}, {mu['dtype']}, Newton-Schulz in {mu['ns_dtype']}): "
+              f"{mu['muon_ms']:.1f} / {mu['adamw_ms']:.1f} ms = {mu['ratio']:.2f}x (target <= {mu['target']}x "
+              f"{'with native bf16' if mu['native_bf16'] else 'without native bf16'})")
     d = report.get("decode")
     if d and "fp32_tokens_equal_hf" in d:
         print(f"\ndecode check: ours fp32 greedy tokens {'==' if d['fp32_tokens_equal_hf'] else '!='} HF generate's")
@@ -103,8 +114,17 @@ def print_report(report: dict, print=print) -> None:
         widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
         for cells in [head, ["-" * w for w in widths]] + body:
             print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    if report.get("fsdp"):
+        print("\n" + format_fsdp(report["fsdp"]))
     for label, prof in report.get("profile", {}).items():
         print("\nwhere the time goes, " + format_profile(label, prof["dtype"], prof))
+    c = report.get("corpus")
+    if c:
+        print(f"\ncorpus {c['corpus_mb']:.0f} MB of jsonl ({c['tokens']:,} tokens), {c['procs']} processes and {c['shard_tokens']:,}-token shards each: ours "
+              f"{c['ours_mb_s']:.1f} MB/s at {c['ours_peak_rss_mb']:.0f} MB peak memory (PSS, all processes), Pool+tiktoken "
+              f"{c['base_mb_s']:.1f} MB/s at {c['base_peak_rss_mb']:.0f} MB; killed at {c['killed_at_s']:.1f} s, the "
+              f"resume took {c['resume_s']:.1f} s = {c['resume_fraction']:.0%} of an uninterrupted run "
+              f"(result {'byte-equal' if c['resumed_equals_uninterrupted'] else 'DIFFERENT'})")
     rss = report.get("prepare_rss")
     if rss:
         print(f"\nprepare {rss['size_mb']} MB synthetic source: peak RSS {rss['peak_rss_mb']:.0f} MB, "

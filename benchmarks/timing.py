@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from runtime.memory import release_freed_memory
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -83,6 +85,8 @@ def run_interleaved(variants: list[Variant], warmup: int, iters: int, rounds: in
             torch.cuda.reset_peak_memory_stats(device)
         for i in range(warmup):
             measure_rss = device.type != "cuda" and i == min(1, warmup - 1)  # steady state: optimizer state exists
+            if measure_rss:
+                release_freed_memory()  # what earlier variants freed and the allocator kept would hide this one's need
             before = reset_peak_rss() if measure_rss else None
             dt = timed(v, i)
             v.first = dt if v.first is None else v.first

@@ -120,10 +120,12 @@ def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[
 
 
 def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: list[bool], peaks: dict, warmup: int,
-                iters: int, rounds: int, say, other_loss_path: bool = False) -> tuple[list[dict], str]:
+                iters: int, rounds: int, say, other_loss_path: bool = False,
+                loss_chunks: tuple[int, ...] = ()) -> tuple[list[dict], str]:
     """Rows for one shape: ours in each (dtype, compile) asked for, against the baseline, the dtype
     auto picks marked; with other_loss_path, also ours with the loss path this device does not choose
-    (to show the choice). Returns (rows, how auto chose)."""
+    (to show the choice); with loss_chunks (a large vocabulary only), also ours with the fused loss in
+    chunks of each of those row counts (to choose CHUNK_ROWS per CPU). Returns (rows, how auto chose)."""
     batches = random_batches(shape, device)
     weights = reference_weights(shape)
     auto_dtype, auto_note = auto_dtype_for(shape, weights, device, batches[0])
@@ -135,9 +137,11 @@ def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: li
         for c in compiled:
             chosen = choose_loss_chunk_rows(device, compiled=c, vocab_size=shape.vocab_size)
             paths = [chosen] + ([_other_path(chosen, device, shape)] if other_loss_path else [])
+            paths += [n for n in loss_chunks if chosen is not None and n not in paths]
             for rows in paths:
                 name = (f"ours {dtype_name(dt)}" + (" compiled" if c else "")
-                        + (f", loss {'full logits' if rows is None else f'chunks of {rows}'}" if other_loss_path else "")
+                        + (f", loss {'full logits' if rows is None else f'chunks of {rows}'}"
+                           if other_loss_path or len(paths) > 1 else "")
                         + (" (auto)" if dt == auto_dtype and rows == chosen else ""))
                 variants.append(Variant(name, ours_step(shape, weights, device, dt, c,
                                                         lambda i: batches[i % len(batches)], loss_chunk_rows=rows)))

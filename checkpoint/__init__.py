@@ -1,20 +1,25 @@
 """The checkpoint: the one place that names, writes and reads checkpoint files.
 
-- format.py: the file names, the payload's schema and version, the storage backend (one file written
-  atomically today; a sharded one can sit behind the same calls), safe reading;
+- format.py: the file names, the payload's schema and version, the storage backends (one file written
+  atomically, or a sharded directory: sharded.py, torch.distributed.checkpoint), safe reading;
 - run.py: a training run's side: claiming the out_dir, the resume decision, the best-checkpoint rule,
   and the Checkpointer that saves and restores every registered stateful part;
-- load.py: inference's side: a model from a checkpoint, an out_dir, an HF directory or a hub name.
+- load.py: inference's side: a model from a checkpoint, an out_dir, an HF directory or a hub name;
+- __main__.py: `python -m checkpoint consolidate <out_dir>`: a sharded checkpoint as one file.
 
 It imports model/ (to build a GPT) and never training/: training registers its parts with it, and
 inference asks it for a model.
 """
-from .format import BEST_NAME, CKPT_NAME, FORMAT, SCHEMA, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
+from .format import (
+    BEST_NAME, CKPT_NAME, FORMAT, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, VERSION, find_checkpoint, load_checkpoint,
+    resolve_checkpoint_path, save_checkpoint,
+)
 from .load import LoadedModel, is_hf_dir, is_hub_name, load_model, model_config_dict, model_from_checkpoint
 from .run import Checkpointer, Resume, claim_out_dir, decide_resume
 
 __all__ = [
-    "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "VERSION", "Checkpointer", "LoadedModel", "Resume", "claim_out_dir",
-    "decide_resume", "is_hf_dir", "is_hub_name", "load_checkpoint", "load_model", "model_config_dict",
-    "model_from_checkpoint", "resolve_checkpoint_path", "save_checkpoint",
+    "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "SHARDED_BEST_NAME", "SHARDED_CKPT_NAME", "VERSION", "Checkpointer",
+    "LoadedModel", "Resume", "claim_out_dir", "decide_resume", "find_checkpoint", "is_hf_dir", "is_hub_name",
+    "load_checkpoint", "load_model", "model_config_dict", "model_from_checkpoint", "resolve_checkpoint_path",
+    "save_checkpoint",
 ]

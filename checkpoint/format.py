@@ -4,8 +4,9 @@ A checkpoint is a dict of tensors and plain values (numbers, strings, lists, dic
 objects, so reading never runs code from the file (`torch.load(weights_only=True)`). Its entries are
 SCHEMA below; a reader names the entries it needs, and a file that lacks one or holds the wrong type
 is refused in one line naming the entry. The storage is a backend behind two calls, `write(path, payload)` and
-`read(path)`: today one file (`TorchFile`); a sharded format (torch.distributed.checkpoint, a
-directory per checkpoint) is a second backend behind the same calls.
+`read(path)`: one file (`TorchFile`: ckpt.pt, best.pt), or a directory of shards written by every rank
+(`ShardedDir`, torch.distributed.checkpoint: ckpt.dcp/, best.dcp/; checkpoint/sharded.py). The path
+says which: `backend_for`.
 """
 from __future__ import annotations
 
@@ -20,12 +21,16 @@ from typing import Any, Protocol
 import torch
 
 from errors import UserError, short_error
-from fileio import atomic_write
+from fileio import atomic_write, recover_replaced_dir
+
+from .sharded import ShardedDir, is_sharded_checkpoint, sharded_name
 
 FORMAT = "smallgpt-checkpoint"
 VERSION = 2  # version 1 files are read too (upgrade below)
 CKPT_NAME = "ckpt.pt"  # the latest complete checkpoint of a run
 BEST_NAME = "best.pt"  # the checkpoint with the run's best val loss
+SHARDED_CKPT_NAME = sharded_name(CKPT_NAME)  # ckpt.dcp/ and best.dcp/: the same, sharded (train.parallel=fsdp)
+SHARDED_BEST_NAME = sharded_name(BEST_NAME)
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 
 
@@ -66,6 +71,12 @@ def check_payload(obj: Any, where: str | os.PathLike, needed: tuple[str, ...] = 
         raise UserError(f"checkpoint {where} has format version {version!r}, this code reads 1 to {VERSION}; "
                         "update the code or use another checkpoint")
     obj = upgrade(obj)
+    require(obj, where, needed)
+    return obj
+
+
+def require(obj: dict[str, Any], where: str | os.PathLike, needed: tuple[str, ...]) -> None:
+    """Each of the `needed` entries is in the payload, of its SCHEMA type; else a one-line UserError."""
     for name in needed:
         if name not in obj:
             raise UserError(f"checkpoint {where} has no {name!r} entry; it was not written by train.py or is damaged: "
@@ -74,7 +85,6 @@ def check_payload(obj: Any, where: str | os.PathLike, needed: tuple[str, ...] = 
         if not isinstance(obj[name], entry.kind):
             raise UserError(f"checkpoint {where}: its {name!r} entry is a {type(obj[name]).__name__}, not a "
                             f"{entry.kind.__name__}; the file is damaged: use another checkpoint (e.g. best.pt)")
-    return obj
 
 
 def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +112,7 @@ class Backend(Protocol):
 
     def write(self, path: Path, payload: dict[str, Any]) -> None: ...
 
-    def read(self, path: Path) -> Any: ...
+    def read(self, path: Path, needed: tuple[str, ...] = ()) -> Any: ...
 
 
 class TorchFile:
@@ -114,7 +124,7 @@ class TorchFile:
         with atomic_write(path) as tmp, open(tmp, "wb") as f:
             torch.save(payload, f)
 
-    def read(self, path: Path) -> Any:
+    def read(self, path: Path, needed: tuple[str, ...] = ()) -> Any:
         try:
             with open(path, "rb") as f:
                 head = f.read(4)
@@ -140,28 +150,53 @@ class TorchFile:
 
 
 BACKEND: Backend = TorchFile()
+SHARDED: Backend = ShardedDir(state_file=BACKEND)
+
+
+def backend_for(path: Path) -> Backend:
+    """A `.dcp` name or a DCP directory is sharded; anything else is one file."""
+    return SHARDED if path.suffix == ".dcp" or is_sharded_checkpoint(path) else BACKEND
+
+
+def find_checkpoint(out_dir: Path, name: str) -> Path | None:
+    """The checkpoint `name` (CKPT_NAME or BEST_NAME) of a run in out_dir, single-file or sharded
+    (the newer if both are there), or None. A sharded one whose replacement was killed between its two
+    renames is found where it was set aside (fileio.replace_dir)."""
+    found = [p for p in (out_dir / name, recover_replaced_dir(out_dir / sharded_name(name), repair=False))
+             if p is not None and p.exists()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a directory holding ckpt.pt. Raises UserError when neither exists."""
+    """A checkpoint file, a sharded checkpoint's directory, or an out_dir holding ckpt.pt or ckpt.dcp.
+    Raises UserError when none exists."""
     p = Path(path).expanduser()
+    if is_sharded_checkpoint(p):
+        return p
     if p.is_dir():
-        f = p / CKPT_NAME
-        if not f.exists():
-            raise UserError(f"no {CKPT_NAME} in directory {p}; pass a checkpoint file, or the out_dir of a training run")
+        f = find_checkpoint(p, CKPT_NAME)
+        if f is None:
+            raise UserError(f"no {CKPT_NAME} or {SHARDED_CKPT_NAME} in directory {p}; pass a checkpoint, or the out_dir "
+                            "of a training run")
         return f
     if not p.exists():
+        aside = recover_replaced_dir(p, repair=False) if p.suffix == ".dcp" else None
+        if aside is not None:
+            return aside
         raise UserError(f"checkpoint {p} does not exist; check the path, or train first with `python train.py`")
     return p
 
 
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    """Write `payload` to `path` atomically; "format" and "version" are stamped in."""
-    BACKEND.write(Path(path), {**payload, "format": FORMAT, "version": VERSION})
+    """Write `payload` to `path` atomically; "format" and "version" are stamped in. A sharded path
+    (`.dcp`) is written by every rank together (ShardedDir.write)."""
+    path = Path(path)
+    backend_for(path).write(path, {**payload, "format": FORMAT, "version": VERSION})
 
 
 def load_checkpoint(path: str | os.PathLike, needed: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Read one of our checkpoints (a file, or an out_dir holding ckpt.pt), checked against SCHEMA and
-    upgraded to the current version. Every problem is a one-line UserError."""
+    """Read one of our checkpoints (a file, a sharded directory, or an out_dir holding either), checked
+    against SCHEMA and upgraded to the current version. Of a sharded checkpoint, the sharded entries
+    (model, optimizer) are loaded whole only when `needed`. Every problem is a one-line UserError."""
     p = resolve_checkpoint_path(path)
-    return check_payload(BACKEND.read(p), p, needed)
+    return check_payload(backend_for(p).read(p, needed), p, needed)

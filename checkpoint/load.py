@@ -14,9 +14,9 @@ import torch
 
 from errors import UserError, short_error
 from model.gpt import GPT, GPTConfig
-from model.hf import from_pretrained
 
-from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, resolve_checkpoint_path
+from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
+from .hf import from_pretrained
 
 GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
 
@@ -78,13 +78,14 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     if is_hf_dir(spec) or is_hub_name(spec):
         return _load_hf(spec, **overrides)
     where = resolve_checkpoint_path(spec)
-    ckpt = load_checkpoint(where, needed=("model", "model_config", "tokenizer"))
+    ckpt = load_checkpoint(where, needed=("model", "model_config"))
     model = model_from_checkpoint(ckpt, where, **overrides)
     bad = next((name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()),
                None)
     if bad is not None:  # train.py never saves such weights; a damaged or foreign file can hold them
         raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
                         "checkpoint")
+    require(ckpt, where, ("tokenizer",))
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
     return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt)

@@ -3,10 +3,13 @@ stateful part by the same mapping (torchtitan's Checkpointer).
 
     lock = claim_out_dir(out_dir)                      # one trainer per out_dir; leftovers of killed ones go
     resume = decide_resume(out_dir, mode="auto", ...)  # a Resume, or None for a fresh run
-    ckpt = Checkpointer(out_dir, is_main=...)
+    ckpt = Checkpointer(out_dir, is_main=..., sharded=False)
     ckpt.register("model", raw_model); ckpt.register("optimizer", OptimizerState(optimizers)); ...
     ckpt.restore(resume)                               # every rank; each part gets back what it saved
     ckpt.save()  /  ckpt.save(best=True)               # every rank (some parts gather); rank 0 writes
+
+sharded=True (train.parallel=fsdp) writes ckpt.dcp/ and best.dcp/ instead of ckpt.pt and best.pt: every
+rank writes its shards of the model and the optimizer, rank 0 the rest (checkpoint/sharded.py).
 
 Restoring goes in registration order, so the RNG streams (registered last) are restored last and nothing
 consumes them after. The names a part may be registered under are the file format's (format.SCHEMA).
@@ -16,12 +19,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from errors import UserError, short_error
-from fileio import DirLock, check_writable_dir, remove_temp, stale_temps
+from fileio import DirLock, check_writable_dir, recover_replaced_dir, remove_temp, stale_temps
 
-from .format import BEST_NAME, CKPT_NAME, SCHEMA, load_checkpoint, save_checkpoint
+from .format import (
+    BEST_NAME, CKPT_NAME, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, find_checkpoint, load_checkpoint,
+    save_checkpoint,
+)
+from .sharded import SHARDED_ENTRIES, is_sharded_checkpoint, load_into
 
 LOCK_NAME = ".train.lock"
 
@@ -45,6 +52,8 @@ def claim_out_dir(out_dir: Path, say: Callable[[str], None] = print) -> DirLock:
         raise UserError(f"another trainer (pid {holder.get('pid')} on host {holder.get('host')}, since "
                         f"{holder.get('since')}) is writing to {out_dir}; wait for it or stop it, or use another "
                         "--train.out_dir")
+    for name in (SHARDED_CKPT_NAME, SHARDED_BEST_NAME):  # a sharded save killed between its two renames
+        recover_replaced_dir(out_dir / name)
     stale = stale_temps(out_dir)
     for path, _ in stale:
         remove_temp(path)
@@ -82,6 +91,11 @@ class Resume:
     def config(self) -> dict[str, Any]:
         return self.payload.get("config") or {}
 
+    @property
+    def sharded(self) -> bool:
+        """A sharded checkpoint: its model and optimizer are not in the payload; restore loads them in place."""
+        return is_sharded_checkpoint(self.path)
+
 
 def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict], list[str]],
                   gather: Callable[[Any], list[Any]], other_files: Iterable[str] = ()) -> Resume | None:
@@ -92,9 +106,10 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
     keys); a best.pt of another run. Every rank must see the same checkpoint (an out_dir shared by all
     nodes): `gather` collects each rank's outcome, and any difference or error stops every rank with
     the same line."""
-    ckpt_path = out_dir / CKPT_NAME
+    ckpt_path = find_checkpoint(out_dir, CKPT_NAME) or out_dir / CKPT_NAME
     resume, outcome = None, None
-    earlier = [name for name in (CKPT_NAME, BEST_NAME, *other_files) if (out_dir / name).exists()]
+    earlier = [name for name in (CKPT_NAME, SHARDED_CKPT_NAME, BEST_NAME, SHARDED_BEST_NAME, *other_files)
+               if (out_dir / name).exists()]
     try:
         if earlier and mode == "never":
             raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} and train.resume=never refuses to "
@@ -108,7 +123,7 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
             if conflicts:
                 raise UserError(f"cannot resume {ckpt_path}: the config changed in {'; '.join(conflicts)}; "
                                 "restore those values, or train into a new --train.out_dir")
-            check_best_belongs_to(out_dir / BEST_NAME, resume.train.get("run_id"))
+            check_best_belongs_to(find_checkpoint(out_dir, BEST_NAME), resume.train.get("run_id"))
             outcome = ("checkpoint", resume.train.get("run_id"), resume.train.get("iter"))
         else:
             outcome = ("fresh",)
@@ -128,34 +143,35 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
     return resume
 
 
-def check_best_belongs_to(best: Path, run_id: str | None) -> None:
+def check_best_belongs_to(best: Path | None, run_id: str | None) -> None:
     """The best-checkpoint rule: a run writes best.pt when val loss improves on ITS best, so a best.pt of
     another run would be replaced by a worse model; it must be this run's."""
-    if not best.exists() or run_id is None:  # no run id: the restore reports the damaged entry
+    if best is None or not best.exists() or run_id is None:  # no run id: the restore reports the damaged entry
         return
     other = load_checkpoint(best).get("train", {}).get("run_id")
     if other != run_id:
-        raise UserError(f"{best} belongs to another run ({other}) than {best.with_name(CKPT_NAME)} ({run_id}); resuming "
+        raise UserError(f"{best} belongs to another run ({other}) than this out_dir's latest checkpoint ({run_id}); resuming "
                         "could replace it with a worse model: move it away, or train into a new --train.out_dir")
 
 
 # ------------------------------------------------------------------------------------------ save / restore
 
 class Checkpointer:
-    def __init__(self, out_dir: str | os.PathLike, *, is_main: bool = True):
+    def __init__(self, out_dir: str | os.PathLike, *, is_main: bool = True, sharded: bool = False):
         self.out_dir = Path(out_dir)
         self.is_main = is_main
+        self.sharded = sharded  # every rank writes its shards: ckpt.dcp/, best.dcp/
         self.states: dict[str, Stateful] = {}
         self.static: dict[str, Any] = {}  # written with every checkpoint, read only to build the run
         self.last_saved_iter: int | None = None  # the iteration the latest ckpt.pt holds (written or restored)
 
     @property
     def latest(self) -> Path:
-        return self.out_dir / CKPT_NAME
+        return self.out_dir / (SHARDED_CKPT_NAME if self.sharded else CKPT_NAME)
 
     @property
     def best(self) -> Path:
-        return self.out_dir / BEST_NAME
+        return self.out_dir / (SHARDED_BEST_NAME if self.sharded else BEST_NAME)
 
     def register(self, name: str, state: Stateful) -> None:
         """A stateful part, saved and restored under `name` (one of format.SCHEMA's entries)."""
@@ -173,10 +189,11 @@ class Checkpointer:
 
     def save(self, iter_num: int, *, best: bool = False) -> None:
         """Collect every state (on every rank: some gather across ranks), then rank 0 writes ckpt.pt (or
-        best.pt). A failed write is a one-line UserError naming the last good checkpoint."""
+        best.pt); sharded, every rank writes its shards of ckpt.dcp/ (best.dcp/). A failed write is a
+        one-line UserError naming the last good checkpoint."""
         path = self.best if best else self.latest
         payload = {name: obj.state_dict() for name, obj in self.states.items()}
-        if self.is_main:
+        if self.is_main or self.sharded:
             try:
                 save_checkpoint(path, {**self.static, **payload})
             except OSError as e:  # a full disk, a quota, a read-only mount: the files written before are intact
@@ -188,9 +205,27 @@ class Checkpointer:
             self.last_saved_iter = iter_num
 
     def restore(self, resume: Resume) -> None:
-        """Give every registered state its saved entry. A missing or malformed entry is a one-line
-        UserError naming it."""
+        """Give every registered state its saved entry (restore_states), and remember the iteration the
+        checkpoint holds as the last one saved. A sharded checkpoint's model and optimizer are loaded in
+        place, each rank its shards (DCP reshards to this run's ranks)."""
         ckpt, where = resume.payload, resume.path
+        if resume.sharded != self.sharded:  # e.g. a checkpoint older than train.parallel, whose config lacks it
+            kinds = {True: "sharded (train.parallel=fsdp)", False: "single-file (train.parallel=ddp)"}
+            raise UserError(f"checkpoint {where} is {kinds[resume.sharded]} but this run writes {kinds[self.sharded]} "
+                            f"checkpoints; resume with --train.parallel={'fsdp' if resume.sharded else 'ddp'}, or train "
+                            "into a new --train.out_dir")
+        if resume.sharded:  # the model and optimizer are loaded in place, each rank its shards (DCP reshards)
+            parts = {name: obj for name, obj in self.states.items() if name in SHARDED_ENTRIES}
+            state = {name: obj.state_dict() for name, obj in parts.items()}
+            load_into(where, state)
+            ckpt = {**ckpt, **state}
+        self.restore_states(ckpt, where)
+        iter_num = resume.train.get("iter")
+        self.last_saved_iter = iter_num if isinstance(iter_num, int) else None
+
+    def restore_states(self, ckpt: Mapping[str, Any], where: str | os.PathLike) -> None:
+        """Give every registered state its entry of `ckpt` (a checkpoint's payload, or a snapshot of the
+        states' own state_dicts). A missing or malformed entry is a one-line UserError naming it."""
         missing = [name for name in self.states if name not in ckpt]
         if missing:
             raise UserError(f"checkpoint {where} has no {', '.join(map(repr, missing))} entr"
@@ -204,5 +239,3 @@ class Checkpointer:
             except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
                 raise UserError(f"checkpoint {where}: its {name!r} entry is malformed ({short_error(e, 120)}); "
                                 "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None
-        iter_num = resume.train.get("iter")
-        self.last_saved_iter = iter_num if isinstance(iter_num, int) else None

@@ -2,11 +2,12 @@
 
     from data import DataConfig, prepare_data, load_meta, get_tokenizer, tokenizer_from_meta, BatchLoader
 """
-from .build import load_meta, prepare_data
+from .build import hold_data, load_meta, prepare_data
 from .config import DataConfig
-from .tokenizer import Tokenizer, get_tokenizer, tokenizer_from_meta
+from .tokenizer import Tokenizer, get_tokenizer, tokenizer_entry, tokenizer_from_meta
 
-__all__ = ["BatchLoader", "DataConfig", "Tokenizer", "get_tokenizer", "load_meta", "prepare_data", "tokenizer_from_meta"]
+__all__ = ["BatchLoader", "DataConfig", "Tokenizer", "get_tokenizer", "hold_data", "load_meta", "prepare_data",
+           "tokenizer_entry", "tokenizer_from_meta"]
 
 
 def __getattr__(name: str):

@@ -1,16 +1,19 @@
-"""Build a prepared directory (train.bin, val.bin, meta.json) from a source, and read its metadata.
+"""Build a prepared directory (token shards and meta.json) from a source, check it, and read its metadata.
 
-Format (version 1):
-- `train.bin`, `val.bin`: the token stream as flat little-endian uint16 (vocab <= 65536) or uint32.
-  Documents are joined with the tokenizer's eot id between them (none before the first or after
-  the last; empty documents are skipped). The val split is the last `int(N * val_fraction)` tokens
-  of the stream of N tokens, the train split everything before it. For a multi-document source that
-  means the last documents; shuffle a sorted corpus beforehand if that would bias validation.
-- `meta.json`: see `_meta` below. `bytes` per split is the UTF-8 size of the text its tokens stand
-  for (eot counts 0), for bits-per-byte.
+Format (version 2; see data/README.md):
+- `<split>-<build>-<n>.bin`: each split's token stream (documents joined by the tokenizer's eot, none
+  before the first or after the last; empty documents skipped) as flat little-endian uint16 (vocab <=
+  65536) or uint32, cut into shards of exactly `shard_tokens` tokens (the last one shorter). `<build>`
+  is the start of the fingerprint, so a rebuild writes beside the data it replaces.
+- The val split: the documents whose hash falls under val_fraction (shards.doc_in_val), so it does not
+  depend on file names or order; of a single text file (one document), its tail (the last val_fraction
+  of its bytes, from the first place after that where the tokens come out as for the whole text); with
+  data.val_dataset, that source.
+- `meta.json`, the manifest: see `_manifest` below. It is written last and replaced atomically: a
+  prepare that fails or is killed leaves the previous data as it was, and a killed one resumes
+  (shards.py). `bytes` per split is the UTF-8 size of the text its tokens stand for, for bits-per-byte.
 
-Rebuilding writes every new file to a temp name first and swaps them in only once all are complete,
-so a failing prepare leaves good data as it was.
+Format version 1 (train.bin, val.bin, the last val_fraction of the tokens as val) still loads.
 """
 from __future__ import annotations
 
@@ -22,61 +25,87 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from errors import UserError, short_error
-from fileio import DirLock, check_writable_dir, fsync_dir, remove_stale_temps, temp_path, write_synced
+from fileio import (DirLock, atomic_write_bytes, check_writable_dir, fsync_dir, pid_alive, process_start_time,
+                    remove_stale_temps)
 
+from .shards import (INLINE_BELOW, SPLITS, doc_in_val, file_sha256, load_resume_state, peak_memory_mb,
+                     sample_sha256, write_shards)
 from .config import DataConfig
-from .sources import Source, open_source
-from .tokenizer import CHAR, CharTokenizer, Tokenizer, get_tokenizer
+from .sources import Piece, Source, open_source
+from .tokenizer import CHAR, CharTokenizer, Tokenizer, bpe_vocab_size, get_tokenizer, train_bpe
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READS = (1, 2)  # format versions load_meta reads
 META_NAME = "meta.json"
-SPLITS = ("train", "val")
-BATCH_CHARS = 8 << 20  # text tokenized per thread-pool call; bounds memory along with CHUNK_CHARS
-COPY_TOKENS = 4 << 20  # tokens moved per read when splitting off the val tail
+PREPARE_LOCK = ".prepare.lock"
+READERS = ".readers"  # one file per live process reading the dir (hold_data)
+VERIFY_ALL = 1 << 30  # up to this many bytes of tokens, a start-up check hashes them all; above, samples
+DEFAULT_VAL_FRACTION = DataConfig.val_fraction
 # prepare rebuilds any dir it finds unusable, so this is the fix for every broken-data error
 REBUILD = "re-run `python -m data.prepare` with the same settings to rebuild it"
 
 
 def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
-    """Make sure the prepared dir for `cfg` exists and is current; return its path.
+    """Make sure the prepared dir for `cfg` exists, is current and undamaged; return its path.
 
-    Skips the work when the stored fingerprint matches, rebuilds (saying why) when it doesn't.
+    Skips the work when the stored fingerprint matches and the tokens check out, rebuilds (saying why)
+    when they don't, resumes a prepare that was killed, and refuses to rebuild a dir a live training
+    run reads (hold_data).
     """
     cfg.validate()
     check_writable_dir(cfg.root, "data.root")
-    source = open_source(cfg)
-    out = Path(cfg.root) / f"{source.slug}-{cfg.tokenizer}"
-    fingerprint, files = _fingerprint(cfg, source, _read_meta_quietly(out))
-    reason = _rebuild_reason(out, cfg.tokenizer, fingerprint)
+    main_source, val_source = _open_sources(cfg)
+    out = Path(cfg.root) / dir_name(cfg, main_source, val_source)
+    fingerprint, files = _fingerprint(cfg, main_source, val_source, _read_meta_quietly(out))
+    reason = _rebuild_reason(out, cfg, fingerprint)
     if reason is None:
         if progress:
             _say(f"{out} is up to date")
         return out
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    lock = _wait_for(DirLock(out, ".prepare.lock"), out)
+    lock = _wait_for(DirLock(out, PREPARE_LOCK), out)
     try:
-        reason = _rebuild_reason(out, cfg.tokenizer, fingerprint)  # another process may just have built it
+        reason = _rebuild_reason(out, cfg, fingerprint)  # another process may just have built it
         if reason is None:
             return out
+        if reason and (reader := live_readers(out)):
+            raise UserError(f"refusing to rebuild {out} ({reason}): it is read by {reader['what']} (pid {reader['pid']}); "
+                            f"stop that run first, or prepare into another data.root")
         for stale in remove_stale_temps(out):
             _say(f"removed {stale}, left by a prepare that was killed")
         if reason:
             _say(f"rebuilding {out}: {reason}")
-        _build(out, cfg, source, fingerprint, files, progress)
+        _build(out, cfg, main_source, val_source, fingerprint, files, progress)
     finally:
         lock.release()
+        if created and out.is_dir() and not any(out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)  # a failed first build leaves no empty dir behind
     if progress:
         _say(f"prepared {out}")
     return out
 
 
+def dir_name(cfg: DataConfig, source: Source, val_source: Source | None) -> str:
+    """The prepared dir's name: source, tokenizer, and the split when it is not the default, so two
+    splits of one source are two dirs (a prepare with another val_fraction never rebuilds the dir a
+    run is reading)."""
+    name = f"{source.slug}-{cfg.tokenizer.replace(':', '')}"
+    if val_source is not None:
+        return f"{name}-val-{val_source.slug}"
+    if cfg.val_fraction != DEFAULT_VAL_FRACTION:
+        return f"{name}-val{cfg.val_fraction:g}"
+    return name
+
+
 def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict:
-    """Read and check `data_dir/meta.json` and the bins' sizes; with `tokenizer`, also that it matches."""
+    """Read and check `data_dir/meta.json` and the token files' sizes; with `tokenizer`, also that it
+    matches. A trained BPE's tokenizer.json comes back as meta["bpe"]."""
     data_dir = Path(data_dir)
     path = data_dir / META_NAME
     meta = _read_meta_json(data_dir)
@@ -85,10 +114,9 @@ def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict
             f"no prepared data in {data_dir} ({META_NAME} missing); run `python -m data.prepare --dataset ... "
             f"--root {data_dir.parent}` first (train.py does it for you)"
         )
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(
-            f"{path} has format_version {meta.get('format_version')!r}, this code reads {FORMAT_VERSION}; {REBUILD}"
-        )
+    version = meta.get("format_version")
+    if version not in READS:
+        raise UserError(f"{path} has format_version {version!r}, this code reads {' and '.join(map(str, READS))}; {REBUILD}")
     try:
         ok = (
             isinstance(meta["tokenizer"], str)
@@ -100,6 +128,12 @@ def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict
             and isinstance(meta["tokens_sha256"], str)
             and all(isinstance(meta["splits"][s][k], int) for s in SPLITS for k in ("tokens", "bytes"))
         )
+        if version == 2:
+            ok = ok and all(
+                isinstance(sh["name"], str) and "/" not in sh["name"] and isinstance(sh["tokens"], int)
+                and sh["tokens"] > 0 and isinstance(sh["sha256"], str) and isinstance(sh["sample_sha256"], str)
+                for s in SPLITS for sh in meta["shards"][s]
+            ) and (meta.get("tokenizer_file") is None or isinstance(meta["tokenizer_file"], str))
     except (KeyError, TypeError):
         ok = False
     if not ok:
@@ -122,20 +156,101 @@ def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict
         )
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in SPLITS:
-        bin_path = data_dir / f"{split}.bin"
-        if not bin_path.is_file():
-            raise UserError(f"{bin_path} is missing; {REBUILD}")
-        size = bin_path.stat().st_size
-        if size % itemsize:
-            raise UserError(
-                f"{bin_path} is corrupt: {size} bytes is not a multiple of {itemsize} ({meta['dtype']}); {REBUILD}"
-            )
-        if size // itemsize != meta["splits"][split]["tokens"]:
-            raise UserError(
-                f"{bin_path} holds {size // itemsize} tokens but {META_NAME} says {meta['splits'][split]['tokens']}; "
-                f"{REBUILD}"
-            )
+        files = shard_files(data_dir, meta, split)
+        total = 0
+        for bin_path, tokens in files:
+            if not bin_path.is_file():
+                raise UserError(f"{bin_path} is missing; {REBUILD}")
+            size = bin_path.stat().st_size
+            if size % itemsize:
+                raise UserError(
+                    f"{bin_path} is corrupt: {size} bytes is not a multiple of {itemsize} ({meta['dtype']}); {REBUILD}"
+                )
+            if tokens is not None and size // itemsize != tokens:
+                raise UserError(f"{bin_path} holds {size // itemsize} tokens but {META_NAME} says {tokens}; {REBUILD}")
+            total += size // itemsize
+        if total != meta["splits"][split]["tokens"]:
+            raise UserError(f"the {split} split in {data_dir} holds {total} tokens but {META_NAME} says "
+                            f"{meta['splits'][split]['tokens']}; {REBUILD}")
+    meta["bpe"] = None
+    if bpe_vocab_size(meta["tokenizer"]) is not None:
+        tok_path = data_dir / str(meta.get("tokenizer_file"))
+        try:
+            meta["bpe"] = tok_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise UserError(f"{tok_path}, the trained tokenizer, is missing or unreadable; {REBUILD}") from None
+        if hashlib.sha256(meta["bpe"].encode()).hexdigest() != meta.get("tokenizer_sha256"):
+            raise UserError(f"{tok_path} is not the tokenizer these tokens were made with (its sha256 differs); {REBUILD}")
     return meta
+
+
+def shard_files(data_dir: Path, meta: dict, split: str) -> list[tuple[Path, int | None]]:
+    """(path, tokens) of each token file of a split, in stream order (tokens None: v1, see the file)."""
+    if meta["format_version"] == 1:
+        return [(data_dir / f"{split}.bin", None)]
+    return [(data_dir / sh["name"], sh["tokens"]) for sh in meta["shards"][split]]
+
+
+def verify_tokens(data_dir: Path, meta: dict) -> str | None:
+    """Check the token files' content against the manifest: every byte hashed when the split files
+    total up to VERIFY_ALL (1 GiB), else each shard's sampled hash (64 blocks of 64 KiB), which finds a
+    damaged region but not every single changed byte. None if they check out, else what is wrong.
+    Format v1 has one hash over both splits: checked in full up to VERIFY_ALL, not at all above."""
+    files = [f for s in SPLITS for f, _ in shard_files(data_dir, meta, s)]
+    total = sum(f.stat().st_size for f in files)
+    if meta["format_version"] == 1:
+        if total > VERIFY_ALL:
+            return None
+        h = hashlib.sha256()
+        for f in files:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(16 << 20):
+                    h.update(chunk)
+            h.update(b"|")
+        return None if h.hexdigest() == meta["tokens_sha256"] else "the token files' content differs from their checksum"
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in SPLITS:
+        for sh in meta["shards"][split]:
+            path = data_dir / sh["name"]
+            if total <= VERIFY_ALL:
+                if file_sha256(path) != sh["sha256"]:
+                    return f"{sh['name']}'s content differs from its checksum"
+            elif sample_sha256(path, itemsize) != sh["sample_sha256"]:
+                return f"{sh['name']}'s content differs from its sampled checksum"
+    return None
+
+
+# --- who reads a prepared dir ---------------------------------------------------------------------
+
+
+def hold_data(data_dir: str | os.PathLike, what: str) -> Callable[[], None]:
+    """Register this process as a reader of `data_dir` (a training run): prepare refuses to rebuild it
+    while the process lives. Returns the function that unregisters it."""
+    data_dir = Path(data_dir)
+    lock = _wait_for(DirLock(data_dir, PREPARE_LOCK), data_dir)  # not while a prepare is rebuilding it
+    try:
+        (data_dir / READERS).mkdir(exist_ok=True)
+        me = data_dir / READERS / f"{socket.gethostname()}-{os.getpid()}.json"
+        atomic_write_bytes(me, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what,
+                                           "started": process_start_time(os.getpid())}).encode())
+    finally:
+        lock.release()
+    return lambda: me.unlink(missing_ok=True)
+
+
+def live_readers(data_dir: Path) -> dict | None:
+    """The first live reader of `data_dir` ({"pid", "host", "what"}), removing the records of dead ones."""
+    for path in sorted((data_dir / READERS).glob("*.json")):
+        try:
+            info = json.loads(path.read_text())
+            pid, host = int(info["pid"]), info["host"]
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if host != socket.gethostname() or pid_alive(pid, info.get("started")):
+            return info
+        path.unlink(missing_ok=True)
+    return None
 
 
 # --- internals ------------------------------------------------------------------------------------
@@ -145,15 +260,21 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _open_sources(cfg: DataConfig) -> tuple[Source, Source | None]:
+    if not cfg.val_dataset:
+        return open_source(cfg), None
+    return open_source(cfg, tail_split=False), open_source(cfg, cfg.val_dataset, tail_split=False)
+
+
 def _read_meta_json(data_dir: Path) -> dict | None:
     path = data_dir / META_NAME
     if path.exists() and not path.is_file():  # a folder (or a device): "free some space" would be wrong advice
         raise UserError(f"{path} is not a file; move it away (the prepared data's metadata goes there), then rerun")
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, IsADirectoryError):
         raise UserError(f"{path} is not valid JSON; {REBUILD}") from None
     if not isinstance(meta, dict):
         raise UserError(f"{path} is not a JSON object; {REBUILD}")
@@ -198,25 +319,63 @@ def _file_hashes(files: list[Path], previous: dict | None) -> list[list]:
     return out
 
 
-def _fingerprint(cfg: DataConfig, source: Source, previous: dict | None) -> tuple[str, list | None]:
-    """Everything that decides the bins' content: the source's identity (for local files, their paths
-    and CONTENT, not their mtime), tokenizer, split and format. -> (fingerprint, the files' records)."""
+def _identity(source: Source, records: list | None) -> dict:
     identity = dict(source.identity)
+    if records is not None:
+        identity["files"] = [[path, sha] for path, _, _, sha in records]
+    return identity
+
+
+def _fingerprint(cfg: DataConfig, source: Source, val_source: Source | None, previous: dict | None) -> tuple[str, list | None]:
+    """Everything that decides the token files' content: the sources' identity (for local files, their
+    paths and CONTENT, not their mtime), tokenizer, split, shard size and format. -> (fingerprint, the
+    files' records)."""
     files = None
-    if source.files is not None:
-        files = _file_hashes(source.files, previous)
-        identity["files"] = [[path, sha] for path, _, _, sha in files]
+    identities = []
+    for src in (source, val_source):
+        if src is None:
+            continue
+        records = _file_hashes(src.files, previous) if src.files is not None else None
+        if records is not None:
+            files = (files or []) + records
+        identities.append(_identity(src, records))
     settings = {
         "format_version": FORMAT_VERSION,
-        "source": identity,
+        "source": identities[0],
+        "val_source": identities[1] if val_source is not None else None,
         "tokenizer": cfg.tokenizer,
-        "val_fraction": cfg.val_fraction,
+        "val_fraction": None if val_source is not None else cfg.val_fraction,
+        "shard_tokens": cfg.shard_tokens,
+        "tokenizer_sample_mb": cfg.tokenizer_sample_mb if bpe_vocab_size(cfg.tokenizer) else None,
     }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(), files
+    return _hash(settings), files
 
 
-def _rebuild_reason(out: Path, tokenizer: str, fingerprint: str) -> str | None:
-    """None if `out` is current, "" if it's new, else why it must be rebuilt.
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _v1_fingerprint(cfg: DataConfig, meta: dict) -> str | None:
+    """What format v1 stored as the fingerprint of these settings (a v1 dir that matches is kept)."""
+    if cfg.val_dataset or meta.get("format_version") != 1:
+        return None
+    try:
+        source = open_source(cfg)
+    except UserError:
+        return None
+    identity = dict(source.identity)
+    if identity["kind"] == "files":  # format 1 read text files only: no field, no bad rows
+        identity.pop("field", None)
+        identity.pop("skip_bad_rows", None)
+    if source.files is not None:
+        if any(p.suffix != ".txt" for p in source.files):
+            return None
+        identity["files"] = [[path, sha] for path, _, _, sha in _file_hashes(source.files, meta)]
+    return _hash({"format_version": 1, "source": identity, "tokenizer": cfg.tokenizer, "val_fraction": cfg.val_fraction})
+
+
+def _rebuild_reason(out: Path, cfg: DataConfig, fingerprint: str) -> str | None:
+    """None if `out` is current and its tokens check out, "" if it's new, else why it must be rebuilt.
 
     Raises instead when `out` holds another tokenizer's data: that dir was renamed or copied by hand,
     and overwriting it would destroy data that is good, just misplaced.
@@ -229,185 +388,223 @@ def _rebuild_reason(out: Path, tokenizer: str, fingerprint: str) -> str | None:
     except UserError as e:
         return str(e).split(";")[0]
     if raw is None:
-        return "" if not out.exists() or not any(out.iterdir()) else f"{META_NAME} is missing"
-    if isinstance(raw.get("tokenizer"), str) and raw["tokenizer"] != tokenizer:
+        left = [p for p in out.iterdir() if p.name not in (PREPARE_LOCK, READERS)] if out.is_dir() else []
+        if any(p.name.startswith(".prepare-") for p in left):
+            return ""  # a killed prepare's record: the build says it resumes
+        return f"{META_NAME} is missing" if any(not p.name.startswith(".") for p in left) else ""
+    if isinstance(raw.get("tokenizer"), str) and raw["tokenizer"] != cfg.tokenizer:
         raise UserError(
-            f"{out} holds data prepared with tokenizer {raw['tokenizer']!r}, not {tokenizer!r}; move it away "
+            f"{out} holds data prepared with tokenizer {raw['tokenizer']!r}, not {cfg.tokenizer!r}; move it away "
             f"(or use another data.root) and prepare again"
         )
     try:
         meta = load_meta(out)
     except UserError as e:
         return str(e).split(";")[0]
-    if meta["fingerprint"] != fingerprint:
+    if meta["fingerprint"] != fingerprint and meta["fingerprint"] != _v1_fingerprint(cfg, meta):
         return "the source or the split settings changed since it was prepared"
-    return None
+    return verify_tokens(out, meta)
 
 
-def _threads(cfg: DataConfig) -> int:
-    if cfg.num_proc:
-        return cfg.num_proc
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+def _chained(source: Source, val_source: Source | None, pos: Any) -> Iterator[Piece]:
+    """Both sources' pieces as one stream, positions [source index, *the source's position]."""
+    start = pos[0] if pos is not None else 0
+    for index, src in enumerate((source, val_source)):
+        if src is None or index < start:
+            continue
+        inner = pos[1:] if pos is not None and index == start else None
+        forced = None if val_source is None else index
+        for p in src.read(inner):
+            yield Piece(p.new_doc, p.text, p.advance, [index, *p.pos] if p.pos is not None else None,
+                        forced if forced is not None else p.split)
 
 
-def _progress_bar(source: Source, desc: str, enabled: bool):
+def _progress_bar(total: int | None, unit: str, desc: str, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=source.total, unit=source.unit, unit_scale=True, desc=desc, disable=not enabled, file=sys.stderr)
+    return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, disable=not enabled, file=sys.stderr,
+                mininterval=0.5)
 
 
-def _char_vocab(source: Source, progress: bool) -> str:
-    """First pass for the char tokenizer: every character of the source (both splits), sorted."""
+def _char_vocab(source: Source, val_source: Source | None, progress: bool) -> str:
+    """First pass for the char tokenizer: every character of the sources (both splits), sorted."""
     seen: set[str] = set()
-    with _progress_bar(source, "scanning characters", progress) as bar:
-        for _, text, advance in source.pieces():
-            seen.update(text)
-            bar.update(advance)
+    with _progress_bar(source.total, source.unit, "scanning characters", progress) as bar:
+        for piece in _chained(source, val_source, None):
+            seen.update(piece.text)
+            bar.update(piece.advance)
     return "".join(sorted(seen))
 
 
-def _encoded(source: Source, tok: Tokenizer, threads: int) -> Iterator[tuple[bool, np.ndarray, int]]:
-    """The source's pieces, tokenized in batches of about BATCH_CHARS on `threads` threads, in order."""
-    batch: list[tuple[bool, str, int]] = []
-    size = 0
-
-    def flush() -> Iterator[tuple[bool, np.ndarray, int]]:
-        ids = tok.encode_arrays([text for _, text, _ in batch], num_threads=threads)
-        for (new_doc, _, advance), arr in zip(batch, ids):
-            yield new_doc, arr, advance
-
-    for piece in source.pieces():
-        batch.append(piece)
-        size += len(piece[1])
-        if size >= BATCH_CHARS:
-            yield from flush()
-            batch, size = [], 0
-    yield from flush()
-
-
-def _write_stream(f, source: Source, tok: Tokenizer, dtype: np.dtype, threads: int, progress: bool) -> tuple[int, int, int]:
-    """Write the whole token stream to `f`; return (tokens, bytes, documents)."""
-    byte_lengths = tok.token_byte_lengths()
-    eot = np.array([tok.eot], dtype=dtype).tobytes()
-    n_tokens = n_bytes = n_docs = 0
-    doc_started = False  # has the current document written any tokens yet?
-    with _progress_bar(source, f"tokenizing ({tok.name})", progress) as bar:
-        for new_doc, ids, advance in _encoded(source, tok, threads):
-            if new_doc:
-                doc_started = False
-            if len(ids) and int(ids.max()) >= tok.vocab_size:  # a tokenizer bug, never user data: say so
-                raise UserError(f"the {tok.name} tokenizer produced id {int(ids.max())} >= its vocab_size "
-                                f"{tok.vocab_size}; update tiktoken, or report this")
-            if len(ids):
-                if not doc_started:
-                    if n_docs:
-                        f.write(eot)
-                        n_tokens += 1
-                    n_docs += 1
-                    doc_started = True
-                f.write(ids.astype(dtype).tobytes())
-                n_tokens += len(ids)
-                n_bytes += int(byte_lengths[ids].sum())
-            bar.update(advance)
-    return n_tokens, n_bytes, n_docs
+def _bpe_sample(source: Source, val_source: Source | None, cfg: DataConfig) -> Iterator[str]:
+    """The text the BPE is trained on: about tokenizer_sample_mb of the train documents, whole documents
+    chosen by a hash (so spread over the corpus, not its first files), in pieces."""
+    budget = cfg.tokenizer_sample_mb << 20
+    rate = min(1.0, budget / source.total) if source.unit == "B" and source.total else 1.0
+    taken, keep = 0, False
+    for piece in source.read(None):
+        if piece.new_doc:
+            if taken >= budget:
+                return
+            in_val = val_source is None and piece.split is None and doc_in_val(piece.text, cfg.val_fraction)
+            # a second hash (of the reversed text) picks the sample, independently of the split's
+            keep = not in_val and (rate >= 1.0 or doc_in_val(piece.text[::-1], rate))
+        if keep and piece.split != 1:  # never the val tail of a single text file
+            taken += len(piece.text)
+            yield piece.text
 
 
-def _move_tail(stream: Path, val: Path, n_train: int, dtype: np.dtype, byte_lengths: np.ndarray) -> int:
-    """Move the tokens after `n_train` from `stream` into `val` in bounded chunks; return their bytes."""
-    n_bytes = 0
-    with open(stream, "r+b") as src, open(val, "wb") as dst:
-        src.seek(n_train * dtype.itemsize)
-        while chunk := src.read(COPY_TOKENS * dtype.itemsize):
-            ids = np.frombuffer(chunk, dtype=dtype)
-            n_bytes += int(byte_lengths[ids].sum())
-            dst.write(chunk)
-        src.truncate(n_train * dtype.itemsize)
-        for f in (src, dst):
-            f.flush()
-            os.fsync(f.fileno())
-    return n_bytes
-
-
-def _tokens_sha256(paths: list[Path]) -> str:
-    """A fingerprint of the tokens themselves: what a resumed run checks it trains on (BatchLoader)."""
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            while chunk := f.read(16 << 20):
-                h.update(chunk)
-        h.update(b"|")  # train then val: the same tokens split elsewhere differ
-    return h.hexdigest()
-
-
-def _build(out: Path, cfg: DataConfig, source: Source, fingerprint: str, files: list | None, progress: bool) -> None:
-    try:
-        _write_dir(out, cfg, source, fingerprint, files, progress)
-    except OSError as e:  # a full disk, a read-only filesystem, ...: the old data (if any) is as it was
-        raise UserError(f"cannot write prepared data in {out} ({short_error(e)}); free some space or set data.root "
-                        "to another disk (the previous data, if any, is kept)") from None
-
-
-def _write_dir(out: Path, cfg: DataConfig, source: Source, fingerprint: str, files: list | None, progress: bool) -> None:
+def _tokenizer_for(out: Path, build: str, cfg: DataConfig, source: Source, val_source: Source | None,
+                   resume: dict | None, progress: bool) -> tuple[Tokenizer, dict]:
+    """The tokenizer and what the manifest records of it ({"chars"} / {"tokenizer_file", ...})."""
     if cfg.tokenizer == CHAR:
-        chars = _char_vocab(source, progress)
+        chars = resume["chars"] if resume else _char_vocab(source, val_source, progress)
         if not chars:
             raise _empty(cfg)
-        tok: Tokenizer = CharTokenizer(chars)
+        return CharTokenizer(chars), {"chars": chars}
+    vocab = bpe_vocab_size(cfg.tokenizer)
+    if vocab is None:
+        return get_tokenizer(cfg.tokenizer), {}
+    path = out / f"tokenizer-{build}.json"
+    if resume and path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == resume.get("tokenizer_sha256"):
+        text = path.read_text(encoding="utf-8")
     else:
-        tok = get_tokenizer(cfg.tokenizer)
-    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
+        if progress:
+            _say(f"training the {cfg.tokenizer} tokenizer on up to {cfg.tokenizer_sample_mb} MB of the corpus")
+        text = train_bpe(_bpe_sample(source, val_source, cfg), vocab)
+        atomic_write_bytes(path, text.encode("utf-8"))
+    tok = get_tokenizer(cfg.tokenizer, bpe=text)
+    return tok, {"tokenizer_file": path.name, "tokenizer_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
-    created = not any(p.name != ".prepare.lock" for p in out.iterdir()) if out.exists() else True
-    out.mkdir(parents=True, exist_ok=True)
-    final = {name: out / name for name in ("train.bin", "val.bin", META_NAME)}
-    temps = {name: temp_path(path) for name, path in final.items()}
+
+def _workers(cfg: DataConfig, source: Source, val_source: Source | None) -> int:
+    n = cfg.num_proc
+    if not n:
+        try:
+            n = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            n = os.cpu_count() or 1
+    total = sum(s.total or 0 for s in (source, val_source) if s is not None)
+    if all(s.unit == "B" and s.total is not None for s in (source, val_source) if s is not None) \
+            and total < INLINE_BELOW and not cfg.num_proc:
+        return 1  # a small source: starting processes would cost more than they save
+    return n
+
+
+def _build(out: Path, cfg: DataConfig, source: Source, val_source: Source | None, fingerprint: str,
+           files: list | None, progress: bool) -> None:
+    build = fingerprint[:12]
     try:
-        with open(temps["train.bin"], "wb") as f:
-            n_tokens, n_bytes, n_docs = _write_stream(f, source, tok, dtype, _threads(cfg), progress)
-        if n_tokens == 0:
-            raise _empty(cfg)
-        n_val = int(n_tokens * cfg.val_fraction)
-        n_train = n_tokens - n_val
-        if n_val == 0 or n_train == 0:
-            raise UserError(
-                f"data.dataset {cfg.dataset!r} has only {n_tokens} tokens, too few to hold out val_fraction "
-                f"{cfg.val_fraction} of them; use more text or a larger val_fraction"
-            )
-        val_bytes = _move_tail(temps["train.bin"], temps["val.bin"], n_train, dtype, tok.token_byte_lengths())
-        meta = {
-            "tokens_sha256": _tokens_sha256([temps["train.bin"], temps["val.bin"]]),
-            "format_version": FORMAT_VERSION,
-            "source": cfg.dataset,
-            "tokenizer": tok.name,
-            "vocab_size": tok.vocab_size,
-            "eot": tok.eot,
-            "dtype": dtype.name,
-            "chars": tok.chars,
-            "fingerprint": fingerprint,
-            "source_files": files,
-            "val_fraction": cfg.val_fraction,
-            "documents": n_docs,
-            "splits": {
-                "train": {"tokens": n_train, "bytes": n_bytes - val_bytes},
-                "val": {"tokens": n_val, "bytes": val_bytes},
-            },
-        }
-        write_synced(temps[META_NAME], (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
-        # Everything new is complete and synced. Remove the old meta.json first and write the new one
-        # last: a crash in between leaves a dir without meta.json, which the next prepare rebuilds.
-        final[META_NAME].unlink(missing_ok=True)
-        for name in ("train.bin", "val.bin", META_NAME):
-            os.replace(temps[name], final[name])
-        fsync_dir(out)
-    finally:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        if created and not any(p.name != ".prepare.lock" for p in out.iterdir()):
-            shutil.rmtree(out, ignore_errors=True)  # a failed first build leaves no empty dir behind
+        _write_build(out, build, cfg, source, val_source, fingerprint, files, progress)
+    except OSError as e:  # a full disk, a read-only filesystem, ...: the old data (if any) is as it was
+        _remove_build(out, build)
+        raise UserError(f"cannot write prepared data in {out} ({short_error(e)}); free some space or set data.root "
+                        "to another disk (the previous data, if any, is kept)") from None
+    except UserError:
+        _remove_build(out, build)  # bad input: the files of this build are of no use for a resume
+        raise
+    # anything else (Ctrl-C, SIGTERM, a kill) keeps this build's finished shards: the next prepare resumes
+
+
+def _remove_build(out: Path, build: str) -> None:
+    for p in out.glob(f"*{build}*"):
+        if p.name != META_NAME:
+            p.unlink(missing_ok=True)
+
+
+def _write_build(out: Path, build: str, cfg: DataConfig, source: Source, val_source: Source | None,
+                 fingerprint: str, files: list | None, progress: bool) -> None:
+    dtype_of = lambda tok: np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)  # noqa: E731
+    resume = load_resume_state(out, build, fingerprint, _say)
+    tok, tok_record = _tokenizer_for(out, build, cfg, source, val_source, resume, progress)
+    dtype = dtype_of(tok)
+    skipped = list(resume.get("skipped", [])) if resume else []
+    for src in (source, val_source):
+        if src is not None:
+            src.skipped.clear()
+    if resume:
+        done = sum(len(resume["splits"][s]["shards"]) for s in SPLITS)
+        _say(f"resuming the interrupted prepare of {out}: {done} finished shard(s) kept")
+
+    def skipped_now() -> list:
+        return skipped + [row for src in (source, val_source) if src is not None for row in src.skipped]
+
+    def extra_state() -> dict:
+        return {"dtype": dtype.name, "chars": tok.chars, "skipped": skipped_now()[:1000],
+                "skipped_count": len(skipped_now()), "tokenizer_sha256": tok_record.get("tokenizer_sha256")}
+
+    totals = [s.total for s in (source, val_source) if s is not None]
+    total = sum(totals) if all(t is not None for t in totals) and len({s.unit for s in (source, val_source) if s}) == 1 else None
+    workers = _workers(cfg, source, val_source)
+    with _progress_bar(total, source.unit, f"tokenizing ({tok.name}, {workers} process{'es' if workers > 1 else ''})",
+                       progress) as bar:
+        result = write_shards(
+            out, build, fingerprint, _chained(source, val_source, resume["pos"] if resume else None), tok,
+            shard_tokens=cfg.shard_tokens, val_fraction=cfg.val_fraction, workers=workers, resume=resume,
+            extra_state=extra_state, bar=bar, say=_say)
+    n_tokens = sum(result[s]["tokens"] for s in SPLITS)
+    if n_tokens == 0:
+        raise _empty(cfg)
+    for split in SPLITS:
+        if result[split]["tokens"] == 0:
+            raise _one_split_empty(cfg, split, sum(result[s]["docs"] for s in SPLITS), n_tokens)
+    skipped_rows = skipped_now()
+    if skipped_rows:
+        first = skipped_rows[0]
+        _say(f"skipped {len(skipped_rows)} bad row(s) (data.skip_bad_rows); the first: {first[0]}, row {first[1]}: {first[2]}")
+    meta = _manifest(cfg, tok, dtype, fingerprint, files, result, tok_record, skipped_rows)
+    # Everything new is complete and synced: switch the manifest over, then remove the old data.
+    atomic_write_bytes(out / META_NAME, (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+    keep = {sh["name"] for s in SPLITS for sh in meta["shards"][s]} | {META_NAME, PREPARE_LOCK, READERS}
+    keep |= {meta["tokenizer_file"]} if meta.get("tokenizer_file") else set()
+    for p in out.iterdir():
+        if p.name not in keep and p.is_file() and not p.name.endswith(".tmp"):
+            p.unlink(missing_ok=True)  # the previous build's files, this build's resume record and partials
+    fsync_dir(out)
+    if progress:
+        main_mb, child_mb = peak_memory_mb()
+        _say(f"peak memory: {main_mb:.0f} MB in this process" + (f", {child_mb:.0f} MB in the largest tokenizer process"
+                                                                   if workers > 1 else ""))
+
+
+def _manifest(cfg: DataConfig, tok: Tokenizer, dtype: np.dtype, fingerprint: str, files: list | None, result: dict,
+              tok_record: dict, skipped: list) -> dict:
+    shard_lists = {s: result[s]["shards"] for s in SPLITS}
+    return {
+        # the tokens themselves, through the shards' checksums: what a resumed run checks it trains on
+        "tokens_sha256": _hash([[sh["sha256"] for sh in shard_lists[s]] for s in SPLITS]),
+        "format_version": FORMAT_VERSION,
+        "source": cfg.dataset,
+        "val_dataset": cfg.val_dataset or None,
+        "tokenizer": tok.name,
+        "vocab_size": tok.vocab_size,
+        "eot": tok.eot,
+        "dtype": dtype.name,
+        "chars": tok.chars,
+        **{k: v for k, v in tok_record.items() if k != "chars"},
+        "tokenizer_fingerprint": _hash([tok.name, tok.vocab_size, tok.chars, tok_record.get("tokenizer_sha256")]),
+        "fingerprint": fingerprint,
+        "source_files": files,
+        "val_fraction": cfg.val_fraction if not cfg.val_dataset else None,
+        "shard_tokens": cfg.shard_tokens,
+        "documents": sum(result[s]["docs"] for s in SPLITS),
+        "skipped_rows": {"count": len(skipped), "first": skipped[:20]},
+        "splits": {s: {"tokens": result[s]["tokens"], "bytes": result[s]["bytes"], "documents": result[s]["docs"]}
+                   for s in SPLITS},
+        "shards": shard_lists,
+    }
 
 
 def _empty(cfg: DataConfig) -> UserError:
     return UserError(f"data.dataset {cfg.dataset!r} contains no text; point it at non-empty text")
+
+
+def _one_split_empty(cfg: DataConfig, split: str, docs: int, tokens: int) -> UserError:
+    if cfg.val_dataset:
+        which = "data.val_dataset" if split == "val" else "data.dataset"
+        return UserError(f"{which} {getattr(cfg, which.split('.')[1])!r} contains no text; point it at non-empty text")
+    return UserError(
+        f"data.dataset {cfg.dataset!r} has {docs} document(s) ({tokens} tokens) and none fell into the {split} "
+        f"split (val holds the documents whose hash falls under val_fraction {cfg.val_fraction}); use more "
+        f"documents or another val_fraction, or name a val source with data.val_dataset"
+    )

@@ -14,25 +14,35 @@ HF_PREFIX = "hf:"
 
 @dataclass
 class DataConfig:
-    dataset: str = setting(SHAKESPEARE, '"shakespeare" | a local path (.txt file, directory of .txt files, or glob) | '
-                                        '"hf:<name>"')
-    tokenizer: str = setting("gpt2", '"char", or any tiktoken encoding name ("gpt2", "cl100k_base", ...)')
-    val_fraction: float = setting(0.1, "the last val_fraction of the token stream becomes the val split")
+    dataset: str = setting(SHAKESPEARE, '"shakespeare" | a local path: a file, folder or glob of .txt, .jsonl/.json, '
+                                        '.parquet (plain, .gz or .zst), or a folder written by datasets\' save_to_disk '
+                                        '| "hf:<name>"')
+    tokenizer: str = setting("gpt2", '"char", any tiktoken encoding name ("gpt2", "cl100k_base", ...), or '
+                                     '"bpe:<vocab_size>"')
+    val_fraction: float = setting(0.1, "the share of documents (chosen by a hash of each) that becomes the val split; "
+                                       "of a single text file, its tail")
+    val_dataset: str = setting("", "a separate val source (same forms as dataset); then all of dataset is train")
     root: str = setting("data/prepared", "prepared dirs go under here, one per (source, tokenizer)", resume=True)
     local_path: str = setting("", "a local copy of tiny shakespeare; the env var SMALLGPT_SHAKESPEARE works too",
                               resume=True)
     hf_subset: str = setting("", "HF datasets: the config (subset) name, if the dataset has several")
     hf_split: str = setting("train", "HF datasets: the split to read")
-    text_field: str = setting("text", "HF datasets: the column holding the text")
+    text_field: str = setting("text", "jsonl, parquet and HF datasets: the field holding the text")
+    skip_bad_rows: bool = setting(False, "skip (and count) rows without text in text_field instead of stopping")
     streaming: bool = setting(False, "HF datasets: stream the rows instead of downloading the dataset first",
                               resume=True)
-    num_proc: int = setting(0, "tokenizer threads; 0 = one per available core", resume=True)
+    num_proc: int = setting(0, "tokenizer processes; 0 = one per available core", resume=True)
+    shard_tokens: int = setting(100_000_000, "tokens per shard file (the last one of a split is shorter)", resume=True)
+    tokenizer_sample_mb: int = setting(200, "bpe:<n>: MB of the corpus (whole documents, chosen by hash) to train it on")
 
     def validate(self) -> None:
         """Raise UserError naming the first bad value and how to fix it."""
-        for name in ("dataset", "tokenizer", "root", "local_path", "hf_subset", "hf_split", "text_field"):
+        for name in ("dataset", "tokenizer", "root", "local_path", "hf_subset", "hf_split", "text_field", "val_dataset"):
             if not isinstance(getattr(self, name), str):
                 raise UserError(f"data.{name} must be a string, got {getattr(self, name)!r}; quote it in the config")
+        if self.val_dataset and self.val_dataset.strip() == self.dataset.strip():
+            raise UserError("data.val_dataset names the same source as data.dataset; name a separate val source, "
+                            "or leave val_dataset empty to hold out val_fraction of the documents")
         if not self.dataset.strip():
             raise UserError("data.dataset is empty; set it to 'shakespeare', a local .txt file/dir/glob, or 'hf:<name>'")
         if self.dataset.startswith(HF_PREFIX):
@@ -47,7 +57,13 @@ class DataConfig:
             raise UserError(f"data.val_fraction must be a number strictly between 0 and 1, got {self.val_fraction!r}; e.g. 0.1")
         if not self.root:
             raise UserError("data.root is empty; set it to the directory that holds prepared data, e.g. 'data/prepared'")
-        if not isinstance(self.streaming, bool):
-            raise UserError(f"data.streaming must be a boolean, got {self.streaming!r}; write true or false")
+        for name in ("streaming", "skip_bad_rows"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"data.{name} must be a boolean, got {getattr(self, name)!r}; write true or false")
+        for name, low, high in (("shard_tokens", 1, 1 << 40), ("tokenizer_sample_mb", 1, 1 << 20)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise UserError(f"data.{name} must be a whole number from {low} to {high}, got {value!r}; "
+                                f"leave it out for the default {getattr(DataConfig, name)}")
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 0:
-            raise UserError(f"data.num_proc must be a whole number >= 0, got {self.num_proc!r}; use 0 for one thread per core")
+            raise UserError(f"data.num_proc must be a whole number >= 0, got {self.num_proc!r}; use 0 for one process per core")

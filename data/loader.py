@@ -9,7 +9,7 @@ import torch
 
 from errors import UserError
 
-from .build import SPLITS, load_meta
+from .build import SPLITS, load_meta, shard_files
 
 # SplitMix64 constants: its n-th output is _mix64(state + n * _GOLDEN), so any output can be computed
 # directly from its index, which makes it a counter-based generator.
@@ -31,7 +31,8 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 
 class BatchLoader:
-    """Draws `batch_size` windows of `block_size + 1` tokens per call from `data_dir/<split>.bin`.
+    """Draws `batch_size` windows of `block_size + 1` tokens per call from a split's token files (the
+    shards of format v2, read through memmaps as one stream; train.bin / val.bin of format v1).
 
     The window of each sample is a pure function of (seed, split, step, global sample index), where
     the global index of row i on rank r at micro step m is (m * world_size + r) * batch_size + i.
@@ -74,26 +75,31 @@ class BatchLoader:
         self.world_size = world_size
         self.device = torch.device(device)
         self.bytes_per_token: float = info["bytes"] / info["tokens"]
-        self._path = Path(data_dir) / f"{split}.bin"
+        self._files = shard_files(Path(data_dir), self.meta, split)
+        self._path = self._files[0][0].parent
         self._dtype = np.dtype(self.meta["dtype"])
+        sizes = [p.stat().st_size // self._dtype.itemsize for p, _ in self._files]
+        self._starts = np.cumsum([0] + sizes)  # where each file begins in the split's stream
         self._split_id = SPLITS.index(split)
         self._n_starts = info["tokens"] - block_size  # window starts 0 .. tokens - block_size - 1
         self._check_token_range()
 
     def _check_token_range(self) -> None:
         """Every id must be < vocab_size, or the embedding lookup fails mid-run (a file damaged or edited
-        by hand, a lowered vocab_size in meta.json). Exact up to CHECK_ALL tokens; above that, 256 blocks
-        of 64k tokens spread over the file: a damaged region of a large file is found in milliseconds,
-        scattered single bad ids are not (prepare checks every id as it writes them)."""
-        data = np.memmap(self._path, dtype=self._dtype, mode="r")
-        if len(data) <= CHECK_ALL:
-            top = int(data.max()) if len(data) else 0
-        else:
-            starts = np.linspace(0, len(data) - CHECK_BLOCK, 256).astype(np.int64)
-            top = max(int(data[s : s + CHECK_BLOCK].max()) for s in starts)
-        if top >= self.meta["vocab_size"]:
-            raise UserError(f"{self._path} holds token id {top}, but meta.json says vocab_size {self.meta['vocab_size']}; "
-                            f"the prepared data is damaged: re-run `python -m data.prepare` with the same settings")
+        by hand, a lowered vocab_size in meta.json). Exact up to CHECK_ALL tokens a file; above that, 256
+        blocks of 64k tokens spread over the file: a damaged region of a large file is found in
+        milliseconds, scattered single bad ids are not (prepare checks every id as it writes them, and
+        the files' checksums when a run starts)."""
+        for path, _ in self._files:
+            data = np.memmap(path, dtype=self._dtype, mode="r")
+            if len(data) <= CHECK_ALL:
+                top = int(data.max()) if len(data) else 0
+            else:
+                starts = np.linspace(0, len(data) - CHECK_BLOCK, 256).astype(np.int64)
+                top = max(int(data[s : s + CHECK_BLOCK].max()) for s in starts)
+            if top >= self.meta["vocab_size"]:
+                raise UserError(f"{path} holds token id {top}, but meta.json says vocab_size {self.meta['vocab_size']}; "
+                                f"the prepared data is damaged: re-run `python -m data.prepare` with the same settings")
 
     def offsets(self, step: int, micro_step: int = 0) -> np.ndarray:
         """Start of each row's window for this rank at (step, micro_step)."""
@@ -109,15 +115,28 @@ class BatchLoader:
 
     def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), both int64 (batch_size, block_size), y shifted one token ahead of x."""
-        # A fresh memmap per call: a long-lived one keeps every page it touched mapped, and RSS
-        # grows over a run (nanoGPT's note); opening one costs only microseconds.
-        data = np.memmap(self._path, dtype=self._dtype, mode="r")
-        windows = np.stack([data[o : o + self.block_size + 1] for o in self.offsets(step, micro_step)])
+        windows = np.stack([self._window(int(o)) for o in self.offsets(step, micro_step)])
         windows = torch.from_numpy(windows.astype(np.int64))
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
+
+    def _window(self, start: int) -> np.ndarray:
+        """Tokens [start, start + block_size + 1) of the split's stream, across a file boundary if need be."""
+        # A fresh memmap per call: a long-lived one keeps every page it touched mapped, and RSS
+        # grows over a run (nanoGPT's note); opening one costs only microseconds.
+        end = start + self.block_size + 1
+        i = int(np.searchsorted(self._starts, start, side="right")) - 1
+        parts = []
+        while start < end:
+            data = np.memmap(self._files[i][0], dtype=self._dtype, mode="r")
+            lo = start - int(self._starts[i])
+            part = data[lo : lo + end - start]
+            parts.append(part)
+            start += len(part)
+            i += 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def state_dict(self) -> dict:
         """Plain values for a checkpoint; the step itself lives in the training loop's state. The data is
@@ -128,7 +147,7 @@ class BatchLoader:
     def load_state_dict(self, state: dict) -> None:
         if state.get("tokens_sha256") != self.meta["tokens_sha256"]:
             raise UserError(
-                f"the checkpoint was trained on different data than {self._path.parent} holds (tokens fingerprint "
+                f"the checkpoint was trained on different data than {self._path} holds (tokens fingerprint "
                 f"{str(state.get('tokens_sha256'))[:12]} vs {self.meta['tokens_sha256'][:12]}); resume with the same "
                 f"data, or start a new run"
             )

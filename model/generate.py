@@ -296,9 +296,11 @@ def generate_stream(
             logits = window_logits(width)
 
 
-def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs) -> list[list[int]]:
-    """The generated token ids of every row (prompt not included); see generate_stream."""
-    out: list[list[int]] = [[] for _ in prompts]
+def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+             into: list[list[int]] | None = None, **kwargs) -> list[list[int]]:
+    """The generated token ids of every row (prompt not included); see generate_stream. `into`: the
+    lists to append them to, so that what was generated before an interrupt is still there."""
+    out: list[list[int]] = into if into is not None else [[] for _ in prompts]
     for step in generate_stream(model, prompts, max_new_tokens, **kwargs):
         for row, t in enumerate(step):
             if t is not None:

@@ -25,7 +25,7 @@ ATTN_BACKENDS = ("sdpa", "manual")
 GELU_APPROXIMATIONS = ("tanh", "none")
 POS_EMBEDDINGS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
-MLP_ACTS = ("gelu", "relu2")
+MLP_ACTS = ("gelu", "relu2", "swiglu")
 
 
 # Sizes past any model this project can train: refused before anything is built (an absurd config would
@@ -53,7 +53,9 @@ class GPTConfig:
     rope_base: float = 10000.0  # rotary: the angle of pair i at position p is p * rope_base ** (-2i / head_dim)
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
     qk_norm: bool = False  # RMS-normalise each head's q and k before attention: bounded logits, stabler at high lr
-    mlp_act: str = "gelu"  # "gelu" (GPT-2, see gelu_approximate) or "relu2": relu(x) ** 2
+    # "gelu" (GPT-2, see gelu_approximate), "relu2": relu(x) ** 2, or "swiglu": silu(x W_gate) * (x W_up), the
+    # gated MLP of Llama and Qwen (its hidden layer is 2/3 as wide, so it has about GPT-2's parameter count)
+    mlp_act: str = "gelu"
     tie_embeddings: bool = True  # the LM head shares wte's weight (GPT-2); False gives it its own
     zero_init_proj: bool = False  # zero-init the residual projections (and an untied head): each block starts as identity
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap), which keeps them in (-cap, cap)
@@ -78,8 +80,10 @@ class GPTConfig:
             reasons.append("RMSNorm (norm=rmsnorm)")
         if self.qk_norm:
             reasons.append("QK-norm (qk_norm=true)")
-        if self.mlp_act != "gelu":
+        if self.mlp_act == "relu2":
             reasons.append("the ReLU² MLP (mlp_act=relu2)")
+        if self.mlp_act == "swiglu":
+            reasons.append("the SwiGLU MLP (mlp_act=swiglu)")
         if self.logit_softcap:
             reasons.append(f"a logit soft-cap (logit_softcap={self.logit_softcap})")
         return reasons
@@ -152,6 +156,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def mlp_hidden(config: GPTConfig) -> int:
+    """Width of the MLP's hidden layer: 4 * n_embd (GPT-2). SwiGLU has two input matrices, so it takes 2/3 of
+    that, rounded up to a multiple of 64 for matmul tiles (as Llama does): about GPT-2's parameter count."""
+    if config.mlp_act == "swiglu":
+        return math.ceil(8 * config.n_embd / 3 / 64) * 64
+    return 4 * config.n_embd
+
+
 class ReLUSquared(nn.Module):
     def forward(self, x):
         return F.relu(x).square()
@@ -181,6 +193,7 @@ class CausalSelfAttention(nn.Module):
         self.backend = config.attn_backend
         self.dropout = config.dropout
         self.qk_norm = config.qk_norm
+        self.norm_eps = config.layer_norm_eps  # as every norm's (and Qwen3's q_norm and k_norm)
         # one Linear makes q, k and v together: a single larger matmul is faster than three small ones
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -196,7 +209,8 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         if self.qk_norm:
-            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+            q = F.rms_norm(q, (self.head_dim,), eps=self.norm_eps)
+            k = F.rms_norm(k, (self.head_dim,), eps=self.norm_eps)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # before caching: keys keep their positions
         if kv_cache is not None:
@@ -223,15 +237,29 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """c_proj(act(c_fc(x))). With SwiGLU, c_fc makes the gate and the up projection side by side (one
+    matmul, as c_attn makes q, k and v) and c_proj takes silu(gate) * up."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.act = nn.GELU(approximate=config.gelu_approximate) if config.mlp_act == "gelu" else ReLUSquared()
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        hidden = mlp_hidden(config)
+        self.gated = config.mlp_act == "swiglu"
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.gated else hidden, bias=config.bias)
+        if config.mlp_act == "gelu":
+            self.act = nn.GELU(approximate=config.gelu_approximate)
+        else:
+            self.act = nn.SiLU() if self.gated else ReLUSquared()
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+        h = self.c_fc(x)  # (B, T, hidden), or (B, T, 2 * hidden) = gate | up
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)  # (B, T, hidden) each
+            h = self.act(gate) * up
+        else:
+            h = self.act(h)
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):

@@ -1,24 +1,18 @@
-"""Conversion between our GPT and HF transformers' GPT-2 format (config.json + safetensors).
+"""The mapping between our GPT and HF transformers' GPT-2 format: config.json's fields and the tensors.
 
 Our parameter names are GPT-2's, so the only change is that HF's Conv1D stores its weight as
 (in, out) where nn.Linear stores (out, in): those four matrices per block are transposed.
 
-    model = from_pretrained("gpt2")            # a hub name, or a local HF directory
-    write_hf_weights(model, directory)          # config.json + model.safetensors
+    model = gpt_from_hf(config_json, hf_state_dict)   # HF GPT-2 -> ours
+    tensors = gpt2_tensors(model)                      # ours -> HF GPT-2's model.safetensors
 
-A complete export (tokenizer and generation config too, atomic, refusing what GPT-2 can't express)
-is model/export.py: python -m model.export --checkpoint out/small --out gpt2-small-hf
+The files themselves are read and written by checkpoint/hf.py; the whole export (tokenizer, generation
+config, model card; Llama, Qwen3 or our own modeling code for what GPT-2 can't express, model/hf_modern.py)
+is `python -m checkpoint.export --checkpoint out/small --out gpt2-small-hf`.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from safetensors.torch import load_file, save_file
-
-from fileio import atomic_write, atomic_write_bytes
-from network import hub_offline_unless_reachable
 
 from .gpt import GPT, GPTConfig
 
@@ -55,38 +49,10 @@ def _config_from_hf(hf: dict, **overrides) -> GPTConfig:
     return GPTConfig(**fields)
 
 
-def _resolve_dir(name_or_dir: str) -> Path:
-    path = Path(name_or_dir)
-    if path.is_dir():
-        return path
-    # not a local directory: a hub name such as "gpt2" or "gpt2-medium" (needs the network once)
-    from huggingface_hub import snapshot_download
-
-    hub_offline_unless_reachable()  # the hub not answering: the cache or a quick error, not 30 s of retries
-    try:
-        return Path(snapshot_download(name_or_dir, allow_patterns=["config.json", "*.safetensors"]))
-    except Exception as e:  # offline, unknown repo, ...: the caller turns this into a clear message
-        raise FileNotFoundError(
-            f"{name_or_dir!r} is neither a local HF directory nor a reachable hub model ({type(e).__name__})"
-        ) from e
-
-
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "model.safetensors").is_file():
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
-
-
-def from_pretrained(name_or_dir: str, **overrides) -> GPT:
-    """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...)."""
-    path = _resolve_dir(name_or_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    config = _config_from_hf(json.loads((path / "config.json").read_text()), **overrides)
-    hf_sd = _read_state_dict(path)
-
+def gpt_from_hf(hf: dict, hf_sd: dict[str, torch.Tensor], **overrides) -> GPT:
+    """Our GPT from HF GPT-2's config.json (a dict) and state dict: the names are the same, the four
+    Conv1D matrices per block are transposed. Raises ValueError naming what does not fit."""
+    config = _config_from_hf(hf, **overrides)
     model = GPT(config)
     ours = model.state_dict()
     converted = {}
@@ -111,13 +77,13 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     return model
 
 
-def hf_config(model: GPT, eos_token_id: int | None) -> dict:
-    """HF's GPT-2 config.json for our model."""
+def hf_config(model: GPT, eos_token_id: int | None, vocab_size: int | None = None) -> dict:
+    """HF's GPT-2 config.json for our model (vocab_size: the exported rows, default all)."""
     cfg = model.config
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
-        "vocab_size": cfg.vocab_size,
+        "vocab_size": vocab_size or cfg.vocab_size,
         "n_positions": cfg.block_size,
         "n_ctx": cfg.block_size,
         "n_embd": cfg.n_embd,
@@ -133,26 +99,34 @@ def hf_config(model: GPT, eos_token_id: int | None) -> dict:
         "bos_token_id": eos_token_id,
         "eos_token_id": eos_token_id,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": "float32",
+        "dtype": "float32",  # what transformers 5 reads
+        "torch_dtype": "float32",  # what transformers 4 reads (5 drops it when dtype is there)
     }
 
 
-def write_hf_weights(model: GPT, out_dir, eos_token_id: int | None = None) -> None:
-    """config.json and model.safetensors in `out_dir` (which must exist), each written atomically."""
-    out = Path(out_dir)
-    tensors = {}
+def cropped_state(model: GPT, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+    """Our state dict in fp32 on the CPU, contiguous, a tied head left out (HF ties it to wte on load).
+    vocab_size cuts the token embedding and the head to the tokenizer's rows: a vocabulary padded for
+    GPU tiles (50304) has rows no tokenizer id reaches, which an HF model would otherwise sample."""
+    state = {}
     for key, tensor in model.state_dict().items():
         if key == "lm_head.weight" and model.config.tie_embeddings:
-            continue  # HF ties it to wte on load (tie_word_embeddings true)
+            continue
         tensor = tensor.detach().float().cpu()
-        tensors[key] = (tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor).contiguous()
+        if vocab_size and key in ("transformer.wte.weight", "lm_head.weight"):
+            tensor = tensor[:vocab_size]
+        state[key] = tensor.contiguous()
+    return state
+
+
+def gpt2_tensors(model: GPT, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of HF GPT-2's model.safetensors for our model: cropped_state with the Conv1D matrices
+    transposed, and zero biases where ours has none (HF's GPT-2 always has biases: zeros are exactly "no
+    bias")."""
+    tensors = {key: (t.t().contiguous() if key.endswith(CONV1D_SUFFIXES) else t)
+               for key, t in cropped_state(model, vocab_size).items()}
     if not model.config.bias:
-        # HF's GPT-2 always has biases: zeros are exactly "no bias"
         for name, module in model.named_modules():
             if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and module.bias is None and name != "lm_head":
                 tensors[f"{name}.bias"] = torch.zeros(module.weight.shape[0])
-    if eos_token_id is None and model.config.vocab_size > 50256:
-        eos_token_id = 50256  # GPT-2's <|endoftext|>
-    with atomic_write(out / "model.safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    atomic_write_bytes(out / "config.json", (json.dumps(hf_config(model, eos_token_id), indent=2) + "\n").encode())
+    return tensors

@@ -5,6 +5,7 @@ bf16, the Linear weights prepacked in oneDNN's layout). The model itself knows n
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -14,6 +15,7 @@ import torch
 from model import GPT
 from model.generate import decode_one_token, generate
 
+from .choices import auto_dtype
 from .device import with_compile_fallback
 from .precision import inference_dtype
 
@@ -116,6 +118,10 @@ def setup_decoding(model: GPT, device: torch.device, dtype: str = "auto", *, com
         m, fn, _ = prepared(dt)
         generate(m, [[0] * PROBE_PROMPT], PROBE_TOKENS, temperature=0, decode_fn=fn)
 
-    chosen, note = inference_dtype(dtype, device, decode=None if compile else decode)
+    choose = lambda: inference_dtype(dtype, device, decode=None if compile else decode)  # noqa: E731
+    if dtype == "auto" and not compile:  # decided once per (machine, model) and reused: the same text every run
+        chosen, note = auto_dtype("sample", {"model": dataclasses.asdict(model.config)}, choose, device)
+    else:
+        chosen, note = choose()
     m, fn, packed = prepared(chosen)
     return Decoding(m, fn, chosen, packed, note)

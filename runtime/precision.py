@@ -36,6 +36,38 @@ def cuda_native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def cpu_native_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware (AMX or AVX512-BF16), as oneDNN sees it. False on
+    AVX2-only CPUs (e.g. AMD Zen 3), where bf16 is emulated ~25x slower than fp32, and under
+    ONEDNN_MAX_CPU_ISA=AVX2. The one place that asks: every dtype choice goes through it, so tests
+    can turn it off (monkeypatch runtime.precision.cpu_native_bf16)."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def native_bf16(device: torch.device) -> bool:
+    """bf16 in hardware on this device: CUDA compute capability 8.0+, or a CPU with AMX / AVX512-BF16."""
+    if device.type == "cuda":
+        return cuda_native_bf16(device)
+    return device.type == "cpu" and cpu_native_bf16()
+
+
+def fastest_native_dtype(device: torch.device) -> torch.dtype:
+    """The dtype for work that tolerates bf16's rounding (Muon's Newton-Schulz iterations): bf16 where
+    the device computes it natively, fp32 elsewhere (never an emulated dtype)."""
+    return torch.bfloat16 if native_bf16(device) else torch.float32
+
+
+def sharded_param_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype FSDP gathers the parameters in for a run training in `dtype` (its mixed-precision
+    policy; gradients are always reduced in fp32): bf16 where the run trains in bf16 and the device
+    computes it natively (CUDA 8.0+, a CPU with AMX / AVX512-BF16), which halves the all-gathers and
+    the gathered copies; None (the stored fp32) everywhere else, e.g. fp16 runs, whose GradScaler wants
+    fp32 parameters, and CPUs that would emulate bf16."""
+    if dtype != torch.bfloat16:
+        return None
+    return torch.bfloat16 if native_bf16(device) else None
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -60,27 +92,51 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, reps: 
     return 2.0 * n**3 / best
 
 
-def fastest(candidates: Sequence[torch.dtype], run: Callable[[torch.dtype], object], device: torch.device,
-            reps: int = 3, margin: float = 0.05) -> tuple[torch.dtype, dict[str, float]]:
-    """Time run(dtype) for each candidate: one warm-up call each, then `reps` calls each, interleaved so
-    that a busy neighbour slows all alike; the median per dtype. -> (pick, seconds by name).
+def decision_budget_s(run_s: float = 0.0) -> float:
+    """What choosing a dtype may cost: 5 s, or 2% of the run it is for, whichever is larger."""
+    return max(5.0, 0.02 * run_s)
 
-    The first candidate (the more exact one) is kept unless another is faster by more than `margin`:
-    a near tie is within the probe's run-to-run noise (on a Xeon with AMX the BPE step measured 135.4 ms
-    in fp32 and 135.1 ms in bf16, then ran 8% faster in fp32), and then exactness wins."""
+
+def fastest(candidates: Sequence[torch.dtype], run: Callable[[torch.dtype], object], device: torch.device,
+            reps: int = 3, margin: float = 0.05, budget_s: float | Callable[[float], float] = 5.0,
+            ) -> tuple[torch.dtype, dict[str, float]]:
+    """Time run(dtype) for each candidate: one warm-up call each, then up to `reps` calls each,
+    interleaved so that a busy neighbour slows all alike; the median per dtype. -> (pick, seconds by name).
+
+    - A candidate whose first timed call is over 2x another's is abandoned there (an emulated dtype,
+      or a kernel path far off the other's): it is never the pick, and it is not run again.
+    - The whole decision stops adding rounds once it has spent `budget_s` seconds (a number, or a
+      function of the first candidate's first timed call, e.g. 2% of the run that many steps make).
+    - The first candidate (the more exact one) is kept unless another is faster by more than `margin`:
+      a near tie is within the probe's run-to-run noise (on a Xeon with AMX the BPE step measured
+      135.4 ms in fp32 and 135.1 ms in bf16, then ran 8% faster in fp32), and then exactness wins."""
+    start = time.perf_counter()
     times: dict[torch.dtype, list[float]] = {dt: [] for dt in candidates}
+    live = list(candidates)
+    limit = budget_s if not callable(budget_s) else None
     for rep in range(reps + 1):
-        for dt in candidates:
+        for dt in live:
             _sync(device)
             t0 = time.perf_counter()
             run(dt)
             _sync(device)
             if rep:
                 times[dt].append(time.perf_counter() - t0)
-    medians = {dt: statistics.median(ts) for dt, ts in times.items()}
+        if rep == 1:
+            quickest = min(times[dt][0] for dt in live)
+            live = [dt for dt in live if times[dt][0] <= 2.0 * quickest]
+            if limit is None:
+                limit = budget_s(times[candidates[0]][0])
+        if rep >= 1 and len(live) < 2:
+            break
+        spent = time.perf_counter() - start
+        if rep >= 1 and spent + sum(times[dt][-1] for dt in live) > limit:
+            break  # another round would go over what the decision may cost
+    medians = {dt: statistics.median(ts) for dt, ts in times.items() if dt in live}
     best, first = min(medians, key=medians.get), candidates[0]
-    pick = best if medians[best] < (1 - margin) * medians[first] else first
-    return pick, {dtype_name(dt): t for dt, t in medians.items()}
+    pick = best if first not in medians or medians[best] < (1 - margin) * medians[first] else first
+    seconds = {dtype_name(dt): statistics.median(ts) for dt, ts in times.items() if ts}
+    return pick, seconds
 
 
 def _timed_note(what: str, pick: torch.dtype, seconds: dict[str, float]) -> str:
@@ -89,15 +145,18 @@ def _timed_note(what: str, pick: torch.dtype, seconds: dict[str, float]) -> str:
 
 
 def training_dtype(name: str, device: torch.device,
-                   forward_backward: Callable[[torch.dtype], object] | None = None) -> tuple[torch.dtype, str]:
+                   forward_backward: Callable[[torch.dtype], object] | None = None,
+                   run_steps: int = 0) -> tuple[torch.dtype, str]:
     """The training dtype for train.dtype=name on this device -> (dtype, note to print).
 
     auto: on CUDA bf16 where native, else fp16 (with a GradScaler). On a CPU the faster of fp32 and bf16
     autocast for THIS model: `forward_backward(dtype)` runs one forward and backward pass of the real
     model on a real batch (training/step.py's probe, which leaves the weights and every RNG stream as
     they were). A matmul probe says nothing about a small model whose step is dominated by small
-    kernels, and some CPUs run bf16 in hardware (AMX, AVX512-BF16) while others emulate it. Without a
-    forward_backward (or elsewhere): fp32.
+    kernels, and some CPUs run bf16 in hardware (AMX, AVX512-BF16) while others emulate it. A CPU
+    without native bf16 (cpu_native_bf16) never runs bf16 at all: fp32 without timing anything. The
+    timing costs at most max(5 s, 2% of the run's `run_steps` steps). Without a forward_backward (or
+    elsewhere): fp32.
     """
     if name != "auto":
         return DTYPE_BY_NAME[name], f"dtype {name} (from config)"
@@ -106,10 +165,16 @@ def training_dtype(name: str, device: torch.device,
             return torch.bfloat16, "dtype auto -> bfloat16 (CUDA with native bf16)"
         return torch.float16, ("dtype auto -> float16 with GradScaler (this GPU has no native bf16: "
                                f"compute capability {'.'.join(map(str, torch.cuda.get_device_capability(device)))})")
+    if device.type == "cpu" and not cpu_native_bf16():
+        return torch.float32, NO_NATIVE_BF16
     if device.type == "cpu" and forward_backward is not None:
-        pick, seconds = fastest((torch.float32, torch.bfloat16), forward_backward, device)
+        pick, seconds = fastest((torch.float32, torch.bfloat16), forward_backward, device,
+                                budget_s=lambda first: decision_budget_s(first * run_steps))
         return pick, _timed_note("the model's forward + backward", pick, seconds)
     return torch.float32, f"dtype auto -> float32 on {device.type}"
+
+
+NO_NATIVE_BF16 = "dtype auto -> float32 (this CPU has no native bf16: bf16 would be emulated, so it is not tried)"
 
 
 def inference_dtype(name: str, device: torch.device,
@@ -124,8 +189,9 @@ def inference_dtype(name: str, device: torch.device,
         return DTYPE_BY_NAME[name], f"dtype {name}"
     if device.type == "cuda":
         return (torch.bfloat16 if cuda_native_bf16(device) else torch.float16), "dtype auto (CUDA)"
-    if (device.type == "cpu" and decode is not None and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if device.type == "cpu" and not cpu_native_bf16():
+        return torch.float32, NO_NATIVE_BF16
+    if device.type == "cpu" and decode is not None:
         pick, seconds = fastest((torch.float32, torch.bfloat16), decode, device)
         return pick, _timed_note("decoding", pick, seconds)
     return torch.float32, "dtype auto -> float32"

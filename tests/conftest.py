@@ -24,6 +24,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 
+@pytest.fixture(autouse=True)
+def own_choice_cache(tmp_path_factory, monkeypatch):
+    """Each test gets an empty cache of measured choices (runtime/choices.py), never the user's: a
+    choice cached by one test must not decide another's (subprocesses inherit the variable)."""
+    monkeypatch.setenv("SMALLGPT_CACHE_DIR", str(tmp_path_factory.mktemp("choices")))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
     # tests run tiny ops, where a second OpenMP thread costs more than it gives, and on a shared

@@ -11,6 +11,8 @@ the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_KILL_AFTER=k           SIGKILL this process right after its k-th step (before that step is logged)
     SMALLGPT_TEST_KILL_IN_SAVE=k         SIGKILL this process in the middle of writing its k-th checkpoint
                                          (k = 1, 2, ...): half the bytes are in the temp file, none renamed
+    SMALLGPT_TEST_KILL_IN_SHARDED_SAVE=k  SIGKILL rank 0 in its k-th sharded checkpoint write, once every
+                                         rank's shards and state.pt are in the temp dir, before the rename
     SMALLGPT_TEST_OUT_DIR_PER_RANK=1     each rank appends -rank<R> to train.out_dir (no shared out_dir)
     SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY=1  data preparation fails loudly on any rank but 0
 """
@@ -73,6 +75,22 @@ def kill_in_save(k: int) -> None:
     checkpoint.format.torch.save = save
 
 
+def kill_in_sharded_save(k: int) -> None:
+    """Make rank 0 die of SIGKILL in its k-th sharded checkpoint write, just before the rename that
+    would publish it (the other ranks are then stopped by torchrun)."""
+    import checkpoint.sharded
+
+    real, saves = checkpoint.sharded.replace_dir, 0
+
+    def replace_dir(tmp, final):
+        nonlocal saves
+        saves += 1
+        if saves >= k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(tmp, final)
+    checkpoint.sharded.replace_dir = replace_dir
+
+
 @contextmanager
 def inject(**faults):
     import train
@@ -96,6 +114,8 @@ if __name__ == "__main__":
     train.train_step = wrap_step(train.train_step, **env)
     if "SMALLGPT_TEST_KILL_IN_SAVE" in os.environ:
         kill_in_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SAVE"]))
+    if "SMALLGPT_TEST_KILL_IN_SHARDED_SAVE" in os.environ:
+        kill_in_sharded_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SHARDED_SAVE"]))
     rank = int(os.environ.get("RANK", "0"))
     argv = sys.argv[1:]
     if os.environ.get("SMALLGPT_TEST_OUT_DIR_PER_RANK"):

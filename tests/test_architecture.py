@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval")
 TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "settings", "network")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
-OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel"}
+OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel",
+            "pyarrow", "tokenizers", "psutil"}  # pyarrow: jsonl/parquet/.gz/.zst sources only; tokenizers: bpe:<n>
+# only; psutil (a dev requirement): bench.py's corpus row only
 # `import data` stays light (tests/test_data_prepare.py checks it): data/__init__.py's module __getattr__
 # imports the torch-using BatchLoader only when asked for, and the progress bar is imported when shown
 LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build", "tqdm")}
@@ -226,3 +228,24 @@ def test_every_part_a_run_registers_is_in_the_checkpoint_schema():
         ckpt.register("throwaway", object())
     for name in ("model", "optimizer", "scaler", "loader", "train", "rng"):
         assert name in SCHEMA
+
+
+def test_only_the_checkpoint_module_opens_checkpoint_files():
+    """Every read or write of weight files (our checkpoints, HF's model.safetensors and
+    pytorch_model.bin) goes through checkpoint/: no torch.load / torch.save, no safetensors
+    load_file / save_file / safe_open anywhere else in the product."""
+    opening = {"load", "save", "load_file", "save_file", "safe_open"}
+    found, offenders = [], []
+    for module, tree in _product_trees().items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else None
+            if name in ("load_file", "save_file", "safe_open") or (owner == "torch" and name in opening):
+                found.append(module)
+                if not module.startswith("checkpoint"):
+                    offenders.append(f"{module}:{node.lineno} {owner + '.' if owner else ''}{name}")
+    assert "checkpoint.format" in found and "checkpoint.hf" in found  # the scan sees the owner's own calls
+    assert not offenders, offenders

@@ -16,6 +16,7 @@ import benchmarks.train
 import model.generate
 import sample
 import training.step
+from runtime.precision import cpu_native_bf16
 
 QUICK = ["--quick", "--warmup", "0", "--iters", "1", "--rounds", "1"]
 
@@ -30,29 +31,33 @@ def test_bench_quick_smoke(tmp_path, capsys):
     for line in ("machine:", "peaks (MFU is against these)", "dtype auto ->", "peak RSS", "other processes kept"):
         assert line in out
     table = [ln for ln in out.splitlines()
-             if ln.startswith(("BPE train", "char train", "decode", "prepare")) and ": dtype auto" not in ln]
+             if ln.startswith(("BPE train", "char train", "Muon vs AdamW", "decode", "prepare")) and ": dtype auto" not in ln]
     rows = {tuple(re.split(r"\s{2,}", ln.strip())[:2]) for ln in table}  # (section, row name)
+    native = cpu_native_bf16()  # bf16 rows only where bf16 is native: an emulated dtype is never timed
     for section in ("BPE train", "char train"):
         assert ((section, "ours float32 (auto)") in rows) + ((section, "ours bfloat16 (auto)") in rows) == 1, rows
-        assert sum(1 for s, _ in rows if s == section) == 2  # auto precision + the other one (CPU)
-        assert f"{section}: dtype auto -> " in out and " ms in float32, " in out  # both probe times shown
+        assert sum(1 for s, _ in rows if s == section) == 1 + native  # auto precision + the other one (CPU)
+        assert f"{section}: dtype auto -> " in out
+        assert (" ms in float32, " in out) == native  # both probe times shown where both were timed
     assert any(s == "decode" and "sample.py default" in n for s, n in rows)
+    assert any(s == "Muon vs AdamW" for s, _ in rows) and "Muon step / AdamW step (shakespeare_char_modern" in out
+    assert "BPE fp32 step: " in out and "of the fp32 matmul probe's peak" in out
     assert ("prepare", "ours prepare_data") in rows and ("prepare", "ours tokenize only") in rows
     assert all(ln.rstrip().endswith("x") for ln in table)  # every row has its baseline ratio
 
     report = json.loads(out_json.read_text())
     for key in ("settings", "machine", "dtype_auto", "peak_flops", "rows", "decode", "prepare", "busy",
-                "peak_rss_mb", "wall_s"):
+                "peak_rss_mb", "wall_s", "muon", "targets"):
         assert key in report, key
     for key in ("cpu", "cores", "torch", "threads", "amx", "avx512_bf16"):
         assert key in report["machine"], key
-    assert set(report["peak_flops"]) == {"float32", "bfloat16"}
+    assert set(report["peak_flops"]) == {"float32", "bfloat16"} if native else {"float32"}
     assert len(report["rows"]) == len(table)
     for row in report["rows"]:
         for key in ("section", "name", "precision", "unit", "ours", "base", "ours_tok_s", "base_tok_s", "speedup"):
             assert key in row, (row["name"], key)
         assert row["ours"] > 0 and row["base"] > 0
-    for row in report["rows"][:4]:  # training rows carry FLOP/s
+    for row in report["rows"][:2 + 2 * native]:  # training rows carry FLOP/s
         for key in ("ours_flops", "base_flops"):
             assert row[key] > 0, (row["name"], key)
 
@@ -86,11 +91,34 @@ def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monke
     monkeypatch.setattr(benchmarks.decode, "setup_decoding", counting("setup", sample.setup_decoding))
     monkeypatch.setattr(benchmarks.decode, "generate", counting("generate", model.generate.generate))
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--only", "decode", "--iters", "2"]) == 0
-    # 2 shapes x 2 precisions x (2 timed steps), no warm-up
-    assert calls["step"] == 2 * 2 * 2
-    # decode: sample.py's set-up once; its row and the other dtype's row each generate once to warm
-    # up, once timed and once for the agreement check
-    assert calls["setup"] == 1 and calls["generate"] == 2 * 3
+    dtypes = 1 + cpu_native_bf16()  # fp32, and bf16 where native
+    # 2 shapes x the precisions x (2 timed steps), no warm-up
+    assert calls["step"] == 2 * dtypes * 2
+    # decode: sample.py's set-up once; its row (and the other dtype's row, where bf16 is native) each
+    # generate once to warm up, once timed and once for the agreement check
+    assert calls["setup"] == 1 and calls["generate"] == dtypes * 3
+
+
+def test_bench_isa_avx2_reruns_the_sections_in_a_child_under_the_avx2_variables(tmp_path, capsys, monkeypatch):
+    """One command gives both reports: the child gets the same options (without --isa-avx2, with its
+    own --json) and the variables that cap oneDNN and ATen at AVX2; its JSON lands in ours."""
+    seen = {}
+
+    def fake_run(cmd, env):
+        seen.update(cmd=cmd, env=env)
+        json_path = cmd[cmd.index("--json") + 1]
+        with open(json_path, "w") as f:
+            json.dump({"machine": {"cpu_capability": "AVX2"}}, f)
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    out_json = tmp_path / "b.json"
+    argv = [*QUICK, "--device", "cpu", "--only", "muon", "--isa-avx2", "--json", str(out_json)]
+    assert bench.main(argv) == 0
+    assert seen["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2" and seen["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert "--isa-avx2" not in seen["cmd"] and str(out_json) not in seen["cmd"] and "muon" in seen["cmd"]
+    assert "under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["isa_avx2"] == {"machine": {"cpu_capability": "AVX2"}}
 
 
 def test_bench_bad_option_is_one_line(capsys):
@@ -98,6 +126,18 @@ def test_bench_bad_option_is_one_line(capsys):
         bench.run_cli(lambda: bench.main(["--iters", "0"]))
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --iters must be >= 1, got 0"
+    with pytest.raises(SystemExit):
+        bench.run_cli(lambda: bench.main(["--loss-chunks", "64,lots"]))
+    assert capsys.readouterr().err.strip() == ("error: --loss-chunks must be positive row counts separated by commas, "
+                                               "e.g. 64,256; got '64,lots'")
+
+
+def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):
+    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--loss-chunks", "64"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and "chunks of 128 (auto)" in out
+    assert re.search(r"char train\s+ours float32 \(auto\)", out) 
+    assert not any(ln.startswith("char train") and "chunks of" in ln for ln in out.splitlines())
 
 
 def test_budget_reports_each_configs_val_loss_within_the_time_nanogpts_recipe_takes(tmp_path, monkeypatch):
@@ -179,3 +219,18 @@ def test_an_interrupted_or_killed_bench_leaves_no_temp_folder(tmp_path, monkeypa
     with bench.bench_temp_dir():
         pass
     assert not dead.exists() and live.exists()
+
+
+def test_corpus_row_prepares_with_ours_and_the_pool_baseline_and_resumes_byte_equal(tmp_path):
+    import json
+
+    from benchmarks.prepare import bench_corpus
+
+    rows, info = bench_corpus(tmp_path, 1, 1, 20_000, lambda msg: None)  # 1 MB, one process, small shards
+    assert [r["name"].split(" ")[0] for r in rows] == ["jsonl", "resume"]
+    assert info["resumed_equals_uninterrupted"] and info["ours_peak_rss_mb"] > 0 and info["base_peak_rss_mb"] > 0
+    # the baseline puts eot before every document; ours between the documents of each of its two splits
+    base_tokens = sum(p.stat().st_size // 2 for p in (tmp_path / "base").iterdir())
+    meta = json.loads(next((tmp_path / "ours").iterdir()).joinpath("meta.json").read_text())
+    assert base_tokens == info["tokens"] + 2 and meta["documents"] == sum(
+        1 for p in (tmp_path / "corpus").iterdir() for line in p.open() if line.strip())

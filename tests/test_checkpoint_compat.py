@@ -12,10 +12,11 @@ import torch
 import sample
 import train
 from checkpoint import load_model
-from data import DataConfig, prepare_data
 from training.config import load_config
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "ckpt_v2_char.pt"
+# the tiny shakespeare char data that run was trained on, prepared by the same commit (format 1)
+PREPARED_V1 = Path(__file__).resolve().parent / "fixtures" / "prepared-v1-char"
 # the settings the fixture was trained with (its config entry holds them too)
 FIXTURE_ARGV = ["--config", "shakespeare_char", "--model.n_layer=1", "--model.n_head=2", "--model.n_embd=16",
                 "--model.block_size=16", "--train.batch_size=2", "--train.eval_interval=3", "--train.eval_iters=1",
@@ -56,8 +57,9 @@ def test_an_old_checkpoint_samples_greedily_like_an_uncached_loop(capsys):
 
 
 def test_an_old_run_resumes_where_it_stopped(tmp_path):
+    """An old run resumes on the data it was prepared with (an unchanged format-1 dir is kept)."""
     root = tmp_path / "prepared"
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    shutil.copytree(PREPARED_V1, root)
     out = tmp_path / "old-run"
     out.mkdir()
     shutil.copy(FIXTURE, out / "ckpt.pt")

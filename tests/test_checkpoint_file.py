@@ -128,7 +128,7 @@ def test_bad_checkpoint_files_raise_one_line_user_error(tmp_path, case):
     elif case == "dir_without_ckpt":
         target = tmp_path / "empty_dir"
         target.mkdir()
-        pattern = "no ckpt.pt in directory"
+        pattern = "no ckpt.pt or ckpt.dcp in directory"
     elif case == "truncated":
         data = good.read_bytes()
         target.write_bytes(data[: len(data) // 2])

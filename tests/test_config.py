@@ -248,3 +248,34 @@ def test_the_parameter_count_from_the_config_bounds_the_built_models():
         with torch.device("meta"):
             built = sum(p.numel() for p in GPT(config).parameters())
         assert built <= config.approx_num_params() <= 1.02 * built, (kw, built)
+
+
+def test_the_model_section_holds_every_model_field_and_converts_to_gpt_config():
+    """ModelSection converts to GPTConfig (it does not inherit from it): a field added to the model but
+    not to the config section, or the other way round, fails here."""
+    import dataclasses
+
+    from model.gpt import GPTConfig
+    from training.config import ModelSection
+
+    model_fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    section_fields = {f.name for f in dataclasses.fields(ModelSection)}
+    assert section_fields - model_fields == {"init_from"} and model_fields <= section_fields
+    cfg = load_config(["--model.n_layer=3", "--model.mlp_act=relu2"]).model.gpt_config(65)
+    assert isinstance(cfg, GPTConfig) and (cfg.n_layer, cfg.mlp_act, cfg.vocab_size, cfg.n_embd) == (3, "relu2", 65, 128)
+
+
+def test_each_key_carries_its_help_and_resume_rule_on_its_field():
+    """One place per key: the help line and whether a resume may change it are the field's metadata
+    (settings.setting); resume_conflicts reads them, so no separate table can fall out of step."""
+    import dataclasses
+
+    from training.config import Config
+
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(getattr(Config(), section.name)):
+            assert f.metadata.get("help"), f"{section.name}.{f.name}"
+            assert isinstance(f.metadata.get("resume"), bool), f"{section.name}.{f.name}"
+    old = load_config([]).to_dict()
+    assert resume_conflicts(old, load_config(["--train.lr=5e-4", "--model.dropout=0.2"])) == []  # resume=True
+    assert resume_conflicts(old, load_config(["--model.bias=false"])) == ["model.bias: True -> False"]

@@ -14,6 +14,7 @@ import pytest
 import data.sources
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
+from prepared_files import first_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +106,7 @@ def test_empty_source_leaves_the_good_data(good):
 def test_directory_without_txt_files_is_an_empty_source(tmp_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus/readme.md").write_text("words", encoding="utf-8")
-    user_error(lambda: prepare_data(DataConfig(dataset=str(tmp_path / "corpus"), root=str(tmp_path)), progress=False), "no .txt files", "glob")
+    user_error(lambda: prepare_data(DataConfig(dataset=str(tmp_path / "corpus"), root=str(tmp_path)), progress=False), "no .txt, .jsonl, .json or .parquet files", "glob")
 
 
 def test_source_too_small_to_split(tmp_path):
@@ -123,9 +124,10 @@ def test_split_shorter_than_block_size_plus_one(good):
 
 def test_corrupt_bin_is_reported_then_rebuilt_by_prepare(good):
     cfg, out, before = good
-    with open(out / "train.bin", "ab") as f:
+    with open(first_file(out, "train"), "ab") as f:
         f.write(b"\x00")  # uint16 data with an odd byte count
-    user_error(lambda: BatchLoader(out, "train", block_size=8, batch_size=2, seed=0), "train.bin", "multiple of 2", "data.prepare")
+    user_error(lambda: BatchLoader(out, "train", block_size=8, batch_size=2, seed=0), first_file(out, "train").name,
+               "multiple of 2", "data.prepare")
     user_error(lambda: load_meta(out), "corrupt")
     prepare_data(cfg, progress=False)  # corrupt data is not good data: prepare rebuilds it
     assert snapshot(out) == before
@@ -133,8 +135,9 @@ def test_corrupt_bin_is_reported_then_rebuilt_by_prepare(good):
 
 def test_bin_shorter_than_meta_says_is_reported(good):
     cfg, out, before = good
-    (out / "val.bin").write_bytes((out / "val.bin").read_bytes()[:-2])
-    user_error(lambda: load_meta(out), "val.bin", "tokens", "data.prepare")
+    val = first_file(out, "val")
+    val.write_bytes(val.read_bytes()[:-2])
+    user_error(lambda: load_meta(out), val.name, "tokens", "data.prepare")
 
 
 def test_meta_disagreeing_with_requested_tokenizer(good, tmp_path):

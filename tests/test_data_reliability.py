@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 import data.build
+import data.shards
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
 from fileio import DirLock
+from prepared_files import first_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,29 +42,72 @@ def temps(directory: Path) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ killed, concurrent
 
-def test_a_prepare_killed_mid_write_leaves_temps_that_the_next_prepare_removes(source, tmp_path):
-    root = tmp_path / "prepared"
+def jsonl_corpus(root: Path, files: int = 4, rows: int = 60) -> Path:
+    """A folder of JSON Lines files of numbered sentences: thousands of tokens, many documents."""
+    root.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        lines = [json.dumps({"id": r, "text": f"Document {f}-{r}: " + "the quick brown fox jumps. " * (1 + r % 7)})
+                 for r in range(rows)]
+        (root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def files_of(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file() and not p.name.startswith(".")}
+
+
+KILL_MID_SHARD = """
+real_write, written = data.shards._Split.write, [0]
+def write(self, ids):  # SIGKILL once 3.5 shards' worth of tokens went out: in the middle of a shard
+    written[0] += len(ids)
+    if written[0] >= 2450:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_write(self, ids)
+data.shards._Split.write = write
+"""
+KILL_AFTER_A_SHARD = """
+real_finish = data.shards._Split.finish_shard
+def finish_shard(self):  # SIGKILL just after the third train shard is renamed, before the state is recorded
+    real_finish(self)
+    if self.name == "train" and len(self.shards) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+data.shards._Split.finish_shard = finish_shard
+"""
+
+
+@pytest.mark.parametrize("kill", [KILL_MID_SHARD, KILL_AFTER_A_SHARD], ids=["mid-shard", "after-a-shard"])
+def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrupted_one(tmp_path, kill):
+    corpus = jsonl_corpus(tmp_path / "corpus")
+    settings = dict(dataset=str(corpus), tokenizer="gpt2", val_fraction=0.2, shard_tokens=700, num_proc=2)
+    whole = prepare_data(DataConfig(root=str(tmp_path / "whole"), **settings), progress=False)
+    assert len(json.loads((whole / "meta.json").read_text())["shards"]["train"]) > 4
+    root = tmp_path / "killed"
     child = textwrap.dedent(f"""
-        import sys, time
+        import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
-        import data.build
+        import data.shards
         from data import DataConfig, prepare_data
-        def stuck(*a, **k):  # the whole token stream is in a temp file now
-            print("writing", flush=True)
-            time.sleep(120)
-        data.build._move_tail = stuck
-        prepare_data(DataConfig(dataset={str(source)!r}, tokenizer="char", root={str(root)!r}), progress=False)
+    """) + kill + textwrap.dedent(f"""
+        prepare_data(DataConfig(root={str(root)!r}, **{settings!r}), progress=False)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "writing"
-    proc.kill()  # kill -9
-    proc.wait()
-    out = next(root.iterdir())
-    left = temps(out)
-    assert any(name.startswith(".train.bin.") for name in left), left  # the stranded stream
-    prepare_data(cfg(source, root), progress=False)  # the next prepare cleans up, then builds
-    assert temps(out) == []
-    assert load_meta(out)["splits"]["train"]["tokens"] > 0
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    out = root / whole.name
+    assert not (out / "meta.json").exists()
+    (record,) = out.glob(".prepare-*.json")  # what the killed prepare recorded as finished
+    recorded = [sh["name"] for st in json.loads(record.read_text())["splits"].values() for sh in st["shards"]]
+    kept = {name: (out / name).stat().st_mtime_ns for name in recorded}
+    assert len(kept) >= 2  # finished shards survived the kill
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert prepare_data(DataConfig(root=str(root), **settings), progress=True) == out
+    assert f"{len(kept)} finished shard(s) kept" in err.getvalue()
+    assert files_of(out) == files_of(whole)
+    assert all((out / name).stat().st_mtime_ns == t for name, t in kept.items())  # kept, not written again
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) in ([], [".readers"])
 
 
 def test_a_second_prepare_of_the_same_directory_waits_for_the_first(source, tmp_path):
@@ -150,9 +195,9 @@ def edit_meta(out: Path, change) -> None:
 
 def test_a_token_id_beyond_vocab_size_is_one_line(prepared):
     meta = load_meta(prepared)
-    tokens = np.fromfile(prepared / "train.bin", dtype=meta["dtype"])
+    tokens = np.fromfile(first_file(prepared, "train"), dtype=meta["dtype"])
     tokens[100] = meta["vocab_size"] + 3  # a damaged file
-    tokens.tofile(prepared / "train.bin")
+    tokens.tofile(first_file(prepared, "train"))
     with pytest.raises(UserError, match=rf"holds token id {meta['vocab_size'] + 3}, but meta.json says vocab_size"):
         BatchLoader(prepared, "train", block_size=8, batch_size=2, seed=0)
 
@@ -169,9 +214,9 @@ def test_a_large_file_is_range_checked_by_sampling_and_finds_a_damaged_region(pr
     monkeypatch.setattr(data.loader, "CHECK_ALL", 100)  # pretend the split is large
     monkeypatch.setattr(data.loader, "CHECK_BLOCK", 16)
     meta = load_meta(prepared)
-    tokens = np.fromfile(prepared / "train.bin", dtype=meta["dtype"])
+    tokens = np.fromfile(first_file(prepared, "train"), dtype=meta["dtype"])
     tokens[len(tokens) // 2 - 4000:len(tokens) // 2 + 4000] = 60000  # a damaged region
-    tokens.tofile(prepared / "train.bin")
+    tokens.tofile(first_file(prepared, "train"))
     with pytest.raises(UserError, match="holds token id 60000"):
         BatchLoader(prepared, "train", block_size=8, batch_size=2, seed=0)
 
@@ -213,17 +258,17 @@ def test_a_data_root_that_is_a_file_or_unwritable_is_one_line_before_any_work(so
 
 
 def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_old_data(prepared, source, tmp_path, monkeypatch):
-    before = {name: (prepared / name).read_bytes() for name in ("train.bin", "val.bin", "meta.json")}
+    before = {p.name: p.read_bytes() for p in prepared.iterdir()}
     source.write_text(source.read_text() + "more\n", encoding="utf-8")  # a change: prepare rebuilds
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(data.build, "_move_tail", full)
+    monkeypatch.setattr(data.shards._Split, "finish_shard", full)
     with pytest.raises(UserError, match=r"cannot write prepared data in .*No space left on device.*previous data") as e:
         prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
     assert "\n" not in str(e.value)
-    assert {name: (prepared / name).read_bytes() for name in before} == before
+    assert {p.name: p.read_bytes() for p in prepared.iterdir()} == before  # and nothing of the failed build left
     assert temps(prepared) == []
 
 
@@ -232,3 +277,61 @@ def test_a_file_whose_name_has_brackets_is_used_as_is(tmp_path):
     path.write_text("brackets are not a pattern here\n" * 20, encoding="utf-8")
     out = prepare_data(cfg(path, tmp_path / "prepared"), progress=False)
     assert load_meta(out)["splits"]["train"]["tokens"] > 0
+
+
+# ------------------------------------------------------------------------------------------ live readers, damage
+
+def test_a_dir_read_by_a_live_training_run_is_not_rebuilt_under_it(prepared, source, tmp_path):
+    from data import hold_data
+
+    before = {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()}
+    release = hold_data(prepared, "the training run into out/x")
+    source.write_text(source.read_text() + "an edit\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and f"pid {os.getpid()}" in msg and "the training run into out/x" in msg, msg
+    assert {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()} == before
+    release()
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=False)  # the run is over: rebuilt
+    assert {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()} != before
+
+
+def test_a_reader_that_died_does_not_block_a_rebuild(prepared, source, tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (prepared / ".readers").mkdir(exist_ok=True)
+    import socket
+
+    (prepared / ".readers" / "x.json").write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname(),
+                                                              "what": "a run"}))
+    source.write_text(source.read_text() + "an edit\n", encoding="utf-8")
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
+    assert not (prepared / ".readers" / "x.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["valid id", "out of range id"])
+def test_damaged_tokens_are_found_at_start_and_rebuilt_by_prepare(prepared, source, tmp_path, capsys, damage):
+    good = {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()}
+    shard = first_file(prepared, "train")
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    tokens[7] = (tokens[7] + 1) % 5 if damage == "valid id" else 60000  # same size, one token changed
+    tokens.tofile(shard)
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
+    err = capsys.readouterr().err
+    assert f"rebuilding {prepared}: {shard.name}'s content differs from its checksum" in err and "up to date" not in err
+    assert {p.name: p.read_bytes() for p in prepared.iterdir() if p.is_file()} == good
+
+
+def test_a_large_corpus_is_checked_by_sampled_hashes(prepared, source, tmp_path, monkeypatch, capsys):
+    import data.build
+
+    monkeypatch.setattr(data.build, "VERIFY_ALL", 10)  # pretend the corpus is large
+    monkeypatch.setattr(data.build, "file_sha256", lambda *a: pytest.fail("hashed every byte"))
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
+    assert "up to date" in capsys.readouterr().err
+    shard = first_file(prepared, "train")
+    shard.write_bytes(b"\x01\x00" * (shard.stat().st_size // 2))  # a damaged region (here: all of it)
+    monkeypatch.undo()
+    monkeypatch.setattr(data.build, "VERIFY_ALL", 10)
+    prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
+    assert "differs from its sampled checksum" in capsys.readouterr().err

@@ -143,8 +143,11 @@ def test_training_and_sampling_run_without_wandb_or_datasets_installed(tmp_path)
 
 # ------------------------------------------------------------------------------------------ dtype auto by timing
 
-def test_auto_picks_the_faster_of_two_fake_steps():
+def test_auto_picks_the_faster_of_two_fake_steps(monkeypatch):
+    import runtime.precision
     from runtime.precision import fastest
+
+    monkeypatch.setattr(runtime.precision, "cpu_native_bf16", lambda: True)  # a CPU with AMX / AVX512-BF16
 
     def fake(slow):
         def run(dtype):
@@ -195,3 +198,71 @@ def test_the_probe_leaves_weights_gradients_and_rng_as_they_were():
     assert torch.equal(torch.get_rng_state(), rng)  # dropout drew from a forked stream
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """runtime.precision's clock, advanced only by the fake steps: timings exactly as the test says."""
+    import types
+
+    import runtime.precision
+
+    clock = [0.0]
+    monkeypatch.setattr(runtime.precision, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    return clock
+
+
+def test_the_training_probe_never_runs_bf16_where_the_cpu_has_no_native_bf16(monkeypatch):
+    """On an AVX2-only CPU bf16 is emulated (~25x slower): auto must not even try it, in training or
+    in sampling, and must say why it kept fp32."""
+    import runtime.precision
+
+    ran = []
+    monkeypatch.setattr(runtime.precision, "cpu_native_bf16", lambda: False)
+    cpu = torch.device("cpu")
+    dtype, note = training_dtype("auto", cpu, forward_backward=ran.append, run_steps=1000)
+    assert dtype == torch.float32 and "no native bf16" in note
+    dtype, note = inference_dtype("auto", cpu, decode=ran.append)
+    assert dtype == torch.float32 and "no native bf16" in note
+    assert torch.bfloat16 not in ran
+    assert runtime.precision.fastest_native_dtype(cpu) == torch.float32
+    monkeypatch.setattr(runtime.precision, "cpu_native_bf16", lambda: True)  # AMX / AVX512-BF16: it is timed
+    training_dtype("auto", cpu, forward_backward=ran.append, run_steps=1000)
+    assert torch.bfloat16 in ran and runtime.precision.fastest_native_dtype(cpu) == torch.bfloat16
+
+
+def test_a_candidate_whose_first_timed_call_is_over_twice_the_others_is_abandoned(fake_clock):
+    import runtime.precision
+
+    calls = []
+
+    def run(dtype):  # bf16 2.5x slower: after its warm-up and one timed call it is never run again, and
+        calls.append(dtype)  # with nothing left to compare, neither is fp32
+        fake_clock[0] += 0.050 if dtype == torch.bfloat16 else 0.020
+
+    pick, seconds = runtime.precision.fastest((torch.float32, torch.bfloat16), run, torch.device("cpu"), reps=3)
+    assert pick == torch.float32 and calls.count(torch.bfloat16) == 2 and calls.count(torch.float32) == 2
+    assert seconds == pytest.approx({"float32": 0.020, "bfloat16": 0.050})
+    calls.clear()  # 1.9x slower: within the rule, so both are timed to the end, and fp32 wins on the medians
+    fake_clock[0] = 0.0
+    pick, _ = runtime.precision.fastest((torch.float32, torch.bfloat16),
+                                        lambda dt: (calls.append(dt), fake_clock.__setitem__(0, fake_clock[0] + (
+                                            0.038 if dt == torch.bfloat16 else 0.020))), torch.device("cpu"), reps=3)
+    assert pick == torch.float32 and calls.count(torch.bfloat16) == 4
+
+
+def test_the_dtype_decision_costs_at_most_5_s_or_2_percent_of_the_run(fake_clock):
+    """Steps of 1 s each: a 100-step run may spend 5 s deciding (warm-up and one timed round, 4 s, then
+    no room for another round); a 10,000-step run 2% of 10,000 s = 200 s, so all 3 rounds run."""
+    import runtime.precision
+
+    def run(dtype):
+        fake_clock[0] += 1.0
+
+    cpu = torch.device("cpu")
+    for steps, spent in ((100, 4.0), (10_000, 8.0)):
+        fake_clock[0] = 0.0
+        runtime.precision.fastest((torch.float32, torch.bfloat16), run, cpu, reps=3,
+                                  budget_s=lambda first: runtime.precision.decision_budget_s(first * steps))
+        assert fake_clock[0] == spent
+    assert runtime.precision.decision_budget_s(0) == 5.0 and runtime.precision.decision_budget_s(1000) == 20.0

@@ -7,9 +7,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
-from model import GPT, GPTConfig, from_pretrained  # noqa: E402
-from model.export import export_hf  # noqa: E402
-from model.hf import write_hf_weights  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from checkpoint.hf import from_pretrained, write_hf_weights  # noqa: E402
+from checkpoint.export import export_hf  # noqa: E402
 
 HF_TINY = dict(n_layer=2, n_head=4, n_embd=64, n_positions=64, vocab_size=50257)
 
@@ -95,7 +95,7 @@ def run_export_cli(*args):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-m", "model.export", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "checkpoint.export", *map(str, args)],
                           cwd=root, capture_output=True, text=True, timeout=120)
 
 
@@ -185,9 +185,25 @@ def test_exported_directory_generates_with_a_pipeline_and_reads_its_generation_c
 
     gen = GenerationConfig.from_pretrained(run_dir / "hf")
     assert (gen.eos_token_id, gen.bos_token_id, gen.temperature, gen.top_k) == (50256, 50256, 0.8, 200)
+    assert gen.max_length == 64 and gen.max_new_tokens is None  # the context, prompt included
     pipe = pipeline("text-generation", model=str(run_dir / "hf"), device="cpu")
     out = pipe("Hello", max_new_tokens=5, do_sample=False)[0]["generated_text"]
     assert out.startswith("Hello") and len(out) > len("Hello")
+
+
+def test_a_pipeline_with_transformers_defaults_generates_within_the_context(run_dir):
+    """pipeline(...)(prompt) with no arguments: transformers does not crop the context as sample.py does, so
+    a generation config asking for more tokens than n_positions (64) ran past GPT-2's position table."""
+    import tiktoken
+    from transformers import pipeline, set_seed
+
+    set_seed(0)
+    pipe = pipeline("text-generation", model=str(run_dir / "hf"), device="cpu")
+    prompt = "ROMEO: " * 20  # 40 tokens of the 64
+    for _ in range(2):  # sampled: the random model seldom ends on <|endoftext|>
+        text = pipe(prompt)[0]["generated_text"]
+        assert text.startswith(prompt)
+        assert len(tiktoken.get_encoding("gpt2").encode(text, allowed_special="all")) <= 64 + 2  # a decode may re-merge
 
 
 def test_greedy_text_from_the_export_equals_sample_py_at_temperature_zero(run_dir, capsys):
@@ -208,7 +224,10 @@ def test_greedy_text_from_the_export_equals_sample_py_at_temperature_zero(run_di
     assert tok.decode(out[0]) == ours
 
 
-def test_a_padded_vocabulary_exports_and_never_generates_a_padded_id(tmp_path):
+def test_a_padded_vocabulary_is_cut_to_the_tokenizer_on_export(tmp_path):
+    """gpt2_124m.yaml pads the vocabulary to 50304: no exported logit column may lie outside the tokenizer,
+    and the 50257 that remain are ours."""
+    from safetensors import safe_open
     from transformers import AutoTokenizer
 
     torch.manual_seed(5)
@@ -216,12 +235,78 @@ def test_a_padded_vocabulary_exports_and_never_generates_a_padded_id(tmp_path):
     with torch.no_grad():
         ours.transformer.wte.weight[50257:] = ours.transformer.wte.weight[:1].abs() * 50  # padded ids would win
     export_hf(ours, GPT2_TOKENIZER, tmp_path / "hf")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    ids = AutoTokenizer.from_pretrained(tmp_path / "hf")("Hi", return_tensors="pt")["input_ids"]
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
+        assert f.get_slice("transformer.wte.weight").get_shape() == [len(tok), 32]
+    ids = tok("Hi there", return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        assert ours(ids)[0, -1].argmax() >= 50257  # the raw argmax is a padded id...
+        assert ours(ids)[0, -1].argmax() >= 50257  # the raw argmax is a padded id
+        logits = hf(ids).logits
+        assert logits.shape[-1] == len(tok) == hf.config.vocab_size == 50257
+        torch.testing.assert_close(logits, ours(ids)[..., :50257], rtol=0, atol=1e-5)
         out = hf.generate(ids, do_sample=False, max_new_tokens=5, attention_mask=torch.ones_like(ids))
-    assert out[0, ids.shape[1]:].max() < 50257  # ...which generation_config suppresses
+    assert out[0, ids.shape[1]:].max() < len(tok)
+
+
+def test_exported_files_follow_the_umask_and_config_json_says_dtype(tmp_path):
+    import json
+    import os
+
+    from transformers import AutoConfig
+
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257))
+    for umask in (0o022, 0o002):
+        old = os.umask(umask)
+        try:
+            export_hf(model, GPT2_TOKENIZER, tmp_path / f"hf{umask:o}")
+        finally:
+            os.umask(old)
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / f"hf{umask:o}").iterdir()}
+        assert modes["model.safetensors"] == 0o666 & ~umask, modes  # safetensors itself writes 0600
+        assert set(modes.values()) == {0o666 & ~umask}, modes
+    config = json.loads((tmp_path / "hf22" / "config.json").read_text())
+    assert config["dtype"] == "float32"  # transformers 5 reads dtype, and drops torch_dtype when dtype is there
+    assert AutoConfig.from_pretrained(tmp_path / "hf22").dtype == torch.float32
+
+
+def test_the_model_card_gives_the_config_data_val_loss_bits_per_byte_and_training(tmp_path):
+    import dataclasses
+    import json
+
+    from checkpoint import save_checkpoint
+    from training.config import Config, load_config
+
+    cfg = Config()
+    cfg.data.dataset, cfg.train.max_iters = "shakespeare", 30
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50304)
+    save_checkpoint(tmp_path / "run" / "ckpt.pt", {
+        "model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config), "tokenizer": GPT2_TOKENIZER,
+        "config": cfg.to_dict(), "train": {"iter": 30, "best_val_loss": 6.25, "tokens_seen": 1920, "elapsed_s": 12.5,
+                                           "run_id": "abcd1234", "dtype": "float32"}})
+    records = [{"iter": 10, "train/loss": 7.0}, {"iter": 20, "val/loss": 6.25, "val/bpb": 2.5},
+               {"iter": 30, "val/loss": 6.3125, "val/bpb": 2.625, "eval/train_loss": 6.0}]
+    (tmp_path / "run" / "metrics.jsonl").write_bytes(b"\xff not json\n" + "".join(json.dumps(r) + "\n" for r in records).encode())
+    result = run_export_cli("--checkpoint", tmp_path / "run", "--out", tmp_path / "hf")
+    assert result.returncode == 0, result.stderr
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "val loss **6.3125** nats/token, **2.6250** bits/byte" in card  # the eval at the checkpoint's step
+    assert "Best val loss of the run so far: 6.2500" in card
+    assert "| `dataset` | shakespeare |" in card and "| `tokenizer` | gpt2 |" in card
+    assert "| `n_embd` | 32 |" in card and "| `steps` | 30 |" in card and "| `tokens seen` | 1920 |" in card
+    assert "padded to 50304 rows for GPU speed, is cut here to the tokenizer's 50257" in card
+    assert 'pipeline("text-generation", model="hf")' in card
+    # the card's config block is the run's resolved config, which train.py reads back as it is
+    (tmp_path / "run.yaml").write_text(card.split("```yaml\n")[1].split("```")[0])
+    again = load_config(["--config", str(tmp_path / "run.yaml")])
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_the_model_card_of_a_checkpoint_without_metrics_says_not_recorded(tmp_path):
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257))
+    export_hf(model, GPT2_TOKENIZER, tmp_path / "hf", {"train": {"iter": 7}}, tmp_path / "ckpt.pt")
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "Val loss and bits/byte at this step: not recorded" in card and "at step 7" in card
 
 
 def _checkpoint(path, config: GPTConfig, tokenizer: dict):
@@ -252,16 +337,6 @@ def test_a_char_level_or_non_gpt2_checkpoint_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_a_model_gpt2_cannot_express_is_refused(tmp_path, monkeypatch):
-    from errors import UserError
-
-    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257))
-    monkeypatch.setattr(GPTConfig, "gpt2_incompatibilities", lambda self: ["rotary position embeddings"])
-    with pytest.raises(UserError, match="GPT-2's format can't express rotary position embeddings"):
-        export_hf(model, GPT2_TOKENIZER, tmp_path / "hf")
-    assert not (tmp_path / "hf").exists()
-
-
 def test_write_errors_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatch):
     import errno
 
@@ -274,9 +349,9 @@ def test_write_errors_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatc
     with pytest.raises(UserError, match="cannot create"):
         export_hf(model, GPT2_TOKENIZER, tmp_path / "file" / "hf")  # under a file
 
-    import model.hf as hf_module
+    import checkpoint.hf as hf_module
 
-    real = hf_module.save_file
+    real = hf_module.save_file  # model.safetensors goes through it
 
     def full_disk(*a, **k):
         real(*a, **k)

@@ -16,7 +16,7 @@ from checkpoint import model_from_checkpoint
 from model.fused_ce import linear_cross_entropy
 from model.gpt import apply_rotary, rotary_cos_sin
 from training.config import load_config
-from training.optim import make_optimizers, split_for_muon
+from training.optim import Muon, make_optimizers, split_for_muon
 from training.step import train_step
 
 MODERN = dict(pos_embedding="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_embeddings=False,
@@ -104,8 +104,9 @@ def test_qk_norm_attention_equals_softmax_of_normalised_q_and_k(backend):
     q, k, v = attn.c_attn(x).split(16, dim=2)
     heads = [t.view(2, 6, 2, 8).transpose(1, 2) for t in (q, k, v)]
     q, k, v = heads
-    q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float64).eps)
-    k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float64).eps)
+    eps = 1e-5  # layer_norm_eps, the epsilon of every norm
+    q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + eps)
+    k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + eps)
     att = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(torch.triu(torch.ones(6, 6, dtype=torch.bool), 1), -math.inf)
     y = (att.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, 16)
     torch.testing.assert_close(attn(x), attn.c_proj(y), rtol=1e-7, atol=1e-9)
@@ -115,6 +116,39 @@ def test_relu2_mlp_is_relu_squared():
     mlp = GPT(tiny(mlp_act="relu2")).transformer.h[0].mlp
     x = torch.randn(4, 16)
     torch.testing.assert_close(mlp(x), mlp.c_proj(torch.clamp(mlp.c_fc(x), min=0) ** 2))
+
+
+def test_swiglu_mlp_is_silu_gate_times_up_and_equals_hf_llamas_mlp():
+    torch.manual_seed(6)
+    mlp = GPT(tiny(mlp_act="swiglu", n_embd=48, n_head=2)).transformer.h[0].mlp.double()
+    hidden = 128  # 8/3 * 48 = 128, already a multiple of 64
+    assert mlp.c_fc.weight.shape == (2 * hidden, 48) and mlp.c_proj.weight.shape == (48, hidden)
+    x = torch.randn(3, 5, 48, dtype=torch.float64)
+    w_gate, w_up = mlp.c_fc.weight[:hidden], mlp.c_fc.weight[hidden:]
+    b_gate, b_up = mlp.c_fc.bias[:hidden], mlp.c_fc.bias[hidden:]
+    gate, up = x @ w_gate.T + b_gate, x @ w_up.T + b_up
+    formula = (gate / (1 + torch.exp(-gate)) * up) @ mlp.c_proj.weight.T + mlp.c_proj.bias  # silu(g) = g * sigmoid(g)
+    torch.testing.assert_close(mlp(x), formula, rtol=1e-10, atol=1e-12)
+
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from transformers import LlamaConfig
+
+    hf = llama.LlamaMLP(LlamaConfig(hidden_size=48, num_attention_heads=2, intermediate_size=hidden, mlp_bias=True,
+                                  hidden_act="silu")).double()
+    with torch.no_grad():
+        for name, w, b in (("gate_proj", w_gate, b_gate), ("up_proj", w_up, b_up),
+                           ("down_proj", mlp.c_proj.weight, mlp.c_proj.bias)):
+            getattr(hf, name).weight.copy_(w)
+            getattr(hf, name).bias.copy_(b)
+    torch.testing.assert_close(mlp(x), hf(x), rtol=1e-10, atol=1e-12)
+
+
+def test_swiglu_hidden_width_keeps_gpt2s_parameter_count_rounded_to_64():
+    from model.gpt import mlp_hidden
+
+    assert mlp_hidden(tiny(mlp_act="swiglu", n_embd=768, n_head=12)) == 2048  # 3 matrices of 768 x 2048 = GPT-2's 2 of 768 x 3072
+    assert mlp_hidden(tiny(mlp_act="swiglu", n_embd=128)) == 384  # 341.3 rounded up
+    assert mlp_hidden(tiny(mlp_act="gelu", n_embd=128)) == mlp_hidden(tiny(mlp_act="relu2", n_embd=128)) == 512
 
 
 # ------------------------------------------------------------------------------------------ head
@@ -243,7 +277,7 @@ def test_gpt2_incompatibilities_name_each_option_gpt2_cannot_express():
 
 def test_an_untied_head_exports_to_hf_with_the_same_logits(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from model.export import export_hf
+    from checkpoint.export import export_hf
 
     torch.manual_seed(8)
     model = GPT(tiny(tie_embeddings=False, vocab_size=50257)).eval()
@@ -257,7 +291,7 @@ def test_an_untied_head_exports_to_hf_with_the_same_logits(tmp_path):
 # ------------------------------------------------------------------------------------------ validation
 
 @pytest.mark.parametrize("kw,field", [
-    (dict(pos_embedding="alibi"), "pos_embedding"), (dict(norm="batchnorm"), "norm"), (dict(mlp_act="swiglu"), "mlp_act"),
+    (dict(pos_embedding="alibi"), "pos_embedding"), (dict(norm="batchnorm"), "norm"), (dict(mlp_act="geglu"), "mlp_act"),
     (dict(logit_softcap=-1.0), "logit_softcap"), (dict(rope_base=1.0), "rope_base"), (dict(qk_norm="yes"), "qk_norm"),
     (dict(pos_embedding="rope", n_embd=15, n_head=3), "pos_embedding"),
 ])
@@ -271,6 +305,27 @@ def test_the_config_layer_gives_one_line_errors_for_modern_options():
         load_config(["--model.norm=batchnorm"])
     with pytest.raises(UserError, match=r"train.optimizer must be one of adamw, muon"):
         load_config(["--train.optimizer=lion"])
+    with pytest.raises(UserError, match=r"model.mlp_act must be one of gelu, relu2, swiglu, got 'geglu'"):
+        load_config(["--model.mlp_act=geglu"])
+
+
+def assert_thirty_muon_steps_lower_the_loss(model: GPT) -> None:
+    optimizers = make_optimizers(model, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.99), device_type="cpu", kind="muon")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    idx = torch.randint(0, 29, (4, 24))
+    amp = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+    losses = [train_step(model, optimizers, scaler, [(idx[:, :-1], idx[:, 1:])], amp=amp, grad_clip=1.0).loss.item()
+              for _ in range(30)]
+    assert losses[-1] < losses[0] - 1.0
+
+
+def test_swiglu_is_a_config_key_and_a_swiglu_model_trains():
+    cfg = load_config(["--model.mlp_act=swiglu", "--model.n_embd=16", "--model.n_head=2"])
+    assert cfg.model.gpt_config(29).mlp_act == "swiglu"
+    torch.manual_seed(10)
+    model = GPT(cfg.model.gpt_config(29))
+    assert model.transformer.h[0].mlp.c_fc.weight.shape == (2 * 64, 16)  # gate | up, 8/3 * 16 rounded up to 64
+    assert_thirty_muon_steps_lower_the_loss(model)
 
 
 # ------------------------------------------------------------------------------------------ Muon
@@ -286,7 +341,7 @@ def test_muon_gets_the_blocks_matrices_by_name_and_adamw_everything_else():
                                       "mlp.c_fc.bias", "mlp.c_proj.bias")])
     muon, adamw = make_optimizers(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu", kind="muon",
                                   muon_lr=0.02)
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     params = dict(model.named_parameters())
     muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
     adamw_ids = {id(p) for g in adamw.param_groups for p in g["params"]}
@@ -299,13 +354,7 @@ def test_muon_gets_the_blocks_matrices_by_name_and_adamw_everything_else():
 def test_training_steps_with_muon_lower_the_loss():
     torch.manual_seed(9)
     model = GPT(tiny(**MODERN))
-    optimizers = make_optimizers(model, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.99), device_type="cpu", kind="muon")
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    idx = torch.randint(0, 29, (4, 24))
-    amp = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
-    losses = [train_step(model, optimizers, scaler, [(idx[:, :-1], idx[:, 1:])], amp=amp, grad_clip=1.0).loss.item()
-              for _ in range(30)]
-    assert losses[-1] < losses[0] - 1.0
+    assert_thirty_muon_steps_lower_the_loss(model)
 
 
 def test_a_modern_run_with_muon_resumes_bitwise(tmp_path):

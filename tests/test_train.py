@@ -20,7 +20,7 @@ from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
-from model.export import export_hf
+from checkpoint.export import export_hf
 from checkpoint import load_checkpoint
 from training.config import load_config
 
@@ -176,7 +176,11 @@ def test_mixed_precision_trains_on_cpu(tmp_path, data_root, dtype):
     assert all(v.dtype == torch.float32 for v in ck["model"].values())  # autocast: weights stay fp32
 
 
-def test_dtype_auto_times_the_real_step_in_each_dtype_and_says_what_it_measured(tmp_path, data_root, capsys):
+def test_dtype_auto_times_the_real_step_in_each_dtype_and_says_what_it_measured(tmp_path, data_root, capsys,
+                                                                                 monkeypatch):
+    import runtime.precision
+
+    monkeypatch.setattr(runtime.precision, "cpu_native_bf16", lambda: True)  # as on AMX / AVX512-BF16 CPUs
     res = run(tmp_path / "out", data_root, "--train.dtype=auto", "--train.max_iters=2")
     out = capsys.readouterr().out
     line = next(l for l in out.splitlines() if l.startswith("dtype auto -> "))
@@ -190,9 +194,10 @@ def test_dtype_auto_is_kept_on_resume_unless_train_dtype_overrides_it(tmp_path, 
     import runtime.precision
 
     def always(dtype):
-        return lambda candidates, run, device, reps=3: (dtype, {"float32": 1.0, "bfloat16": 1.0})
+        return lambda candidates, run, device, **kw: (dtype, {"float32": 1.0, "bfloat16": 1.0})
 
     out = tmp_path / "out"
+    monkeypatch.setattr(runtime.precision, "cpu_native_bf16", lambda: True)
     monkeypatch.setattr(runtime.precision, "fastest", always(torch.bfloat16))
     with inject(interrupt_after=2):
         assert run(out, data_root, "--train.dtype=auto", "--train.max_iters=6")["dtype"] == "bfloat16"

@@ -5,11 +5,12 @@ calls the same ones, so what it times is what train.py runs.
     model, notes = build_model(cfg, ...)                 # fresh, resumed, another run's or HF weights
     train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device)
     dtype, note = choose_dtype(cfg.train.dtype, resume, device, probe)
+    model = shard_model(model, cfg.train, dist, device, dtype)  # activation checkpointing, FSDP (before the optimizers)
     optimizers = build_optimizers(model, cfg.train, device)
     step_model = parallelize(model, cfg.train, dist, device)   # loss path, compile, DDP: one line each
     checkpointer = build_checkpointer(out_dir, dist, model=..., optimizers=..., ...)
 
-A new hardware switch (FSDP, float8) is one more function here that train.py calls in order.
+A new hardware switch (FSDP: shard_model; float8) is one more function here that train.py calls in order.
 """
 from __future__ import annotations
 
@@ -22,15 +23,17 @@ import torch.nn as nn
 from checkpoint import Checkpointer, Resume, model_config_dict
 from data import BatchLoader
 from model import GPT, GPTConfig
+from runtime.choices import auto_dtype
 from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
 from runtime.memory import check_fits, training_bytes
-from runtime.precision import DTYPE_BY_NAME, dtype_name, training_dtype
+from runtime.precision import DTYPE_BY_NAME, dtype_name, sharded_param_dtype, training_dtype
 
 from .config import Config, TrainSection
 from .distributed import DistInfo, apply_ddp
 from .init_from import initial_model
-from .optim import make_optimizers
+from .optim import Muon, make_optimizers
 from .rng import RNGState
+from .sharding import ShardedModelState, ShardedMuon, ShardedOptimizerState, apply_fsdp, checkpoint_blocks, is_sharded
 from .state import OptimizerState, ScalerState, TrainState
 
 
@@ -46,21 +49,39 @@ def planned_model(cfg: Config, vocab_size: int, resume: Resume | None) -> GPTCon
     return None
 
 
-def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: torch.device) -> None:
-    """Refuse, in one line and before allocating anything big, a run whose model and batch can't fit."""
+def sharded_ranks(t: TrainSection, dist: DistInfo) -> int:
+    """Over how many ranks the weights, gradients and optimizer state are sharded (1: not sharded)."""
+    return dist.world_size if t.parallel == "fsdp" else 1
+
+
+def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: torch.device,
+                 dist: DistInfo | None = None) -> None:
+    """Refuse, in one line and before allocating anything big, a run whose model and batch can't fit
+    (on each rank: with FSDP its share of the weights, gradients and optimizer state)."""
     planned = planned_model(cfg, vocab_size, resume)
     if planned is None:
         return
+    dist = dist or DistInfo()
     rows = choose_loss_chunk_rows(device, compiled=cfg.train.compile, vocab_size=planned.vocab_size)
+    could_shard = dist.enabled and cfg.train.parallel != "fsdp"
     check_fits(training_bytes(planned, batch_size=cfg.train.batch_size, block_size=cfg.model.block_size,
-                              loss_chunk_rows=rows),
-               device, "training", "train.batch_size, model.block_size, or the model's size (n_layer, n_embd)")
+                              loss_chunk_rows=rows, shards=sharded_ranks(cfg.train, dist),
+                              activation_checkpointing=cfg.train.activation_checkpointing),
+               device, "training", "train.batch_size, model.block_size, or the model's size (n_layer, n_embd)"
+               + (", or shard it over the ranks with --train.parallel=fsdp" if could_shard else ""))
 
 
 def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resume: Resume | None,
                 device: torch.device) -> tuple[GPT, list[str]]:
     """(the plain model on `device` in fp32, notes to print): the checkpoint's when resuming, else as
     model.init_from says (scratch weights drawn from train.seed)."""
+    if resume is not None and resume.sharded:  # its weights are loaded in place, shard by shard (restore)
+        runtime = {"dropout": cfg.model.dropout, "attn_backend": cfg.model.attn_backend}
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**{**resume.payload["model_config"], **runtime}))
+        model = model.to_empty(device="cpu")
+        model.tie_weights()
+        return model.to(device), []
     model, notes = initial_model(cfg.model, vocab_size=vocab_size, tokenizer=tokenizer, seed=cfg.train.seed,
                                  resume=resume.payload if resume is not None else None)
     return model.to(device), notes
@@ -68,29 +89,57 @@ def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resu
 
 def build_loaders(cfg: Config, data_dir: Path, dist: DistInfo,
                   device: torch.device) -> tuple[BatchLoader, dict[str, BatchLoader]]:
-    """(this rank's training batches, the fixed eval batches of each split: rank 0 only)."""
+    """(this rank's training batches, the fixed eval batches of each split: rank 0 only; with FSDP every
+    rank, since every rank takes part in each forward)."""
     t, block = cfg.train, cfg.model.block_size
     train = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
                         rank=dist.rank, world_size=dist.world_size, device=device)
+    evaluates = dist.is_main or sharded_ranks(t, dist) > 1
     evals = {split: BatchLoader(data_dir, split, block_size=block, batch_size=t.batch_size, seed=t.eval_seed,
-                                device=device) for split in ("train", "val")} if dist.is_main else {}
+                                device=device) for split in ("train", "val")} if evaluates else {}
     return train, evals
 
 
-def choose_dtype(name: str, resume: Resume | None, device: torch.device,
-                 probe: Callable[[torch.dtype], None]) -> tuple[str, str]:
+def dtype_shape(model: GPT, t: TrainSection, dist: DistInfo) -> dict[str, Any]:
+    """What an `auto` dtype decision depends on besides the machine: the model, the batch, the ranks."""
+    return {"model": model_config_dict(model), "batch_size": t.batch_size, "world_size": dist.world_size}
+
+
+def choose_dtype(name: str, resume: Resume | None, device: torch.device, probe: Callable[[torch.dtype], None], *,
+                 run_steps: int = 0, shape: dict | None = None) -> tuple[str, str]:
     """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
-    resume under another load never flips it (bitwise resume needs the same dtype)."""
+    resume under another load never flips it (bitwise resume needs the same dtype). A fresh `auto` run
+    decides once per (machine, `shape`: dtype_shape's model, batch, world size) and reuses that
+    (runtime/choices.py); without a shape (the benchmark) it is measured now and not kept."""
     saved = resume.dtype if resume is not None else ""
     if name == "auto" and saved in DTYPE_BY_NAME:
         return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
-    dtype, note = training_dtype(name, device, forward_backward=probe)
+    decide = lambda: training_dtype(name, device, forward_backward=probe, run_steps=run_steps)  # noqa: E731
+    dtype, note = auto_dtype("train", shape, decide, device) if name == "auto" and shape is not None else decide()
     return dtype_name(dtype), note
 
 
 def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[torch.optim.Optimizer]:
-    return make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                           device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr, muon_momentum=t.muon_momentum)
+    optimizers = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                                 device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
+                                 muon_momentum=t.muon_momentum)
+    if is_sharded(model):  # Muon orthogonalises whole matrices: gathered for its step (training/sharding.py)
+        for opt in optimizers:
+            if type(opt) is Muon:
+                opt.__class__ = ShardedMuon
+    return optimizers
+
+
+def shard_model(model: GPT, t: TrainSection, dist: DistInfo, device: torch.device, dtype: torch.dtype) -> GPT:
+    """Activation checkpointing per block (train.activation_checkpointing), then FSDP (train.parallel=fsdp,
+    several ranks): in place, before the optimizers are built, which must see the sharded parameters.
+    The parameters are gathered in bf16 where the run trains in bf16 on a device that has it natively."""
+    if t.parallel == "fsdp":
+        return apply_fsdp(model, dist, device, param_dtype=sharded_param_dtype(device, dtype),
+                          activation_checkpointing=t.activation_checkpointing)
+    if t.activation_checkpointing:
+        checkpoint_blocks(model)
+    return model
 
 
 def parallelize(model: GPT, t: TrainSection, dist: DistInfo, device: torch.device, *,
@@ -102,7 +151,7 @@ def parallelize(model: GPT, t: TrainSection, dist: DistInfo, device: torch.devic
     compile = t.compile if compile is None else compile
     use_loss_path(model, device, compiled=compile, rows=loss_chunk_rows)
     step_model = torch.compile(model) if compile else model
-    return apply_ddp(step_model, dist, device)
+    return step_model if t.parallel == "fsdp" else apply_ddp(step_model, dist, device)  # FSDP: shard_model
 
 
 def build_checkpointer(out_dir: Path, dist: DistInfo, group, *, model: GPT, optimizers: list, scaler,
@@ -110,12 +159,13 @@ def build_checkpointer(out_dir: Path, dist: DistInfo, group, *, model: GPT, opti
                        tokenizer: dict[str, Any]) -> tuple[Checkpointer, RNGState]:
     """Every stateful part, registered once: the same mapping is saved and restored. The RNG streams
     come last, so that restoring nothing after them consumes a random number."""
-    ckpt = Checkpointer(out_dir, is_main=dist.is_main)
+    sharded = cfg.train.parallel == "fsdp"  # the layout follows train.parallel, on any number of ranks
+    ckpt = Checkpointer(out_dir, is_main=dist.is_main, sharded=sharded)
     ckpt.register_static("model_config", model_config_dict(model))
     ckpt.register_static("config", cfg.to_dict())
     ckpt.register_static("tokenizer", tokenizer)
-    ckpt.register("model", model)
-    ckpt.register("optimizer", OptimizerState(optimizers))
+    ckpt.register("model", ShardedModelState(model) if sharded else model)
+    ckpt.register("optimizer", ShardedOptimizerState(model, optimizers) if sharded else OptimizerState(optimizers))
     ckpt.register("scaler", ScalerState(scaler))
     ckpt.register("loader", loader)
     ckpt.register("train", state)

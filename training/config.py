@@ -23,6 +23,7 @@ from runtime.precision import DTYPE_NAMES
 from settings import at_least, check_fields, help_of, in_range, may_change_on_resume, not_blank, one_of, setting
 
 from . import config_io
+from .budget import parse_duration
 from .optim import OPTIMIZERS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -33,6 +34,7 @@ def _device(name: str) -> str | None:
     return None if ok else f"must be auto, cpu, cuda, cuda:N or mps, got {name!r}"
 
 
+PARALLEL = ("ddp", "fsdp")
 SEED = in_range(0, 2**63, "[0, 2**63)", "; e.g. 1337")
 
 
@@ -58,7 +60,8 @@ class ModelSection:
     norm: str = setting("layernorm", '"layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)')
     qk_norm: bool = setting(False, "RMS-normalise each head's q and k before attention: bounded logits, stabler at "
                                    "high lr")
-    mlp_act: str = setting("gelu", '"gelu" (GPT-2, see gelu_approximate) or "relu2": relu(x) ** 2')
+    mlp_act: str = setting("gelu", '"gelu" (GPT-2, see gelu_approximate), "relu2": relu(x) ** 2, or "swiglu": '
+                                   "silu(gate) * up with a 2/3-width hidden layer (Llama)")
     tie_embeddings: bool = setting(True, "the LM head shares wte's weight (GPT-2); False gives it its own")
     zero_init_proj: bool = setting(False, "zero-init the residual projections (and an untied head): each block starts "
                                           "as identity")
@@ -104,6 +107,11 @@ class TrainSection:
     muon_momentum: float = setting(0.95, "Muon's (Nesterov) momentum", resume=True, check=in_range(0, 1))
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16", resume=True, check=one_of(*DTYPE_NAMES))
     compile: bool = setting(False, "torch.compile the training forward/backward", resume=True)
+    parallel: str = setting("ddp", "several ranks: ddp (each holds the whole model) or fsdp (each holds 1/N of the weights, "
+                                   "gradients and optimizer state; sharded checkpoints, ckpt.dcp/); 1 rank: neither",
+                            check=one_of(*PARALLEL))
+    activation_checkpointing: bool = setting(False, "recompute each block's forward in the backward instead of keeping "
+                                                    "its activations: ~1/3 more compute, far less memory", resume=True)
     device: str = setting("auto", "auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps", resume=True, check=_device)
     seed: int = setting(1337, "model init, dropout, training batches", check=SEED)
     eval_seed: int = setting(4242, "the fixed eval batches", resume=True, check=SEED)
@@ -116,11 +124,15 @@ class TrainSection:
                            resume=True, check=not_blank("set it to a directory, e.g. out/small"))
     resume: str = setting("auto", "auto: continue from out_dir/ckpt.pt if there; never: refuse an existing one",
                           resume=True, check=one_of("auto", "never"))
-    peak_flops: float = setting(0.0, "device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe", resume=True,
-                                check=at_least(0))
+    peak_flops: float = setting(0.0, "device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe (cached per "
+                                     "machine)", resume=True, check=at_least(0))
+    time_budget: str = setting("0", "wall time the run may take, e.g. 8m, 90s, 1h: the step is timed first, then "
+                                    "max_iters (at most the value above) and warmup_iters are fixed to fit, evals and "
+                                    "set-up included; 0 = off")
 
     def validate(self) -> None:
         check_fields(self, "train")
+        parse_duration(self.time_budget)  # a UserError naming train.time_budget when it is not a duration
         if not 0 <= self.min_lr <= self.lr:
             raise UserError(f"train.min_lr must be between 0 and train.lr ({self.lr}), got {self.min_lr}; e.g. lr/10")
 

@@ -11,6 +11,7 @@ import re
 
 import torch
 
+from runtime.choices import cpu_peak
 from runtime.precision import matmul_flops
 
 # (substring of torch.cuda.get_device_name(), dense FLOP/s: bf16/fp16 tensor cores, TF32 tensor cores
@@ -53,8 +54,11 @@ def gpu_peak_flops(device_name: str, dtype: torch.dtype, tf32: bool = False) -> 
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, *, override: float = 0.0,
-               measured: dict[str, float] | None = None) -> tuple[float | None, str]:
-    """(peak FLOP/s per device or None when unknown, where it came from)."""
+               measured: dict[str, float] | None = None, cache: bool = True) -> tuple[float | None, str]:
+    """(peak FLOP/s per device or None when unknown, where it came from). On a CPU the matmul probe
+    runs once per machine and is reused from the user's cache (runtime/choices.py), so the MFU of every
+    run on one machine is against the same peak; cache=False probes now (the benchmark, which compares
+    figures taken in one run)."""
     if override > 0:
         return override, f"peak {override / 1e12:.3g} TFLOP/s from train.peak_flops"
     if device.type == "cuda":
@@ -67,8 +71,11 @@ def peak_flops(device: torch.device, dtype: torch.dtype, *, override: float = 0.
         return peak, f"peak {peak / 1e12:.0f} TFLOP/s ({name}, {math_kind}, table)"
     if device.type == "cpu":
         key = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
-        peak = (measured or {}).get(key) or matmul_flops(device, dtype)
-        return peak, f"peak {peak / 1e9:.0f} GFLOP/s ({key} matmul probe on cpu)"
+        peak, source = (measured or {}).get(key), "given"
+        if not peak:
+            peak, source = cpu_peak(dtype, lambda: matmul_flops(device, dtype)) if cache else (
+                matmul_flops(device, dtype), "measured now")
+        return peak, f"peak {peak / 1e9:.0f} GFLOP/s ({key} matmul probe on cpu, {source})"
     return None, f"peak FLOP/s of {device.type} unknown: set train.peak_flops to see MFU"
 
 

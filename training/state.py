@@ -25,6 +25,12 @@ class TrainState:
     elapsed_s: float = 0.0  # wall seconds of the run so far (set-up, steps, evals, checkpoints), across resumes
     run_id: str = field(default_factory=new_run_id)  # one id per run, kept across resumes (also wandb's)
     dtype: str = ""  # the training dtype this run chose, kept on resume (train.dtype may override it)
+    # train.time_budget's decision (training/budget.py), made once when the run started; 0 = none
+    budget_iters: int = 0
+    budget_warmup: int = 0
+    budget_note: str = ""
+
+    ADDED_LATER = {"budget_iters": 0, "budget_warmup": 0, "budget_note": ""}  # absent from older checkpoints
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -32,7 +38,7 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Every field must be there with its type; an int where a float is expected is fine."""
         for f in fields(self):
-            value = state[f.name]
+            value = state[f.name] if f.name in state or f.name not in self.ADDED_LATER else self.ADDED_LATER[f.name]
             kind = {"int": int, "float": (int, float), "str": str}[f.type]
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise TypeError(f"{f.name} should be {f.type}, got {value!r}")

@@ -4,7 +4,9 @@
     out.loss, out.grad_norm     # device tensors: reading them (.item()) is the caller's host sync
 
 `batches` holds this rank's micro-batches of the step, [(x, y), ...]. Under DDP gradients are
-all-reduced on the last micro-batch only (no_sync before it). The loss of each micro-batch is divided
+all-reduced on the last micro-batch only (no_sync before it); under FSDP each micro-batch's gradients
+are reduce-scattered as they are made (so no rank ever holds a whole gradient), and clip_grad_norm_
+takes the norm over every rank's shards. The loss of each micro-batch is divided
 by their count, so the accumulated gradient is that of the mean loss over the step's tokens.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 
 @dataclass
@@ -43,6 +46,8 @@ def train_step(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], sc
     for opt in optimizers:
         scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    if isinstance(grad_norm, DTensor):  # FSDP: the norm over every rank's shards, replicated; a plain tensor for the log
+        grad_norm = grad_norm.full_tensor()
     for opt in optimizers:
         scaler.step(opt)  # with fp16, skipped when the gradients overflowed
     scaler.update()

@@ -1,0 +1,60 @@
+"""Checkpoint tools.
+
+    python -m checkpoint consolidate <out_dir or ckpt.dcp> [--out PATH]
+
+consolidate: a sharded checkpoint (train.parallel=fsdp: ckpt.dcp/, written by any number of ranks) as
+one file, read in this process alone (no process group): the whole weights and every entry inference
+and the export read, plus the run's config and counters. The optimizer state stays in the shards
+(resume the run from its out_dir, on any number of ranks). Default output: <out_dir>/consolidated.pt,
+beside the run's own checkpoints (not over them: a resume keeps reading ckpt.dcp/).
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+from errors import ArgumentParser, UserError, run_cli
+
+from .format import FORMAT, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
+from .sharded import is_sharded_checkpoint
+
+CONSOLIDATED_NAME = "consolidated.pt"
+KEPT = ("model", "model_config", "tokenizer", "config", "train")
+
+
+def consolidate(source: str | Path, out: str | Path | None = None) -> Path:
+    """Write the single-file checkpoint of the sharded checkpoint `source` (an out_dir or a ckpt.dcp/);
+    returns its path."""
+    path = resolve_checkpoint_path(source)
+    if not is_sharded_checkpoint(path):
+        raise UserError(f"{path} is already a single-file checkpoint; consolidate reads a sharded one (ckpt.dcp/, "
+                        "written with train.parallel=fsdp)")
+    with warnings.catch_warnings():  # DCP warns that it loads in one process: that is the point
+        warnings.simplefilter("ignore")
+        ckpt = load_checkpoint(path, needed=("model", "model_config", "tokenizer"))
+    target = Path(out) if out is not None else path.parent / CONSOLIDATED_NAME
+    if target.resolve() == (path.parent / "ckpt.pt").resolve():
+        raise UserError(f"{target} is where a single-file run keeps its latest checkpoint; write elsewhere, e.g. "
+                        f"--out {path.parent / CONSOLIDATED_NAME}")
+    try:
+        save_checkpoint(target, {k: ckpt[k] for k in KEPT if k in ckpt})
+    except OSError as e:
+        raise UserError(f"cannot write {target} ({e.strerror or e}); choose another --out") from None
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m checkpoint", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("consolidate", help="write a sharded checkpoint (ckpt.dcp/) as one file")
+    c.add_argument("source", help="a training out_dir, or a ckpt.dcp/ (best.dcp/) directory")
+    c.add_argument("--out", default=None, help=f"the file to write (default: <out_dir>/{CONSOLIDATED_NAME})")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    target = consolidate(args.source, args.out)
+    print(f"wrote {target} ({FORMAT} version {VERSION})")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

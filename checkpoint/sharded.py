@@ -1,0 +1,180 @@
+"""The sharded checkpoint: torch.distributed.checkpoint (DCP), the second storage backend.
+
+One directory per checkpoint (`ckpt.dcp/`, `best.dcp/`):
+
+    ckpt.dcp/.metadata            DCP's index of every tensor and where its pieces are
+    ckpt.dcp/__<rank>_0.distcp    each rank's shards of the "model" and "optimizer" entries
+    ckpt.dcp/state.pt             everything else, written once by rank 0 (step, RNG streams of every
+                                  rank, data position, dtype, config, tokenizer, model_config): a
+                                  torch.save file like ckpt.pt, read with weights_only=True
+
+The entries in the shards are keyed by parameter name (torch.distributed.checkpoint.state_dict), not by
+rank, so DCP reshards them on load: a checkpoint written by N ranks loads into M ranks, or into one
+process with no process group at all (inference, the export, `python -m checkpoint consolidate`).
+
+Writing: rank 0 makes a temp directory beside the target (fileio.temp_dir), every rank writes its
+shards into it, rank 0 adds state.pt and renames the directory into place (fileio.replace_dir). A
+writer killed at any moment leaves the previous checkpoint intact and a temp directory that the next
+trainer removes (checkpoint.run.claim_out_dir).
+
+Reading never runs code from the files: DCP's .metadata is a pickle, so it is read by an unpickler
+that admits only DCP's own metadata classes and a few plain types; tensors and other values come
+from torch's weights_only loader.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+
+from errors import UserError, short_error
+from fileio import replace_dir, temp_dir
+
+STATE_NAME = "state.pt"  # the entries written once, beside the shards
+METADATA_NAME = ".metadata"
+SHARDED_ENTRIES = ("model", "optimizer")  # what each rank writes its shards of
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / METADATA_NAME).is_file()
+
+
+# ---------------------------------------------------------------------------------- safe metadata
+
+# what DCP's .metadata pickles, by name: its own metadata dataclasses and enum, torch.Size, dtypes,
+# layouts and the checkpoint's path. Nothing else is looked up, so nothing that can run code.
+_DCP_CLASSES = {("torch.distributed.checkpoint.metadata", name) for name in (
+    "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+    "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+_SAFE_GLOBALS = _DCP_CLASSES | {("torch", "Size"), ("torch.serialization", "_get_layout"),
+                                ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                                ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):  # torch.float32, ...
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader, with .metadata read by the restricted unpickler above."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        with open(Path(self.path) / METADATA_NAME, "rb") as f:
+            metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError(f"{METADATA_NAME} holds a {type(metadata).__name__}, not DCP's Metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _metadata(path: Path) -> Metadata:
+    try:
+        return SafeReader(path).read_metadata()
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
+        raise UserError(f"sharded checkpoint {path} has an unreadable {METADATA_NAME} ({short_error(e, 120)}); "
+                        "use another checkpoint (e.g. best.dcp)") from None
+
+
+# ---------------------------------------------------------------------------------- the backend
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+class ShardedDir:
+    """Backend: a DCP directory per checkpoint (see the module docstring). `write` is collective: every
+    rank calls it with its own payload (its shards of "model" and "optimizer"; the other entries are
+    taken from rank 0). `state_file` is the single-file backend that writes and reads state.pt."""
+
+    def __init__(self, state_file):
+        self.state_file = state_file
+
+    def write(self, path: Path, payload: dict[str, Any]) -> None:
+        distributed = dist.is_initialized()
+        tmp = None
+        if _rank() == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = temp_dir(path)
+        if distributed:  # every rank writes into rank 0's temp dir (the out_dir is shared by all nodes)
+            box = [str(tmp) if tmp is not None else None]
+            dist.broadcast_object_list(box, src=0)
+            tmp = Path(box[0])
+        shards = {k: payload[k] for k in SHARDED_ENTRIES if k in payload}
+        try:
+            with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process"
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.save(shards, storage_writer=dcp.FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True),
+                         no_dist=not distributed)
+        except CheckpointException as e:  # DCP gathers every rank's failure (a full disk, a quota) into one
+            raise OSError(short_error(e, 200)) from None
+        # when dcp.save returns on rank 0 (its coordinator), every rank's shards and the .metadata are written
+        if _rank() == 0:
+            rest = {k: v for k, v in payload.items() if k not in SHARDED_ENTRIES}
+            self.state_file.write(tmp / STATE_NAME, rest)
+            replace_dir(tmp, path)
+
+    def read(self, path: Path, needed: tuple[str, ...] = ()) -> dict[str, Any]:
+        """state.pt's entries; of the sharded ones, those in `needed` loaded whole into this process
+        (inference asks for "model"); a training run restores them in place instead (load_into)."""
+        if not (path / STATE_NAME).is_file():
+            raise UserError(f"sharded checkpoint {path} has no {STATE_NAME}; it is incomplete: use another "
+                            "checkpoint (e.g. best.dcp)")
+        payload = self.state_file.read(path / STATE_NAME)
+        if isinstance(payload, dict):
+            for name in set(needed) & set(SHARDED_ENTRIES):
+                payload[name] = load_whole(path, name)
+        return payload
+
+
+def load_whole(path: Path, name: str) -> dict[str, torch.Tensor]:
+    """The entry `name` of a sharded checkpoint, every tensor whole, in this process alone (no process
+    group needed, whatever number of ranks wrote it). Keyed as saved: parameter names for "model"."""
+    metadata = _metadata(path)
+    prefix = name + "."
+    template = {key: torch.empty(md.size, dtype=md.properties.dtype)
+                for key, md in metadata.state_dict_metadata.items()
+                if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    if not template:
+        raise UserError(f"sharded checkpoint {path} holds no {name!r} tensors; use a checkpoint written by train.py")
+    _load(path, template, no_dist=True)
+    return {key[len(prefix):]: t for key, t in template.items()}
+
+
+def load_into(path: Path, state: dict[str, Any]) -> None:
+    """Load the sharded entries of `state` ({"model": ..., "optimizer": ...}, state dicts of this run's
+    sharded or plain tensors) in place from the checkpoint at `path`; DCP reshards as needed. Every
+    rank calls it."""
+    _load(path, state, no_dist=not dist.is_initialized())
+
+
+def _load(path: Path, state: dict[str, Any], no_dist: bool) -> None:
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=SafeReader(path), no_dist=no_dist)
+    except UserError:
+        raise
+    except Exception as e:  # DCP wraps every rank's failure (a missing shard, a torn file) in CheckpointException
+        raise UserError(f"cannot read sharded checkpoint {path} ({short_error(e, 160)}); it is damaged or was "
+                        "written by another model: use another checkpoint (e.g. best.dcp)") from None
+
+
+def sharded_name(name: str) -> str:
+    """ckpt.pt -> ckpt.dcp: the sharded checkpoint's directory name beside the single-file one."""
+    return os.path.splitext(name)[0] + ".dcp"

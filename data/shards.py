@@ -1,0 +1,306 @@
+"""Writing a prepared dir's token shards (format v2): tokenized by a pool of processes, written in order,
+resumable after a kill.
+
+The main process reads the source (sources.py) and hands batches of document pieces to worker processes
+that tokenize them (`_encode`); the results come back in order and are appended to each split's open
+shard. At most 2 batches per worker are in flight, so memory stays bounded whatever the corpus size.
+
+Each split is one token stream (documents joined by eot) cut into shards of exactly `shard_tokens`
+tokens (the last one shorter). A shard is written to `.<name>.partial`, synced, hashed and renamed to
+its name when full. After a shard is finished, at the next document start, the writer syncs the open
+partials and records (atomically) where the source stands: the next document's position, and each
+split's finished shards (with checksums) and partial length. A prepare killed at any moment and run
+again verifies the finished shards, cuts the partials back to the recorded length and reads the
+source on from the recorded document: it ends byte-equal to an uninterrupted prepare.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import resource
+import signal
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from errors import UserError
+from fileio import atomic_write_bytes
+
+from .sources import Piece
+from .tokenizer import Tokenizer, get_tokenizer
+
+SPLITS = ("train", "val")
+BATCH_CHARS = 4 << 20  # text per worker task; bounds memory along with CHUNK_CHARS
+INLINE_BELOW = 8 << 20  # sources smaller than this (bytes) are tokenized in this process: no pool to start
+SAMPLE_BLOCKS, SAMPLE_BLOCK = 64, 64 << 10  # the sampled checksum: 64 blocks of 64 KiB spread over a shard
+
+
+def shard_name(build: str, split: str, index: int) -> str:
+    return f"{split}-{build}-{index:05d}.bin"
+
+
+def doc_in_val(text: str, val_fraction: float) -> bool:
+    """A document's split: a hash of its (first piece of) text, so it stays put when files are renamed,
+    reordered or added."""
+    h = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    return h < val_fraction * 2.0**64
+
+
+def sample_sha256(path: Path, itemsize: int) -> str:
+    """sha256 of SAMPLE_BLOCKS blocks at fixed places of the file (all of it when it is small): what a
+    start-up check of a large corpus hashes instead of every byte."""
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+            h.update(f.read())
+        else:
+            for start in np.linspace(0, size - SAMPLE_BLOCK, SAMPLE_BLOCKS).astype(np.int64):
+                f.seek(int(start) // itemsize * itemsize)
+                h.update(f.read(SAMPLE_BLOCK))
+    return h.hexdigest()
+
+
+def file_sha256(path: Path, limit: int | None = None) -> str:
+    h = hashlib.sha256()
+    left = limit
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20 if left is None else min(16 << 20, left)):
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h.hexdigest()
+
+
+# --- workers --------------------------------------------------------------------------------------
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(spec: dict, dtype: str, val_fraction: float | None, in_pool: bool = False) -> None:
+    if in_pool:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the main process stops the pool, quietly
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker; and no warning about the fork
+    _worker.update(tok=get_tokenizer(spec["tokenizer"], spec.get("chars"), spec.get("bpe")), dtype=np.dtype(dtype),
+                   val_fraction=val_fraction)
+
+
+def _encode(items: list[tuple[bool, str, int | None]]) -> list[tuple[int | None, np.ndarray, int]]:
+    """Tokenize a batch: for each piece (its split when it starts a document, its ids, its UTF-8 bytes)."""
+    tok: Tokenizer = _worker["tok"]
+    ids = tok.encode_arrays([text for _, text, _ in items])
+    out = []
+    for (new_doc, text, split), arr in zip(items, ids):
+        if new_doc and split is None:
+            split = int(doc_in_val(text, _worker["val_fraction"]))
+        if len(arr) and int(arr.max()) >= tok.vocab_size:  # a tokenizer bug, never user data: say so
+            raise UserError(f"the {tok.name} tokenizer produced id {int(arr.max())} >= its vocab_size {tok.vocab_size}; "
+                            f"update the tokenizer library, or report this")
+        out.append((split if new_doc else None, arr.astype(_worker["dtype"]), len(text.encode("utf-8", "surrogatepass"))))
+    return out
+
+
+# --- the writer -----------------------------------------------------------------------------------
+
+
+class _Split:
+    """One split's stream: finished shards, and the open partial shard."""
+
+    def __init__(self, out: Path, build: str, name: str, dtype: np.dtype, shard_tokens: int, state: dict | None):
+        self.out, self.build, self.name, self.dtype, self.size = out, build, name, dtype, shard_tokens
+        st = state or {"shards": [], "partial": 0, "tokens": 0, "bytes": 0, "docs": 0}
+        self.shards: list[dict] = st["shards"]
+        self.partial, self.tokens, self.bytes, self.docs = st["partial"], st["tokens"], st["bytes"], st["docs"]
+        self.hash = hashlib.sha256()
+        path = self._partial_path()
+        final = self.out / shard_name(build, name, len(self.shards))
+        if self.partial and not path.exists():  # killed after this shard was finished, before the next record:
+            with open(final, "rb") as src, open(path, "wb") as dst:  # its head is the recorded partial
+                dst.write(src.read(self.partial * dtype.itemsize))
+        if self.partial:  # resuming: the partial holds at least what was recorded; cut it back to that
+            with open(path, "r+b") as f:
+                f.truncate(self.partial * dtype.itemsize)
+            self.hash = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(16 << 20):
+                    self.hash.update(chunk)
+        self.file = open(path, "r+b" if self.partial else "wb")
+        self.file.seek(0, os.SEEK_END)
+
+    def _partial_path(self) -> Path:
+        return self.out / f".{shard_name(self.build, self.name, len(self.shards))}.partial"
+
+    def state(self) -> dict:
+        return {"shards": self.shards, "partial": self.partial, "tokens": self.tokens, "bytes": self.bytes,
+                "docs": self.docs}
+
+    def write(self, ids: np.ndarray) -> bool:
+        """Append tokens; True when a shard was finished."""
+        finished = False
+        while len(ids):
+            room = self.size - self.partial
+            part, ids = ids[:room], ids[room:]
+            data = part.tobytes()
+            self.file.write(data)
+            self.hash.update(data)
+            self.partial += len(part)
+            self.tokens += len(part)
+            if self.partial == self.size:
+                self.finish_shard()
+                finished = True
+        return finished
+
+    def finish_shard(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        name = shard_name(self.build, self.name, len(self.shards))
+        os.replace(self._partial_path(), self.out / name)
+        self.shards.append({"name": name, "tokens": self.partial, "sha256": self.hash.hexdigest(),
+                            "sample_sha256": sample_sha256(self.out / name, self.dtype.itemsize)})
+        self.partial, self.hash = 0, hashlib.sha256()
+        self.file = open(self._partial_path(), "wb")
+
+    def sync(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self, keep_partial: bool) -> None:
+        """At the end: the partial becomes the last shard (if it holds tokens) or is removed."""
+        if self.partial and keep_partial:
+            self.finish_shard()
+        self.file.close()
+        self._partial_path().unlink(missing_ok=True)
+
+
+def state_path(out: Path, build: str) -> Path:
+    return out / f".prepare-{build}.json"
+
+
+def load_resume_state(out: Path, build: str, fingerprint: str, say) -> dict | None:
+    """The recorded state of a killed prepare of this build, its finished shards verified; None (start
+    over) when there is none or anything in it does not check out."""
+    path = state_path(out, build)
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        assert state["fingerprint"] == fingerprint
+        itemsize = np.dtype(state["dtype"]).itemsize
+        for split in SPLITS:
+            st = state["splits"][split]
+            for shard in st["shards"]:
+                f = out / shard["name"]
+                if not f.is_file() or f.stat().st_size != shard["tokens"] * itemsize or file_sha256(f) != shard["sha256"]:
+                    say(f"{f.name} of the interrupted prepare does not check out; starting over")
+                    return None
+            partial = out / f".{shard_name(build, split, len(st['shards']))}.partial"
+            if st["partial"] and not partial.is_file():  # finished after the record was written: its head will do
+                partial = out / shard_name(build, split, len(st["shards"]))
+            if st["partial"] and (not partial.is_file() or partial.stat().st_size < st["partial"] * itemsize):
+                say(f"{partial.name} of the interrupted prepare is shorter than recorded; starting over")
+                return None
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return None
+    return state
+
+
+def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece], tok: Tokenizer, *,
+                 shard_tokens: int, val_fraction: float | None, workers: int, resume: dict | None,
+                 extra_state: dict, bar, say) -> dict:
+    """Tokenize `pieces` into the shards of both splits; return {split: its _Split.state()} plus counts.
+
+    `resume`: a verified state of an interrupted prepare (its pieces must start at resume["pos"]).
+    `extra_state`: recorded beside the position (a char vocabulary, a tokenizer's file, skipped rows).
+    """
+    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
+    splits = [_Split(out, build, s, dtype, shard_tokens, resume["splits"][s] if resume else None) for s in SPLITS]
+    spec = {"tokenizer": tok.name, "chars": tok.chars, "bpe": tok.bpe}
+    eot = np.array([tok.eot], dtype=dtype)
+    cur: _Split | None = None  # the split of the document being written
+    started = False  # has it written tokens yet (an eot goes before a document's first tokens)?
+    due = False  # a shard was finished since the last record: record at the next document start
+    t0, tokens_at_start = time.perf_counter(), sum(s.tokens for s in splits)
+
+    def record(pos: Any) -> None:
+        for s in splits:
+            s.sync()
+        state = {"fingerprint": fingerprint, "pos": pos, "splits": {s.name: s.state() for s in splits}, **extra_state()}
+        atomic_write_bytes(state_path(out, build), json.dumps(state).encode())
+
+    def results() -> Iterator[tuple[Piece, tuple]]:
+        """(piece, (split, ids, bytes)) in source order, tokenized by the pool (or here for small sources)."""
+        batches = _batches(pieces)
+        if workers <= 1:
+            _init_worker(spec, dtype.name, val_fraction)
+            for batch in batches:
+                yield from zip(batch, _encode([(p.new_doc, p.text, p.split) for p in batch]))
+            return
+        ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(spec, dtype.name, val_fraction, True)) as pool:
+            pending: deque = deque()
+            for batch in batches:
+                pending.append((batch, pool.apply_async(_encode, ([(p.new_doc, p.text, p.split) for p in batch],))))
+                if len(pending) >= 2 * workers:  # bounded: never more than this in flight
+                    done, job = pending.popleft()
+                    yield from zip(done, job.get())
+            while pending:
+                done, job = pending.popleft()
+                yield from zip(done, job.get())
+            pool.close()
+            pool.join()
+
+    for piece, (split, ids, _nbytes) in results():
+        if piece.new_doc:
+            if due:
+                record(piece.pos)
+                due = False
+            cur, started = splits[split], False
+        elif piece.split is not None and cur is not None and cur is not splits[piece.split]:
+            cur, started = splits[piece.split], False  # the tail of a single text file: on into val
+        if cur is None:  # progress-only pieces before the first document
+            bar.update(piece.advance)
+            continue
+        if len(ids):
+            if not started:
+                if cur.docs:
+                    due |= cur.write(eot)
+                cur.docs += 1
+                started = True
+            due |= cur.write(ids)
+        cur.bytes += _nbytes
+        if piece.advance:
+            bar.update(piece.advance)
+            elapsed = time.perf_counter() - t0
+            if elapsed > 0:
+                bar.set_postfix_str(f"{(sum(s.tokens for s in splits) - tokens_at_start) / elapsed / 1e6:.2f}M tok/s",
+                                    refresh=False)
+    for s in splits:
+        s.close(keep_partial=True)
+    return {s.name: s.state() for s in splits}
+
+
+def _batches(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:
+    batch: list[Piece] = []
+    size = 0
+    for piece in pieces:
+        batch.append(piece)
+        size += len(piece.text)
+        if size >= BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def peak_memory_mb() -> tuple[float, float]:
+    """(this process's peak RSS, the largest finished child's), in MB (Linux reports KB)."""
+    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 2**20
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale)

@@ -1,0 +1,117 @@
+"""Choices measured once per machine and kept, so that the same command gives the same numbers on every
+run: the dtype `auto` picks on a CPU (timed per model shape), and the CPU's matmul peak that MFU is
+against. A timing on a busy machine can flip a near tie (fp32 for a config alone, bf16 for the same
+config under torchrun) and a peak re-probed in every process moved the MFU of one resumed run from 3.6%
+to 77%; a decision made once and kept cannot.
+
+They live in one small JSON file in the user's cache directory: $SMALLGPT_CACHE_DIR, else
+$XDG_CACHE_HOME/smallgpt, else ~/.cache/smallgpt (choices.json). Each entry is keyed by what it depends
+on: the machine (CPU model, ISA torch uses, native bf16, torch version, threads) and, for a dtype, the
+model's shape, the batch and the world size. Every use says where the value came from. Delete the
+file to measure again; --train.dtype, sample.py --dtype and train.peak_flops override it. A cache that
+cannot be read or written (a read-only home, a damaged file) is measured around, never an error.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from fileio import atomic_write_bytes
+
+from . import precision
+from .precision import DTYPE_BY_NAME, dtype_name
+
+CACHE_ENV = "SMALLGPT_CACHE_DIR"
+FILE_NAME = "choices.json"
+MAX_BYTES = 1 << 20  # a bigger file is not ours (or is damaged): ignored, and rewritten
+
+
+def cache_path() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "smallgpt")
+    return Path(root) / FILE_NAME
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    """What a CPU measurement depends on besides the work itself. The ISA and native bf16 are in it, so
+    that a run under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 keeps its own entries."""
+    return (f"{_cpu_model()} | {torch.backends.cpu.get_cpu_capability()} | native bf16 {precision.cpu_native_bf16()} | "
+            f"torch {torch.__version__} | {torch.get_num_threads()} threads")
+
+
+def _read() -> dict[str, Any]:
+    path = cache_path()
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(key: str, value: dict[str, Any]) -> bool:
+    data = _read()
+    data[key] = value
+    try:
+        cache_path().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cache_path(), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    except OSError:
+        return False
+    return True
+
+
+def cached(kind: str, parts: dict[str, Any], measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """The entry for (kind, this machine, parts): from the cache, or measure() now and kept.
+    -> (entry, where it came from: a clause for the note printed with it)."""
+    key = json.dumps({"kind": kind, "machine": machine_key(), **parts}, sort_keys=True, default=str)
+    hit = _read().get(key)
+    if isinstance(hit, dict) and "value" in hit:
+        return hit, f"measured {hit.get('when', '?')}, from the cache {cache_path()} (delete it to measure again)"
+    entry = {**measure(), "when": datetime.datetime.now().isoformat(timespec="seconds")}
+    kept = _write(key, entry)
+    return entry, f"measured now, {'kept in ' + str(cache_path()) if kept else 'not kept (the cache is not writable)'}"
+
+
+def auto_dtype(kind: str, parts: dict[str, Any], choose: Callable[[], tuple[torch.dtype, str]],
+               device: torch.device) -> tuple[torch.dtype, str]:
+    """dtype `auto` decided once per (machine, parts) where it is timed (a CPU with native bf16), and
+    then reused; elsewhere the rule needs no timing and `choose` is just called."""
+    if device.type != "cpu" or not precision.cpu_native_bf16():
+        return choose()
+
+    def measure():
+        dtype, note = choose()
+        return {"value": dtype_name(dtype), "note": note}
+
+    entry, source = cached(kind, parts, measure)
+    dtype = DTYPE_BY_NAME.get(entry["value"])
+    if dtype is None:  # a damaged entry: decide again, uncached
+        return choose()
+    return dtype, f"{entry['note']} ({source})"
+
+
+def cpu_peak(dtype: torch.dtype, probe: Callable[[], float]) -> tuple[float, str]:
+    """The CPU's matmul peak in `dtype`, probed once per machine and reused. -> (FLOP/s, where from)."""
+    entry, source = cached("peak", {"dtype": dtype_name(dtype)}, lambda: {"value": probe()})
+    value = entry["value"]
+    if not isinstance(value, (int, float)) or not value > 0:
+        return probe(), "measured now (the cached value was damaged)"
+    return float(value), source

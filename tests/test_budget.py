@@ -1,0 +1,100 @@
+"""train.time_budget (training/budget.py): the plan's arithmetic by hand, the duration syntax, a budget
+run that resumes bit for bit and never re-decides, and timing that leaves no trace in the run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import training.budget
+from errors import UserError
+from faults import inject
+from checkpoint import load_checkpoint
+from training.budget import Timing, parse_duration, plan
+from training.config import load_config
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    from data import DataConfig, prepare_data
+
+    root = tmp_path_factory.mktemp("prepared")
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    return root
+
+
+def test_durations_parse_and_a_bad_one_is_one_line():
+    assert [parse_duration(s) for s in ("90s", "8m", "1.5h", "600", "0", "", " 2 min ")] == [90, 480, 5400, 600, 0, 0, 120]
+    for bad in ("8 minutes", "-5s", "soon", "1e3"):
+        with pytest.raises(UserError, match=r"^train.time_budget must be a duration like 90s, 8m or 1h \(0 = off\)"):
+            load_config([f"--train.time_budget={bad}"])
+    assert load_config(["--train.time_budget=8m"]).train.time_budget == "8m"
+
+
+def test_the_plan_fits_steps_evals_and_checkpoints_in_the_budget_by_hand():
+    # 100 s budget, 10 s spent setting up, steps of 0.1 s, evals of 2 s + 2 checkpoints of 0.5 s every 100 steps:
+    # n steps cost 0.1 n + 3 ceil(n / 100); 90 s fit n = 690 (69 + 21 = 90), not 691 (69.1 + 24)
+    timing = Timing(setup_s=10.0, step_s=0.1, eval_s=2.0, checkpoint_s=0.5)
+    assert plan(100.0, timing, max_iters=5000, warmup_iters=100, eval_interval=100) == (690, 14)  # 100 * 690/5000
+    assert plan(1e6, timing, max_iters=5000, warmup_iters=100, eval_interval=100) == (5000, 100)  # never above the config
+    with pytest.raises(UserError, match=r"train.time_budget=12s leaves no time to train: set-up took 10.0 s"):
+        plan(12.0, timing, max_iters=5000, warmup_iters=100, eval_interval=100)
+
+
+def _argv(out, data_root, *extra):
+    return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=2",
+            "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32", "--train.batch_size=4",
+            "--train.max_iters=40", "--train.warmup_iters=8", "--train.eval_interval=4", "--train.eval_iters=2",
+            "--train.log_interval=1", "--train.dtype=float32", "--train.device=cpu", "--model.dropout=0.1",
+            "--train.peak_flops=1e11", "--wandb.mode=disabled", *extra]
+
+
+def _run(out, data_root, *extra):
+    import train
+
+    return train.train(load_config(_argv(out, data_root, *extra)))
+
+
+def test_a_budget_run_interrupted_and_resumed_ends_bitwise_equal_to_an_uninterrupted_one(tmp_path, data_root, monkeypatch,
+                                                                                        capsys):
+    timings = []
+
+    def fake_measure(r):  # injected: the same figures every time, and counted
+        timings.append(r.state.iter)
+        return Timing(setup_s=1.0, step_s=0.5, eval_s=0.4, checkpoint_s=0.05)
+
+    monkeypatch.setattr(training.budget, "measure", fake_measure)
+    # 10 s, 1 s of it set-up: n steps cost 0.5 n + (0.4 + 2 * 0.05) ceil(n / 4) <= 9 -> n = 14 (7 + 0.5 * 4 = 9;
+    # 15 steps: 7.5 + 2 = 9.5)
+    full = _run(tmp_path / "full", data_root, "--train.time_budget=10s")
+    iters = load_checkpoint(tmp_path / "full")["train"]["budget_iters"]
+    assert full["iter"] == iters == 14 and len(timings) == 1
+    assert "time budget 10s: " in capsys.readouterr().out
+    with inject(interrupt_after=5):
+        part1 = _run(tmp_path / "resumed", data_root, "--train.time_budget=10s")
+    assert part1["iter"] == 5 and len(timings) == 2
+    monkeypatch.setattr(training.budget, "measure", lambda r: pytest.fail("a resumed budget run must not re-decide"))
+    part2 = _run(tmp_path / "resumed", data_root, "--train.time_budget=10s")
+    assert "(decided when this run started)" in capsys.readouterr().out
+    assert {**part1["losses"], **part2["losses"]} == full["losses"]
+    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "resumed")
+    assert a["train"]["budget_iters"] == b["train"]["budget_iters"] and a["train"]["iter"] == b["train"]["iter"] == 14
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    with pytest.raises(UserError, match=r"train.time_budget: '10s' -> '20s'"):  # the saved plan would not hold
+        _run(tmp_path / "resumed", data_root, "--train.time_budget=20s")
+
+
+def test_timing_the_step_leaves_no_trace_the_budget_run_equals_a_plain_run_of_its_plan(tmp_path, data_root):
+    """The real measure: it runs steps and evals, then restores every state; the run that follows is bit for
+    bit a run without a budget given the decided max_iters and warmup_iters."""
+    budgeted = _run(tmp_path / "budget", data_root, "--train.time_budget=1h", "--train.max_iters=12")
+    saved = load_checkpoint(tmp_path / "budget")["train"]
+    assert saved["budget_iters"] == 12 and saved["budget_warmup"] == 8  # an hour is plenty: the config's plan
+    plain = _run(tmp_path / "plain", data_root, "--train.max_iters=12")
+    assert budgeted["losses"] == plain["losses"]
+    a, b = load_checkpoint(tmp_path / "budget"), load_checkpoint(tmp_path / "plain")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for sa, sb in zip(a["optimizer"]["optimizers"], b["optimizer"]["optimizers"]):
+        for i in sa["state"]:
+            assert all(torch.equal(sa["state"][i][k], sb["state"][i][k]) for k in sa["state"][i])

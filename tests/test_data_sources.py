@@ -1,0 +1,279 @@
+"""Users' own corpora: jsonl / json / parquet files (plain, .gz, .zst), folders and globs of them, datasets
+saved with save_to_disk, a separate val source; the val split by document; the sharded format v2."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tiktoken
+
+from data import BatchLoader, DataConfig, load_meta, prepare_data
+from errors import UserError
+from prepared_files import read_bins, read_split, split_on
+
+ENC = tiktoken.get_encoding("gpt2")
+EOT = 50256
+FIXTURES = Path(__file__).parent / "fixtures"
+
+DOCS = [f"Document number {i}: " + ["plain words here.", "naïve café 🎉 emoji’s", "Ελληνικά και русский текст",
+                                     "日本語のテキストです。", "tabs\tand\r\nnewlines\n\n  spaced  "][i % 5] * (1 + i % 3)
+        for i in range(24)]
+
+
+def ids_of(docs: list[str]) -> list[list[int]]:
+    return [ENC.encode_ordinary(d) for d in docs if d]
+
+
+def documents(out: Path) -> tuple[list[list[int]], list[list[int]]]:
+    return tuple(split_on(ids, EOT) for ids in read_bins(out))
+
+
+def assert_same_documents(out: Path, docs: list[str]) -> None:
+    """Both splits together hold exactly the tiktoken tokens of each document, in source order per split."""
+    train, val = documents(out)
+    expected = ids_of(docs)
+    assert sorted(train + val) == sorted(expected)
+    assert train == [e for e in expected if e in train] and val == [e for e in expected if e in val]
+    assert train and val
+
+
+def write_jsonl(path: Path, rows: list[dict], opener=open) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with opener(path, "wt", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_zst(path: Path, data: bytes) -> Path:
+    with pa.output_stream(str(path), compression="zstd") as f:
+        f.write(data)
+    return path
+
+
+def cfg(dataset, root: Path, **kw) -> DataConfig:
+    kw.setdefault("val_fraction", 0.3)
+    return DataConfig(dataset=str(dataset), root=str(root), **kw)
+
+
+# --- each form gives tiktoken's tokens of its documents ----------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["jsonl-glob", "jsonl.gz", "jsonl.zst", "json-array", "parquet", "folder", "txt.gz"])
+def test_each_source_form_gives_tiktoken_tokens_of_its_documents(tmp_path, form):
+    rows = [{"id": i, "text": d, "meta": {"n": i}} for i, d in enumerate(DOCS)]
+    src = tmp_path / "corpus"
+    src.mkdir()
+    docs = DOCS
+    if form == "jsonl-glob":  # corpus/*.jsonl: the rows' text, never the JSON syntax
+        write_jsonl(src / "a.jsonl", rows[:10])
+        write_jsonl(src / "b.jsonl", rows[10:])
+        dataset = src / "*.jsonl"
+    elif form == "jsonl.gz":
+        dataset = write_jsonl(src / "a.jsonl.gz", rows, opener=gzip.open)
+    elif form == "jsonl.zst":
+        dataset = write_zst(src / "a.jsonl.zst", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    elif form == "json-array":
+        dataset = src / "a.json"
+        dataset.write_text(json.dumps(rows), encoding="utf-8")
+    elif form == "parquet":
+        dataset = src / "a.parquet"
+        pq.write_table(pa.table({"id": list(range(len(DOCS))), "text": DOCS}), dataset, row_group_size=5)
+    elif form == "folder":  # every supported file below it, in path order
+        write_jsonl(src / "1.jsonl", rows[:8])
+        pq.write_table(pa.table({"text": DOCS[8:16]}), src / "2.parquet")
+        write_jsonl(src / "sub" / "3.jsonl.gz", rows[16:], opener=gzip.open)
+        (src / "notes.md").write_text("not a corpus file", encoding="utf-8")
+        dataset = src
+    else:  # one text file per document, compressed
+        for i, d in enumerate(DOCS):
+            with gzip.open(src / f"{i:02d}.txt.gz", "wt", encoding="utf-8", newline="") as f:
+                f.write(d)
+        dataset = src
+    out = prepare_data(cfg(dataset, tmp_path / "p"), progress=False)
+    assert_same_documents(out, docs)
+    assert b"{\"id\"" not in ENC.decode_bytes(read_split(out, "train"))
+
+
+def test_text_field_names_the_field_that_holds_the_text(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"content": d, "text": "not this"} for d in DOCS])
+    assert_same_documents(prepare_data(cfg(path, tmp_path / "p", text_field="content"), progress=False), DOCS)
+
+
+def test_a_dataset_saved_with_save_to_disk_is_read_with_load_from_disk(tmp_path):
+    datasets.Dataset.from_dict({"text": DOCS, "n": list(range(len(DOCS)))}).save_to_disk(str(tmp_path / "saved"))
+    assert_same_documents(prepare_data(cfg(tmp_path / "saved", tmp_path / "p"), progress=False), DOCS)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS}),
+                          "test": datasets.Dataset.from_dict({"text": ["x"]})}).save_to_disk(str(tmp_path / "dict"))
+    out = prepare_data(cfg(f"hf:{tmp_path / 'dict'}", tmp_path / "q"), progress=False)  # the hf: spelling works too
+    assert_same_documents(out, DOCS)
+    with pytest.raises(UserError, match=r"no split 'validation' \(splits: train, test\)"):
+        prepare_data(cfg(tmp_path / "dict", tmp_path / "r", hf_split="validation"), progress=False)
+
+
+def test_val_dataset_is_the_val_split_and_all_of_dataset_is_train(tmp_path):
+    train_src = write_jsonl(tmp_path / "train.jsonl", [{"text": d} for d in DOCS[:20]])
+    val_src = write_jsonl(tmp_path / "val.jsonl.gz", [{"text": d} for d in DOCS[20:]], opener=gzip.open)
+    out = prepare_data(cfg(train_src, tmp_path / "p", val_dataset=str(val_src)), progress=False)
+    train, val = documents(out)
+    assert (train, val) == (ids_of(DOCS[:20]), ids_of(DOCS[20:]))
+    assert load_meta(out)["val_dataset"] == str(val_src)
+
+
+# --- bad rows -----------------------------------------------------------------------------------------
+
+BAD_ROWS = {
+    "missing": (b'{"id": 3}', "no 'text' field"),
+    "null": (b'{"text": null}', "no 'text' field"),
+    "number": (b'{"text": 12}', "'text' field is a int, not text"),
+    "syntax": (b'{"text": "unterminated}', "not valid JSON"),
+    "utf8": (b'{"text": "caf\xe9"}', "not UTF-8"),
+    "array": (b'[1, 2]', "not an object"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_a_bad_jsonl_row_is_one_line_naming_file_and_row(tmp_path, kind):
+    bad, words = BAD_ROWS[kind]
+    lines = [json.dumps({"text": d}).encode() for d in DOCS[:6]]
+    lines.insert(4, b"")  # a blank line is no row, but the row number is the file's line number
+    lines.insert(5, bad)
+    (tmp_path / "c.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(UserError) as e:
+        prepare_data(cfg(tmp_path / "c.jsonl", tmp_path / "p"), progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and f"c.jsonl, row 6: " in msg and words in msg and "data.skip_bad_rows" in msg, msg
+    assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
+
+
+def test_a_bad_parquet_row_is_one_line_naming_file_and_row(tmp_path):
+    pq.write_table(pa.table({"text": DOCS[:4] + [None] + DOCS[4:]}), tmp_path / "c.parquet", row_group_size=3)
+    with pytest.raises(UserError, match=r"c\.parquet, row 5: it has no 'text' field"):
+        prepare_data(cfg(tmp_path / "c.parquet", tmp_path / "p"), progress=False)
+    pq.write_table(pa.table({"text": list(range(5))}), tmp_path / "n.parquet")
+    with pytest.raises(UserError, match=r"n\.parquet's column 'text' holds int64, not text; set data.text_field"):
+        prepare_data(cfg(tmp_path / "n.parquet", tmp_path / "p"), progress=False)
+    with pytest.raises(UserError, match=r"has no column 'body' \(columns: text\)"):
+        prepare_data(cfg(tmp_path / "c.parquet", tmp_path / "p", text_field="body"), progress=False)
+
+
+def test_skip_bad_rows_skips_them_and_counts_them(tmp_path):
+    lines = [json.dumps({"text": d}).encode() for d in DOCS] + [bad for bad, _ in BAD_ROWS.values()]
+    (tmp_path / "c.jsonl").write_bytes(b"\n".join(lines[:10] + lines[24:] + lines[10:24]) + b"\n")
+    out = prepare_data(cfg(tmp_path / "c.jsonl", tmp_path / "p", skip_bad_rows=True), progress=False)
+    assert_same_documents(out, DOCS)
+    skipped = load_meta(out)["skipped_rows"]
+    assert skipped["count"] == len(BAD_ROWS) and [r[1] for r in skipped["first"]] == list(range(11, 11 + len(BAD_ROWS)))
+
+
+# --- HF names that are not what they seem -------------------------------------------------------------
+
+
+def test_hf_builder_names_without_files_are_refused_instead_of_reading_the_current_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("load_dataset was called"))
+    for name in ("json", "parquet", "text"):
+        with pytest.raises(UserError, match=rf"'hf:{name}' names datasets' {name} builder.*data.dataset: path/to/\*.jsonl"):
+            prepare_data(DataConfig(dataset=f"hf:{name}", root=str(tmp_path)), progress=False)
+
+
+def test_a_failed_load_of_a_path_names_no_hub_url(tmp_path, monkeypatch):
+    def fail(*a, **k):
+        raise FileNotFoundError("nothing there")
+
+    monkeypatch.setattr(datasets, "load_dataset", fail)
+    with pytest.raises(UserError) as e:
+        prepare_data(DataConfig(dataset="hf:/no/such/dir", root=str(tmp_path)), progress=False)
+    assert "huggingface.co" not in str(e.value) and "nothing there" in str(e.value)
+    with pytest.raises(UserError, match=r"huggingface.co/datasets/someone/stories"):
+        prepare_data(DataConfig(dataset="hf:someone/stories", root=str(tmp_path)), progress=False)
+
+
+# --- the split and the shards -------------------------------------------------------------------------
+
+
+def big_corpus(root: Path, names: list[str], per_file: int = 40) -> list[str]:
+    docs = []
+    for f, name in enumerate(names):
+        rows = [f"file {f} row {r}: " + "some words to tokenize " * (1 + r % 4) for r in range(per_file)]
+        write_jsonl(root / name, [{"text": t} for t in rows])
+        docs += rows
+    return docs
+
+
+def test_the_val_split_stays_put_when_files_are_renamed_or_reordered(tmp_path):
+    names = [f"part-{i}.jsonl" for i in range(5)]
+    docs = big_corpus(tmp_path / "corpus", names)
+    first = prepare_data(cfg(tmp_path / "corpus", tmp_path / "p", val_fraction=0.2), progress=False)
+    _, val_before = documents(first)
+    for i, name in enumerate(names):  # the last file first now, and every name new
+        (tmp_path / "corpus" / name).rename(tmp_path / "corpus" / f"z-{4 - i}-renamed.jsonl")
+    second = prepare_data(cfg(tmp_path / "corpus", tmp_path / "p", val_fraction=0.2), progress=False)
+    train_after, val_after = documents(second)
+    assert sorted(val_after) == sorted(val_before) and val_after != val_before  # same documents, another order
+    assert 0.1 < len(val_after) / len(docs) < 0.3
+    assert sorted(train_after + val_after) == sorted(ids_of(docs))
+
+
+def test_shards_have_the_fixed_size_and_the_manifest_checksums_them(tmp_path):
+    big_corpus(tmp_path / "corpus", ["a.jsonl", "b.jsonl"])
+    out = prepare_data(cfg(tmp_path / "corpus", tmp_path / "p", shard_tokens=97), progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    for split in ("train", "val"):
+        shards = meta["shards"][split]
+        assert len(shards) > 1 and all(sh["tokens"] == 97 for sh in shards[:-1]) and 0 < shards[-1]["tokens"] <= 97
+        for sh in shards:
+            data = (out / sh["name"]).read_bytes()
+            assert len(data) == 2 * sh["tokens"] and hashlib.sha256(data).hexdigest() == sh["sha256"]
+        assert meta["splits"][split]["tokens"] == sum(sh["tokens"] for sh in shards)
+    # windows cross shard boundaries as if the split were one file
+    stream = np.array(read_split(out, "train"))
+    loader = BatchLoader(out, "train", block_size=150, batch_size=16, seed=3)
+    x, y = loader.get_batch(2, 1)
+    for row, start in zip(x.numpy(), loader.offsets(2, 1)):
+        assert (row == stream[start : start + 150]).all()
+
+
+def test_a_v1_prepared_dir_still_loads(tmp_path, shakespeare_path):
+    d = shutil.copytree(FIXTURES / "prepared-v1-gpt2", tmp_path / "v1")  # written by the format-v1 code
+    meta = load_meta(d)
+    assert meta["format_version"] == 1
+    ids = ENC.encode_ordinary(shakespeare_path.read_text(encoding="utf-8")[:6000])
+    n_val = int(len(ids) * 0.1)
+    assert read_bins(d) == (ids[:-n_val], ids[-n_val:])
+    loader = BatchLoader(d, "val", block_size=32, batch_size=4, seed=0)
+    x, _ = loader.get_batch(0)
+    for row, start in zip(x.numpy(), loader.offsets(0)):
+        assert row.tolist() == ids[len(ids) - n_val + start : len(ids) - n_val + start + 32]
+    h = hashlib.sha256((d / "train.bin").read_bytes() + b"|" + (d / "val.bin").read_bytes() + b"|").hexdigest()
+    assert loader.state_dict()["tokens_sha256"] == h  # so a v1 run's checkpoint still resumes
+
+
+def test_prepare_keeps_an_unchanged_v1_dir_so_its_runs_still_resume(tmp_path, shakespeare_path, capsys):
+    # the fixture was prepared (by the v1 code) from this file at this path: recreate it there
+    src = Path("/tmp/v1src/v1.txt")
+    src.parent.mkdir(exist_ok=True)
+    src.write_text(shakespeare_path.read_text(encoding="utf-8")[:6000], encoding="utf-8")
+    d = shutil.copytree(FIXTURES / "prepared-v1-gpt2", tmp_path / "p" / "v1-331ec31c-gpt2")
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert prepare_data(DataConfig(dataset=str(src), root=str(tmp_path / "p")), progress=True) == d
+    assert "up to date" in capsys.readouterr().err and {p.name: p.read_bytes() for p in d.iterdir()} == before
+    src.write_text(src.read_text() + "an edit", encoding="utf-8")  # a changed source: rebuilt, in format 2
+    prepare_data(DataConfig(dataset=str(src), root=str(tmp_path / "p")), progress=False)
+    assert load_meta(d)["format_version"] == 2 and not (d / "train.bin").exists()
+
+
+def test_hf_rows_that_are_not_text_are_one_line_or_skipped_when_asked(tmp_path, monkeypatch):
+    ds = datasets.Dataset.from_dict({"text": [{"a": i} for i in range(4)]})
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: ds)
+    with pytest.raises(UserError, match=r"row 1 of HF dataset 'x/y' split 'train' has a dict .*data.skip_bad_rows"):
+        prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False)
+    with pytest.raises(UserError, match="contains no text"):  # every row skipped: nothing left
+        prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path), skip_bad_rows=True), progress=False)
