@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
+from runtime.memory import release_freed_memory
 from runtime.precision import autocast, make_scaler
 from training.builders import build_optimizers, parallelize, shard_model
 from training.config import TrainSection
@@ -96,7 +97,8 @@ def rank_main(parallel: str, shape: dict, warmup: int, iters: int, out: Path) ->
         out.loss.item()  # the host sync a logged step makes
 
     step()  # the optimizer state exists from here on
-    reset_peak_rss()  # the steady state: set-up (the whole model built before sharding) is not counted
+    release_freed_memory()  # what set-up freed (the whole model, built before sharding) goes back to the kernel
+    reset_peak_rss()  # the steady state: set-up is not counted
     for _ in range(max(0, warmup - 1)):
         step()
     times = []
