@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from fileio import atomic_write, atomic_write_bytes
@@ -58,7 +59,10 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Atomically, with the umask's mode like our other outputs (safetensors' save_file alone makes 0600)."""
     with atomic_write(path) as tmp:
         mode = tmp.stat().st_mode  # fileio made it with 0o666 & ~umask
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+        except SafetensorError as e:  # how safetensors reports a full disk: an OSError to the callers
+            raise OSError(f"{type(e).__name__}: {e}") from None
         tmp.chmod(mode & 0o777)
 
 

@@ -362,3 +362,20 @@ def test_write_errors_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatc
         export_hf(model, GPT2_TOKENIZER, tmp_path / "out" / "hf")
     assert list((tmp_path / "out").iterdir()) == []  # no partial export, no temp directory
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "out"]
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own SafetensorError, not an OSError."""
+    from safetensors import SafetensorError
+
+    import checkpoint.hf as hf_module
+    from errors import UserError
+
+    def full_disk(*a, **k):
+        raise SafetensorError("Error while serializing: IoError(No space left on device (os error 28))")
+
+    monkeypatch.setattr(hf_module, "save_file", full_disk)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257))
+    with pytest.raises(UserError, match="No space left on device") as e:
+        export_hf(model, GPT2_TOKENIZER, tmp_path / "hf")
+    assert "\n" not in str(e.value) and not (tmp_path / "hf").exists() and not list(tmp_path.glob(".*.tmp"))

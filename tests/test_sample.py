@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import model.generate
 import sample
 from runtime.precision import inference_dtype
 from data import get_tokenizer
@@ -506,7 +507,8 @@ def test_an_interrupt_keeps_the_text_generated_so_far(char_ckpt, capsys, tmp_pat
             if i == 5:
                 raise KeyboardInterrupt
             yield step
-    monkeypatch.setattr(sample, "generate_stream", interrupted_after_5)
+    monkeypatch.setattr(sample, "generate_stream", interrupted_after_5)  # the streamed sample
+    monkeypatch.setattr(model.generate, "generate_stream", interrupted_after_5)  # generate(), for batches
     target = tmp_path / "out.txt"
     extra = [str(target) if a == "OUT" else a for a in extra]
     code, out, err = run(["--checkpoint", char_ckpt[0], "--prompt", "All:", "--max-new-tokens", "1000000",
