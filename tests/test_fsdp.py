@@ -19,7 +19,6 @@ import sample
 import train
 from checkpoint import load_checkpoint, load_model
 from checkpoint.__main__ import consolidate
-from data import DataConfig, prepare_data
 from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
@@ -27,46 +26,25 @@ from runtime.memory import training_bytes
 from training.config import load_config
 from training.sharding import checkpoint_blocks
 
+from test_multirank import argv as multirank_argv, data_root, losses, torchrun  # noqa: F401 (a fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 TOL = 1e-5
 CLIP = 0.1  # below every step's gradient norm here: clipping acts on every step
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("prepared")
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
-    return root
-
-
 def argv(out: Path, data_root: Path, *extra: str) -> list[str]:
-    # no dropout: on another number of ranks each rank draws other masks (training/rng.py), so only a
-    # run without dropout can be compared across world sizes
-    return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=2",
-            "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32", "--model.dropout=0.0",
-            "--train.batch_size=4", "--train.grad_accum_steps=2", "--train.max_iters=8", "--train.warmup_iters=2",
-            "--train.lr=3e-3", "--train.eval_interval=4", "--train.eval_iters=2", "--train.log_interval=1",
-            "--train.dtype=float32", "--train.device=cpu", "--train.peak_flops=1e11", "--wandb.mode=disabled",
-            f"--train.grad_clip={CLIP}", "--train.parallel=fsdp", *extra]
-
-
-def torchrun(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    """2 gloo ranks running tests/faults.py (train.py's main with the test-only faults in `env`)."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(ROOT / "tests" / "faults.py"), *args], capture_output=True, text=True, env=full_env,
-                          timeout=300)
+    # test_multirank's tiny run, without dropout (on another number of ranks each rank draws other masks,
+    # training/rng.py, so only a run without dropout can be compared across world sizes), clipping on
+    # every step, sharded; later overrides win
+    return multirank_argv(out, data_root, "--model.dropout=0.0", f"--train.grad_clip={CLIP}", "--train.parallel=fsdp",
+                          *extra)
 
 
 def one_process(args: list[str], **faults) -> dict:
     with inject(**faults):
         return train.train(load_config(args))
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {r["iter"]: r["train/loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if "train/loss" in r}
 
 
 def weights(out) -> dict[str, torch.Tensor]:
