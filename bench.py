@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocabs", default="50304,50257", help="CUDA: vocab sizes of the GPT-2 rows (default: %(default)s)")
     p.add_argument("--loss-paths", action="store_true", help="also time ours with the loss path this device does not choose")
     p.add_argument("--loss-chunks", default="", help="CPU: also time ours with the fused loss in chunks of these row "
-                   "counts, e.g. 64,256 (the default is model/fused_ce.py's CHUNK_ROWS)")
+                   "counts, e.g. 64,256 (the default comes from runtime/loss_path.py's CHUNK_BYTES)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per variant (default 5; quick 2)")
     p.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 30; quick 3)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the timed steps are split into")

@@ -125,7 +125,7 @@ def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: li
     """Rows for one shape: ours in each (dtype, compile) asked for, against the baseline, the dtype
     auto picks marked; with other_loss_path, also ours with the loss path this device does not choose
     (to show the choice); with loss_chunks (a large vocabulary only), also ours with the fused loss in
-    chunks of each of those row counts (to choose CHUNK_ROWS per CPU). Returns (rows, how auto chose)."""
+    chunks of each of those row counts (to choose runtime/loss_path.py's CHUNK_BYTES per CPU). Returns (rows, how auto chose)."""
     batches = random_batches(shape, device)
     weights = reference_weights(shape)
     auto_dtype, auto_note = auto_dtype_for(shape, weights, device, batches[0])

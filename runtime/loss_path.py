@@ -3,9 +3,11 @@ device, compiled=...)`, one line beside compile and DDP (the only code that sets
 
 With a 50k vocabulary the head is the largest matmul of a small GPT, and the (B*T, V) logits the
 largest tensor. Where the logits go depends on the hardware:
-- CPU: the fused, chunked head + loss (model/fused_ce.py) in 128-row chunks keeps each chunk's logits
-  in cache; measured on a 2-core CPU it is ~1.9x faster than full logits + F.cross_entropy, and 128
-  rows are at least as fast as 64-384.
+- CPU: the fused, chunked head + loss (model/fused_ce.py), in chunks whose fp32 logits take at most
+  CHUNK_BYTES (384 rows at a 50257 vocabulary). Measured on a 2-core Zen 3 at 768 x 50257 (bench.py
+  --loss-chunks): 64 rows 443 ms, 128 418, 192 386, 256 376, 384 358-373, 512 378, 768 (one chunk)
+  373 ms a step, full logits + F.cross_entropy 418 ms; bigger chunks mean fewer passes over the head's
+  (V, C) gradient, and past ~384 rows they stop paying while the buffer keeps growing.
 - A small vocabulary (a char model: 65 ids), on any device: the full logits are a few hundred KB, and
   one matmul + cross_entropy costs less than the chunks' many small ops (char step, 2-core CPU: 25.2
   against 26.0 ms).
@@ -21,7 +23,7 @@ import torch
 
 from model import GPT
 
-CHUNK_ROWS = 128  # CPU: measured on a 2-core CPU, 4L/128 model at 768 x 50257: 128 is at least as fast as 64-384
+CHUNK_BYTES = 80 * 2**20  # CPU: a chunk's fp32 logits; see above
 SMALL_VOCAB = 8192  # below this the logits are small, and one matmul + cross_entropy beats chunking
 
 
@@ -29,7 +31,7 @@ def choose_loss_chunk_rows(device: torch.device, *, compiled: bool, vocab_size: 
     if vocab_size < SMALL_VOCAB:
         return None
     if device.type != "cuda":
-        return CHUNK_ROWS
+        return max(64, CHUNK_BYTES // (4 * vocab_size) // 64 * 64)
     if compiled:
         return None
     free, _ = torch.cuda.mem_get_info(device)

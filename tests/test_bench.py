@@ -135,7 +135,7 @@ def test_bench_bad_option_is_one_line(capsys):
 def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--loss-chunks", "64"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and "chunks of 128 (auto)" in out
+    assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and "chunks of 384 (auto)" in out
     assert re.search(r"char train\s+ours float32 \(auto\)", out) 
     assert not any(ln.startswith("char train") and "chunks of" in ln for ln in out.splitlines())
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from runtime.loss_path import CHUNK_ROWS, choose_loss_chunk_rows
+from runtime.loss_path import CHUNK_BYTES, choose_loss_chunk_rows
 from runtime.precision import inference_dtype, make_scaler, training_dtype
 from training.mfu import gpu_peak_flops, mfu, peak_flops
 
@@ -36,8 +36,10 @@ def fake_gpu(monkeypatch):
 # ------------------------------------------------------------------------------------------ loss path
 
 def test_loss_path_is_full_logits_in_a_compiled_gpu_graph_and_bounded_chunks_otherwise(fake_gpu):
-    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257) == CHUNK_ROWS
-    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=True, vocab_size=50257) == CHUNK_ROWS
+    # a CPU: a chunk's fp32 logits within CHUNK_BYTES (80 MiB), a multiple of 64 rows, at least 64
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257) == 384 == CHUNK_BYTES // 4 // 50257 // 64 * 64
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=True, vocab_size=50257) == 384
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=2**20) == 64  # the floor
     assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=65) is None  # a char model
     fake_gpu(free_gb=70.0)
     assert choose_loss_chunk_rows(CUDA, compiled=True, vocab_size=50304) is None
@@ -51,7 +53,7 @@ def test_loss_path_is_full_logits_in_a_compiled_gpu_graph_and_bounded_chunks_oth
     assert choose_loss_chunk_rows(CUDA, compiled=False, vocab_size=50304) == 256  # the floor
 
 
-@pytest.mark.parametrize("chunk_rows", [None, 7, CHUNK_ROWS])
+@pytest.mark.parametrize("chunk_rows", [None, 7, 384])
 def test_every_loss_path_gives_torch_cross_entropy_and_its_gradients(chunk_rows):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=37)).double()

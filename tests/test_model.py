@@ -277,6 +277,23 @@ def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits():
         torch.testing.assert_close(linear_cross_entropy(x, w, targets, chunk_rows=64), expected, rtol=0, atol=1e-10)
 
 
+def test_fused_loss_stays_finite_and_exact_when_the_target_probability_underflows_fp32():
+    # A target 200 nats below the best logit: its fp32 softmax is exactly 0, so -log(p[target]) would be
+    # inf; the loss must still equal cross_entropy computed in fp64 on the same logits.
+    from model.fused_ce import linear_cross_entropy
+
+    torch.manual_seed(0)
+    x = torch.randn(40, 16)
+    w = torch.randn(300, 16) * 30  # logits spread over hundreds of nats
+    targets = (x @ w.t()).argmin(dim=1)  # the worst token of each row
+    expected = F.cross_entropy((x @ w.t()).double(), targets)
+    assert expected.item() > 150
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            got = linear_cross_entropy(x.requires_grad_(grad), w, targets, chunk_rows=16)
+        assert torch.isfinite(got) and abs(got.item() - expected.item()) < 1e-3 * expected.item()
+
+
 @pytest.mark.parametrize("dtype, atol", [(torch.bfloat16, 5e-3), (torch.float16, 5e-4)])
 def test_fused_loss_under_autocast_stays_close_to_fp32(dtype, atol):
     from model.fused_ce import linear_cross_entropy
