@@ -7,9 +7,10 @@ shard. At most 2 batches per worker are in flight, so memory stays bounded whate
 
 Each split is one token stream (documents joined by eot) cut into shards of exactly `shard_tokens`
 tokens (the last one shorter). A shard is written to `.<name>.partial`, synced, hashed and renamed to
-its name when full. After a shard is finished, at the next document start, the writer syncs the open
-partials and records (atomically) where the source stands: the next document's position, and each
-split's finished shards (with checksums) and partial length. A prepare killed at any moment and run
+its name when full. After a shard is finished, and at least every RECORD_EVERY_S seconds, at the next
+document start, the writer syncs the open partials and records (atomically) where the source stands:
+the next document's position, and each split's finished shards (with checksums) and partial length;
+so a kill loses at most those seconds of work and the batches in flight. A prepare killed at any moment and run
 again verifies the finished shards, cuts the partials back to the recorded length and reads the
 source on from the recorded document: it ends byte-equal to an uninterrupted prepare.
 """
@@ -36,7 +37,8 @@ from .sources import Piece
 from .tokenizer import Tokenizer, get_tokenizer
 
 SPLITS = ("train", "val")
-BATCH_CHARS = 4 << 20  # text per worker task; bounds memory along with CHUNK_CHARS
+BATCH_CHARS = 1 << 20  # text per worker task; with at most 2 tasks per worker in flight, this bounds memory
+RECORD_EVERY_S = 2.0  # the longest a kill can set a prepare back (plus the batches in flight)
 INLINE_BELOW = 8 << 20  # sources smaller than this (bytes) are tokenized in this process: no pool to start
 SAMPLE_BLOCKS, SAMPLE_BLOCK = 64, 64 << 10  # the sampled checksum: 64 blocks of 64 KiB spread over a shard
 
@@ -227,8 +229,11 @@ def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece
     started = False  # has it written tokens yet (an eot goes before a document's first tokens)?
     due = False  # a shard was finished since the last record: record at the next document start
     t0, tokens_at_start = time.perf_counter(), sum(s.tokens for s in splits)
+    last_record = t0
 
     def record(pos: Any) -> None:
+        nonlocal last_record
+        last_record = time.perf_counter()
         for s in splits:
             s.sync()
         state = {"fingerprint": fingerprint, "pos": pos, "splits": {s.name: s.state() for s in splits}, **extra_state()}
@@ -258,7 +263,7 @@ def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece
 
     for piece, (split, ids, _nbytes) in results():
         if piece.new_doc:
-            if due:
+            if due or time.perf_counter() - last_record > RECORD_EVERY_S:
                 record(piece.pos)
                 due = False
             cur, started = splits[split], False
