@@ -110,6 +110,33 @@ def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrup
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) in ([], [".readers"])
 
 
+
+def test_a_prepare_killed_inside_its_only_shard_resumes_from_its_last_record(tmp_path):
+    # One big shard: no shard is ever finished before the kill, so only the timed records (here one at every
+    # document start: RECORD_EVERY_S = 0) keep work; the resume must start past the beginning and still end
+    # byte-equal to an uninterrupted prepare.
+    corpus = jsonl_corpus(tmp_path / "corpus")
+    settings = dict(dataset=str(corpus), tokenizer="gpt2", val_fraction=0.2, shard_tokens=10**6, num_proc=2)
+    whole = prepare_data(DataConfig(root=str(tmp_path / "whole"), **settings), progress=False)
+    root = tmp_path / "killed"
+    child = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import data.shards
+        from data import DataConfig, prepare_data
+        data.shards.RECORD_EVERY_S = 0
+    """) + KILL_MID_SHARD + textwrap.dedent(f"""
+        prepare_data(DataConfig(root={str(root)!r}, **{settings!r}), progress=False)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    out = root / whole.name
+    (record,) = out.glob(".prepare-*.json")
+    state = json.loads(record.read_text())
+    assert state["pos"] != [0, 0] and state["splits"]["train"]["partial"] > 1000  # recorded mid-shard
+    assert prepare_data(DataConfig(root=str(root), **settings), progress=False) == out
+    assert files_of(out) == files_of(whole)
+
 def test_a_second_prepare_of_the_same_directory_waits_for_the_first(source, tmp_path):
     root = tmp_path / "prepared"
     out = prepare_data(cfg(source, root), progress=False)
