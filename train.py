@@ -53,7 +53,7 @@ from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress
 from training.mfu import mfu, peak_flops
 from training.rng import seed_everything
 from training.schedule import apply_lr, due_after, lr_at
-from training.sharding import shard_counts, state_bytes
+from training.state_size import shard_counts, state_bytes
 from training.signals import StopFlag
 from training.state import TrainState
 from training.step import StepOutput, forward_backward_probe, train_step

@@ -26,7 +26,7 @@ from runtime.precision import autocast, make_scaler
 from training.builders import build_optimizers, parallelize, shard_model
 from training.config import TrainSection
 from training.distributed import destroy_distributed, dist_from_env, init_distributed
-from training.sharding import shard_counts, state_bytes
+from training.state_size import shard_counts, state_bytes
 from training.step import train_step
 
 from .timing import reset_peak_rss, rss_kb

@@ -30,11 +30,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import functools
+
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from errors import UserError, short_error
 from fileio import replace_dir, temp_dir
@@ -69,23 +68,37 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
 
 
-class SafeReader(dcp.FileSystemReader):
-    """DCP's file reader, with .metadata read by the restricted unpickler above."""
+def _dcp():
+    """torch.distributed.checkpoint, imported on first use: it pulls in DTensor and sympy (~1 s of every
+    start-up), which sampling, exporting and single-file training never need."""
+    import torch.distributed.checkpoint as dcp
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        with open(Path(self.path) / METADATA_NAME, "rb") as f:
-            metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-        if not isinstance(metadata, Metadata):
-            raise pickle.UnpicklingError(f"{METADATA_NAME} holds a {type(metadata).__name__}, not DCP's Metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+    return dcp
+
+
+@functools.cache
+def _safe_reader() -> type:
+    """DCP's file reader, with .metadata read by the restricted unpickler above (a class built on first
+    use, see _dcp)."""
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class SafeReader(_dcp().FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            with open(Path(self.path) / METADATA_NAME, "rb") as f:
+                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            if not isinstance(metadata, Metadata):
+                raise pickle.UnpicklingError(f"{METADATA_NAME} holds a {type(metadata).__name__}, not DCP's Metadata")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader
 
 
 def _metadata(path: Path) -> Metadata:
     try:
-        return SafeReader(path).read_metadata()
+        return _safe_reader()(path).read_metadata()
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
         raise UserError(f"sharded checkpoint {path} has an unreadable {METADATA_NAME} ({short_error(e, 120)}); "
                         "use another checkpoint (e.g. best.dcp)") from None
@@ -116,6 +129,9 @@ class ShardedDir:
             dist.broadcast_object_list(box, src=0)
             tmp = Path(box[0])
         shards = {k: payload[k] for k in SHARDED_ENTRIES if k in payload}
+        dcp = _dcp()
+        from torch.distributed.checkpoint.api import CheckpointException
+
         try:
             with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process"
                 warnings.simplefilter("ignore", UserWarning)
@@ -145,6 +161,8 @@ class ShardedDir:
 def load_whole(path: Path, name: str) -> dict[str, torch.Tensor]:
     """The entry `name` of a sharded checkpoint, every tensor whole, in this process alone (no process
     group needed, whatever number of ranks wrote it). Keyed as saved: parameter names for "model"."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     metadata = _metadata(path)
     prefix = name + "."
     template = {key: torch.empty(md.size, dtype=md.properties.dtype)
@@ -167,7 +185,7 @@ def _load(path: Path, state: dict[str, Any], no_dist: bool) -> None:
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=SafeReader(path), no_dist=no_dist)
+            _dcp().load(state, storage_reader=_safe_reader()(path), no_dist=no_dist)
     except UserError:
         raise
     except Exception as e:  # DCP wraps every rank's failure (a missing shard, a torn file) in CheckpointException

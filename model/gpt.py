@@ -19,7 +19,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fused_ce import linear_cross_entropy
 
 ATTN_BACKENDS = ("sdpa", "manual")
 GELU_APPROXIMATIONS = ("tanh", "none")
@@ -382,6 +381,10 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         cap = self.config.logit_softcap
         if targets is not None and not return_logits and self.loss_chunk_rows:
+            # imported here, not at the top: its torch.compiler.disable pulls in torch._dynamo (~0.7 s of
+            # every start-up), which sampling and export never need
+            from .fused_ce import linear_cross_entropy
+
             return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1),
                                               chunk_rows=self.loss_chunk_rows, softcap=cap)
         logits = self.lm_head(x)  # (B, T, vocab)

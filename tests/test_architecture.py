@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,12 @@ OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib"
 # `import data` stays light (tests/test_data_prepare.py checks it): data/__init__.py's module __getattr__
 # imports the torch-using BatchLoader only when asked for, and the progress bar is imported when shown
 LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build", "tqdm")}
+# Start-up time (test_starting_a_cli_imports_no_compiler_fsdp_or_dcp): the fused loss's torch.compiler.disable
+# imports torch._dynamo (~0.7 s), DCP and FSDP import DTensor and sympy (~1 s); only the runs that use them pay.
+LAZY_ON_PURPOSE |= {("model.gpt", "model.fused_ce"), ("training.builders", "training.sharding"),
+                    ("checkpoint.sharded", "torch.distributed.checkpoint"),
+                    ("checkpoint.sharded", "torch.distributed.checkpoint.api"),
+                    ("checkpoint.sharded", "torch.distributed.checkpoint.metadata")}
 
 
 def project_modules() -> dict[str, Path]:
@@ -127,6 +135,16 @@ def test_function_local_imports_are_only_for_optional_heavy_dependencies():
                     if name.split(".")[0] not in OPTIONAL and (module, name) not in LAZY_ON_PURPOSE:
                         offenders.append(f"{module}: {name} (line {node.lineno})")
     assert not offenders, offenders
+
+
+
+def test_starting_a_cli_imports_no_compiler_fsdp_or_dcp():
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import train, sample, checkpoint.export, checkpoint.__main__; "
+            "print([m for m in ('torch._dynamo', 'torch.distributed.checkpoint', 'torch.distributed.fsdp', "
+            "'torch.distributed.tensor') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
 
 
 class RecordingDict(dict):

@@ -39,7 +39,7 @@ def train_argv(out: Path, data_root: Path, *extra: str) -> list[str]:
                                                                "--train.log_interval=5", *extra)]
 
 
-def test_kill_9_at_ten_random_moments_then_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, data_root):
+def test_kill_9_at_random_moments_then_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, data_root):
     reference = subprocess.run(train_argv(tmp_path / "ref", data_root), env=ENV, capture_output=True, text=True,
                                timeout=300)
     assert reference.returncode == 0, reference.stderr[-2000:]
@@ -51,9 +51,9 @@ def test_kill_9_at_ten_random_moments_then_resume_ends_bitwise_equal_to_an_unint
                                 env={**ENV, "SMALLGPT_TEST_KILL_IN_SAVE": str(k)}, capture_output=True, timeout=300)
         assert killed.returncode == -signal.SIGKILL
         assert len(list(out.glob(".ckpt.pt.*.tmp"))) == 1  # the killed writer's; the one before it was removed
-    for _ in range(10):  # then each kill lands anywhere: imports, set-up, a step, mid-checkpoint-write
+    for _ in range(4):  # then each kill lands anywhere: imports, set-up, a step, mid-checkpoint-write
         proc = subprocess.Popen(train_argv(out, data_root), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, 2.2))
+        time.sleep(rng.uniform(0.3, 4.0))  # start-up takes ~3 s: some land in imports, some in steps
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     final = subprocess.run(train_argv(out, data_root), env=ENV, capture_output=True, text=True, timeout=300)

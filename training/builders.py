@@ -33,7 +33,6 @@ from .distributed import DistInfo, apply_ddp
 from .init_from import initial_model
 from .optim import Muon, make_optimizers
 from .rng import RNGState
-from .sharding import ShardedModelState, ShardedMuon, ShardedOptimizerState, apply_fsdp, checkpoint_blocks, is_sharded
 from .state import OptimizerState, ScalerState, TrainState
 
 
@@ -123,7 +122,9 @@ def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[
     optimizers = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
                                  device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
                                  muon_momentum=t.muon_momentum)
-    if is_sharded(model):  # Muon orthogonalises whole matrices: gathered for its step (training/sharding.py)
+    if t.parallel == "fsdp":  # sharded (shard_model): Muon orthogonalises whole matrices, gathered for its step
+        from .sharding import ShardedMuon
+
         for opt in optimizers:
             if type(opt) is Muon:
                 opt.__class__ = ShardedMuon
@@ -133,11 +134,16 @@ def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[
 def shard_model(model: GPT, t: TrainSection, dist: DistInfo, device: torch.device, dtype: torch.dtype) -> GPT:
     """Activation checkpointing per block (train.activation_checkpointing), then FSDP (train.parallel=fsdp,
     several ranks): in place, before the optimizers are built, which must see the sharded parameters.
-    The parameters are gathered in bf16 where the run trains in bf16 on a device that has it natively."""
+    The parameters are gathered in bf16 where the run trains in bf16 on a device that has it natively.
+    training/sharding.py is imported only where it is used: FSDP, DTensor and DCP cost ~1 s of a start-up."""
     if t.parallel == "fsdp":
+        from .sharding import apply_fsdp
+
         return apply_fsdp(model, dist, device, param_dtype=sharded_param_dtype(device, dtype),
                           activation_checkpointing=t.activation_checkpointing)
     if t.activation_checkpointing:
+        from .sharding import checkpoint_blocks
+
         checkpoint_blocks(model)
     return model
 
@@ -160,6 +166,8 @@ def build_checkpointer(out_dir: Path, dist: DistInfo, group, *, model: GPT, opti
     """Every stateful part, registered once: the same mapping is saved and restored. The RNG streams
     come last, so that restoring nothing after them consumes a random number."""
     sharded = cfg.train.parallel == "fsdp"  # the layout follows train.parallel, on any number of ranks
+    if sharded:
+        from .sharding import ShardedModelState, ShardedOptimizerState
     ckpt = Checkpointer(out_dir, is_main=dist.is_main, sharded=sharded)
     ckpt.register_static("model_config", model_config_dict(model))
     ckpt.register_static("config", cfg.to_dict())

@@ -59,35 +59,6 @@ def is_sharded(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def shard_counts(model: nn.Module) -> tuple[int, int]:
-    """(parameters held on this rank, parameters of the whole model); tied weights count once."""
-    local = whole = 0
-    for p in model.parameters():
-        whole += p.numel()
-        local += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
-    return local, whole
-
-
-def state_bytes(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> int:
-    """Bytes of this rank's parameters, gradients (one per parameter, same dtype) and optimizer state
-    (every tensor of every optimizer's state, once it exists; before the first step, AdamW's two
-    moments and Muon's one momentum are counted as they will be)."""
-    total = 0
-    for p in model.parameters():
-        local = p.to_local() if isinstance(p, DTensor) else p
-        total += 2 * local.numel() * local.element_size()
-    for opt in optimizers:
-        moments = 1 if isinstance(opt, Muon) else 2
-        for group in opt.param_groups:
-            for p in group["params"]:
-                local = p.to_local() if isinstance(p, DTensor) else p
-                state = opt.state.get(p, {})
-                held = [t.to_local() if isinstance(t, DTensor) else t for t in state.values()
-                        if isinstance(t, torch.Tensor) and t.dim()]
-                total += sum(t.numel() * t.element_size() for t in held) if held else moments * local.numel() * 4
-    return total
-
-
 # ------------------------------------------------------------------------------------------ Muon
 
 class ShardedMuon(Muon):

@@ -18,7 +18,6 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 
 @dataclass
@@ -46,7 +45,9 @@ def train_step(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], sc
     for opt in optimizers:
         scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-    if isinstance(grad_norm, DTensor):  # FSDP: the norm over every rank's shards, replicated; a plain tensor for the log
+    # FSDP: a DTensor, the norm over every rank's shards, replicated; a plain tensor for the log. (Duck-typed:
+    # importing torch.distributed.tensor costs ~1 s of every start-up.)
+    if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
     for opt in optimizers:
         scaler.step(opt)  # with fp16, skipped when the gradients overflowed
