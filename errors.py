@@ -8,6 +8,7 @@ that message on one line, with no traceback, and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Callable
@@ -33,13 +34,21 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def quiet_interrupts() -> None:
     """For an entry script, before its heavy imports (torch takes seconds): Ctrl-C then prints
-    `interrupted` and exits 130, as run_cli does later, instead of a traceback from inside an import.
-    (Handlers installed later, like train.py's, restore this one when they are done.)"""
+    `interrupted` and exits 130 at once. At once (os._exit), not by raising: an exception raised inside a
+    C extension's import can be swallowed by the library (the script then ran on) or turned into an
+    ImportError with a traceback (numpy), and while the imports run nothing is open or half-written.
+    The script calls start_up_done() after its imports: from there on Ctrl-C is a KeyboardInterrupt
+    again, which run_cli (or the script's own handlers) turn into the same line after cleaning up."""
     def interrupted(signum, frame):
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130)
+        os.write(2, b"interrupted\n")
+        os._exit(130)
 
     signal.signal(signal.SIGINT, interrupted)
+
+
+def start_up_done() -> None:
+    """The end of quiet_interrupts' window: Ctrl-C raises KeyboardInterrupt again."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_cli(main: Callable[[], int | None]) -> None:

@@ -55,6 +55,9 @@ from runtime.decoding import setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
 
+if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
+    errors.start_up_done()
+
 DEFAULT_OUT = "out"  # train.py's runs go to out/<name> (configs/*.yaml set train.out_dir so)
 DEFAULT_PROMPT = "\n"
 MAX_PROMPT_BYTES = 16 * 2**20  # far past any block_size; /dev/zero is refused, not read forever

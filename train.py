@@ -59,6 +59,9 @@ from training.state import TrainState
 from training.step import StepOutput, forward_backward_probe, train_step
 from training.wandb_logger import WandbLogger
 
+if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
+    errors.start_up_done()
+
 
 def main(argv: list[str] | None = None) -> int:
     cfg = load_config(sys.argv[1:] if argv is None else argv)
