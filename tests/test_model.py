@@ -294,6 +294,18 @@ def test_fused_loss_stays_finite_and_exact_when_the_target_probability_underflow
         assert torch.isfinite(got) and abs(got.item() - expected.item()) < 1e-3 * expected.item()
 
 
+
+def test_a_second_backward_through_the_fused_loss_fails_loudly_rather_than_scaling_twice():
+    # backward scales the gradients it saved in place (no fresh (V, C) tensor a step); a retained graph
+    # must not hand out those gradients again, scaled a second time
+    from model.fused_ce import linear_cross_entropy
+
+    x, w = torch.randn(8, 4, requires_grad=True), torch.randn(10, 4, requires_grad=True)
+    loss = linear_cross_entropy(x, w, torch.randint(0, 10, (8,)), chunk_rows=4)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
 @pytest.mark.parametrize("dtype, atol", [(torch.bfloat16, 5e-3), (torch.float16, 5e-4)])
 def test_fused_loss_under_autocast_stays_close_to_fp32(dtype, atol):
     from model.fused_ce import linear_cross_entropy
