@@ -26,7 +26,8 @@ from runtime.memory import training_bytes
 from training.config import load_config
 from training.sharding import checkpoint_blocks
 
-from test_multirank import argv as multirank_argv, data_root, losses, torchrun  # noqa: F401 (a fixture)
+from test_multirank import (argv as multirank_argv, data_root, hellaswag_during_training_equals_the_whole,  # noqa: F401 (a fixture)
+                            losses, torchrun)
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -287,21 +288,4 @@ def test_hellaswag_during_fsdp_training_scores_every_item_once(tmp_path):
     """With FSDP every rank takes part in each forward, so every rank scores all the items (their
     shards could need different numbers of forwards and hang the gathers); the logged accuracy
     equals scoring the final checkpoint in one process."""
-    from data import get_tokenizer
-    from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items
-    from test_hellaswag import ITEMS, write_jsonl
-
-    data = write_jsonl(tmp_path / "hellaswag.jsonl", ITEMS)
-    args = [a for a in argv(tmp_path / "out", tmp_path / "prepared", "--train.max_iters=2", "--eval.hellaswag_interval=2",
-                            f"--eval.hellaswag_data={data}", "--eval.hellaswag_batch_size=2", "--model.block_size=64")
-            if not a.startswith(("--data.tokenizer", "--model.block_size=32"))]
-    r = torchrun(args)
-    assert r.returncode == 0, r.stderr[-3000:]
-    logged = [rec for rec in map(json.loads, (tmp_path / "out" / "metrics.jsonl").read_text().splitlines())
-              if "hellaswag/acc" in rec]
-    assert [rec["iter"] for rec in logged] == [2]
-    whole = hellaswag_metrics(evaluate_hellaswag(load_model(str(tmp_path / "out")).model, load_items(data),
-                                                 get_tokenizer("gpt2")))
-    assert logged[0]["hellaswag/acc"] == whole["hellaswag/acc"]
-    assert logged[0]["hellaswag/acc_norm"] == whole["hellaswag/acc_norm"]
-    assert f"({len(ITEMS)} items)" in r.stdout
+    hellaswag_during_training_equals_the_whole(tmp_path, make_argv=argv)

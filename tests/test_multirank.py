@@ -97,18 +97,19 @@ def test_only_rank_zero_prepares_the_data_and_the_others_wait_on_a_long_timeout(
     assert CONTROL_TIMEOUT.total_seconds() >= 6 * 3600
 
 
-def test_hellaswag_during_training_is_sharded_over_ranks_and_sums_to_the_whole(tmp_path):
-    """eval.hellaswag_interval: each rank scores items[rank::2], the counts are summed, and the logged
-    accuracy equals scoring every item of the final checkpoint in one process."""
+def hellaswag_during_training_equals_the_whole(tmp_path: Path, make_argv=argv) -> None:
+    """2 ranks train 2 steps with eval.hellaswag_interval=2 (`make_argv`: this file's run or another's,
+    e.g. test_fsdp's); the logged accuracy must equal scoring every item of the final checkpoint in one
+    process, and every item must be counted once."""
     from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items
     from data import get_tokenizer
     from checkpoint import load_model
     from test_hellaswag import ITEMS, write_jsonl
 
     data = write_jsonl(tmp_path / "hellaswag.jsonl", ITEMS)
-    root = tmp_path / "prepared"
-    args = [a for a in argv(tmp_path / "out", root, "--train.max_iters=2", "--eval.hellaswag_interval=2",
-                            f"--eval.hellaswag_data={data}", "--eval.hellaswag_batch_size=2", "--model.block_size=64")
+    args = [a for a in make_argv(tmp_path / "out", tmp_path / "prepared", "--train.max_iters=2",
+                                 "--eval.hellaswag_interval=2", f"--eval.hellaswag_data={data}",
+                                 "--eval.hellaswag_batch_size=2", "--model.block_size=64")
             if not a.startswith(("--data.tokenizer", "--model.block_size=32"))]
     r = torchrun(args)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -120,3 +121,8 @@ def test_hellaswag_during_training_is_sharded_over_ranks_and_sums_to_the_whole(t
     assert logged[0]["hellaswag/acc"] == whole["hellaswag/acc"]
     assert logged[0]["hellaswag/acc_norm"] == whole["hellaswag/acc_norm"]
     assert f"({len(ITEMS)} items)" in r.stdout
+
+
+def test_hellaswag_during_training_is_sharded_over_ranks_and_sums_to_the_whole(tmp_path):
+    """eval.hellaswag_interval: each rank scores items[rank::2] and the counts are summed."""
+    hellaswag_during_training_equals_the_whole(tmp_path)
