@@ -23,20 +23,22 @@ from torch's weights_only loader.
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
 import warnings
 from pathlib import Path
-from typing import Any
-
-import functools
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from errors import UserError, short_error
 from fileio import replace_dir, temp_dir
+
+if TYPE_CHECKING:  # imported for real on first use (_dcp)
+    from torch.distributed.checkpoint.metadata import Metadata
 
 STATE_NAME = "state.pt"  # the entries written once, beside the shards
 METADATA_NAME = ".metadata"

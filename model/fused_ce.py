@@ -112,12 +112,11 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap):
     total = torch.zeros((), dtype=acc, device=x.device)
     xc, wc = x.to(compute_dtype), weight.to(compute_dtype)
     flat = torch.empty(min(chunk_rows, x.shape[0]) * weight.shape[0], dtype=acc, device=x.device)
-    tanh_flat = torch.empty_like(flat) if softcap else None
     for start in range(0, x.shape[0], chunk_rows):
         rows = slice(start, min(start + chunk_rows, x.shape[0]))
         z = _chunk_logits_t(xc[rows], wc, flat)
-        if softcap:
-            _softcap_(z, softcap, tanh_flat)
+        if softcap:  # no derivative here, so no tanh to keep: in place, without _softcap_'s second buffer
+            z.div_(softcap).tanh_().mul_(softcap)
         per_row, _ = _exp_shifted_(z, targets[rows].clamp(min=0).unsqueeze(0))
         total += (per_row * keep[rows]).sum()
     return total / keep.sum().clamp(min=1)

@@ -55,10 +55,6 @@ def checkpoint_blocks(model: GPT) -> None:
         checkpoint(block)
 
 
-def is_sharded(model: nn.Module) -> bool:
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 # ------------------------------------------------------------------------------------------ Muon
 
 class ShardedMuon(Muon):
