@@ -54,6 +54,7 @@ from fileio import _start_time, atomic_write_bytes, check_writable_dir, pid_aliv
 from runtime.device import resolve_device
 from runtime.memory import keep_freed_memory
 from runtime.precision import allow_tf32, cpu_native_bf16, dtype_name, training_dtype
+from training.float8 import RECIPES as FLOAT8_RECIPES, check_float8
 from training.mfu import peak_flops
 
 SECTIONS = ("train", "muon", "decode", "prepare", "loss")  # what runs by default
@@ -77,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="16,max", help="CUDA: micro-batches of the GPT-2 rows; 'max' = the "
                    "largest that fits (default: %(default)s)")
     p.add_argument("--vocabs", default="50304,50257", help="CUDA: vocab sizes of the GPT-2 rows (default: %(default)s)")
+    p.add_argument("--float8", default="", help="CUDA: also time ours with train.float8 set to these recipes, e.g. "
+                   "tensorwise,rowwise (torchao; compute capability 8.9+)")
     p.add_argument("--loss-paths", action="store_true", help="also time ours with the loss path this device does not choose")
     p.add_argument("--loss-chunks", default="", help="CPU: also time ours with the fused loss in chunks of these row "
                    "counts, e.g. 64,256 (the default comes from runtime/loss_path.py's CHUNK_BYTES)")
@@ -123,6 +126,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.loss_chunk_sizes = (0,)
     if any(n < 1 for n in args.loss_chunk_sizes):
         raise UserError(f"--loss-chunks must be positive row counts separated by commas, e.g. 64,256; got {args.loss_chunks!r}")
+    args.float8_recipes = tuple(r.strip() for r in args.float8.split(",") if r.strip())
+    if any(r not in FLOAT8_RECIPES for r in args.float8_recipes):
+        raise UserError(f"--float8 takes recipes from {', '.join(FLOAT8_RECIPES)} separated by commas, got {args.float8!r}")
     args.sections = [s for s in (args.only or SECTIONS) if s not in args.skip]
     cores = os.cpu_count() or 1
     if not 0 <= args.threads <= cores:  # torch segfaults on 100000 threads
@@ -182,6 +188,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device, option="--device")
     cuda = device.type == "cuda"
+    for recipe in args.float8_recipes:  # one line now, not after minutes of other rows
+        check_float8(recipe, device, option="--float8")
     if cuda and "profile" in args.sections:  # refused before any other section spends minutes
         raise UserError("--only profile profiles the CPU training step; on a GPU use --device cpu, or "
                         "torch.profiler with CUDA activity")
@@ -326,7 +334,7 @@ def bench_gpu_train(args, device, auto_dtype, compile_: bool, peaks: dict, repor
                 b = int(size)
             rows, report["dtype_auto"][shape.label] = bench_shape(
                 with_batch(shape, b), device=device, dtypes=[auto_dtype], compiled=[compile_], peaks=peaks,
-                other_loss_path=args.loss_paths, **timing)
+                other_loss_path=args.loss_paths, float8=args.float8_recipes, **timing)
             report["rows"] += rows
             done += rows
             torch.cuda.empty_cache()

@@ -51,7 +51,7 @@ from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import atomic_write_bytes, read_user_file
 from model.generate import generate, generate_stream
 from runtime.device import resolve_device
-from runtime.decoding import setup_decoding
+from runtime.decoding import decode_compile, setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
 
@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto: on GPUs bf16 where native, else fp16; on a CPU with native bf16 the faster of "
                              "float32 and bfloat16 for this model, timed on a few decoding steps; float32 on "
                              "other CPUs (default: auto)")
-    device.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
+    device.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="torch.compile the one-token decode step (CUDA graphs on a GPU); default: on a GPU when "
+                             "the run is long enough to win back the compile, with a notice; never on a CPU")
     return p
 
 
@@ -284,13 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     check_fits(sampling_bytes(model.config, rows=len(rows), prompt_len=max(len(ids) for _, ids in rows)), device,
                "sampling", "--num-samples (or the number of prompts)")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    ready = setup_decoding(model, device, args.dtype, compile=args.compile, say=note)
+    compile, compile_note = decode_compile(args.compile, device, steps=args.max_new_tokens, n_layer=model.config.n_layer)
+    if compile_note:
+        note(compile_note)
+    ready = setup_decoding(model, device, args.dtype, compile=compile, say=note)
     model, decode_fn, dtype, packed = ready.model, ready.decode_fn, ready.dtype, ready.prepacked
     generator = torch.Generator(device=device).manual_seed(seed)
     if args.dtype == "auto" and device.type == "cpu":
         note(ready.note)
     note(f"{desc}, {n_params / 1e6:.2f}M params, {tok.name} tokenizer; {device}, {dtype_name(dtype)}"
-         f"{', compiled' if args.compile else ''}{', prepacked' if packed else ''}; seed {seed}")
+         f"{', compiled' if compile else ''}{', prepacked' if packed else ''}; seed {seed}")
 
     decoding = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p if args.top_p < 1 else None,
                     generator=generator, eot=tok.eot, stop_at_eot=args.stop_at_eot, vocab_size=tok.vocab_size,

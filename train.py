@@ -48,6 +48,7 @@ from training.distributed import (
     destroy_distributed, dist_from_env, init_distributed, on_rank0,
 )
 from training.evaluate import bits_per_byte, evaluate
+from training.float8 import check_float8, convert_to_float8
 from training.health import NonFiniteGuard
 from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress
 from training.mfu import mfu, peak_flops
@@ -76,6 +77,7 @@ def train(cfg: Config) -> dict[str, Any]:
     check_world_size(cfg.train.grad_accum_steps, dist.world_size)
     started = time.perf_counter()
     device = resolve_device(cfg.train.device, dist.local_rank)
+    check_float8(cfg.train.float8, device)
     init_distributed(dist, device)
     failed = True
     try:
@@ -202,6 +204,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
 
     def amp():
         return autocast(device, dtype)
+    float8_layers = convert_to_float8(model, t.float8)  # before FSDP and the optimizers: it swaps modules
     model = shard_model(model, t, dist, device, dtype)  # activation checkpointing, FSDP: before the optimizers
     optimizers = build_optimizers(model, t, device)
     scaler = make_scaler(device, dtype)
@@ -230,6 +233,9 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     for note in notes + ([rng.note] if rng.note else []):
         say(note)
     say(f"{dtype_note}; {peak_note}")
+    if float8_layers:
+        say(f"float8 ({t.float8} scaling) in {float8_layers} Linear layers of the blocks"
+            + ("" if t.compile else "; eager float8 is slower than bf16: set train.compile=true for its speed"))
     say(memory_line(t.parallel, dist, model, optimizers))
     say(f"device {device}, {dist.world_size} rank(s), {model.num_params() / 1e6:.2f}M non-embedding params, "
         f"{tokens_per_step} tokens/step ({t.batch_size} x {cfg.model.block_size} x {t.grad_accum_steps} micro-steps), "

@@ -23,6 +23,7 @@ from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
 from runtime.memory import param_count
 from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name, make_scaler
 from training.builders import build_optimizers, choose_dtype, parallelize
+from training.float8 import convert_to_float8
 from training.config import TrainSection
 from training.distributed import DistInfo
 from training.evaluate import evaluate
@@ -84,10 +85,12 @@ def train_section(compiled: bool) -> TrainSection:
 
 
 def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, compiled: bool,
-              get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO) -> Callable[[int], torch.Tensor]:
+              get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO,
+              float8: str = "off") -> Callable[[int], torch.Tensor]:
     """train.py's step, set up by train.py's builders: the loss path chosen for this device (or the one
-    given, to compare), compile, fused AdamW, GradScaler (fp16 only)."""
+    given, to compare), float8 (train.float8), compile, fused AdamW, GradScaler (fp16 only)."""
     raw = _model(shape, weights, "sdpa", device)
+    convert_to_float8(raw, float8)
     t = train_section(compiled)
     model = parallelize(raw, t, DistInfo(), device, loss_chunk_rows=loss_chunk_rows)
     optimizers = build_optimizers(raw, t, device)
@@ -121,7 +124,7 @@ def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[
 
 def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: list[bool], peaks: dict, warmup: int,
                 iters: int, rounds: int, say, other_loss_path: bool = False,
-                loss_chunks: tuple[int, ...] = ()) -> tuple[list[dict], str]:
+                loss_chunks: tuple[int, ...] = (), float8: tuple[str, ...] = ()) -> tuple[list[dict], str]:
     """Rows for one shape: ours in each (dtype, compile) asked for, against the baseline, the dtype
     auto picks marked; with other_loss_path, also ours with the loss path this device does not choose
     (to show the choice); with loss_chunks (a large vocabulary only), also ours with the fused loss in
@@ -145,6 +148,11 @@ def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: li
                         + (" (auto)" if dt == auto_dtype and rows == chosen else ""))
                 variants.append(Variant(name, ours_step(shape, weights, device, dt, c,
                                                         lambda i: batches[i % len(batches)], loss_chunk_rows=rows)))
+                kinds[name] = (dt, c)
+            for recipe in float8:  # train.float8: the blocks' Linear layers in float8, the loss path chosen
+                name = f"ours {dtype_name(dt)}{' compiled' if c else ''}, float8 {recipe}"
+                variants.append(Variant(name, ours_step(shape, weights, device, dt, c,
+                                                        lambda i: batches[i % len(batches)], float8=recipe)))
                 kinds[name] = (dt, c)
     for v in variants:
         v.resident_mb = weights_mb(shape)

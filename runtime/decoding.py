@@ -77,6 +77,33 @@ class CompiledDecode:
         self.fn, self.compiled = decode_one_token, False
 
 
+# sample.py's default for --compile: compile the one-token step (with CUDA graphs) on a GPU when the
+# decoding is long enough to win back the compile. A small model's decode step is bound by kernel
+# launches, which grow with the layers: GPT-2 124M (12 layers) decoded at 202 tok/s eager and 993 tok/s
+# compiled on an H100 (benchmarks/results-h100-decode.txt), ~0.41 ms per layer per step saved ~80%.
+# The compile's cost is not measured yet (no GPU lent since; `bench.py --device cuda --only decode`
+# measures it): COMPILE_COST_S is a conservative guess for a cold cache.
+EAGER_S_PER_LAYER_STEP = 4.95e-3 / 12
+COMPILED_SPEEDUP = 993 / 202
+COMPILE_COST_S = 40.0
+
+
+def decode_compile(flag: bool | None, device: torch.device, *, steps: int, n_layer: int) -> tuple[bool, str | None]:
+    """(compile the decode step?, a one-line notice or None). `flag`: --compile / --no-compile, or None
+    (the default: decide). A CPU decodes eagerly (its step is bound by the matmuls, not by launches);
+    a GPU compiles when `steps` one-token steps of `n_layer` layers save more than the compile costs."""
+    if flag is not None:
+        return flag, None
+    if device.type != "cuda":
+        return False, None
+    eager_s = steps * n_layer * EAGER_S_PER_LAYER_STEP
+    saved_s = eager_s * (1 - 1 / COMPILED_SPEEDUP)
+    if saved_s <= COMPILE_COST_S:
+        return False, None
+    return True, (f"compiling the decode step with CUDA graphs: {steps} steps of {n_layer} layers save ~{saved_s:.0f} s "
+                  f"eager decoding would cost, more than the ~{COMPILE_COST_S:.0f} s compile (--no-compile skips it)")
+
+
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 

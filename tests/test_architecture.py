@@ -19,8 +19,8 @@ PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", 
 TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "settings", "network")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
 OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel",
-            "pyarrow", "tokenizers", "psutil"}  # pyarrow: jsonl/parquet/.gz/.zst sources only; tokenizers: bpe:<n>
-# only; psutil (a dev requirement): bench.py's corpus row only
+            "pyarrow", "tokenizers", "psutil", "torchao"}  # pyarrow: jsonl/parquet/.gz/.zst sources only; tokenizers: bpe:<n>
+# only; psutil (a dev requirement): bench.py's corpus row only; torchao: train.float8 only (GPU)
 # `import data` stays light (tests/test_data_prepare.py checks it): data/__init__.py's module __getattr__
 # imports the torch-using BatchLoader only when asked for, and the progress bar is imported when shown
 LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build", "tqdm")}

@@ -130,6 +130,12 @@ def test_bench_bad_option_is_one_line(capsys):
         bench.run_cli(lambda: bench.main(["--loss-chunks", "64,lots"]))
     assert capsys.readouterr().err.strip() == ("error: --loss-chunks must be positive row counts separated by commas, "
                                                "e.g. 64,256; got '64,lots'")
+    for recipes, words in (("fp8", "--float8 takes recipes from tensorwise, rowwise"),
+                           ("tensorwise", "leave out --float8")):  # this CPU has no float8 tensor cores
+        with pytest.raises(SystemExit):
+            bench.run_cli(lambda: bench.main(["--device", "cpu", "--float8", recipes]))
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and words in err, err
 
 
 def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):

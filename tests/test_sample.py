@@ -268,6 +268,31 @@ def test_float16_and_bfloat16_run_on_cpu(char_ckpt, capsys):
         assert code == 0 and len(out) == len("hear") + 10 + 1 and dtype in err
 
 
+def test_decode_compiles_by_default_only_on_a_gpu_and_only_when_the_run_wins_back_the_compile():
+    from runtime.decoding import decode_compile
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    # the flags win everywhere, silently
+    assert decode_compile(True, cpu, steps=5, n_layer=2) == (True, None)
+    assert decode_compile(False, gpu, steps=10**6, n_layer=48) == (False, None)
+    # default on a CPU: never (its decode step is bound by the matmuls, not by kernel launches)
+    assert decode_compile(None, cpu, steps=10**6, n_layer=48) == (False, None)
+    # default on a GPU: 12 layers save 4.95 ms / 12 per layer-step x (1 - 202/993) = 3.94 ms a step, so the
+    # 40 s compile pays after 40 / 3.94e-3 = 10,146 steps (by hand)
+    assert decode_compile(None, gpu, steps=10_100, n_layer=12) == (False, None)
+    on, note = decode_compile(None, gpu, steps=10_200, n_layer=12)
+    assert on and "CUDA graphs" in note and "--no-compile" in note and "\n" not in note
+    assert decode_compile(None, gpu, steps=2_600, n_layer=48)[0]  # 4x the layers: a quarter of the steps
+
+
+def test_sample_on_a_cpu_decodes_eagerly_by_default_and_compile_flags_parse(char_ckpt, capsys):
+    base = ["--checkpoint", str(char_ckpt[0]), "--max-new-tokens", "3", "--seed", "1", "--device", "cpu"]
+    code, _, err = run(base, capsys)
+    assert code == 0 and ", compiled" not in err and "compiling the decode step" not in err
+    code, _, err = run(base + ["--no-compile"], capsys)
+    assert code == 0 and ", compiled" not in err
+
+
 # ---------------------------------------------------------------------------------- output, seeds, batches
 
 def test_prompt_from_stdin(char_ckpt, capsys, monkeypatch):

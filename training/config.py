@@ -24,6 +24,7 @@ from settings import at_least, check_fields, help_of, in_range, may_change_on_re
 
 from . import config_io
 from .budget import parse_duration
+from .float8 import RECIPES as FLOAT8_RECIPES
 from .optim import OPTIMIZERS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -107,6 +108,9 @@ class TrainSection:
     muon_momentum: float = setting(0.95, "Muon's (Nesterov) momentum", resume=True, check=in_range(0, 1))
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16", resume=True, check=one_of(*DTYPE_NAMES))
     compile: bool = setting(False, "torch.compile the training forward/backward", resume=True)
+    float8: str = setting("off", "float8 matmuls in the blocks' Linear layers (torchao; CUDA compute capability 8.9+: "
+                                 "H100, L4, RTX 4090; pays with compile): off | tensorwise | rowwise", resume=True,
+                          check=one_of("off", *FLOAT8_RECIPES))
     parallel: str = setting("ddp", "several ranks: ddp (each holds the whole model) or fsdp (each holds 1/N of the weights, "
                                    "gradients and optimizer state; sharded checkpoints, ckpt.dcp/); 1 rank: neither",
                             check=one_of(*PARALLEL))
