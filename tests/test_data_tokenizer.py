@@ -30,6 +30,17 @@ def test_gpt2_encodes_like_tiktoken_and_decodes_back(text, gpt2):
     assert tok.decode(ids) == text
 
 
+def test_gpt2_array_encoding_of_a_batch_equals_tiktoken_encode_ordinary(gpt2):
+    """prepare's path (tiktoken's numpy buffer in one process, its threaded batch with several threads):
+    special-token text stays ordinary text, and a lone surrogate (valid JSON: "\\ud800") gets tiktoken's
+    own repair instead of an error."""
+    tok = get_tokenizer("gpt2")
+    texts = TEXTS + ["a lone surrogate \ud800 in the middle"]
+    for threads in (1, 2):
+        arrays = tok.encode_arrays(texts, num_threads=threads)
+        assert [a.tolist() for a in arrays] == [gpt2.encode_ordinary(t) for t in texts]
+
+
 def test_gpt2_reports_tiktoken_vocab_and_endoftext_as_eot(gpt2):
     tok = get_tokenizer("gpt2")
     assert (tok.name, tok.vocab_size, tok.eot) == ("gpt2", 50257, 50256)
