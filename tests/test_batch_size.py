@@ -202,7 +202,7 @@ def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_l
     full = train.train(load_config(_argv(tmp_path / "full", data_root, *AUTO)))
     assert calls and max(calls) == 16 and 8 in calls
     out = capsys.readouterr().out
-    assert ("batch_size auto: 8 x 32 tokens per micro-step, 2 micro-steps (global 16 sequences), peak 8.0 of 10.0 GiB "
+    assert ("batch_size auto: 8 x 32 tokens per micro-step, 2 micro-steps (global 16 sequences), peak 8.0 GiB of 10.0 GiB "
             "estimated (no peak can be measured on cpu)") in out
     assert "512 tokens/step (8 x 32 x 2 micro-steps)" in out
     ck = load_checkpoint(tmp_path / "full")

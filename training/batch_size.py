@@ -29,7 +29,7 @@ import torch
 
 from errors import UserError
 from runtime.loss_path import choose_loss_chunk_rows
-from runtime.memory import HEADROOM, available_bytes, gib, training_bytes
+from runtime.memory import HEADROOM, available_bytes, training_bytes
 from runtime.precision import autocast
 
 from .config import AUTO_BATCH, TrainSection
@@ -42,6 +42,10 @@ class BatchPlan:
     micro: int  # sequences per micro-step per rank
     accum: int  # GLOBAL micro-steps per optimizer step (each rank runs accum / world_size)
     note: str = ""  # the auto decision, printed at start ("" for a batch size from the config)
+
+
+def size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def divisors(n: int) -> list[int]:
@@ -90,9 +94,9 @@ def choose(per_rank: int, measure: Callable[[int], int], limit: int) -> tuple[in
 
     m = largest_fitting(divisors(per_rank), fits)
     if m is None:
-        what = "runs out of memory" if need.get(1) is None else f"needs {gib(need[1])}"
+        what = "runs out of memory" if need.get(1) is None else f"needs {size(need[1])}"
         raise UserError(f"train.batch_size auto: even a micro-batch of 1 sequence {what}, over {HEADROOM:.0%} of the "
-                        f"{gib(limit)} this device has; lower model.block_size or the model's size (n_layer, n_embd), "
+                        f"{size(limit)} this device has; lower model.block_size or the model's size (n_layer, n_embd), "
                         "or set train.activation_checkpointing=true")
     return m, need[m]
 
@@ -171,8 +175,7 @@ def plan_batch(t: TrainSection, model: torch.nn.Module, saved: dict, device: tor
         if kind == "error":
             raise UserError(message)
     _, micro, need = min(outcomes, key=lambda o: o[1])  # the ranks agree on the smallest choice
-    steps = f"{total // micro} micro-steps" + (f" ({per_rank // micro} per rank)" if world > 1 else "")
-    memory = ("no memory limit known" if need is None else
-              f"peak {need / 2**30:.1f} of {cap / 2**30:.1f} GiB {how}")
+    steps = f"{total // micro} micro-step{'s' * (total > micro)}" + (f" ({per_rank // micro} per rank)" if world > 1 else "")
+    memory = "no memory limit known" if need is None else f"peak {size(need)} of {size(cap)} {how}"
     return BatchPlan(micro, total // micro, f"batch_size auto: {micro} x {block_size} tokens per micro-step, {steps} "
                                             f"(global {total} sequences), {memory}")
