@@ -42,7 +42,7 @@ from training.builders import (
     shard_model,
 )
 from training.budget import fit_to_budget
-from training.batch_size import plan_batch
+from training.batch_size import divisors, plan_batch
 from training.config import AUTO_BATCH, Config, TrainSection, load_config, resume_conflicts, to_yaml
 from training.distributed import (
     DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, broadcast_object, control_group,
@@ -99,20 +99,12 @@ def check_world_size(t: TrainSection, world_size: int) -> None:
     the ranks, whatever their number: a run saved on N ranks resumes on M by giving each rank accum / M
     micro-steps. An M that does not divide it cannot keep the global batch: one line with the options.
     With batch_size auto, the ranks share train.global_batch_size's sequences the same way."""
-    if t.batch_size == AUTO_BATCH:
-        total = t.global_batch_size
-        if total % world_size:
-            fits = [n for n in range(1, total + 1) if total % n == 0]
-            raise UserError(f"train.global_batch_size={total} is not divisible by the {world_size} ranks, so they cannot "
-                            f"share it; run on {', '.join(map(str, fits))} rank(s), or (a new run) set "
-                            f"train.global_batch_size to a multiple of {world_size}")
-        return
-    accum = t.grad_accum_steps
-    if accum % world_size:
-        fits = [n for n in range(1, accum + 1) if accum % n == 0]
-        raise UserError(f"train.grad_accum_steps={accum} (global) is not divisible by the {world_size} ranks, so they "
-                        f"cannot share its global batch; run on {', '.join(map(str, fits))} rank(s), or (a new run) "
-                        f"set train.grad_accum_steps to a multiple of {world_size}")
+    auto = t.batch_size == AUTO_BATCH
+    key, n = ("train.global_batch_size", t.global_batch_size) if auto else ("train.grad_accum_steps", t.grad_accum_steps)
+    if n % world_size:
+        raise UserError(f"{key}={n}{'' if auto else ' (global)'} is not divisible by the {world_size} ranks, so they "
+                        f"cannot share {'it' if auto else 'its global batch'}; run on {', '.join(map(str, divisors(n)))} "
+                        f"rank(s), or (a new run) set {key} to a multiple of {world_size}")
 
 
 # ---------------------------------------------------------------------------------------- set-up

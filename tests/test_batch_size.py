@@ -146,12 +146,16 @@ def test_batch_size_reads_integers_and_auto_from_the_command_line_and_yaml(tmp_p
         load_config(["--config", str(path)])
 
 
-def test_a_global_batch_the_ranks_cannot_share_is_one_line():
+def test_a_global_batch_the_ranks_cannot_share_is_one_line(tmp_path, data_root, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(UserError, match=r"^train.global_batch_size=18 is not divisible by the 4 ranks, so they cannot "
                                         r"share it; run on 1, 2, 3, 6, 9, 18 rank\(s\), or \(a new run\) set "
-                                        r"train.global_batch_size to a multiple of 4$"):
-        train.check_world_size(_auto("--train.global_batch_size=18"), 4)
-    train.check_world_size(_auto("--train.global_batch_size=16"), 4)
+                                        r"train.global_batch_size to a multiple of 4$") as e:
+        train.train(load_config(_argv(tmp_path / "out", data_root, "--train.batch_size=auto",
+                                      "--train.global_batch_size=18")))
+    assert "\n" not in str(e.value)
+    train.check_world_size(_auto("--train.global_batch_size=16"), 4)  # 4 each
 
 
 def test_the_memory_check_of_an_auto_run_is_at_one_sequence(monkeypatch):
