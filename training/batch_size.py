@@ -175,7 +175,7 @@ def plan_batch(t: TrainSection, model: torch.nn.Module, saved: dict, device: tor
         if kind == "error":
             raise UserError(message)
     _, micro, need = min(outcomes, key=lambda o: o[1])  # the ranks agree on the smallest choice
-    steps = f"{total // micro} micro-step{'s' * (total > micro)}" + (f" ({per_rank // micro} per rank)" if world > 1 else "")
+    steps = f"{total // micro} micro-step{'s' * (total > micro)}"  # over all ranks: true after a resume on others
     memory = "no memory limit known" if need is None else f"peak {size(need)} of {size(cap)} {how}"
     return BatchPlan(micro, total // micro, f"batch_size auto: {micro} x {block_size} tokens per micro-step, {steps} "
                                             f"(global {total} sequences), {memory}")
