@@ -12,10 +12,11 @@ the limit (`memory_limit`: on CUDA the smaller of free + already reserved and th
 of the total, which `torch.cuda.set_per_process_memory_fraction` sets). On CUDA the peak is measured:
 one real forward+backward of the run's model at that micro-batch (random tokens of the run's block
 size, under the run's autocast, RNG forked and gradients dropped: training/step.py's probe), on the
-plain module, each rank alone; running out of memory means "does not fit", never a crash. Where no
-real peak can be measured (a CPU: glibc keeps no peak statistics; FSDP on several ranks: an OOM inside
-a collective would hang the other ranks) the peak is runtime/memory.py's arithmetic estimate at that
-micro-batch, and the note says so. The ranks then agree on the smallest of their choices.
+plain module (eager: a compiled step usually needs less), each rank alone; running out of memory means
+"does not fit", never a crash. Where no real peak can be measured (a CPU: glibc keeps no peak
+statistics; FSDP on several ranks: an OOM inside a collective would hang the other ranks) the peak is
+runtime/memory.py's arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
+on the smallest of their choices.
 
 The choice is printed and saved (TrainState.micro_batch, batch_note): a resumed run applies it again
 and never re-decides, so a resume under another memory limit trains bit for bit as the first session.
@@ -86,9 +87,10 @@ def choose(per_rank: int, measure: Callable[[int], int], limit: int) -> tuple[in
         try:
             need[m] = measure(m)
         except torch.OutOfMemoryError:
-            need[m] = None  # does not fit; free what the failed pass left cached
+            need[m] = None  # does not fit
+        if need[m] is None:  # out of the except block: its traceback, which held the pass's tensors, is gone
             if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+                torch.cuda.empty_cache()  # give back what the failed pass left cached
             return False
         return need[m] <= HEADROOM * limit
 
