@@ -229,3 +229,30 @@ def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_l
     assert "batch_size auto: 8 x 32 tokens per micro-step" in out and "(decided when this run started)" in out
     assert {**part1["losses"], **part2["losses"]} == full["losses"]
     assert load_checkpoint(tmp_path / "resumed")["train"]["micro_batch"] == 8
+
+
+def test_the_measure_runs_a_real_forward_backward_at_the_size_and_leaves_the_run_as_it_was(monkeypatch):
+    """measured_bytes on a CPU, with CUDA's peak counters stood in for: the model sees m sequences of the
+    block size, the gradients are dropped, the global RNG is untouched, and the peak + extra comes back;
+    an out-of-memory error in the backward leaves no gradients behind either."""
+    from model import GPT, GPTConfig
+    from training.batch_size import measured_bytes
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1000)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=65, dropout=0.1))
+    shapes = []
+    model.register_forward_pre_hook(lambda mod, args: shapes.append(tuple(args[0].shape)))
+    rng = torch.get_rng_state()
+    measure = measured_bytes(model, torch.device("cpu"), torch.float32, block_size=32, vocab_size=65, extra=24)
+    assert measure(3) == 1024 and shapes == [(3, 32)]
+    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
+
+    def oom(*a):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    model.transformer.h[0].register_full_backward_pre_hook(oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        measure(2)
+    assert all(p.grad is None for p in model.parameters())
