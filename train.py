@@ -42,7 +42,8 @@ from training.builders import (
     shard_model,
 )
 from training.budget import fit_to_budget
-from training.config import Config, load_config, resume_conflicts, to_yaml
+from training.batch_size import divisors, plan_batch
+from training.config import AUTO_BATCH, Config, TrainSection, load_config, resume_conflicts, to_yaml
 from training.distributed import (
     DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, broadcast_object, control_group,
     destroy_distributed, dist_from_env, init_distributed, on_rank0,
@@ -74,7 +75,7 @@ def train(cfg: Config) -> dict[str, Any]:
     """Run (or resume) the training described by cfg. Returns a summary: the logged train losses by
     iteration, the last eval, best val loss, final iteration and why it stopped."""
     dist = dist_from_env()
-    check_world_size(cfg.train.grad_accum_steps, dist.world_size)
+    check_world_size(cfg.train, dist.world_size)
     started = time.perf_counter()
     device = resolve_device(cfg.train.device, dist.local_rank)
     check_float8(cfg.train.float8, device)
@@ -95,15 +96,17 @@ def train(cfg: Config) -> dict[str, Any]:
         destroy_distributed(healthy=not failed)
 
 
-def check_world_size(accum: int, world_size: int) -> None:
+def check_world_size(t: TrainSection, world_size: int) -> None:
     """The global batch (train.grad_accum_steps micro-batches of train.batch_size) is split evenly over
     the ranks, whatever their number: a run saved on N ranks resumes on M by giving each rank accum / M
-    micro-steps. An M that does not divide it cannot keep the global batch: one line with the options."""
-    if accum % world_size:
-        fits = [n for n in range(1, accum + 1) if accum % n == 0]
-        raise UserError(f"train.grad_accum_steps={accum} (global) is not divisible by the {world_size} ranks, so they "
-                        f"cannot share its global batch; run on {', '.join(map(str, fits))} rank(s), or (a new run) "
-                        f"set train.grad_accum_steps to a multiple of {world_size}")
+    micro-steps. An M that does not divide it cannot keep the global batch: one line with the options.
+    With batch_size auto, the ranks share train.global_batch_size's sequences the same way."""
+    auto = t.batch_size == AUTO_BATCH
+    key, n = ("train.global_batch_size", t.global_batch_size) if auto else ("train.grad_accum_steps", t.grad_accum_steps)
+    if n % world_size:
+        raise UserError(f"{key}={n}{'' if auto else ' (global)'} is not divisible by the {world_size} ranks, so they "
+                        f"cannot share {'it' if auto else 'its global batch'}; run on {', '.join(map(str, divisors(n)))} "
+                        f"rank(s), or (a new run) set {key} to a multiple of {world_size}")
 
 
 # ---------------------------------------------------------------------------------------- set-up
@@ -192,13 +195,15 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     model, notes = build_model(cfg, vocab_size=meta["vocab_size"], tokenizer=tokenizer, resume=resume, device=device)
     if device.type == "cpu":
         keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
-    train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device)
-    use_loss_path(model, device, compiled=t.compile)  # the dtype probe below times the real loss path
-    # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate),
-    # every rank uses its choice, and a resumed run keeps the one it made
-    probe = forward_backward_probe(model, train_loader.get_batch(0, 0), lambda dt: autocast(device, dt))
+    use_loss_path(model, device, compiled=t.compile)  # the probes below run the real loss path
+    # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate, on
+    # the first micro-batch; batch_size auto: of 1 sequence), every rank uses its choice, and a resumed run
+    # keeps the one it made
+    rows = 1 if t.batch_size == AUTO_BATCH else t.batch_size
+    loaders = build_loaders(cfg, data_dir, dist, device, batch_size=rows)
+    probe = forward_backward_probe(model, loaders[0].get_batch(0, 0), lambda dt: autocast(device, dt))
     name, dtype_note = on_rank0(lambda: choose_dtype(t.dtype, resume, device, probe, run_steps=t.max_iters,
-                                                     shape=dtype_shape(model, t, dist)), dist, group)
+                                                     shape=dtype_shape(model, rows, dist)), dist, group)
     dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
 
@@ -206,10 +211,16 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
         return autocast(device, dtype)
     float8_layers = convert_to_float8(model, t.float8)  # before FSDP and the optimizers: it swaps modules
     model = shard_model(model, t, dist, device, dtype)  # activation checkpointing, FSDP: before the optimizers
+    # the micro-batch: train.batch_size, or (auto) the largest that fits, measured on this model in this
+    # dtype, with the micro-steps that keep train.global_batch_size; a resumed run keeps its choice
+    batch = plan_batch(t, model, resume.train if resume is not None else {}, device, dist, group, dtype=dtype,
+                       block_size=cfg.model.block_size, vocab_size=meta["vocab_size"])
+    train_loader, eval_loaders = (loaders if batch.micro == rows else
+                                  build_loaders(cfg, data_dir, dist, device, batch_size=batch.micro))
     optimizers = build_optimizers(model, t, device)
     scaler = make_scaler(device, dtype)
     step = Stepper(model, optimizers, scaler, cfg, dist, device, amp, say)  # loss path, compile, DDP
-    state = TrainState(dtype=name)
+    state = TrainState(dtype=name, micro_batch=batch.micro if t.batch_size == AUTO_BATCH else 0, batch_note=batch.note)
     checkpointer, rng = build_checkpointer(out_dir, dist, group, model=model, optimizers=optimizers, scaler=scaler,
                                            loader=train_loader, state=state, cfg=cfg, tokenizer=tokenizer)
     if resume is not None:
@@ -227,7 +238,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
 
     metrics = MetricsLog(out_dir, active=dist.is_main)
     history = metrics.resume_at(state.iter) if resume is not None else None
-    tokens_per_step = t.batch_size * cfg.model.block_size * t.grad_accum_steps
+    tokens_per_step = batch.micro * cfg.model.block_size * batch.accum
     peak, peak_note = peak_flops(device, dtype, override=t.peak_flops) if dist.is_main else (None, "")
     say(f"config:\n{to_yaml(cfg)}")
     for note in notes + ([rng.note] if rng.note else []):
@@ -236,9 +247,11 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     if float8_layers:
         say(f"float8 ({t.float8} scaling) in {float8_layers} Linear layers of the blocks"
             + ("" if t.compile else "; eager float8 is slower than bf16: set train.compile=true for its speed"))
+    if batch.note:
+        say(batch.note)
     say(memory_line(t.parallel, dist, model, optimizers))
     say(f"device {device}, {dist.world_size} rank(s), {model.num_params() / 1e6:.2f}M non-embedding params, "
-        f"{tokens_per_step} tokens/step ({t.batch_size} x {cfg.model.block_size} x {t.grad_accum_steps} micro-steps), "
+        f"{tokens_per_step} tokens/step ({batch.micro} x {cfg.model.block_size} x {batch.accum} micro-steps), "
         + (f"resuming {resume.path} at iter {state.iter}" if resume is not None else f"fresh run into {out_dir}"))
 
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
@@ -252,7 +265,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     log = RunLog(say=say, progress=progress, metrics=metrics, wandb=logger, tokens_per_step=tokens_per_step,
                  flops_per_token=model.flops_per_token(cfg.model.block_size), peak=peak)
     return Run(cfg=cfg, dist=dist, group=group, device=device, model=model, step=step, amp=amp,
-               accum=t.grad_accum_steps // dist.world_size, train_loader=train_loader, eval_loaders=eval_loaders,
+               accum=batch.accum // dist.world_size, train_loader=train_loader, eval_loaders=eval_loaders,
                hellaswag=hellaswag, state=state, checkpointer=checkpointer, log=log, stop=stop)
 
 

@@ -154,7 +154,7 @@ def test_help_describes_every_key_from_the_config_dataclasses(capsys):
     with pytest.raises(SystemExit):
         load_config(["--help"])
     out = capsys.readouterr().out
-    described = dict(re.findall(r"^  --(\w+\.\w+)=\S+  \(\w+\)  (.*)$", out, flags=re.M))
+    described = dict(re.findall(r"^  --(\w+\.\w+)=\S+  \([\w |]+\)  (.*)$", out, flags=re.M))
     for section, keys in section_keys().items():
         for key in keys:
             assert described.get(f"{section}.{key}", "").strip(), f"{section}.{key} has no description"

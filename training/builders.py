@@ -3,9 +3,10 @@ calls the same ones, so what it times is what train.py runs.
 
     check_memory(cfg, vocab_size, resume, device)        # refuse what can't fit, before allocating
     model, notes = build_model(cfg, ...)                 # fresh, resumed, another run's or HF weights
-    train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device)
     dtype, note = choose_dtype(cfg.train.dtype, resume, device, probe)
     model = shard_model(model, cfg.train, dist, device, dtype)  # activation checkpointing, FSDP (before the optimizers)
+    batch = plan_batch(cfg.train, model, ...)           # training/batch_size.py: the config's, or auto's choice
+    train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device, batch_size=batch.micro)
     optimizers = build_optimizers(model, cfg.train, device)
     step_model = parallelize(model, cfg.train, dist, device)   # loss path, compile, DDP: one line each
     checkpointer = build_checkpointer(out_dir, dist, model=..., optimizers=..., ...)
@@ -28,7 +29,7 @@ from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
 from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, dtype_name, sharded_param_dtype, training_dtype
 
-from .config import Config, TrainSection
+from .config import AUTO_BATCH, Config, TrainSection
 from .distributed import DistInfo, apply_ddp
 from .init_from import initial_model
 from .optim import Muon, make_optimizers
@@ -56,17 +57,20 @@ def sharded_ranks(t: TrainSection, dist: DistInfo) -> int:
 def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: torch.device,
                  dist: DistInfo | None = None) -> None:
     """Refuse, in one line and before allocating anything big, a run whose model and batch can't fit
-    (on each rank: with FSDP its share of the weights, gradients and optimizer state)."""
+    (on each rank: with FSDP its share of the weights, gradients and optimizer state). batch_size auto
+    is checked at its smallest micro-batch, 1 sequence."""
     planned = planned_model(cfg, vocab_size, resume)
     if planned is None:
         return
     dist = dist or DistInfo()
     rows = choose_loss_chunk_rows(device, compiled=cfg.train.compile, vocab_size=planned.vocab_size)
     could_shard = dist.enabled and cfg.train.parallel != "fsdp"
-    check_fits(training_bytes(planned, batch_size=cfg.train.batch_size, block_size=cfg.model.block_size,
+    auto = cfg.train.batch_size == AUTO_BATCH
+    check_fits(training_bytes(planned, batch_size=1 if auto else cfg.train.batch_size, block_size=cfg.model.block_size,
                               loss_chunk_rows=rows, shards=sharded_ranks(cfg.train, dist),
                               activation_checkpointing=cfg.train.activation_checkpointing),
-               device, "training", "train.batch_size, model.block_size, or the model's size (n_layer, n_embd)"
+               device, "training" + (" (batch_size auto, at 1 sequence per micro-step)" if auto else ""),
+               ("" if auto else "train.batch_size, ") + "model.block_size, or the model's size (n_layer, n_embd)"
                + (", or shard it over the ranks with --train.parallel=fsdp" if could_shard else ""))
 
 
@@ -86,22 +90,24 @@ def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resu
     return model.to(device), notes
 
 
-def build_loaders(cfg: Config, data_dir: Path, dist: DistInfo,
-                  device: torch.device) -> tuple[BatchLoader, dict[str, BatchLoader]]:
+def build_loaders(cfg: Config, data_dir: Path, dist: DistInfo, device: torch.device, *,
+                  batch_size: int) -> tuple[BatchLoader, dict[str, BatchLoader]]:
     """(this rank's training batches, the fixed eval batches of each split: rank 0 only; with FSDP every
-    rank, since every rank takes part in each forward)."""
+    rank, since every rank takes part in each forward), `batch_size` sequences each (the micro-batch:
+    train.batch_size, or the one batch_size auto chose)."""
     t, block = cfg.train, cfg.model.block_size
-    train = BatchLoader(data_dir, "train", block_size=block, batch_size=t.batch_size, seed=t.seed,
+    train = BatchLoader(data_dir, "train", block_size=block, batch_size=batch_size, seed=t.seed,
                         rank=dist.rank, world_size=dist.world_size, device=device)
     evaluates = dist.is_main or sharded_ranks(t, dist) > 1
-    evals = {split: BatchLoader(data_dir, split, block_size=block, batch_size=t.batch_size, seed=t.eval_seed,
+    evals = {split: BatchLoader(data_dir, split, block_size=block, batch_size=batch_size, seed=t.eval_seed,
                                 device=device) for split in ("train", "val")} if evaluates else {}
     return train, evals
 
 
-def dtype_shape(model: GPT, t: TrainSection, dist: DistInfo) -> dict[str, Any]:
-    """What an `auto` dtype decision depends on besides the machine: the model, the batch, the ranks."""
-    return {"model": model_config_dict(model), "batch_size": t.batch_size, "world_size": dist.world_size}
+def dtype_shape(model: GPT, batch_size: int, dist: DistInfo) -> dict[str, Any]:
+    """What an `auto` dtype decision depends on besides the machine: the model, the batch it was timed
+    at, the ranks."""
+    return {"model": model_config_dict(model), "batch_size": batch_size, "world_size": dist.world_size}
 
 
 def choose_dtype(name: str, resume: Resume | None, device: torch.device, probe: Callable[[torch.dtype], None], *,

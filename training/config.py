@@ -36,6 +36,13 @@ def _device(name: str) -> str | None:
 
 
 PARALLEL = ("ddp", "fsdp")
+AUTO_BATCH = "auto"
+
+
+def _batch_size(v: int | str) -> str | None:
+    if v == AUTO_BATCH or (isinstance(v, int) and v >= 1):
+        return None
+    return f"must be >= 1, got {v}" if isinstance(v, int) else f"must be a positive integer or auto, got {v!r}"
 SEED = in_range(0, 2**63, "[0, 2**63)", "; e.g. 1337")
 
 
@@ -88,8 +95,14 @@ class ModelSection:
 
 @dataclass
 class TrainSection:
-    batch_size: int = setting(12, "sequences per micro-step per rank", check=at_least(1))
-    grad_accum_steps: int = setting(1, "GLOBAL micro-steps per optimizer step, split over the ranks", check=at_least(1))
+    batch_size: int | str = setting(12, "sequences per micro-step per rank; auto: the largest that fits this device "
+                                        "(measured), with the micro-steps that keep train.global_batch_size",
+                                    check=_batch_size)
+    grad_accum_steps: int = setting(1, "GLOBAL micro-steps per optimizer step, split over the ranks (batch_size auto "
+                                       "decides them instead)", check=at_least(1))
+    global_batch_size: int = setting(0, "sequences per optimizer step over all ranks; read with batch_size auto (e.g. "
+                                        "512 = 16 x 32 for GPT-2 124M); 0 = batch_size x grad_accum_steps",
+                                     check=at_least(0))
     max_iters: int = setting(2000, "optimizer steps", resume=True, check=at_least(1))
     lr: float = setting(1e-3, "peak learning rate", resume=True,
                         check=at_least(0, "; a typical value is 1e-3 for small models, 6e-4 for GPT-2"))
@@ -137,6 +150,13 @@ class TrainSection:
     def validate(self) -> None:
         check_fields(self, "train")
         parse_duration(self.time_budget)  # a UserError naming train.time_budget when it is not a duration
+        if self.batch_size == AUTO_BATCH and not self.global_batch_size:
+            raise UserError("train.batch_size auto needs train.global_batch_size, the sequences per optimizer step "
+                            "over all ranks: e.g. --train.global_batch_size=512 (gpt2_124m's 16 x 32)")
+        if self.batch_size != AUTO_BATCH and self.global_batch_size not in (0, self.batch_size * self.grad_accum_steps):
+            raise UserError(f"train.global_batch_size={self.global_batch_size} disagrees with train.batch_size x "
+                            f"train.grad_accum_steps = {self.batch_size} x {self.grad_accum_steps}; set one of them "
+                            "(global_batch_size with batch_size auto, or 0)")
         if not 0 <= self.min_lr <= self.lr:
             raise UserError(f"train.min_lr must be between 0 and train.lr ({self.lr}), got {self.min_lr}; e.g. lr/10")
 

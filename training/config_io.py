@@ -174,13 +174,22 @@ _FALSE = ("false", "no", "off", "0")
 
 
 def coerce(value: Any, typ: Any, name: str, source: str = "config") -> Any:
-    """Convert a YAML value or a CLI string to `typ` (bool, int, float, str, or X | None)."""
+    """Convert a YAML value or a CLI string to `typ` (bool, int, float, str, X | None, or int | str: an
+    integer where the value reads as one, else the string, which the field's check then judges)."""
     args = typing.get_args(typ)
-    if typing.get_origin(typ) in (typing.Union, types.UnionType) and type(None) in args:
+    union = typing.get_origin(typ) in (typing.Union, types.UnionType)
+    if union and type(None) in args:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~")):
             return None
         typ = next(a for a in args if a is not type(None))
     where = f"{source}: {name}"
+    if union and set(args) == {int, str}:
+        try:
+            return coerce(value, int, name, source)
+        except UserError:
+            if isinstance(value, str):
+                return value.strip()
+            raise UserError(f"{where} expects an int or a string, got {value!r}") from None
     if typ is bool:
         if isinstance(value, bool):
             return value

@@ -29,8 +29,12 @@ class TrainState:
     budget_iters: int = 0
     budget_warmup: int = 0
     budget_note: str = ""
+    # train.batch_size auto's decision (training/batch_size.py), made once when the run started; 0 = none
+    micro_batch: int = 0
+    batch_note: str = ""
 
-    ADDED_LATER = {"budget_iters": 0, "budget_warmup": 0, "budget_note": ""}  # absent from older checkpoints
+    # absent from older checkpoints
+    ADDED_LATER = {"budget_iters": 0, "budget_warmup": 0, "budget_note": "", "micro_batch": 0, "batch_note": ""}
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

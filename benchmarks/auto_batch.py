@@ -1,0 +1,116 @@
+"""train.batch_size auto on an emulated smaller GPU (issue 24, "Smaller GPUs").
+
+Caps this process's CUDA memory at --memory-gb with torch.cuda.set_per_process_memory_fraction (the
+caching allocator then raises out-of-memory past the cap, as on a card that size), lets
+training/batch_size.py choose the micro-batch of configs/gpt2_124m.yaml's model for its global batch
+(512 sequences of 1024 tokens), then times a few optimizer steps at that choice: train.py's step
+(training/step.py) on random tokens, with the model, optimizers, scaler, loss path and compile set up
+by train.py's builders. Reports the choice, how long it took, tok/s, and the peak the real steps
+reached against the cap (a step that runs out of memory is reported, not a crash).
+
+    python -m benchmarks.auto_batch --memory-gb 16 --json benchmarks/results-auto-batch-16gb-h100.json
+    python -m benchmarks.auto_batch --memory-gb 24 --json benchmarks/results-auto-batch-24gb-h100.json
+    python -m benchmarks.auto_batch --quick --device cpu --memory-gb 1   # smoke test: tiny model, no timing that means anything
+
+One size per process: the cap, the allocator's cache and compile's graphs are per process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from model import GPT
+from runtime.loss_path import use_loss_path
+from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
+from training.batch_size import plan_batch
+from training.builders import build_optimizers, parallelize
+from training.config import load_config
+from training.distributed import DistInfo
+from training.step import train_step
+
+GPT2_VOCAB = 50257  # the tokenizer's ids; the model pads its embedding to 50304
+QUICK = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=64", "--model.block_size=64",
+         "--model.vocab_size=512", "--train.dtype=float32"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--memory-gb", type=float, required=True, help="the emulated card's memory, GiB")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--global-batch", type=int, default=512, help="sequences per optimizer step (gpt2_124m: 512)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile)")
+    p.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--quick", action="store_true", help="a tiny model and global batch 16: a smoke test")
+    p.add_argument("--json", help="write the row here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    cfg = load_config(["--config", "gpt2_124m", "--train.batch_size=auto", f"--train.device={args.device}",
+                       f"--train.global_batch_size={16 if args.quick else args.global_batch}",
+                       f"--train.compile={args.compile}", "--wandb.mode=disabled"] + (QUICK if args.quick else []))
+    t, block = cfg.train, cfg.model.block_size
+    data_vocab = cfg.model.vocab_size if args.quick else GPT2_VOCAB
+    cap = int(args.memory_gb * 2**30)
+    limit = None  # CUDA: training/batch_size.py's memory_limit reads the fraction set here
+    if device.type == "cuda":
+        total = torch.cuda.mem_get_info(device)[1]
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+        allow_tf32(device)
+    else:
+        limit = lambda d: cap  # noqa: E731  (a CPU has no per-process cap to set)
+
+    torch.manual_seed(t.seed)
+    model = GPT(cfg.model.gpt_config(cfg.model.vocab_size)).to(device)
+    use_loss_path(model, device, compiled=t.compile)
+    dtype = DTYPE_BY_NAME[t.dtype]
+    t0 = time.perf_counter()
+    plan = plan_batch(t, model, {}, device, DistInfo(), dtype=dtype, block_size=block, vocab_size=data_vocab,
+                      limit=limit)
+    decide_s = time.perf_counter() - t0
+    print(f"[auto batch {args.memory_gb:g} GiB] {plan.note}; decided in {decide_s:.1f} s", flush=True)
+
+    optimizers = build_optimizers(model, t, device)
+    scaler = make_scaler(device, dtype)
+    step_model = parallelize(model, t, DistInfo(), device)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, data_vocab, (t.global_batch_size, block + 1), generator=gen).to(device)
+    batches = [(tokens[i:i + plan.micro, :-1].contiguous(), tokens[i:i + plan.micro, 1:].contiguous())
+               for i in range(0, t.global_batch_size, plan.micro)]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, error = [], None
+    try:
+        for _ in range(args.warmup + args.steps):
+            s = time.perf_counter()
+            train_step(step_model, optimizers, scaler, batches, amp=lambda: autocast(device, dtype),
+                       grad_clip=t.grad_clip).loss.item()  # the host sync: the step is done
+            times.append(time.perf_counter() - s)
+    except torch.OutOfMemoryError as e:  # the decision was wrong for the real step: that is the finding
+        error = f"out of memory at micro-batch {plan.micro} after {len(times)} step(s): {str(e).splitlines()[0]}"
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    timed = times[args.warmup:]
+    step_s = statistics.median(timed) if timed else None
+    row = {"row": f"batch_size auto, {args.memory_gb:g} GiB", "device": torch.cuda.get_device_name(device)
+           if device.type == "cuda" else "cpu", "memory_gb": args.memory_gb, "micro_batch": plan.micro,
+           "micro_steps": plan.accum, "global_batch": t.global_batch_size, "block_size": block, "note": plan.note,
+           "decide_s": round(decide_s, 2), "step_s": step_s, "compiled": t.compile, "dtype": t.dtype,
+           "tok_per_s": t.global_batch_size * block / step_s if step_s else None,
+           "steps_peak_gib": round(peak / 2**30, 2) if peak is not None else None, "error": error}
+    line = (f"[auto batch {args.memory_gb:g} GiB] micro-batch {plan.micro} x {plan.accum} micro-steps: "
+            + (error or f"{row['tok_per_s']:,.0f} tok/s (median of {len(timed)} steps)"
+               + (f", real steps peaked at {row['steps_peak_gib']} of {args.memory_gb:g} GiB" if peak else "")))
+    print(line, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(row, indent=1) + "\n")
+    return row
+
+
+if __name__ == "__main__":
+    from errors import run_cli
+
+    run_cli(lambda: main() and 0)

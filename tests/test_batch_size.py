@@ -1,0 +1,258 @@
+"""train.batch_size auto (training/batch_size.py): the largest divisor of the per-rank batch that fits an
+injected limit, found by a binary search that never measures above a size known not to fit; an
+out-of-memory error is "does not fit", never a crash; bad settings are one line; end to end on a CPU the
+choice keeps the global batch, is saved, and a resume under another limit keeps it bit for bit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import train
+import training.batch_size
+from checkpoint import load_checkpoint
+from errors import UserError
+from faults import inject
+from training.batch_size import choose, divisors, largest_fitting, plan_batch
+from training.config import load_config
+from training.distributed import DistInfo
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    from data import DataConfig, prepare_data
+
+    root = tmp_path_factory.mktemp("prepared")
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    return root
+
+
+# ---------------------------------------------------------------------------------- the decision
+
+def test_divisors_are_every_micro_batch_that_keeps_the_global_batch():
+    assert divisors(48) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 48]
+    assert divisors(1) == [1] and divisors(49) == [1, 7, 49] and divisors(512) == [2**k for k in range(10)]
+
+
+def test_the_largest_fitting_divisor_is_chosen_with_few_measurements():
+    # peak 100 + 10 m bytes against 90% of 300 = 270: m <= 17; of 48's divisors 1,2,3,4,6,8,12,16,24,48 that is 16
+    calls = []
+
+    def measure(m):
+        calls.append(m)
+        return 100 + 10 * m
+
+    assert choose(48, measure, 300) == (16, 260)
+    for i, m in enumerate(calls):  # never above a size already known not to fit
+        assert all(m < earlier for earlier in calls[:i] if 100 + 10 * earlier > 270)
+    assert len(calls) == len(set(calls)) <= 4  # ceil(log2(10 + 1)) for 10 candidates
+
+
+@pytest.mark.parametrize("threshold", range(0, 13))
+def test_the_binary_search_finds_the_boundary_wherever_it_lies(threshold):
+    candidates = [1, 2, 3, 4, 6, 8, 12, 16, 24, 48, 96, 192]
+    tried = []
+
+    def fits(m):
+        tried.append(m)
+        return candidates.index(m) < threshold
+
+    best = largest_fitting(candidates, fits)
+    assert best == (candidates[threshold - 1] if threshold else None)
+    assert len(tried) <= 4  # ceil(log2(12 + 1))
+
+
+def test_out_of_memory_above_a_size_means_the_next_smaller_one_is_chosen():
+    calls = []
+
+    def measure(m):
+        calls.append(m)
+        if m > 6:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (tried {m})")
+        return 1000
+
+    assert choose(48, measure, 10**9) == (6, 1000)  # no exception escapes
+    for i, m in enumerate(calls):
+        assert all(m < earlier for earlier in calls[:i] if earlier > 6)
+
+
+def test_nothing_fitting_at_one_sequence_is_one_line():
+    with pytest.raises(UserError, match=r"^train.batch_size auto: even a micro-batch of 1 sequence needs 1.0 GiB, over "
+                                        r"90% of the 1.0 GiB this device has; lower model.block_size") as e:
+        choose(48, lambda m: GIB * m, GIB)
+    assert "\n" not in str(e.value)
+
+    def oom(m):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    with pytest.raises(UserError, match=r"even a micro-batch of 1 sequence runs out of memory") as e:
+        choose(48, oom, GIB)
+    assert "\n" not in str(e.value)
+
+
+def _auto(*extra):
+    return load_config(["--train.batch_size=auto", "--train.global_batch_size=16", "--train.device=cpu", *extra]).train
+
+
+def test_a_resumed_auto_run_reapplies_its_choice_and_refuses_a_world_size_it_cannot_divide():
+    never = lambda m: pytest.fail("a resumed run must not measure")  # noqa: E731
+    saved = {"micro_batch": 8, "batch_note": "batch_size auto: 8 x 32 tokens per micro-step"}
+    kw = dict(dtype=torch.float32, block_size=32, vocab_size=65, measure=never, limit=lambda d: 1)
+    # 16 sequences on 2 ranks: 8 each, 1 micro-step each, 2 global
+    plan = plan_batch(_auto(), torch.nn.Linear(1, 1), saved, torch.device("cpu"), DistInfo(world_size=2), **kw)
+    assert (plan.micro, plan.accum) == (8, 2) and plan.note.endswith("(decided when this run started)")
+    with pytest.raises(UserError, match=r"^cannot resume on 4 ranks: this run's micro-batch \(8, chosen by batch_size "
+                                        r"auto\) does not divide the 4 sequences per rank of train.global_batch_size=16; "
+                                        r"run on 1, 2 rank\(s\)$"):
+        plan_batch(_auto(), torch.nn.Linear(1, 1), saved, torch.device("cpu"), DistInfo(world_size=4), **kw)
+
+
+def test_a_configured_batch_size_is_used_as_it_is():
+    t = load_config(["--train.batch_size=6", "--train.grad_accum_steps=4", "--train.global_batch_size=24"]).train
+    plan = plan_batch(t, torch.nn.Linear(1, 1), {}, torch.device("cpu"), DistInfo(), dtype=torch.float32,
+                      block_size=32, vocab_size=65, measure=lambda m: pytest.fail("nothing to decide"))
+    assert (plan.micro, plan.accum, plan.note) == (6, 4, "")
+
+
+# ---------------------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["--train.batch_size=foo"], r"^train.batch_size must be a positive integer or auto, got 'foo'$"),
+    (["--train.batch_size=2.5"], r"^train.batch_size must be a positive integer or auto, got '2.5'$"),
+    (["--train.batch_size=0"], r"^train.batch_size must be >= 1, got 0$"),
+    (["--train.batch_size=auto"], r"^train.batch_size auto needs train.global_batch_size, the sequences per optimizer "
+                                  r"step over all ranks: e.g. --train.global_batch_size=512 \(gpt2_124m's 16 x 32\)$"),
+    (["--train.batch_size=4", "--train.grad_accum_steps=2", "--train.global_batch_size=16"],
+     r"^train.global_batch_size=16 disagrees with train.batch_size x train.grad_accum_steps = 4 x 2; set one of them"),
+    (["--train.global_batch_size=-1"], r"^train.global_batch_size must be >= 0, got -1$"),
+])
+def test_bad_batch_settings_are_one_line(argv, pattern):
+    with pytest.raises(UserError, match=pattern) as e:
+        load_config(argv)
+    assert "\n" not in str(e.value)
+
+
+def test_batch_size_reads_integers_and_auto_from_the_command_line_and_yaml(tmp_path):
+    assert load_config(["--train.batch_size=5e1"]).train.batch_size == 50
+    assert load_config(["--train.batch_size= 7 "]).train.batch_size == 7
+    assert load_config(["--train.batch_size=8", "--train.grad_accum_steps=4", "--train.global_batch_size=32"]).train \
+        .global_batch_size == 32  # agreeing is fine
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  batch_size: auto\n  global_batch_size: 512\n")
+    t = load_config(["--config", str(path)]).train
+    assert (t.batch_size, t.global_batch_size) == ("auto", 512)
+    path.write_text("train:\n  batch_size: [4]\n")
+    with pytest.raises(UserError, match=r"train.batch_size expects an int or a string, got \[4\]"):
+        load_config(["--config", str(path)])
+
+
+def test_a_global_batch_the_ranks_cannot_share_is_one_line(tmp_path, data_root, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(UserError, match=r"^train.global_batch_size=18 is not divisible by the 4 ranks, so they cannot "
+                                        r"share it; run on 1, 2, 3, 6, 9, 18 rank\(s\), or \(a new run\) set "
+                                        r"train.global_batch_size to a multiple of 4$") as e:
+        train.train(load_config(_argv(tmp_path / "out", data_root, "--train.batch_size=auto",
+                                      "--train.global_batch_size=18")))
+    assert "\n" not in str(e.value)
+    train.check_world_size(_auto("--train.global_batch_size=16"), 4)  # 4 each
+
+
+def test_the_memory_check_of_an_auto_run_is_at_one_sequence(monkeypatch):
+    import runtime.memory
+    from training.builders import check_memory
+
+    cfg = load_config(["--train.batch_size=auto", "--train.global_batch_size=512", "--train.device=cpu"])
+    monkeypatch.setattr(runtime.memory, "available_bytes", lambda device: 2**40)
+    check_memory(cfg, 65, None, torch.device("cpu"))  # "auto" is no crash
+    monkeypatch.setattr(runtime.memory, "available_bytes", lambda device: 1)
+    with pytest.raises(UserError, match=r"^training \(batch_size auto, at 1 sequence per micro-step\) needs about .* "
+                                        r"lower model.block_size, or the model's size") as e:
+        check_memory(cfg, 65, None, torch.device("cpu"))
+    assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+def _argv(out, data_root, *extra):
+    return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=2",
+            "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32", "--train.max_iters=12",
+            "--train.warmup_iters=2", "--train.eval_interval=4", "--train.eval_iters=2", "--train.log_interval=1",
+            "--train.dtype=float32", "--train.device=cpu", "--model.dropout=0.1", "--train.peak_flops=1e11",
+            "--wandb.mode=disabled", *extra]
+
+
+AUTO = ("--train.batch_size=auto", "--train.global_batch_size=16")
+
+
+def _inject(monkeypatch, limit_gib, calls=None):
+    """A memory limit of limit_gib GiB, and a micro-batch of m sequences that needs m GiB."""
+    def estimated(*a, **k):
+        def measure(m):
+            if calls is None:
+                pytest.fail("a resumed run must not measure")
+            calls.append(m)
+            return m * GIB
+        return measure
+    monkeypatch.setattr(training.batch_size, "memory_limit", lambda device: limit_gib * GIB)
+    monkeypatch.setattr(training.batch_size, "estimated_bytes", estimated)
+
+
+def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_limit(tmp_path, data_root,
+                                                                                     monkeypatch, capsys):
+    # 16 sequences per step on 1 rank: divisors 1, 2, 4, 8, 16; m GiB against 90% of 10 GiB: 8 fits, 16 does not
+    calls = []
+    _inject(monkeypatch, 10, calls)
+    full = train.train(load_config(_argv(tmp_path / "full", data_root, *AUTO)))
+    assert calls and max(calls) == 16 and 8 in calls
+    out = capsys.readouterr().out
+    assert ("batch_size auto: 8 x 32 tokens per micro-step, 2 micro-steps (global 16 sequences), peak 8.0 GiB of 10.0 GiB "
+            "estimated (no peak can be measured on cpu)") in out
+    assert "512 tokens/step (8 x 32 x 2 micro-steps)" in out
+    ck = load_checkpoint(tmp_path / "full")
+    assert ck["train"]["micro_batch"] == 8 and ck["train"]["tokens_seen"] == 12 * 16 * 32
+    assert ck["config"]["train"]["batch_size"] == "auto"  # the config as the user wrote it
+
+    # the same run written out by hand: batch_size 8, 2 micro-steps
+    by_hand = train.train(load_config(_argv(tmp_path / "by_hand", data_root, "--train.batch_size=8",
+                                            "--train.grad_accum_steps=2")))
+    assert by_hand["losses"] == full["losses"]
+
+    calls.clear()
+    with inject(interrupt_after=5):
+        part1 = train.train(load_config(_argv(tmp_path / "resumed", data_root, *AUTO)))
+    assert part1["iter"] == 5 and calls
+    capsys.readouterr()
+    _inject(monkeypatch, 100)  # now 16 would fit; the resumed run must keep 8 and not measure
+    part2 = train.train(load_config(_argv(tmp_path / "resumed", data_root, *AUTO)))
+    out = capsys.readouterr().out
+    assert "batch_size auto: 8 x 32 tokens per micro-step" in out and "(decided when this run started)" in out
+    assert {**part1["losses"], **part2["losses"]} == full["losses"]
+    assert load_checkpoint(tmp_path / "resumed")["train"]["micro_batch"] == 8
+
+
+def test_the_measure_runs_a_real_forward_backward_at_the_size_and_leaves_the_run_as_it_was(monkeypatch):
+    """measured_bytes on a CPU, with CUDA's peak counters stood in for: the model sees m sequences of the
+    block size, the gradients are dropped, the global RNG is untouched, and the peak + extra comes back;
+    an out-of-memory error in the backward leaves no gradients behind either."""
+    from model import GPT, GPTConfig
+    from training.batch_size import measured_bytes
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1000)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=65, dropout=0.1))
+    shapes = []
+    model.register_forward_pre_hook(lambda mod, args: shapes.append(tuple(args[0].shape)))
+    rng = torch.get_rng_state()
+    measure = measured_bytes(model, torch.device("cpu"), torch.float32, block_size=32, vocab_size=65, extra=24)
+    assert measure(3) == 1024 and shapes == [(3, 32)]
+    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
+
+    def oom(*a):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    model.transformer.h[0].register_full_backward_pre_hook(oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        measure(2)
+    assert all(p.grad is None for p in model.parameters())

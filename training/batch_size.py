@@ -1,0 +1,183 @@
+"""`train.batch_size: auto`: the largest micro-batch that fits this device, the global batch kept.
+
+The rule. Each rank's share of the global batch is P = train.global_batch_size / world_size sequences
+per optimizer step. The candidates are the divisors m of P: m sequences per micro-step and P / m
+micro-steps keep the global batch exactly, so whichever fits, the run trains on the same batches. The
+memory a step needs grows with m, so a binary search over the sorted divisors finds the largest that
+fits, trying about log2(number of divisors) of them and never one above a size known not to fit.
+
+A candidate fits when its peak, plus what a forward+backward does not allocate yet (AdamW's two fp32
+moments per parameter; with several DDP ranks, DDP's fp32 gradient buckets), is at most HEADROOM of
+the limit (`memory_limit`: on CUDA the smaller of free + already reserved and the per-process fraction
+of the total, which `torch.cuda.set_per_process_memory_fraction` sets). On CUDA the peak is measured:
+one real forward+backward of the run's model at that micro-batch (random tokens of the run's block
+size, under the run's autocast, RNG forked and gradients dropped: training/step.py's probe), on the
+plain module (eager: a compiled step usually needs less), each rank alone; running out of memory means
+"does not fit", never a crash. Where no real peak can be measured (a CPU: glibc keeps no peak
+statistics; FSDP on several ranks: an OOM inside a collective would hang the other ranks) the peak is
+runtime/memory.py's arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
+on the smallest of their choices.
+
+The choice is printed and saved (TrainState.micro_batch, batch_note): a resumed run applies it again
+and never re-decides, so a resume under another memory limit trains bit for bit as the first session.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from errors import UserError
+from runtime.loss_path import choose_loss_chunk_rows
+from runtime.memory import HEADROOM, available_bytes, training_bytes
+from runtime.precision import autocast
+
+from .config import AUTO_BATCH, TrainSection
+from .distributed import DistInfo, all_gather_object
+from .step import forward_backward_probe
+
+
+@dataclass
+class BatchPlan:
+    micro: int  # sequences per micro-step per rank
+    accum: int  # GLOBAL micro-steps per optimizer step (each rank runs accum / world_size)
+    note: str = ""  # the auto decision, printed at start ("" for a batch size from the config)
+
+
+def size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def largest_fitting(candidates: list[int], fits: Callable[[int], bool]) -> int | None:
+    """The largest of the ascending `candidates` for which fits() holds, for a fits() that holds up to
+    some size and fails above it; None if it fails for the first. Binary search: never tries a
+    candidate above one that failed, nor below one that fitted."""
+    lo, hi, best = 0, len(candidates), None  # candidates[:lo] fit, candidates[hi:] do not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(candidates[mid]):
+            best, lo = candidates[mid], mid + 1
+        else:
+            hi = mid
+    return best
+
+
+def memory_limit(device: torch.device) -> int | None:
+    """What this process may use: on CUDA the smaller of (free + what torch already reserved) and the
+    total times the per-process fraction; elsewhere runtime/memory.py's available_bytes (None: unknown)."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        capped = int(total * torch.cuda.get_per_process_memory_fraction(device))
+        return min(free + torch.cuda.memory_reserved(device), capped)
+    return available_bytes(device)
+
+
+def choose(per_rank: int, measure: Callable[[int], int], limit: int) -> tuple[int, int]:
+    """(micro-batch, its bytes): the largest divisor of `per_rank` whose measure(m) (bytes, or
+    torch.OutOfMemoryError) is at most HEADROOM x limit. One line if not even 1 fits."""
+    need: dict[int, int | None] = {}
+
+    def fits(m: int) -> bool:
+        try:
+            need[m] = measure(m)
+        except torch.OutOfMemoryError:
+            need[m] = None  # does not fit
+        if need[m] is None:  # out of the except block: its traceback, which held the pass's tensors, is gone
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # give back what the failed pass left cached
+            return False
+        return need[m] <= HEADROOM * limit
+
+    m = largest_fitting(divisors(per_rank), fits)
+    if m is None:
+        what = "runs out of memory" if need.get(1) is None else f"needs {size(need[1])}"
+        raise UserError(f"train.batch_size auto: even a micro-batch of 1 sequence {what}, over {HEADROOM:.0%} of the "
+                        f"{size(limit)} this device has; lower model.block_size or the model's size (n_layer, n_embd), "
+                        "or set train.activation_checkpointing=true")
+    return m, need[m]
+
+
+def measured_bytes(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, *, block_size: int,
+                   vocab_size: int, extra: int) -> Callable[[int], int]:
+    """measure(m): the CUDA peak of one forward+backward of `model` at micro-batch m, plus `extra`."""
+    gen = torch.Generator(device=device).manual_seed(0)  # the run's own RNG streams are not touched
+
+    def measure(m: int) -> int:
+        tokens = torch.randint(0, vocab_size, (m, block_size + 1), device=device, generator=gen)
+        batch = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        del tokens
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            forward_backward_probe(model, batch, lambda dt: autocast(device, dt))(dtype)
+        finally:
+            model.zero_grad(set_to_none=True)  # an OOM mid-backward leaves partial gradients
+        return torch.cuda.max_memory_allocated(device) + extra
+    return measure
+
+
+def estimated_bytes(model: torch.nn.Module, t: TrainSection, device: torch.device, dist: DistInfo, *,
+                    block_size: int, extra: int) -> Callable[[int], int]:
+    """measure(m): runtime/memory.py's arithmetic estimate of a training process at micro-batch m (its
+    weights, gradients and AdamW state included), plus `extra`."""
+    config = model.config
+    rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=config.vocab_size)
+    shards = dist.world_size if t.parallel == "fsdp" else 1
+    return lambda m: sum(training_bytes(config, batch_size=m, block_size=block_size, loss_chunk_rows=rows, shards=shards,
+                                        activation_checkpointing=t.activation_checkpointing).values()) + extra
+
+
+def plan_batch(t: TrainSection, model: torch.nn.Module, saved: dict, device: torch.device, dist: DistInfo, group=None,
+               *, dtype: torch.dtype, block_size: int, vocab_size: int,
+               limit: Callable[[torch.device], int | None] | None = None, measure: Callable[[int], int] | None = None
+               ) -> BatchPlan:
+    """The run's micro-batch and global micro-steps: the config's, or (batch_size auto) the saved choice of
+    a resumed run (`saved`: its TrainState dict), or a fresh decision (the module docstring). `limit` and
+    `measure` replace memory_limit and the measure this device gets (tests inject them)."""
+    if t.batch_size != AUTO_BATCH:
+        return BatchPlan(t.batch_size, t.grad_accum_steps)
+    total, world = t.global_batch_size, dist.world_size
+    per_rank = total // world
+    micro = saved.get("micro_batch", 0)
+    if isinstance(micro, int) and micro > 0:
+        if per_rank % micro:
+            fits = divisors(total // micro)
+            raise UserError(f"cannot resume on {world} ranks: this run's micro-batch ({micro}, chosen by batch_size auto) "
+                            f"does not divide the {per_rank} sequences per rank of train.global_batch_size={total}; run "
+                            f"on {', '.join(map(str, fits))} rank(s)")
+        return BatchPlan(micro, total // micro, f"{saved.get('batch_note', '')} (decided when this run started)")
+    n_params = sum(p.numel() for p in model.parameters())  # this rank's (FSDP: its shard)
+    ddp_buckets = 4 * n_params if world > 1 and t.parallel == "ddp" else 0
+    real_peak = device.type == "cuda" and not (t.parallel == "fsdp" and world > 1)
+    if measure is None:
+        if real_peak:  # the forward+backward allocates the weights' gradients, not AdamW's two moments yet
+            measure = measured_bytes(model, device, dtype, block_size=block_size, vocab_size=vocab_size,
+                                     extra=2 * 4 * n_params + ddp_buckets)
+        else:
+            measure = estimated_bytes(model, t, device, dist, block_size=block_size, extra=ddp_buckets)
+    cap = (limit or memory_limit)(device)
+    how = "measured by a forward+backward" if real_peak else f"estimated (no peak can be measured on {device.type}" + (
+        " with FSDP over several ranks)" if device.type == "cuda" else ")")
+    try:
+        if cap is None:  # nowhere to read a limit from: the whole share in one micro-step
+            micro, need = per_rank, None
+        else:
+            micro, need = choose(per_rank, measure, cap)
+        outcome = ("ok", micro, need)
+    except UserError as e:  # every rank gets to the gather below, then every rank stops with the line
+        outcome = ("error", 0, str(e))
+    outcomes = all_gather_object(outcome, dist, group)
+    for kind, _, message in outcomes:
+        if kind == "error":
+            raise UserError(message)
+    _, micro, need = min(outcomes, key=lambda o: o[1])  # the ranks agree on the smallest choice
+    steps = f"{total // micro} micro-step{'s' * (total > micro)}"  # over all ranks: true after a resume on others
+    memory = "no memory limit known" if need is None else f"peak {size(need)} of {size(cap)} {how}"
+    return BatchPlan(micro, total // micro, f"batch_size auto: {micro} x {block_size} tokens per micro-step, {steps} "
+                                            f"(global {total} sequences), {memory}")
