@@ -39,7 +39,7 @@ from .tokenizer import Tokenizer, get_tokenizer
 
 SPLITS = ("train", "val")
 BATCH_CHARS = 1 << 20  # text per worker task; with at most 2 tasks per worker in flight, this bounds memory
-RECORD_EVERY_S = 2.0  # the longest a kill can set a prepare back (plus the batches in flight)
+RECORD_EVERY_S = 1.0  # the longest a kill can set a prepare back (plus the batches in flight)
 INLINE_BELOW = 8 << 20  # sources smaller than this (bytes) are tokenized in this process: no pool to start
 SAMPLE_BLOCKS, SAMPLE_BLOCK = 64, 64 << 10  # the sampled checksum: 64 blocks of 64 KiB spread over a shard
 

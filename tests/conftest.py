@@ -45,3 +45,14 @@ def shakespeare_path() -> Path:
     p = Path(os.environ["SMALLGPT_SHAKESPEARE"])
     assert p.is_file(), f"tiny shakespeare not found at {p}"
     return p
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    """Tiny shakespeare, char-tokenized and prepared once per test process: the tiny training runs' data
+    (read only: a test that changes prepared data prepares its own)."""
+    from data import DataConfig, prepare_data
+
+    root = tmp_path_factory.mktemp("prepared")
+    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
+    return root

@@ -19,15 +19,6 @@ from training.distributed import DistInfo
 GIB = 2**30
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    from data import DataConfig, prepare_data
-
-    root = tmp_path_factory.mktemp("prepared")
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
-    return root
-
-
 # ---------------------------------------------------------------------------------- the decision
 
 def test_divisors_are_every_micro_batch_that_keeps_the_global_batch():

@@ -13,15 +13,6 @@ from training.budget import Timing, parse_duration, plan
 from training.config import load_config
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    from data import DataConfig, prepare_data
-
-    root = tmp_path_factory.mktemp("prepared")
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
-    return root
-
-
 def test_durations_parse_and_a_bad_one_is_one_line():
     assert [parse_duration(s) for s in ("90s", "8m", "1.5h", "600", "0", "", " 2 min ")] == [90, 480, 5400, 600, 0, 0, 120]
     for bad in ("8 minutes", "-5s", "soon", "1e3"):

@@ -17,20 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from data import DataConfig, prepare_data
 from checkpoint import load_checkpoint
 from test_train import tiny_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("prepared")
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
-    return root
 
 
 def train_argv(out: Path, data_root: Path, *extra: str) -> list[str]:

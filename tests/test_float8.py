@@ -11,7 +11,7 @@ from model import GPT, GPTConfig
 from training.float8 import check_float8, convert_to_float8, float8_problem
 from errors import UserError
 
-from test_train_reliability import cli, data_root, one_line  # noqa: F401  (data_root: a fixture)
+from test_train_reliability import cli, one_line
 from test_train import tiny_argv
 
 CUDA = torch.device("cuda", 0)

@@ -26,8 +26,7 @@ from runtime.memory import training_bytes
 from training.config import load_config
 from training.sharding import checkpoint_blocks
 
-from test_multirank import (argv as multirank_argv, data_root, hellaswag_during_training_equals_the_whole,  # noqa: F401 (a fixture)
-                            losses, torchrun)
+from test_multirank import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -13,19 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from data import DataConfig, prepare_data
 from checkpoint import load_checkpoint
 from training.distributed import CONTROL_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("prepared")
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
-    return root
 
 
 def argv(out: Path, data_root: Path, *extra: str) -> list[str]:

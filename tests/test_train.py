@@ -36,13 +36,6 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="session")
-def data_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("prepared")
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
-    return root
-
-
 def tiny_argv(out_dir: Path, data_root: Path, *extra: str) -> list[str]:
     return [
         "--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out_dir}",

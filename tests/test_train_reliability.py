@@ -18,22 +18,12 @@ import torch
 
 import sample
 import train
-from data import DataConfig, prepare_data
 from errors import UserError, run_cli
-from faults import inject
-from model import GPT, GPTConfig
 from checkpoint import load_checkpoint, save_checkpoint
 from test_train import run, tiny_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("prepared")
-    prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
-    return root
 
 
 def cli(argv, capsys, main=train.main):
