@@ -327,13 +327,20 @@ def _one_line(result, *words):
         assert w in lines[0], lines[0]
 
 
-def test_a_char_level_or_non_gpt2_checkpoint_is_refused_in_one_line(tmp_path):
+def test_a_char_level_or_non_gpt2_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    import subprocess
+
+    from checkpoint.export import main as export_main
+    from errors import run_cli
+
     small = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257)
     char = _checkpoint(tmp_path / "char.pt", GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=66),
                        {"tokenizer": "char", "chars": "abc"})
-    _one_line(run_export_cli("--checkpoint", char, "--out", tmp_path / "a"), "character-level")
+    _one_line(run_export_cli("--checkpoint", char, "--out", tmp_path / "a"), "character-level")  # a real process
     cl100k = _checkpoint(tmp_path / "cl.pt", small, {"tokenizer": "cl100k_base", "chars": None})
-    _one_line(run_export_cli("--checkpoint", cl100k, "--out", tmp_path / "b"), "'cl100k_base'")
+    with pytest.raises(SystemExit) as e:  # the same CLI in this process
+        run_cli(lambda: export_main(["--checkpoint", str(cl100k), "--out", str(tmp_path / "b")]))
+    _one_line(subprocess.CompletedProcess([], e.value.code, "", capsys.readouterr().err), "'cl100k_base'")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 

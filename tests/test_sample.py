@@ -431,12 +431,18 @@ def test_a_checkpoint_whose_config_is_absurdly_large_is_refused_before_building(
     assert out == "" and time.perf_counter() - start < 10
 
 
-def test_stdin_of_dev_zero_is_refused_in_one_line_after_a_bounded_read():
-    for argv in (["-"], ["--prompt-file", "-"], ["--prompt", "-"]):
+def test_stdin_of_dev_zero_is_refused_in_one_line_after_a_bounded_read(capsys, monkeypatch):
+    import io
+
+    with open("/dev/zero", "rb") as zero:  # a real process, a real endless stdin
+        r = run_script(["--checkpoint", "/nonexistent.pt", "-"], stdin=zero)
+    assert_one_error_line(r.returncode, r.stderr, "the prompt on stdin is larger than 16 MiB")
+    assert "batch size" not in r.stderr
+    for argv in (["--prompt-file", "-"], ["--prompt", "-"]):  # the other spellings of stdin, in this process
         with open("/dev/zero", "rb") as zero:
-            r = run_script(["--checkpoint", "/nonexistent.pt", *argv], stdin=zero)
-        assert_one_error_line(r.returncode, r.stderr, "the prompt on stdin is larger than 16 MiB")
-        assert "batch size" not in r.stderr
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(zero))
+            code, _, err = run(["--checkpoint", "/nonexistent.pt", *argv], capsys)
+        assert_one_error_line(code, err, "the prompt on stdin is larger than 16 MiB")
 
 
 # ---------------------------------------------------------------------------------- samplers
