@@ -237,6 +237,21 @@ def test_absurd_model_sizes_are_refused_by_arithmetic_in_one_line(override, word
     assert time.perf_counter() - start < 5  # no model is built, not even on the meta device
 
 
+@pytest.mark.parametrize("overrides,words", [
+    # 12 x 64 x 99,999,999,999 tokens: the loop would build batches for ever (before: a hang)
+    (["--train.grad_accum_steps=99999999999"], "train.batch_size x train.grad_accum_steps x model.block_size = "
+                                               "76,799,999,999,232 tokens"),
+    (["--train.batch_size=auto", "--train.global_batch_size=99999999999"], "lower train.global_batch_size"),
+    (["--train.batch_size=20000000"], "over the 1,073,741,824 any run could use"),
+])
+def test_absurd_batches_are_refused_by_arithmetic_in_one_line(overrides, words):
+    with pytest.raises(UserError, match=re.escape(words)) as e:
+        load_config(["--config", "shakespeare_char", *overrides])
+    assert "\n" not in str(e.value)
+    # at the bound itself a config still loads: 2**30 tokens = 64-token blocks x 2**24 sequences
+    load_config(["--config", "shakespeare_char", "--train.batch_size=16", f"--train.grad_accum_steps={2**20}"])
+
+
 def test_the_parameter_count_from_the_config_bounds_the_built_models():
     import torch
 

@@ -37,6 +37,7 @@ def _device(name: str) -> str | None:
 
 PARALLEL = ("ddp", "fsdp")
 AUTO_BATCH = "auto"
+MAX_TOKENS_PER_STEP = 2**30  # tokens per optimizer step: ~300x GPT-3's 3.2M batch; past it a config is a typo
 
 
 def _batch_size(v: int | str) -> str | None:
@@ -208,6 +209,14 @@ class Config:
         """Every section's field checks, then the checks across fields. The messages name the key."""
         for s in dataclasses.fields(self):
             getattr(self, s.name).validate()
+        t = self.train
+        auto = t.batch_size == AUTO_BATCH
+        sequences = t.global_batch_size if auto else t.batch_size * t.grad_accum_steps
+        if sequences * self.model.block_size > MAX_TOKENS_PER_STEP:  # arithmetic, before anything is built
+            keys = "train.global_batch_size" if auto else "train.batch_size x train.grad_accum_steps"
+            raise UserError(f"{keys} x model.block_size = {sequences * self.model.block_size:,} tokens per optimizer "
+                            f"step, over the {MAX_TOKENS_PER_STEP:,} any run could use (GPT-3 trained on 3.2M): a step "
+                            f"would never end; lower {'train.global_batch_size' if auto else 'train.grad_accum_steps'}")
 
 
 def section_keys() -> dict[str, list[str]]:
