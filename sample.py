@@ -286,16 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     check_fits(sampling_bytes(model.config, rows=len(rows), prompt_len=max(len(ids) for _, ids in rows)), device,
                "sampling", "--num-samples (or the number of prompts)")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    compile, compile_note = decode_compile(args.compile, device, steps=args.max_new_tokens, n_layer=model.config.n_layer)
+    compiled, compile_note = decode_compile(args.compile, device, steps=args.max_new_tokens, n_layer=model.config.n_layer)
     if compile_note:
         note(compile_note)
-    ready = setup_decoding(model, device, args.dtype, compile=compile, say=note)
+    ready = setup_decoding(model, device, args.dtype, compile=compiled, say=note)
     model, decode_fn, dtype, packed = ready.model, ready.decode_fn, ready.dtype, ready.prepacked
     generator = torch.Generator(device=device).manual_seed(seed)
     if args.dtype == "auto" and device.type == "cpu":
         note(ready.note)
     note(f"{desc}, {n_params / 1e6:.2f}M params, {tok.name} tokenizer; {device}, {dtype_name(dtype)}"
-         f"{', compiled' if compile else ''}{', prepacked' if packed else ''}; seed {seed}")
+         f"{', compiled' if compiled else ''}{', prepacked' if packed else ''}; seed {seed}")
 
     decoding = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p if args.top_p < 1 else None,
                     generator=generator, eot=tok.eot, stop_at_eot=args.stop_at_eot, vocab_size=tok.vocab_size,

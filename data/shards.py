@@ -248,15 +248,19 @@ def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece
     def results() -> Iterator[tuple[Piece, tuple]]:
         """(piece, (split, ids, bytes)) in source order, tokenized by the pool (or here for small sources)."""
         batches = _batches(pieces)
+        _worker.update(tok=tok, spec=spec)  # used here, and inherited by forked workers (_init_worker)
         if workers <= 1:
             _init_worker(spec, dtype.name, val_fraction)
             for batch in batches:
                 yield from zip(batch, _encode([(p.new_doc, p.text, p.split) for p in batch]))
             return
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-        _worker.update(tok=tok, spec=spec)  # inherited by forked workers (_init_worker)
         gc.freeze()  # the parent's objects stay out of the workers' collections, so their pages stay shared
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(spec, dtype.name, val_fraction, True)) as pool:
+        try:
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(spec, dtype.name, val_fraction, True))
+        finally:
+            gc.unfreeze()  # the workers are forked: the parent (train.py's, too) collects as before
+        with pool:
             pending: deque = deque()
             for batch in batches:
                 pending.append((batch, pool.apply_async(_encode, ([(p.new_doc, p.text, p.split) for p in batch],))))

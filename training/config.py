@@ -44,6 +44,8 @@ def _batch_size(v: int | str) -> str | None:
     if v == AUTO_BATCH or (isinstance(v, int) and v >= 1):
         return None
     return f"must be >= 1, got {v}" if isinstance(v, int) else f"must be a positive integer or auto, got {v!r}"
+
+
 SEED = in_range(0, 2**63, "[0, 2**63)", "; e.g. 1337")
 
 

@@ -68,7 +68,6 @@ def convert_to_float8(model: nn.Module, recipe: str) -> int:
         return 0
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    chosen = [fqn for fqn, m in model.named_modules() if convertible(m, fqn)]
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda m, fqn: fqn in chosen)
-    return len(chosen)
+    swapped = sum(convertible(m, fqn) for fqn, m in model.named_modules())
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=convertible)
+    return swapped
