@@ -16,6 +16,8 @@ from training.batch_size import choose, divisors, largest_fitting, plan_batch
 from training.config import load_config
 from training.distributed import DistInfo
 
+from test_train import tiny_argv
+
 GIB = 2**30
 
 
@@ -166,11 +168,8 @@ def test_the_memory_check_of_an_auto_run_is_at_one_sequence(monkeypatch):
 # ------------------------------------------------------------------------------------ end to end
 
 def _argv(out, data_root, *extra):
-    return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=2",
-            "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32", "--train.max_iters=12",
-            "--train.warmup_iters=2", "--train.eval_interval=4", "--train.eval_iters=2", "--train.log_interval=1",
-            "--train.dtype=float32", "--train.device=cpu", "--model.dropout=0.1", "--train.peak_flops=1e11",
-            "--wandb.mode=disabled", *extra]
+    return tiny_argv(out, data_root, "--train.max_iters=12", "--train.warmup_iters=2", "--train.eval_interval=4",
+                     "--train.eval_iters=2", "--model.dropout=0.1", *extra)
 
 
 AUTO = ("--train.batch_size=auto", "--train.global_batch_size=16")
