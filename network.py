@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import urllib.error
-import urllib.request
 
 from errors import short_error
 
@@ -23,6 +21,9 @@ def unreachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> str:
     """"" when `url` answers an HTTP request within `timeout` seconds (any status: a 401 or a 404 still
     proves the network path), else why not, in a few words. The proxy variables apply as for urllib.
     The request runs in a thread, so a resolver or a TLS handshake that hangs is bounded too."""
+    import urllib.error  # here, not at the top: urllib.request brings http, email and ssl (~7 MB), which
+    import urllib.request  # `python -m data.prepare` and its forked workers otherwise all carry
+
     result: list[str] = []
 
     def request() -> None:

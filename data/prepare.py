@@ -10,6 +10,7 @@ from errors import ArgumentParser, run_cli
 
 from .build import prepare_data
 from .config import DataConfig
+from .shards import fixed_mmap_threshold
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(p.parse_args(argv))
     progress = not args.pop("no_progress")
     cfg = DataConfig(**{f.name: args[f.name] for f in fields(DataConfig)})
+    fixed_mmap_threshold()  # this process is the prepare's own
     print(prepare_data(cfg, progress=progress))
     return 0
 

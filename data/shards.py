@@ -1,9 +1,11 @@
 """Writing a prepared dir's token shards (format v2): tokenized by a pool of processes, written in order,
 resumable after a kill.
 
-The main process reads the source (sources.py) and hands batches of document pieces to worker processes
-that tokenize them (`_encode`); the results come back in order and are appended to each split's open
-shard. At most 2 batches per worker are in flight, so memory stays bounded whatever the corpus size.
+The main process reads the source (sources.py) and hands batches of document pieces to forked worker
+processes that tokenize them (`_encode`); when they have IN_FLIGHT_PER_WORKER batches each, it tokenizes
+the next one itself, so `num_proc` processes in all do the work. The results are appended in source order to
+each split's open shard. At most IN_FLIGHT_PER_WORKER small batches per process are in flight, so memory
+stays bounded whatever the corpus size.
 
 Each split is one token stream (documents joined by eot) cut into shards of exactly `shard_tokens`
 tokens (the last one shorter). A shard is written to `.<name>.partial`, synced, hashed and renamed to
@@ -16,8 +18,9 @@ source on from the recorded document: it ends byte-equal to an uninterrupted pre
 """
 from __future__ import annotations
 
-import hashlib
+import ctypes
 import gc
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -38,7 +41,8 @@ from .sources import Piece
 from .tokenizer import Tokenizer, get_tokenizer
 
 SPLITS = ("train", "val")
-BATCH_CHARS = 1 << 20  # text per worker task; with at most 2 tasks per worker in flight, this bounds memory
+BATCH_CHARS = 1 << 16  # text per task; with IN_FLIGHT_PER_WORKER tasks per process at most, this bounds memory
+IN_FLIGHT_PER_WORKER = 4
 RECORD_EVERY_S = 1.0  # the longest a kill can set a prepare back (plus the batches in flight)
 INLINE_BELOW = 8 << 20  # sources smaller than this (bytes) are tokenized in this process: no pool to start
 SAMPLE_BLOCKS, SAMPLE_BLOCK = 64, 64 << 10  # the sampled checksum: 64 blocks of 64 KiB spread over a shard
@@ -92,11 +96,26 @@ def _init_worker(spec: dict, dtype: str, val_fraction: float | None, in_pool: bo
     with the parent, instead of ~20 MB of GPT-2 merges built again in every worker."""
     if in_pool:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the main process stops the pool, quietly
+        fixed_mmap_threshold()
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker; and no warning about the fork
     inherited = _worker.get("tok")
     if inherited is None or _worker.get("spec") != spec:
         inherited = get_tokenizer(spec["tokenizer"], spec.get("chars"), spec.get("bpe"))
     _worker.update(tok=inherited, spec=spec, dtype=np.dtype(dtype), val_fraction=val_fraction)
+
+
+def fixed_mmap_threshold(nbytes: int = 64 << 10) -> None:
+    """Make glibc's malloc serve every block of `nbytes` or more with its own mmap, returned to the OS when
+    freed. By default glibc raises that threshold each time such a block is freed, after which the batches'
+    texts, pickles and id arrays are carved from the heap and fragment it: a prepare's main process then
+    grew ~0.2 MB/s for as long as it ran (flat with this). For a process of the prepare's own (the CLI, the
+    pool's workers), never train.py's, whose tensors want the default. Elsewhere than glibc, nothing."""
+    if sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL(None).mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _encode(items: list[tuple[bool, str, int | None]]) -> list[tuple[int | None, np.ndarray, int]]:
@@ -246,30 +265,38 @@ def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece
         atomic_write_bytes(state_path(out, build), json.dumps(state).encode())
 
     def results() -> Iterator[tuple[Piece, tuple]]:
-        """(piece, (split, ids, bytes)) in source order, tokenized by the pool (or here for small sources)."""
+        """(piece, (split, ids, bytes)) in source order. With `workers` processes, this one is one of them:
+        it reads, writes and tokenizes whatever the pool (workers - 1 forked processes) has no room for."""
         batches = _batches(pieces)
         _worker.update(tok=tok, spec=spec)  # used here, and inherited by forked workers (_init_worker)
+        _init_worker(spec, dtype.name, val_fraction)
         if workers <= 1:
-            _init_worker(spec, dtype.name, val_fraction)
             for batch in batches:
-                yield from zip(batch, _encode([(p.new_doc, p.text, p.split) for p in batch]))
+                yield from zip(batch, _encode(_items(batch)))
             return
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
         gc.freeze()  # the parent's objects stay out of the workers' collections, so their pages stay shared
         try:
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(spec, dtype.name, val_fraction, True))
+            pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=(spec, dtype.name, val_fraction, True))
         finally:
             gc.unfreeze()  # the workers are forked: the parent (train.py's, too) collects as before
         with pool:
-            pending: deque = deque()
+            pending: deque = deque()  # (batch, its pool job or its ids), in source order
+            in_pool = 0
             for batch in batches:
-                pending.append((batch, pool.apply_async(_encode, ([(p.new_doc, p.text, p.split) for p in batch],))))
-                if len(pending) >= 2 * workers:  # bounded: never more than this in flight
+                if in_pool < IN_FLIGHT_PER_WORKER * (workers - 1):
+                    pending.append((batch, pool.apply_async(_encode, (_items(batch),))))
+                    in_pool += 1
+                else:  # the pool is full: tokenize this one here instead of waiting
+                    pending.append((batch, _encode(_items(batch))))
+                while pending and (len(pending) > IN_FLIGHT_PER_WORKER * workers or _ready(pending[0][1])):
                     done, job = pending.popleft()
-                    yield from zip(done, job.get())
+                    if not isinstance(job, list):
+                        job, in_pool = job.get(), in_pool - 1
+                    yield from zip(done, job)
             while pending:
                 done, job = pending.popleft()
-                yield from zip(done, job.get())
+                yield from zip(done, job if isinstance(job, list) else job.get())
             pool.close()
             pool.join()
 
@@ -301,6 +328,14 @@ def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece
     for s in splits:
         s.close(keep_partial=True)
     return {s.name: s.state() for s in splits}
+
+
+def _items(batch: list[Piece]) -> list[tuple[bool, str, int | None]]:
+    return [(p.new_doc, p.text, p.split) for p in batch]
+
+
+def _ready(job: Any) -> bool:
+    return isinstance(job, list) or job.ready()
 
 
 def _batches(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:

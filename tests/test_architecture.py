@@ -30,6 +30,8 @@ LAZY_ON_PURPOSE |= {("model.gpt", "model.fused_ce"), ("training.builders", "trai
                     ("checkpoint.sharded", "torch.distributed.checkpoint"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.api"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.metadata")}
+# Memory: urllib.request brings http, email and ssl (~7 MB), in `python -m data.prepare` and every worker it forks.
+LAZY_ON_PURPOSE |= {(m, f"urllib.{n}") for m in ("network", "data.sources") for n in ("error", "request")}
 
 
 def project_modules() -> dict[str, Path]:
@@ -136,6 +138,16 @@ def test_function_local_imports_are_only_for_optional_heavy_dependencies():
                         offenders.append(f"{module}: {name} (line {node.lineno})")
     assert not offenders, offenders
 
+
+
+def test_the_prepare_cli_imports_no_network_stack_or_pyarrow():
+    # its processes' memory is issue 22's target: pyarrow comes only with a parquet or compressed source,
+    # urllib.request only with a download
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import data.prepare; "
+            "print([m for m in ('urllib.request', 'ssl', 'http.client', 'pyarrow', 'torch') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
 
 
 def test_starting_a_cli_imports_no_compiler_fsdp_or_dcp():

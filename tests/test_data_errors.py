@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import datasets
@@ -69,7 +70,7 @@ def test_offline_without_shakespeare_says_where_to_put_it(tmp_path, monkeypatch)
     def offline(*a, **k):
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
-    monkeypatch.setattr(data.sources.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
     msg = user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", data.sources.SHAKESPEARE_URL)
     assert str(tmp_path / "cache/smallgpt/tinyshakespeare/input.txt") in msg
     assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
@@ -80,7 +81,26 @@ def test_download_with_wrong_checksum_is_refused_and_not_cached(tmp_path, monkey
 
     monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(data.sources.urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"<html>captive portal</html>"))
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"<html>captive portal</html>"))
+    user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "sha256")
+    assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
+
+
+def test_endless_download_is_read_bounded_and_refused(tmp_path, monkeypatch):
+    class Endless:  # a server that never stops sending: read() without a bound would never return
+        def read(self, n=-1):
+            assert n > 0, "unbounded read"
+            return b"x" * n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: Endless())
     user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "sha256")
     assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
 

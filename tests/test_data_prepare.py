@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import datasets
@@ -107,7 +108,7 @@ def test_shakespeare_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, sh
         calls.append(url)
         return io.BytesIO(shakespeare_path.read_bytes())
 
-    monkeypatch.setattr(data.sources.urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
     cfg = DataConfig(tokenizer="char", root=str(tmp_path / "prepared"))
     prepare_data(cfg, progress=False)
     cached = tmp_path / "cache/smallgpt/tinyshakespeare/input.txt"
@@ -121,7 +122,7 @@ def test_shakespeare_is_downloaded_once_into_the_cache(tmp_path, monkeypatch, sh
 def test_local_path_config_field_points_at_shakespeare(tmp_path, monkeypatch, shakespeare_path):
     monkeypatch.delenv("SMALLGPT_SHAKESPEARE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr(data.sources.urllib.request, "urlopen", lambda *a, **k: pytest.fail("downloaded"))
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("downloaded"))
     out = prepare_data(DataConfig(tokenizer="char", root=str(tmp_path), local_path=str(shakespeare_path)), progress=False)
     text = shakespeare_path.read_text(encoding="utf-8")
     assert load_meta(out)["splits"]["val"]["tokens"] == len(text) - tail_cut(text, 0.1)

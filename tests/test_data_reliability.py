@@ -4,6 +4,7 @@ prepared directory or unusable data.root is one line."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -76,7 +77,7 @@ data.shards._Split.finish_shard = finish_shard
 
 
 @pytest.mark.parametrize("kill", [KILL_MID_SHARD, KILL_AFTER_A_SHARD], ids=["mid-shard", "after-a-shard"])
-def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrupted_one(tmp_path, kill):
+def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrupted_one(tmp_path, kill, monkeypatch):
     corpus = jsonl_corpus(tmp_path / "corpus")
     settings = dict(dataset=str(corpus), tokenizer="gpt2", val_fraction=0.2, shard_tokens=700, num_proc=2)
     whole = prepare_data(DataConfig(root=str(tmp_path / "whole"), **settings), progress=False)
@@ -101,9 +102,17 @@ def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrup
     import io
     from contextlib import redirect_stderr
 
+    hashed, real_digest = [], hashlib.file_digest
+
+    def file_digest(f, digest):
+        hashed.append(Path(f.name))
+        return real_digest(f, digest)
+
+    monkeypatch.setattr(hashlib, "file_digest", file_digest)
     err = io.StringIO()
     with redirect_stderr(err):
         assert prepare_data(DataConfig(root=str(root), **settings), progress=True) == out
+    assert not [p for p in hashed if p.is_relative_to(corpus)]  # the resume did not read the corpus to hash it
     assert f"{len(kept)} finished shard(s) kept" in err.getvalue()
     assert files_of(out) == files_of(whole)
     assert all((out / name).stat().st_mtime_ns == t for name, t in kept.items())  # kept, not written again

@@ -154,6 +154,20 @@ def test_a_bad_jsonl_row_is_one_line_naming_file_and_row(tmp_path, kind):
     assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
+def test_a_row_over_the_bound_is_refused_in_one_line_without_reading_it_whole(tmp_path, monkeypatch, suffix):
+    import data.sources
+
+    monkeypatch.setattr(data.sources, "ROW_MAX_BYTES", 1000)
+    raw = b"\n".join([json.dumps({"text": "short"}).encode(), json.dumps({"text": "y" * 5000}).encode()]) + b"\n"
+    path = tmp_path / f"c{suffix}"
+    write_zst(path, raw) if suffix.endswith(".zst") else path.write_bytes(raw)
+    with pytest.raises(UserError) as e:
+        prepare_data(cfg(path, tmp_path / "p"), progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and f"c{suffix}, row 2: it is over" in msg and "split that document" in msg, msg
+
+
 def test_a_bad_parquet_row_is_one_line_naming_file_and_row(tmp_path):
     pq.write_table(pa.table({"text": DOCS[:4] + [None] + DOCS[4:]}), tmp_path / "c.parquet", row_group_size=3)
     with pytest.raises(UserError, match=r"c\.parquet, row 5: it has no 'text' field"):
