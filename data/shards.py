@@ -281,22 +281,17 @@ def write_shards(out: Path, build: str, fingerprint: str, pieces: Iterator[Piece
         finally:
             gc.unfreeze()  # the workers are forked: the parent (train.py's, too) collects as before
         with pool:
-            pending: deque = deque()  # (batch, its pool job or its ids), in source order
-            in_pool = 0
+            pending: deque = deque()  # (batch, its pool job or its ids tokenized here), in source order
             for batch in batches:
+                in_pool = sum(not isinstance(job, list) for _, job in pending)
                 if in_pool < IN_FLIGHT_PER_WORKER * (workers - 1):
                     pending.append((batch, pool.apply_async(_encode, (_items(batch),))))
-                    in_pool += 1
                 else:  # the pool is full: tokenize this one here instead of waiting
                     pending.append((batch, _encode(_items(batch))))
                 while pending and (len(pending) > IN_FLIGHT_PER_WORKER * workers or _ready(pending[0][1])):
-                    done, job = pending.popleft()
-                    if not isinstance(job, list):
-                        job, in_pool = job.get(), in_pool - 1
-                    yield from zip(done, job)
+                    yield from _take(pending)
             while pending:
-                done, job = pending.popleft()
-                yield from zip(done, job if isinstance(job, list) else job.get())
+                yield from _take(pending)
             pool.close()
             pool.join()
 
@@ -336,6 +331,12 @@ def _items(batch: list[Piece]) -> list[tuple[bool, str, int | None]]:
 
 def _ready(job: Any) -> bool:
     return isinstance(job, list) or job.ready()
+
+
+def _take(pending: deque) -> Iterator[tuple[Piece, tuple]]:
+    """The oldest batch's pieces with their results, waiting for its pool job if it has one."""
+    done, job = pending.popleft()
+    return zip(done, job if isinstance(job, list) else job.get())
 
 
 def _batches(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:
