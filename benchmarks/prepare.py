@@ -143,15 +143,25 @@ def _tree_rss_mb(proc) -> float:
     return total / 2**20
 
 
-def _timed(cmd: list[str], kill_after: float | None = None) -> tuple[float, float, bool]:
+def _recorded_tokens(root: Path) -> int:
+    """Tokens a running prepare under `root` has recorded as done (its resume record; 0 before the first)."""
+    for record in root.glob("*/.prepare-*.json"):
+        try:
+            return sum(s["tokens"] for s in json.loads(record.read_bytes())["splits"].values())
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # replaced while read: the next poll reads the new one
+    return 0
+
+
+def _timed(cmd: list[str], kill_when=None) -> tuple[float, float, bool]:
     """(seconds, peak MB of the whole process tree sampled every 50 ms, killed?) of a command run in its
-    own session; with `kill_after`, SIGKILL the whole session after that many seconds."""
+    own session; SIGKILL the whole session as soon as `kill_when()` is true."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
     peak, killed = 0.0, False
     while proc.poll() is None:
         peak = max(peak, _tree_rss_mb(proc))
-        if kill_after is not None and time.perf_counter() - t0 >= kill_after:
+        if kill_when is not None and kill_when():
             os.killpg(proc.pid, signal.SIGKILL)
             killed = True
             proc.wait()
@@ -165,7 +175,10 @@ def _timed(cmd: list[str], kill_after: float | None = None) -> tuple[float, floa
 def bench_corpus(work: Path, size_mb: int, procs: int, shard_tokens: int, say) -> tuple[list[dict], dict]:
     """The corpus row: a generated jsonl folder prepared by `python -m data.prepare` and by
     benchmarks/pool_prepare.py (both with `procs` processes); MB/s and peak memory of each; then ours
-    killed (SIGKILL, whole process group) at half its uninterrupted time and run again: the resume's time."""
+    killed (SIGKILL, whole process group) once its resume record says half the tokens are done, and run
+    again: the resume's time, against the uninterrupted run's. The kill is placed by progress, not by
+    time, so that a slower stretch of a drifting machine doesn't move it; and the killed run and its
+    resume come right after the uninterrupted one, before the baseline, for the same reason."""
     corpus = work / "corpus"
     say(f"[corpus] generating {size_mb} MB of jsonl in {corpus}")
     size = make_jsonl_corpus(corpus, size_mb)
@@ -175,12 +188,13 @@ def bench_corpus(work: Path, size_mb: int, procs: int, shard_tokens: int, say) -
     ours_s, ours_mb, _ = _timed(ours_cmd(work / "ours"))
     prepared = next((work / "ours").iterdir())
     tokens = sum(json.loads((prepared / "meta.json").read_text())["splits"][s]["tokens"] for s in ("train", "val"))
+    say(f"[corpus] ours killed once it has recorded half of the {tokens:,} tokens, then run again")
+    killed_s, _, killed = _timed(ours_cmd(work / "resume"), kill_when=lambda: _recorded_tokens(work / "resume") >= tokens / 2)
+    killed_at = _recorded_tokens(work / "resume") / tokens
+    resume_s, resume_mb, _ = _timed(ours_cmd(work / "resume"))
     say(f"[corpus] baseline: benchmarks/pool_prepare.py (multiprocessing.Pool + tiktoken), {procs} processes")
     base_s, base_mb, _ = _timed([sys.executable, str(ROOT / "benchmarks" / "pool_prepare.py"), str(corpus),
                                  str(work / "base"), "--procs", str(procs), "--shard-tokens", str(shard_tokens)])
-    say(f"[corpus] ours killed at 50% ({ours_s / 2:.1f} s), then run again")
-    killed_s, _, killed = _timed(ours_cmd(work / "resume"), kill_after=ours_s / 2)
-    resume_s, resume_mb, _ = _timed(ours_cmd(work / "resume"))
     same = all((prepared / p.name).read_bytes() == p.read_bytes()
                for p in next((work / "resume").iterdir()).iterdir() if p.is_file() and not p.name.startswith("."))
     mb = size / 2**20
@@ -193,6 +207,6 @@ def bench_corpus(work: Path, size_mb: int, procs: int, shard_tokens: int, say) -
     ]
     info = {"corpus_mb": mb, "tokens": tokens, "procs": procs, "shard_tokens": shard_tokens, "ours_s": ours_s, "base_s": base_s,
             "ours_mb_s": mb / ours_s, "base_mb_s": mb / base_s, "ours_peak_rss_mb": ours_mb, "base_peak_rss_mb": base_mb,
-            "killed_at_s": killed_s, "was_killed": killed, "resume_s": resume_s,
+            "killed_at_s": killed_s, "killed_at_fraction": killed_at, "was_killed": killed, "resume_s": resume_s,
             "resume_fraction": resume_s / ours_s, "resumed_equals_uninterrupted": same}
     return rows, info

@@ -235,6 +235,8 @@ def test_corpus_row_prepares_with_ours_and_the_pool_baseline_and_resumes_byte_eq
     rows, info = bench_corpus(tmp_path, 1, 1, 20_000, lambda msg: None)  # 1 MB, one process, small shards
     assert [r["name"].split(" ")[0] for r in rows] == ["jsonl", "resume"]
     assert info["resumed_equals_uninterrupted"] and info["ours_peak_rss_mb"] > 0 and info["base_peak_rss_mb"] > 0
+    # killed by progress: once its record says half the tokens are done, and before the end
+    assert info["was_killed"] and 0.5 <= info["killed_at_fraction"] < 1
     # the baseline puts eot before every document; ours between the documents of each of its two splits
     base_tokens = sum(p.stat().st_size // 2 for p in (tmp_path / "base").iterdir())
     meta = json.loads(next((tmp_path / "ours").iterdir()).joinpath("meta.json").read_text())
