@@ -8,6 +8,7 @@ that message on one line, with no traceback, and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -23,6 +24,17 @@ def short_error(e: BaseException, limit: int = 160) -> str:
     what goes inside the parentheses of a UserError built from a library's exception."""
     msg = " ".join(str(e).split()).split(". ")[0][:limit]
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def write_fix(e: OSError, otherwise: str) -> str:
+    """The fix to name when writing failed with `e`: space for a full disk or quota, permissions for a
+    refused write, and `otherwise` (another place to write) in every case: "free some space" would be
+    wrong advice for, say, a file that another program removed."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"free some space or {otherwise}"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"fix the permissions or {otherwise}"
+    return otherwise
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -23,7 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from errors import UserError, short_error
+from errors import UserError, short_error, write_fix
+
+try:
+    import fcntl  # POSIX: DirLock's guard
+except ImportError:  # Windows
+    fcntl = None
 
 
 def temp_name(final: str | os.PathLike) -> Path:
@@ -210,9 +215,12 @@ def remove_stale_temps(directory: str | os.PathLike, name: str | None = None) ->
 
 class DirLock:
     """An exclusive lock on a directory: the file `<directory>/<name>` holds its owner's pid, host and
-    start time and is created with O_EXCL, so exactly one process gets it. A lock whose owner is gone
-    (same host, no such process, or the pid now belongs to a later process) is taken over. A lock held
-    by a live process, or by one on another host (which can't be checked from here), is `holder()`."""
+    start time. Taking it is one critical section under a kernel lock (flock) on the directory itself:
+    read the file; if its owner is alive, that is the holder; else (no file, or its owner is gone: same
+    host, no such process, or the pid now belongs to a later process) write ours, whole, by an atomic
+    rename. So two processes never both take it, a reader never sees a half-written file, and a stale
+    lock is taken over by exactly one process. A lock held by a live process, or by one on another host
+    (which can't be checked from here), is `holder()`."""
 
     def __init__(self, directory: str | os.PathLike, name: str = ".lock"):
         self.path = Path(directory) / name
@@ -224,7 +232,9 @@ class DirLock:
             info = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):  # torn by a crash while being written: nobody holds it
+        except (OSError, ValueError):  # not a lock file this code wrote (it writes them whole): nobody holds it
+            return None
+        if not isinstance(info, dict):
             return None
         if info.get("host") == socket.gethostname() and not pid_alive(int(info.get("pid", -1)), info.get("started")):
             return None
@@ -234,30 +244,44 @@ class DirLock:
         """Take the lock: None on success, else the live holder's info."""
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
               "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        for _ in range(2):
+        with _flocked(self.path.parent):
+            holder = self.holder()
+            if holder is not None:
+                return holder
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                holder = self.holder()
-                if holder is not None:
-                    return holder
-                self.path.unlink(missing_ok=True)  # stale: its owner is gone; try once more
-                continue
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(me, f)
-            except OSError as e:  # a full disk: no empty lock file left behind, one line
-                self.path.unlink(missing_ok=True)
-                raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); free some space "
-                                f"in {self.path.parent}, then rerun") from None
-            self.held = True
-            return None
-        return self.holder() or {"pid": "?", "host": "?"}
+                atomic_write_bytes(self.path, json.dumps(me).encode())  # replaces a stale lock, whole
+            except OSError as e:  # a full disk: one line, no lock file of ours left behind
+                raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); "
+                                f"{write_fix(e, 'choose another directory than ' + str(self.path.parent))}, then rerun") from None
+        self.held = True
+        return None
 
     def release(self) -> None:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
+
+
+@contextmanager
+def _flocked(directory: Path) -> Iterator[None]:
+    """An exclusive flock on `directory` for the block: what makes DirLock's check-then-write one step
+    between processes. Released by the kernel if this process dies, so it is never stale. Where flock
+    is unavailable (no fcntl, or a filesystem that refuses it on a directory), the block runs unguarded."""
+    try:
+        fd = os.open(directory, os.O_RDONLY) if fcntl is not None else None
+    except OSError:
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int) -> bytes:

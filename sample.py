@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 from data import tokenizer_from_meta
 from checkpoint import CKPT_NAME, SHARDED_CKPT_NAME, load_model as load_any_model
-from errors import ArgumentParser, UserError, run_cli, short_error
+from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
 from fileio import atomic_write_bytes, read_user_file
 from model.generate import generate, generate_stream
 from runtime.device import resolve_device
@@ -360,7 +360,7 @@ def write_out_file(name: str, text: str) -> None:
     try:
         atomic_write_bytes(Path(name).expanduser(), text.encode("utf-8", "replace"))
     except OSError as e:
-        raise UserError(f"cannot write --out {name} ({short_error(e)}); free some space or choose another --out") from None
+        raise UserError(f"cannot write --out {name} ({short_error(e)}); {write_fix(e, 'choose another --out')}") from None
 
 
 def _silence_stdout() -> None:

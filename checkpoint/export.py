@@ -26,7 +26,7 @@ from pathlib import Path
 
 import tiktoken.load
 
-from errors import ArgumentParser, UserError, run_cli, short_error
+from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
 from fileio import atomic_write_bytes, fsync_dir, remove_stale_temps, temp_dir
 
 from model.gpt import GPT
@@ -141,7 +141,7 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
     except OSError as e:
-        raise UserError(f"cannot write the export to {out} ({short_error(e)}); free some space or choose another --out; "
+        raise UserError(f"cannot write the export to {out} ({short_error(e)}); {write_fix(e, 'choose another --out')}; "
                         "nothing was left behind") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after the rename

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from errors import UserError, short_error
+from errors import UserError, short_error, write_fix
 from fileio import (DirLock, atomic_write_bytes, check_writable_dir, fsync_dir, pid_alive, process_start_time,
                     remove_stale_temps)
 
@@ -516,8 +516,8 @@ def _build(out: Path, cfg: DataConfig, source: Source, val_source: Source | None
         _write_build(out, build, cfg, source, val_source, fingerprint, files, progress)
     except OSError as e:  # a full disk, a read-only filesystem, ...: the old data (if any) is as it was
         _remove_build(out, build)
-        raise UserError(f"cannot write prepared data in {out} ({short_error(e)}); free some space or set data.root "
-                        "to another disk (the previous data, if any, is kept)") from None
+        raise UserError(f"cannot write prepared data in {out} ({short_error(e)}); "
+                        f"{write_fix(e, 'set data.root to another disk')} (the previous data, if any, is kept)") from None
     except UserError:
         _remove_build(out, build)  # bad input: the files of this build are of no use for a resume
         raise

@@ -168,6 +168,37 @@ def test_a_second_prepare_of_the_same_directory_waits_for_the_first(source, tmp_
     assert load_meta(out)["splits"]["train"]["tokens"] > 0
 
 
+def test_processes_racing_for_a_lock_never_hold_it_together(tmp_path):
+    """Two trainers started at once on a missing prepared dir both built it, into the same files: one took
+    the lock file the other had just created but not yet written, read it as torn, hence stale, and
+    took it over. Four processes racing for one lock: whoever holds it creates a marker with O_EXCL,
+    which fails if another holder's marker is there."""
+    child = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from fileio import DirLock
+        d = {str(tmp_path)!r}
+        lock, taken, end = DirLock(d, ".race.lock"), 0, time.time() + 1.0
+        while time.time() < end:
+            if lock.try_acquire() is not None:
+                continue
+            try:
+                fd = os.open(os.path.join(d, "held"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                print("overlap", flush=True)
+                raise SystemExit(1)
+            os.close(fd)
+            taken += 1
+            os.unlink(os.path.join(d, "held"))
+            lock.release()
+        print(taken)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert all(o.isdigit() for o in outs), outs  # no process ever found another holder's marker
+    assert sum(map(int, outs)) > 20 and not (tmp_path / ".race.lock").exists()
+
+
 def test_a_lock_left_by_a_dead_process_does_not_block(source, tmp_path):
     root = tmp_path / "prepared"
     out = prepare_data(cfg(source, root), progress=False)
@@ -293,17 +324,22 @@ def test_a_data_root_that_is_a_file_or_unwritable_is_one_line_before_any_work(so
         prepare_data(cfg(source, tmp_path / "ro"), progress=False)
 
 
-def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_old_data(prepared, source, tmp_path, monkeypatch):
+@pytest.mark.parametrize("code, advice", [(errno.ENOSPC, "free some space or set data.root"),
+                                          (errno.ENOENT, "; set data.root to another disk")])
+def test_a_failed_write_during_prepare_is_one_line_and_keeps_the_old_data(prepared, source, tmp_path, monkeypatch,
+                                                                          code, advice):
+    """A full disk, and a write error that is not about space (advised "free some space" before)."""
     before = {p.name: p.read_bytes() for p in prepared.iterdir()}
     source.write_text(source.read_text() + "more\n", encoding="utf-8")  # a change: prepare rebuilds
 
-    def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def failed(*a, **k):
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(data.shards._Split, "finish_shard", full)
-    with pytest.raises(UserError, match=r"cannot write prepared data in .*No space left on device.*previous data") as e:
+    monkeypatch.setattr(data.shards._Split, "finish_shard", failed)
+    with pytest.raises(UserError, match=r"cannot write prepared data in .*" + os.strerror(code) + ".*previous data") as e:
         prepare_data(cfg(source, tmp_path / "prepared"), progress=False)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and advice in str(e.value)
+    assert (code == errno.ENOSPC) == ("space" in str(e.value))
     assert {p.name: p.read_bytes() for p in prepared.iterdir()} == before  # and nothing of the failed build left
     assert temps(prepared) == []
 
