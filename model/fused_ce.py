@@ -3,9 +3,9 @@
 With a 50k vocabulary the plain `F.cross_entropy(x @ W.T, targets)` writes a (B*T, V) logits tensor,
 reads it again for log_softmax, writes its gradient, and so on: at B*T=768 that is 154 MB per pass in
 fp32, and that memory traffic (and allocating it afresh every step) can cost more than the matmuls.
-Here each chunk of rows goes logits -> exp(z - max) -> the two gradient matmuls in one reused buffer,
-with as few passes over it as the math allows (the softmax's division is applied to the small (n, C)
-operands instead), and only the (N, C) and (V, C) gradients are kept. The gradients are computed in
+Here each chunk of rows goes logits -> exp(z) (shifted by the max only where needed) -> the two
+gradient matmuls in one reused buffer, with as few passes over it as the math allows (the softmax's
+division is applied to the small (n, C) operands instead), and only the (N, C) and (V, C) gradients are kept. The gradients are computed in
 the forward pass (the backward only scales them by the incoming gradient), so nothing of size (N, V)
 outlives a chunk.
 """
@@ -43,15 +43,31 @@ def _softcap_(z, softcap, tanh_flat):
     return th
 
 
-def _exp_shifted_(z, t):
-    """z (V, n) <- exp(z - max) in place, the softmax's numerators; returns the per-column loss
-    logsumexp(z) - z[target] (n,) and the numerators' sums (1, n). Each op runs over the whole chunk; the
-    division by the sums is left to the (n, C) operands of the matmuls that follow (cheap), and the loss
-    never takes the log of a probability that could underflow."""
-    zmax = z.amax(dim=0, keepdim=True)  # (1, n)
+# Sums of exp(z) over a column that show no exp overflowed or lost the terms that matter: an overflow makes
+# the sum inf; a sum >= 1e-20 has a largest term >= 1e-20 / V, a normal float for any vocabulary (so the
+# terms that matter keep full precision), and the terms under fp32's normal range add < V * 1.2e-38 to it.
+SAFE_SUMS = (1e-20, 1e30)
+
+
+def _exp_shifted_(z, t, again):
+    """z (V, n) <- the softmax's numerators exp(z - shift) in place; returns the per-column loss
+    logsumexp(z) - z[target] (n,), the numerators' sums (1, n) and z (the same buffer). The division by the
+    sums is left to the (n, C) operands of the matmuls that follow (cheap), and the loss never takes the
+    log of a probability that could underflow.
+
+    The shift is 0 when that is safe, the column's max otherwise. exp(z) is tried first: the max and the
+    subtraction are two of the few passes over the (V, n) logits, which don't fit in any cache (77 MB at
+    384 x 50257), and logits are rarely large. When a column's sum shows it was not safe (SAFE_SUMS),
+    `again()` computes z again into the same buffer, and it is shifted by its max. The check reads n
+    numbers on the host: a sync per chunk, a few per step."""
     target_z = z.gather(0, t)  # (1, n)
-    total = z.sub_(zmax).exp_().sum(dim=0, keepdim=True)  # (1, n)
-    return (zmax + total.log() - target_z).squeeze(0), total
+    total = z.exp_().sum(dim=0, keepdim=True)  # (1, n)
+    if bool(((total >= SAFE_SUMS[0]) & (total <= SAFE_SUMS[1])).all()):
+        return (total.log() - target_z).squeeze(0), total, z
+    z = again()
+    zmax = z.amax(dim=0, keepdim=True)  # (1, n)
+    total = z.sub_(zmax).exp_().sum(dim=0, keepdim=True)
+    return (zmax + total.log() - target_z).squeeze(0), total, z
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -71,9 +87,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, N, chunk_rows):
             rows = slice(start, min(start + chunk_rows, N))
             t = safe_targets[:, rows]  # (1, n)
-            z = _chunk_logits_t(xc[rows], wc, flat)  # (V, n); everything below is in place
-            th = _softcap_(z, softcap, tanh_flat) if softcap else None
-            losses[rows], total = _exp_shifted_(z, t)
+            def logits(rows=rows):  # (V, n) in flat, capped; everything below is in place
+                z = _chunk_logits_t(xc[rows], wc, flat)
+                return z, (_softcap_(z, softcap, tanh_flat) if softcap else None)
+
+            z, th = logits()
+            losses[rows], total, z = _exp_shifted_(z, t, again=lambda: logits()[0])
             # d loss / d logits = softmax - onehot(target) = (e - total * onehot) / total on kept rows, 0 on
             # ignored ones; the 1/n_keep comes in backward, in fp32 (in fp16 it would underflow).
             e = z.scatter_add_(0, t, -total)
@@ -114,10 +133,13 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap):
     flat = torch.empty(min(chunk_rows, x.shape[0]) * weight.shape[0], dtype=acc, device=x.device)
     for start in range(0, x.shape[0], chunk_rows):
         rows = slice(start, min(start + chunk_rows, x.shape[0]))
-        z = _chunk_logits_t(xc[rows], wc, flat)
-        if softcap:  # no derivative here, so no tanh to keep: in place, without _softcap_'s second buffer
-            z.div_(softcap).tanh_().mul_(softcap)
-        per_row, _ = _exp_shifted_(z, targets[rows].clamp(min=0).unsqueeze(0))
+        def logits(rows=rows):
+            z = _chunk_logits_t(xc[rows], wc, flat)
+            if softcap:  # no derivative here, so no tanh to keep: in place, without _softcap_'s second buffer
+                z.div_(softcap).tanh_().mul_(softcap)
+            return z
+
+        per_row, _, _ = _exp_shifted_(logits(), targets[rows].clamp(min=0).unsqueeze(0), again=logits)
         total += (per_row * keep[rows]).sum()
     return total / keep.sum().clamp(min=1)
 

@@ -295,6 +295,32 @@ def test_fused_loss_stays_finite_and_exact_when_the_target_probability_underflow
 
 
 
+def test_fused_loss_gradients_are_exact_whether_or_not_a_chunk_needs_the_max_shift(monkeypatch):
+    # exp(z) is tried without subtracting the max; a chunk whose logits are too large for that (here the
+    # second: logits in the hundreds, exp overflows fp32) is computed again and shifted. Both chunks'
+    # loss and gradients must match cross_entropy in fp64.
+    import model.fused_ce as fused_ce
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 16)
+    x[16:] *= 40
+    w = torch.randn(300, 16)
+    targets = torch.randint(0, 300, (32,))
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    expected = F.cross_entropy(xd @ wd.t(), targets)
+    ex, ew = torch.autograd.grad(expected, (xd, wd))
+    calls = []
+    real = fused_ce._chunk_logits_t
+    monkeypatch.setattr(fused_ce, "_chunk_logits_t", lambda *a: calls.append(1) or real(*a))
+    x.requires_grad_(), w.requires_grad_()
+    got = fused_ce.linear_cross_entropy(x, w, targets, chunk_rows=16)
+    gx, gw = torch.autograd.grad(got, (x, w))
+    assert len(calls) == 3  # two chunks, the second one twice
+    assert abs(got.item() - expected.item()) < 1e-5 * expected.item()
+    torch.testing.assert_close(gx.double(), ex, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gw.double(), ew, rtol=1e-4, atol=1e-6)
+
+
 def test_a_second_backward_through_the_fused_loss_fails_loudly_rather_than_scaling_twice():
     # backward scales the gradients it saved in place (no fresh (V, C) tensor a step); a retained graph
     # must not hand out those gradients again, scaled a second time
