@@ -42,7 +42,8 @@ def muon_vs_adamw(device: torch.device, *, warmup: int, iters: int, rounds: int,
         model.load_state_dict(weights)
         model.to(device).train()
         opts = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                               device_type=device.type, kind=kind, muon_lr=t.muon_lr, muon_momentum=t.muon_momentum)
+                               device_type=device.type, kind=kind, muon_lr=t.muon_lr, muon_momentum=t.muon_momentum,
+                               muon_ns_steps=t.muon_ns_steps)
         return model, opts
 
     probe_model, _ = build("adamw")

@@ -87,6 +87,8 @@ def test_int_accepts_integral_scientific_notation():
     (["--train.resume=always"], r"train.resume must be one of auto, never"),
     (["--train.device=tpu"], r"train.device must be auto, cpu, cuda, cuda:N or mps"),
     (["--train.beta2=1.0"], r"train.beta2 must be in \[0, 1\)"),
+    (["--train.muon_ns_steps=0"], r"train.muon_ns_steps must be in \[1, 20\], got 0"),
+    (["--train.muon_ns_steps=1000000"], r"train.muon_ns_steps must be in \[1, 20\]"),
     (["--model.n_embd=100", "--model.n_head=3"], r"model.n_embd \(100\) must be divisible by model.n_head \(3\)"),
     (["--model.dropout=1"], r"model.dropout must be in \[0, 1\)"),
     (["--model.attn_backend=flash"], r"model.attn_backend must be one of sdpa, manual"),

@@ -99,6 +99,32 @@ def _steps(model, optimizers, batches):
     return [train_step(model, optimizers, scaler, [b], amp=amp, grad_clip=1.0).loss.item() for b in batches]
 
 
+def test_muon_ns_steps_reaches_the_newton_schulz_iteration():
+    """train.muon_ns_steps sets how many iterations each Muon step runs: the update equals the textbook
+    quintic iteration written here, run that many times on the Nesterov momentum."""
+    from training.config import load_config
+    from training.builders import build_optimizers
+
+    cfg = load_config(["--config", "shakespeare_char_modern", "--train.muon_ns_steps=2", "--train.weight_decay=0"])
+    model = _modern_model()
+    opts = build_optimizers(model, cfg.train, torch.device("cpu"))
+    p = model.transformer.h[0].attn.c_proj.weight
+    before = p.detach().clone()
+    p.grad = torch.randn_like(p)
+    for other in model.parameters():
+        if other is not p:
+            other.grad = None
+    opts[0].step()
+    a, b, c = 3.4445, -4.7750, 2.0315
+    g = p.grad.double() * (1 - 0.85) + 0.85 * (p.grad.double() * (1 - 0.85))  # nesterov on a fresh buffer
+    X = g / g.norm()
+    for _ in range(2):
+        A = X @ X.T
+        X = a * X + (b * A + c * A @ A) @ X
+    expected = before.double() - cfg.train.muon_lr * X
+    torch.testing.assert_close(p.detach().double(), expected, rtol=0, atol=1e-5)
+
+
 def test_muon_state_round_trips_bitwise_through_a_weights_only_checkpoint():
     """Save after 3 steps, load into a fresh model and optimizers, run 3 more: bit for bit the run that
     was never interrupted."""

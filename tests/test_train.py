@@ -412,6 +412,17 @@ def _history_steps(run_file: Path) -> list[int]:
     return steps
 
 
+def _steps_per_file_once_written(folders: list[str], run_id: str, last: int) -> list[list[int]]:
+    """The logged steps of each run file, read once the last file holds step `last`: wandb-core finishes
+    writing a file a moment after run.finish() returns (up to 60 s on a loaded machine)."""
+    deadline = time.time() + 60
+    while True:
+        steps = [_history_steps(Path(f) / f"run-{run_id}.wandb") for f in folders]
+        if steps[-1][-1:] == [last] or time.time() > deadline:
+            return steps
+        time.sleep(0.2)
+
+
 def test_a_resumed_offline_run_logs_each_step_once_and_says_how_to_sync_it(tmp_path, data_root, capsys):
     """The process dies after logging steps 4-5 but before checkpointing them; the resumed run redoes 4
     and 5 and must not log them to wandb a second time, nor drop any."""
@@ -430,7 +441,7 @@ def test_a_resumed_offline_run_logs_each_step_once_and_says_how_to_sync_it(tmp_p
     run_id = res["wandb_run_id"]
     folders = sorted(glob.glob(str(out / "wandb" / f"offline-run-*-{run_id}*")))  # start order: time-stamped
     assert len(folders) == 2
-    first, second = (_history_steps(Path(f) / f"run-{run_id}.wandb") for f in folders)
+    first, second = _steps_per_file_once_written(folders, run_id, 8)
     assert first == [1, 2, 3, 4, 5] and second == [6, 7, 8]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in records] == list(range(1, 9))  # replayed steps once, the resumed values
@@ -482,12 +493,7 @@ def test_after_kill_9_every_logged_step_reaches_wandb_exactly_once(tmp_path, dat
     run_id = res["wandb_run_id"]
     folders = sorted(glob.glob(str(out / "wandb" / f"offline-run-*-{run_id}*")))
     assert len(folders) == 2
-    deadline = time.time() + 60  # wandb-core finishes writing the file a moment after run.finish() returns
-    while True:
-        steps = [s for f in folders for s in _history_steps(Path(f) / f"run-{run_id}.wandb")]
-        if steps[-1:] == [10] or time.time() > deadline:
-            break
-        time.sleep(0.2)
+    steps = [s for per_file in _steps_per_file_once_written(folders, run_id, 10) for s in per_file]
     assert steps == list(range(1, 11)), steps
 
 

@@ -139,7 +139,8 @@ class Muon(torch.optim.Optimizer):
 
 def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
                     device_type: str, kind: str = "adamw", muon_lr: float = 0.02,
-                    muon_momentum: float = 0.95, ns_dtype: torch.dtype | None = None) -> list[torch.optim.Optimizer]:
+                    muon_momentum: float = 0.95, muon_ns_steps: int = 5,
+                    ns_dtype: torch.dtype | None = None) -> list[torch.optim.Optimizer]:
     """The optimizers of a training run. Each param group records its peak learning rate as
     "initial_lr"; the schedule scales every group by the same factor (training/schedule.py). Muon's
     Newton-Schulz dtype: `ns_dtype`, by default the device's fastest native one (bf16 on CUDA and on
@@ -150,6 +151,7 @@ def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: 
         params = dict(model.named_parameters())
         hidden, rest = split_for_muon(model)
         muon = Muon([params[n] for n in hidden], lr=muon_lr, momentum=muon_momentum, weight_decay=weight_decay,
+                    ns_steps=muon_ns_steps,
                     ns_dtype=ns_dtype or fastest_native_dtype(torch.device(device_type)))
         others = [params[n] for n in rest]
         fused = device_type in ("cuda", "cpu")
