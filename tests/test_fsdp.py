@@ -26,7 +26,7 @@ from runtime.memory import training_bytes
 from training.config import load_config
 from training.sharding import checkpoint_blocks
 
-from test_multirank import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, torchrun
+from test_multirank import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, torchrun, two_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def max_dw(a: dict, b: dict) -> float:
 def fsdp_run(tmp_path_factory, data_root) -> Path:
     """An uninterrupted 2-rank FSDP run: the trajectory the resumed runs must continue."""
     out = tmp_path_factory.mktemp("fsdp") / "out"
-    r = torchrun(argv(out, data_root))
+    r = two_ranks(argv(out, data_root))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fsdp: 2 ranks, " in r.stdout and " parameters on this rank, " in r.stdout
     return out
@@ -77,7 +77,7 @@ def test_fsdp_trains_the_same_losses_and_weights_as_ddp(tmp_path, data_root, fsd
     """From the same init on the same batches, AdamW, gradients clipped over the shards on every step.
     Not bitwise: the ranks' gradients are summed by a reduce-scatter instead of an all-reduce (max|dw|
     measured 1.5e-7)."""
-    r = torchrun(argv(tmp_path / "ddp", data_root, "--train.parallel=ddp"))
+    r = two_ranks(argv(tmp_path / "ddp", data_root, "--train.parallel=ddp"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "ddp" / "ckpt.pt").is_file() and (fsdp_run / "ckpt.dcp").is_dir()
     a, b = losses(tmp_path / "ddp"), losses(fsdp_run)
@@ -94,9 +94,9 @@ def test_muon_on_sharded_matrices_steps_as_on_whole_ones_with_activation_checkpo
     gradients in another order than the all-reduce, and Newton-Schulz in fp32 carries the last-bit
     difference, measured ~7e-8, through)."""
     extra = ("--train.optimizer=muon", "--train.max_iters=4")
-    r = torchrun(argv(tmp_path / "ddp", data_root, *extra, "--train.parallel=ddp"))
+    r = two_ranks(argv(tmp_path / "ddp", data_root, *extra, "--train.parallel=ddp"))
     assert r.returncode == 0, r.stderr[-3000:]
-    r = torchrun(argv(tmp_path / "fsdp", data_root, *extra, "--train.activation_checkpointing=true"))
+    r = two_ranks(argv(tmp_path / "fsdp", data_root, *extra, "--train.activation_checkpointing=true"))
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
     assert a.keys() == b.keys() == set(range(1, 5)) and all(abs(a[k] - b[k]) <= TOL for k in a), (a, b)
@@ -156,7 +156,7 @@ def test_a_one_rank_checkpoint_resumed_on_two_ranks_continues_the_trajectory(tmp
     out = tmp_path / "out"
     one_process(argv(out, data_root), interrupt_after=4)
     assert load_checkpoint(out)["train"]["iter"] == 4
-    r = torchrun(argv(out, data_root))
+    r = two_ranks(argv(out, data_root))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming" in r.stdout and "1 rank(s), this run has 2" in r.stdout  # the RNG note
     assert max_dw(weights(out), weights(tmp_path / "whole")) <= TOL
@@ -194,7 +194,7 @@ def test_a_kill_mid_save_keeps_the_previous_checkpoint(tmp_path, data_root, fsdp
     assert load_checkpoint(out)["train"]["iter"] == 2
     temps = [p for p in out.iterdir() if p.name.startswith(".ckpt.dcp.") and p.name.endswith(".tmp")]
     assert len(temps) == 1 and (temps[0] / ".metadata").is_file()  # the new one, complete but never published
-    r = torchrun(argv(out, data_root, "--train.checkpoint_interval=2"))
+    r = two_ranks(argv(out, data_root, "--train.checkpoint_interval=2"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "removed 1 leftover temp file" in r.stdout and "resuming" in r.stdout
     assert not any(p.name.endswith(".tmp") for p in out.iterdir())
