@@ -30,9 +30,9 @@ def write_fix(e: OSError, otherwise: str) -> str:
     """The fix to name when writing failed with `e`: space for a full disk or quota, permissions for a
     refused write, and `otherwise` (another place to write) in every case: "free some space" would be
     wrong advice for, say, a file that another program removed."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"free some space or {otherwise}"
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if e.errno in (errno.EACCES, errno.EPERM):
         return f"fix the permissions or {otherwise}"
     return otherwise
 

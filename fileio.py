@@ -215,27 +215,38 @@ def remove_stale_temps(directory: str | os.PathLike, name: str | None = None) ->
 
 class DirLock:
     """An exclusive lock on a directory: the file `<directory>/<name>` holds its owner's pid, host and
-    start time. Taking it is one critical section under a kernel lock (flock) on the directory itself:
-    read the file; if its owner is alive, that is the holder; else (no file, or its owner is gone: same
-    host, no such process, or the pid now belongs to a later process) write ours, whole, by an atomic
-    rename. So two processes never both take it, a reader never sees a half-written file, and a stale
-    lock is taken over by exactly one process. A lock held by a live process, or by one on another host
-    (which can't be checked from here), is `holder()`."""
+    start time. It is written whole to a temp file, then hard-linked to its name: the link fails when the
+    name exists, so exactly one process creates it, and no reader ever sees it half-written. A lock
+    whose owner is gone (same host, no such process, or the pid now belongs to a later process) is taken
+    over by replacing it, under a kernel lock (flock) on the directory so that two processes taking over
+    the same stale lock don't both get it (where flock is unavailable, e.g. NFS or Windows, that one case
+    is unguarded). A lock held by a live process, or by one on another host (which can't be checked from
+    here), is `holder()`. Where the filesystem has no hard links, the file is created with O_EXCL and
+    written after, and an unreadable lock younger than TORN_GRACE_S counts as held (its writer may be
+    between the two)."""
+
+    TORN_GRACE_S = 10.0
 
     def __init__(self, directory: str | os.PathLike, name: str = ".lock"):
         self.path = Path(directory) / name
         self.held = False
+        self._me: dict = {}
 
     def holder(self) -> dict | None:
         """Who holds the lock ({"pid", "host", "started", "since"}), or None when it is free or stale."""
         try:
-            info = json.loads(self.path.read_text())
+            raw = self.path.read_bytes()
+            age = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):  # not a lock file this code wrote (it writes them whole): nobody holds it
+        except OSError:
             return None
-        if not isinstance(info, dict):
-            return None
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            info = None
+        if not isinstance(info, dict):  # torn: being written (no hard links), or left by a crash long ago
+            return {"pid": "?", "host": "?", "since": "a moment ago"} if age < self.TORN_GRACE_S else None
         if info.get("host") == socket.gethostname() and not pid_alive(int(info.get("pid", -1)), info.get("started")):
             return None
         return info
@@ -244,29 +255,51 @@ class DirLock:
         """Take the lock: None on success, else the live holder's info."""
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
               "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        with _flocked(self.path.parent):
-            holder = self.holder()
-            if holder is not None:
-                return holder
+        data = json.dumps(me).encode()
+        tmp = temp_name(self.path)
+        try:
+            write_synced(tmp, data)
             try:
-                atomic_write_bytes(self.path, json.dumps(me).encode())  # replaces a stale lock, whole
-            except OSError as e:  # a full disk: one line, no lock file of ours left behind
-                raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); "
-                                f"{write_fix(e, 'choose another directory than ' + str(self.path.parent))}, then rerun") from None
-        self.held = True
+                os.link(tmp, self.path)
+            except FileExistsError:
+                with _flocked(self.path.parent):
+                    holder = self.holder()
+                    if holder is not None:
+                        return holder
+                    os.replace(tmp, self.path)  # a stale lock, replaced whole
+            except OSError:  # no hard links here: create exclusively, then write
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            fsync_dir(self.path.parent)
+        except FileExistsError:  # the O_EXCL path, taken by another process first
+            return self.holder() or {"pid": "?", "host": "?"}
+        except OSError as e:  # a full disk: one line, no lock file of ours left behind
+            raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); "
+                            f"{write_fix(e, 'choose another directory than ' + str(self.path.parent))}, then rerun") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.held, self._me = True, me
         return None
 
     def release(self) -> None:
+        """Remove the lock file, if it is still ours (never another process's that took over meanwhile)."""
         if self.held:
-            self.path.unlink(missing_ok=True)
+            try:
+                info = json.loads(self.path.read_bytes())
+            except (OSError, ValueError):
+                info = None
+            if isinstance(info, dict) and (info.get("pid"), info.get("started")) == (self._me["pid"], self._me["started"]):
+                self.path.unlink(missing_ok=True)
             self.held = False
 
 
 @contextmanager
-def _flocked(directory: Path) -> Iterator[None]:
-    """An exclusive flock on `directory` for the block: what makes DirLock's check-then-write one step
-    between processes. Released by the kernel if this process dies, so it is never stale. Where flock
-    is unavailable (no fcntl, or a filesystem that refuses it on a directory), the block runs unguarded."""
+def _flocked(directory: Path, wait_s: float = 5.0) -> Iterator[None]:
+    """An exclusive flock on `directory` for the block, waited for at most `wait_s` (then the block runs
+    unguarded rather than hang on whatever else holds it): what makes DirLock's take-over of a stale lock
+    one step between processes. Released by the kernel if this process dies, so it is never stale. Where
+    flock is unavailable (no fcntl, or a filesystem that refuses it on a directory), the block runs unguarded."""
     try:
         fd = os.open(directory, os.O_RDONLY) if fcntl is not None else None
     except OSError:
@@ -275,10 +308,17 @@ def _flocked(directory: Path) -> Iterator[None]:
         yield
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            except OSError:
+                break
         yield
     finally:
         os.close(fd)  # releases the flock

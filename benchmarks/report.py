@@ -122,9 +122,10 @@ def print_report(report: dict, print=print) -> None:
     if c:
         print(f"\ncorpus {c['corpus_mb']:.0f} MB of jsonl ({c['tokens']:,} tokens), {c['procs']} processes and {c['shard_tokens']:,}-token shards each: ours "
               f"{c['ours_mb_s']:.1f} MB/s at {c['ours_peak_rss_mb']:.0f} MB peak memory (PSS, all processes), Pool+tiktoken "
-              f"{c['base_mb_s']:.1f} MB/s at {c['base_peak_rss_mb']:.0f} MB; killed at {c['killed_at_s']:.1f} s with "
-              f"{c['killed_at_fraction']:.0%} of the tokens recorded, the "
-              f"resume took {c['resume_s']:.1f} s = {c['resume_fraction']:.0%} of an uninterrupted run "
+              f"{c['base_mb_s']:.1f} MB/s at {c['base_peak_rss_mb']:.0f} MB; "
+              + (f"killed at {c['killed_at_s']:.1f} s with {c['killed_at_fraction']:.0%} of the tokens recorded, the "
+                 if c["was_killed"] else "NOT killed (it finished first), the ")
+              + f"resume took {c['resume_s']:.1f} s = {c['resume_fraction']:.0%} of an uninterrupted run "
               f"(result {'byte-equal' if c['resumed_equals_uninterrupted'] else 'DIFFERENT'})")
     rss = report.get("prepare_rss")
     if rss:

@@ -5,9 +5,9 @@ reads it again for log_softmax, writes its gradient, and so on: at B*T=768 that 
 fp32, and that memory traffic (and allocating it afresh every step) can cost more than the matmuls.
 Here each chunk of rows goes logits -> exp(z) (shifted by the max only where needed) -> the two
 gradient matmuls in one reused buffer, with as few passes over it as the math allows (the softmax's
-division is applied to the small (n, C) operands instead), and only the (N, C) and (V, C) gradients are kept. The gradients are computed in
-the forward pass (the backward only scales them by the incoming gradient), so nothing of size (N, V)
-outlives a chunk.
+division is applied to the small (n, C) operands instead), and only the (N, C) and (V, C) gradients
+are kept. The gradients are computed in the forward pass (the backward only scales them by the
+incoming gradient), so nothing of size (N, V) outlives a chunk.
 """
 from __future__ import annotations
 

@@ -178,7 +178,7 @@ def test_processes_racing_for_a_lock_never_hold_it_together(tmp_path):
         sys.path.insert(0, {str(ROOT)!r})
         from fileio import DirLock
         d = {str(tmp_path)!r}
-        lock, taken, end = DirLock(d, ".race.lock"), 0, time.time() + 1.0
+        lock, taken, end = DirLock(d, ".race.lock"), 0, time.time() + 0.5
         while time.time() < end:
             if lock.try_acquire() is not None:
                 continue

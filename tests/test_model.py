@@ -321,6 +321,28 @@ def test_fused_loss_gradients_are_exact_whether_or_not_a_chunk_needs_the_max_shi
     torch.testing.assert_close(gw.double(), ew, rtol=1e-4, atol=1e-6)
 
 
+def test_fused_loss_is_exact_when_every_logit_is_far_below_zero():
+    # Logits around -100: exp(z) underflows fp32 for every entry, so the unshifted try must see it (its
+    # sums are ~0) and shift by the max; else the loss is -inf and the gradients NaN.
+    from model.fused_ce import linear_cross_entropy
+
+    torch.manual_seed(0)
+    x = (-2.2 + 0.05 * torch.randn(24, 16)).requires_grad_()
+    w = (3.0 + 0.05 * torch.randn(200, 16)).requires_grad_()
+    targets = torch.randint(0, 200, (24,))
+    assert (x @ w.t()).max() < -90
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    expected = F.cross_entropy(xd @ wd.t(), targets)
+    ex, ew = torch.autograd.grad(expected, (xd, wd))
+    got = linear_cross_entropy(x, w, targets, chunk_rows=8)
+    gx, gw = torch.autograd.grad(got, (x, w))
+    assert abs(got.item() - expected.item()) < 1e-4
+    torch.testing.assert_close(gx.double(), ex, rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(gw.double(), ew, rtol=1e-3, atol=1e-6)
+    with torch.no_grad():
+        assert abs(linear_cross_entropy(x, w, targets, chunk_rows=8).item() - expected.item()) < 1e-4
+
+
 def test_a_second_backward_through_the_fused_loss_fails_loudly_rather_than_scaling_twice():
     # backward scales the gradients it saved in place (no fresh (V, C) tensor a step); a retained graph
     # must not hand out those gradients again, scaled a second time

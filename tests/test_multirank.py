@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -50,23 +51,28 @@ def two_ranks(args: list[str], **env: str) -> subprocess.CompletedProcess:
     base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env, "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "faults.py"), *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
+                              stderr=subprocess.PIPE, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              start_new_session=True)  # a group each: its forked workers go with it
              for r in range(2)]
-    outs: list = [None, None]
-    threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].communicate())) for i in range(2)]
+    outs: list = [("", ""), ("", "")]
+    threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].communicate()), daemon=True)
+               for i in range(2)]
     for t in threads:
         t.start()
-    deadline = time.time() + 300
+    deadline, failed = time.time() + 300, None
     while any(p.poll() is None for p in procs) and time.time() < deadline:
-        if any(p.poll() not in (None, 0) for p in procs):  # a rank failed: the other would wait in a collective
-            for p in procs:
-                p.kill()
+        failed = next((p.returncode for p in procs if p.poll() not in (None, 0)), None)
+        if failed is not None:  # a rank failed: the other would wait in a collective
+            break
         time.sleep(0.05)
     for p in procs:
-        p.kill() if p.poll() is None else None
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     for t in threads:
-        t.join()
-    code = next((p.returncode for p in procs if p.returncode), 0)
+        t.join(timeout=30)
+    code = failed if failed is not None else next((p.returncode for p in procs if p.returncode), 0)
     return subprocess.CompletedProcess(args, code, outs[0][0] + outs[1][0], outs[0][1] + outs[1][1])
 
 
