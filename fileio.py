@@ -237,9 +237,7 @@ class DirLock:
         try:
             raw = self.path.read_bytes()
             age = time.time() - self.path.stat().st_mtime
-        except FileNotFoundError:
-            return None
-        except OSError:
+        except OSError:  # none (or unreadable): nobody holds it
             return None
         try:
             info = json.loads(raw)
@@ -259,21 +257,13 @@ class DirLock:
         tmp = temp_name(self.path)
         try:
             write_synced(tmp, data)
-            try:
-                os.link(tmp, self.path)
-            except FileExistsError:
+            if not self._create(tmp, data):  # there is a lock file: live, or stale and taken over
                 with _flocked(self.path.parent):
                     holder = self.holder()
                     if holder is not None:
                         return holder
                     os.replace(tmp, self.path)  # a stale lock, replaced whole
-            except OSError:  # no hard links here: create exclusively, then write
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
             fsync_dir(self.path.parent)
-        except FileExistsError:  # the O_EXCL path, taken by another process first
-            return self.holder() or {"pid": "?", "host": "?"}
         except OSError as e:  # a full disk: one line, no lock file of ours left behind
             raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); "
                             f"{write_fix(e, 'choose another directory than ' + str(self.path.parent))}, then rerun") from None
@@ -282,14 +272,26 @@ class DirLock:
         self.held, self._me = True, me
         return None
 
+    def _create(self, tmp: Path, data: bytes) -> bool:
+        """Create the lock file exclusively, whole (a hard link to `tmp`); False when it exists."""
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here: create exclusively, then write
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        return True
+
     def release(self) -> None:
         """Remove the lock file, if it is still ours (never another process's that took over meanwhile)."""
         if self.held:
-            try:
-                info = json.loads(self.path.read_bytes())
-            except (OSError, ValueError):
-                info = None
-            if isinstance(info, dict) and (info.get("pid"), info.get("started")) == (self._me["pid"], self._me["started"]):
+            info = self.holder() or {}
+            if (info.get("pid"), info.get("started")) == (self._me["pid"], self._me["started"]):
                 self.path.unlink(missing_ok=True)
             self.held = False
 

@@ -199,6 +199,30 @@ def test_processes_racing_for_a_lock_never_hold_it_together(tmp_path):
     assert sum(map(int, outs)) > 20 and not (tmp_path / ".race.lock").exists()
 
 
+def test_a_lock_on_a_filesystem_without_hard_links_is_still_taken_over_when_stale(tmp_path, monkeypatch):
+    """Where os.link fails (FAT, some FUSE mounts), the lock file is created with O_EXCL instead; a stale one
+    (its owner dead) must still be taken over, a live one reported, and only our own removed on release."""
+    import socket
+
+    import fileio
+
+    def no_links(*a, **k):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(fileio.os, "link", no_links)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path = tmp_path / ".x.lock"
+    path.write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    lock = DirLock(tmp_path, ".x.lock")
+    assert lock.try_acquire() is None and json.loads(path.read_text())["pid"] == os.getpid()
+    assert DirLock(tmp_path, ".x.lock").try_acquire()["pid"] == os.getpid()  # held: reported, not taken
+    lock.release()
+    assert not path.exists()
+    assert lock.try_acquire() is None  # a fresh one, created with O_EXCL
+    lock.release()
+    assert not path.exists() and not list(tmp_path.glob(".*.tmp"))
+
+
 def test_a_lock_left_by_a_dead_process_does_not_block(source, tmp_path):
     root = tmp_path / "prepared"
     out = prepare_data(cfg(source, root), progress=False)
