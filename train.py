@@ -48,7 +48,7 @@ from training.distributed import (
     DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, broadcast_object, control_group,
     destroy_distributed, dist_from_env, init_distributed, on_rank0,
 )
-from training.evaluate import bits_per_byte, evaluate
+from training.evaluate import bits_per_byte, evaluate, evaluate_full
 from training.float8 import check_float8, convert_to_float8
 from training.health import NonFiniteGuard
 from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress
@@ -311,7 +311,7 @@ def loop(r: Run) -> dict[str, Any]:
         record = log_step(r, out, lr, window, summary) if due.log else {}
         window.pause()  # evals and checkpoints don't count against tokens/s
         if due.eval:
-            record |= evaluate_and_keep_best(r, summary)
+            record |= evaluate_and_keep_best(r, summary, full=t.eval_full and state.iter == t.max_iters)
         if due.hellaswag:
             record |= hellaswag_step(r)
         state.elapsed_s = r.clock[1] + time.perf_counter() - r.clock[0]  # evals included, for time budgets
@@ -328,8 +328,8 @@ def loop(r: Run) -> dict[str, Any]:
     summary.update(iter=state.iter, best_val_loss=state.best_val_loss, tokens_seen=state.tokens_seen,
                    out_dir=str(r.checkpointer.out_dir), wandb_run_id=r.log.wandb.run_id, dtype=state.dtype)
     if summary["eval"]:
-        r.log.wandb.summary({"val/loss": summary["eval"]["val/loss"], "val/bpb": summary["eval"]["val/bpb"],
-                          "best_val_loss": state.best_val_loss})
+        r.log.wandb.summary({k: v for k, v in summary["eval"].items() if k.startswith("val/")}
+                            | {"best_val_loss": state.best_val_loss})
     return summary
 
 
@@ -350,19 +350,30 @@ def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow, summary: di
     return record
 
 
-def evaluate_and_keep_best(r: Run, summary: dict) -> dict[str, Any]:
-    """Rank 0 evaluates on the fixed eval batches; when val loss improves every rank joins in writing
-    best.pt (the checkpoint gathers every rank's RNG streams). Returns the record for metrics.jsonl."""
+def evaluate_and_keep_best(r: Run, summary: dict, full: bool = False) -> dict[str, Any]:
+    """Rank 0 evaluates on the fixed eval batches (and with `full`, on the whole val split); when val loss
+    improves every rank joins in writing best.pt (the checkpoint gathers every rank's RNG streams).
+    Returns the record for metrics.jsonl."""
     record: dict[str, Any] = {}
     improved = False
     if r.eval_loaders and not r.dist.is_main:  # FSDP: every rank takes part in each forward; rank 0 reports
         evaluate(r.model, r.eval_loaders, r.cfg.train.eval_iters, r.amp)
+        if full:
+            evaluate_full(r.model, r.eval_loaders["val"], r.amp)
     if r.dist.is_main:
         losses = evaluate(r.model, r.eval_loaders, r.cfg.train.eval_iters, r.amp)
         bpb = bits_per_byte(losses["val"], r.eval_loaders["val"].bytes_per_token)
         summary["eval"] = {"iter": r.state.iter, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb}
         r.log.say(f"iter {r.state.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val bpb {bpb:.4f}")
         record = {"val/loss": losses["val"], "val/bpb": bpb, "eval/train_loss": losses["train"]}
+        if full:
+            val = r.eval_loaders["val"]
+            loss = evaluate_full(r.model, val, r.amp)
+            full_bpb = bits_per_byte(loss, val.bytes_per_token)
+            r.log.say(f"iter {r.state.iter}: the whole val split ({val.num_windows() * val.block_size:,} tokens): "
+                      f"val loss {loss:.4f}, val bpb {full_bpb:.4f}")
+            record |= {"val/loss_full": loss, "val/bpb_full": full_bpb}
+            summary["eval"] |= {"val/loss_full": loss, "val/bpb_full": full_bpb}
         r.log.wandb.log(record, r.state.iter)
         improved = losses["val"] < r.state.best_val_loss
         if improved:

@@ -105,9 +105,13 @@ def print_report(report: dict, print=print) -> None:
         nano = budget.get("nanogpt")
         print(f"\nquality in a time budget: W = {budget['budget_s']:.0f} s"
               + (f", the wall time of nanoGPT's CPU recipe for shakespeare_char here (val loss {nano['val_loss']:.3f}, "
-                 f"{nano['val_bpb']:.3f} bits/byte after 2000 steps)" if nano else " (given)"))
-        head = ["config", "budget", "seconds", "iter", "val loss", "bits/byte", "whole run: s", "final val"]
+                 f"{nano['val_bpb']:.3f} bits/byte after 2000 steps; whole val split {nano['val_loss_full']:.3f})"
+                 if nano else " (given)"))
+        print("val loss: the eval's estimate (20 random batches); whole val: every val token once, where a run "
+              "measured it (train.eval_full)")
+        head = ["config", "budget", "seconds", "iter", "whole val", "val loss", "bits/byte", "whole run: s", "final val"]
         body = [[r["config"], r["budget"], f"{r['budget_s']:.0f}", str(r["iter"] if r["iter"] is not None else "-"),
+                 f"{r['val_loss_full']:.3f}" if r.get("val_loss_full") is not None else "-",
                  f"{r['val_loss']:.3f}" if r["val_loss"] is not None else "-",
                  f"{r['val_bpb']:.3f}" if r["val_bpb"] is not None else "-", f"{r['run_s']:.0f}", f"{r['final_val']:.3f}"]
                 for r in budget["rows"]]

@@ -115,12 +115,29 @@ class BatchLoader:
 
     def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), both int64 (batch_size, block_size), y shifted one token ahead of x."""
-        windows = np.stack([self._window(int(o)) for o in self.offsets(step, micro_step)])
+        return self._to_device(np.stack([self._window(int(o)) for o in self.offsets(step, micro_step)]))
+
+    def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         windows = torch.from_numpy(windows.astype(np.int64))
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
+
+    def num_windows(self) -> int:
+        """How many non-overlapping windows of block_size + 1 tokens (sharing their ends) the split holds."""
+        return (self._n_starts - 1) // self.block_size + 1  # starts 0, T, 2T, ... <= n_starts - 1
+
+    def sequential_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `index` of the split read in order, windows k * block_size for k in [index * batch_size,
+        ...) up to num_windows(): together the batches predict every token of the split once (but the last
+        < block_size + 1), which gives its exact mean loss where get_batch's random windows estimate it."""
+        _check_int("index", index, 0)
+        first = index * self.batch_size
+        rows = range(first, min(first + self.batch_size, self.num_windows()))
+        if not rows:
+            raise ValueError(f"sequential batch {index} is past the {self.num_windows()} windows of the {self.split} split")
+        return self._to_device(np.stack([self._window(k * self.block_size) for k in rows]))
 
     def _window(self, start: int) -> np.ndarray:
         """Tokens [start, start + block_size + 1) of the split's stream, across a file boundary if need be."""

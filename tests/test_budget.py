@@ -27,6 +27,9 @@ def test_the_plan_fits_steps_evals_and_checkpoints_in_the_budget_by_hand():
     timing = Timing(setup_s=10.0, step_s=0.1, eval_s=2.0, checkpoint_s=0.5)
     assert plan(100.0, timing, max_iters=5000, warmup_iters=100, eval_interval=100) == (690, 14)  # 100 * 690/5000
     assert plan(1e6, timing, max_iters=5000, warmup_iters=100, eval_interval=100) == (5000, 100)  # never above the config
+    # train.eval_full's pass over the val split at the end (3 s) comes off the budget once: 87 s fit n = 660
+    timing_full = Timing(setup_s=10.0, step_s=0.1, eval_s=2.0, checkpoint_s=0.5, final_s=3.0)
+    assert plan(100.0, timing_full, max_iters=5000, warmup_iters=100, eval_interval=100) == (660, 13)
     with pytest.raises(UserError, match=r"train.time_budget=12s leaves no time to train: set-up took 10.0 s"):
         plan(12.0, timing, max_iters=5000, warmup_iters=100, eval_interval=100)
 
@@ -89,3 +92,15 @@ def test_timing_the_step_leaves_no_trace_the_budget_run_equals_a_plain_run_of_it
     for sa, sb in zip(a["optimizer"]["optimizers"], b["optimizer"]["optimizers"]):
         for i in sa["state"]:
             assert all(torch.equal(sa["state"][i][k], sb["state"][i][k]) for k in sa["state"][i])
+
+
+def test_eval_fulls_pass_over_the_val_split_is_measured_into_the_plan(tmp_path, data_root, monkeypatch, capsys):
+    seen = []
+    real = training.budget.measure
+    monkeypatch.setattr(training.budget, "measure", lambda r: seen.append(real(r)) or seen[-1])
+    _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4", "--train.eval_full=true")
+    # an eval reads 2 batches of each split; the whole val split (~111k tokens) is ~870 batches of 4 x 32
+    assert seen[0].final_s > 50 * seen[0].eval_s > 0
+    assert f"the whole val split {seen[0].final_s:.1f} s at the end" in capsys.readouterr().out
+    _run(tmp_path / "off", data_root, "--train.time_budget=1h", "--train.max_iters=4")
+    assert seen[1].final_s == 0.0

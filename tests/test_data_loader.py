@@ -138,3 +138,21 @@ def test_bad_loader_arguments_are_user_errors(char_dir, kw, words):
 def test_unknown_split_is_a_user_error(char_dir):
     with pytest.raises(UserError, match="train, val"):
         loader(char_dir, "test")
+
+
+# tiny shakespeare's val split has 111529 tokens: 111528 targets are 8 x 13941, and 64 leaves 40 over
+@pytest.mark.parametrize("block", [8, 64, 13941, 111528])
+def test_sequential_batches_predict_every_token_of_the_split_once_in_order(char_dir, block):
+    # the split's own file is the reference: windows k*block .. k*block+block, so the targets y are tokens
+    # 1 .. n*block, once each, and no window reads past the end
+    split = np.array(read_split(char_dir, "val"), dtype=np.int64)
+    ld = loader(char_dir, "val", block_size=block, batch_size=3)
+    n = (len(split) - 1) // block
+    assert ld.num_windows() == n
+    batches = [ld.sequential_batch(k) for k in range(-(-n // 3))]
+    xs, ys = torch.cat([x for x, _ in batches]).numpy(), torch.cat([y for _, y in batches]).numpy()
+    assert xs.shape == (n, block)
+    np.testing.assert_array_equal(ys.reshape(-1), split[1 : n * block + 1])
+    np.testing.assert_array_equal(xs.reshape(-1), split[: n * block])
+    with pytest.raises(ValueError, match="past the"):
+        ld.sequential_batch(len(batches))

@@ -80,6 +80,32 @@ def test_thirty_steps_lower_the_loss_and_write_checkpoints(tmp_path, data_root):
     model.load_state_dict(ck["model"])
 
 
+def test_eval_full_gives_the_whole_val_splits_cross_entropy_at_the_last_eval(tmp_path, data_root):
+    import json
+
+    import numpy as np
+    import torch.nn.functional as F
+    from prepared_files import read_split
+
+    res = run(tmp_path / "out", data_root, "--train.max_iters=20", "--train.eval_full=true")
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records if "val/loss_full" in r] == [20]  # the last eval only, not the one at 10
+    # reference: the checkpoint's model on every val token once (windows of 32 read from the split's file), through
+    # the full logits and F.cross_entropy
+    ck = load_checkpoint(tmp_path / "out")
+    model = GPT(GPTConfig(**ck["model_config"])).eval()
+    model.load_state_dict(ck["model"])
+    val = np.array(read_split(prepare_data(DataConfig(tokenizer="char", root=str(data_root)), progress=False), "val"))
+    n = (len(val) - 1) // 32
+    x, y = torch.from_numpy(val[: n * 32].reshape(n, 32)), torch.from_numpy(val[1 : n * 32 + 1].reshape(n, 32))
+    with torch.no_grad():
+        expected = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum").item() / (n * 32)
+    assert res["eval"]["val/loss_full"] == pytest.approx(expected, rel=1e-5)
+    assert records[-1]["val/loss_full"] == res["eval"]["val/loss_full"]
+    assert records[-1]["val/bpb_full"] == pytest.approx(expected / math.log(2), rel=1e-3)  # ASCII: a byte a token
+    assert res["eval"]["val/loss_full"] != res["eval"]["val/loss"]  # the 4-batch estimate is another number
+
+
 def test_lr_actually_used_follows_the_hand_computed_schedule(tmp_path, data_root):
     import json
 

@@ -49,14 +49,15 @@ class Timing:
     step_s: float  # one optimizer step (median of TIMED)
     eval_s: float  # one eval (eval_iters batches of each split)
     checkpoint_s: float  # one checkpoint write (estimated from its size)
+    final_s: float = 0.0  # train.eval_full's pass over the whole val split, once at the end (estimated)
 
 
 def plan(budget_s: float, timing: Timing, *, max_iters: int, warmup_iters: int, eval_interval: int) -> tuple[int, int]:
     """(max_iters, warmup_iters) for a run that fits in budget_s: the most steps n <= max_iters with
-    setup + n * step + ceil(n / eval_interval) * (eval + 2 checkpoints) <= budget (each eval may write
-    ckpt.pt and best.pt). warmup keeps its share of the steps."""
+    setup + n * step + ceil(n / eval_interval) * (eval + 2 checkpoints) + final <= budget (each eval may
+    write ckpt.pt and best.pt). warmup keeps its share of the steps."""
     per_eval = timing.eval_s + 2 * timing.checkpoint_s
-    left = budget_s - timing.setup_s
+    left = budget_s - timing.setup_s - timing.final_s
 
     def cost(n: int) -> float:
         return n * timing.step_s + math.ceil(n / eval_interval) * per_eval
@@ -83,16 +84,19 @@ def measure(r) -> Timing:
         t0 = time.perf_counter()
         r.step(batches).loss.item()  # the host sync: the step is done
         times.append(time.perf_counter() - t0)
-    eval_s = 0.0
+    eval_s = final_s = 0.0
     if r.dist.is_main:
         for _ in range(2):  # the first call may pay one-time costs; the second is timed
             t0 = time.perf_counter()
             evaluate(r.model, r.eval_loaders, 1, r.amp)
             eval_s = (time.perf_counter() - t0) * t.eval_iters
+        if t.eval_full:  # one eval batch per split was timed above; the full pass reads the val split's batches
+            val = r.eval_loaders["val"]
+            final_s = eval_s / (2 * t.eval_iters) * math.ceil(val.num_windows() / val.batch_size)
     r.checkpointer.restore_states(snapshot, "the state before the budget's timing")
     size = sum(v.numel() * v.element_size() for v in _tensors(snapshot))
     return Timing(setup_s=time.perf_counter() - r.clock[0], step_s=statistics.median(times[WARMUP:]), eval_s=eval_s,
-                  checkpoint_s=size / CKPT_BYTES_PER_S)
+                  checkpoint_s=size / CKPT_BYTES_PER_S, final_s=final_s)
 
 
 def _tensors(obj: Any):
@@ -125,7 +129,9 @@ def fit_to_budget(r) -> None:
                                  eval_interval=t.eval_interval)
             note = (f"time budget {t.time_budget}: set-up {timing.setup_s:.1f} s, a step {timing.step_s * 1e3:.1f} ms "
                     f"(median of {TIMED}), an eval {timing.eval_s:.1f} s + checkpoints {2 * timing.checkpoint_s:.1f} s "
-                    f"every {t.eval_interval} steps -> max_iters {iters} (config: {t.max_iters}), warmup_iters {warmup}, "
+                    f"every {t.eval_interval} steps"
+                    + (f", the whole val split {timing.final_s:.1f} s at the end" if timing.final_s else "")
+                    + f" -> max_iters {iters} (config: {t.max_iters}), warmup_iters {warmup}, "
                     f"lr decays to min_lr at step {iters}")
             decision = (iters, warmup, note)
         state.budget_iters, state.budget_warmup, state.budget_note = broadcast_object(decision, r.dist, r.group)

@@ -139,6 +139,9 @@ class TrainSection:
     eval_seed: int = setting(4242, "the fixed eval batches", resume=True, check=SEED)
     eval_interval: int = setting(250, "evaluate every N steps, and at the last step", resume=True, check=at_least(1))
     eval_iters: int = setting(20, "batches per split per eval", resume=True, check=at_least(1))
+    eval_full: bool = setting(False, "the last eval also reads the whole val split in order, every token once: its "
+                                     "exact loss (val/loss_full), where eval_iters' random batches give an estimate; "
+                                     "costs one forward pass over the split", resume=True)
     log_interval: int = setting(10, "read the loss back from the device every N steps", resume=True, check=at_least(1))
     checkpoint_interval: int = setting(0, "write ckpt.pt every N steps; 0 = at each eval (and always at the end)",
                                        resume=True, check=at_least(0))
