@@ -4,10 +4,10 @@ With a 50k vocabulary the plain `F.cross_entropy(x @ W.T, targets)` writes a (B*
 reads it again for log_softmax, writes its gradient, and so on: at B*T=768 that is 154 MB per pass in
 fp32, and that memory traffic (and allocating it afresh every step) can cost more than the matmuls.
 Here each chunk of rows goes logits -> exp(z) (as exp2 of base-2 logits; shifted by the max only where
-needed) -> the two gradient matmuls in one reused buffer, with as few passes over it as the math allows (the softmax's
-division is applied to the small (n, C) operands instead), and only the (N, C) and (V, C) gradients
-are kept. The gradients are computed in the forward pass (the backward only scales them by the
-incoming gradient), so nothing of size (N, V) outlives a chunk.
+needed) -> the two gradient matmuls in one reused buffer, with as few passes over it as the math allows
+(the softmax's division is applied to the small (n, C) operands instead), and only the (N, C) and (V, C)
+gradients are kept. The gradients are computed in the forward pass (the backward only scales them by
+the incoming gradient), so nothing of size (N, V) outlives a chunk.
 """
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ SAFE_SUMS = (1e-20, 1e30)
 def _exp_shifted_(z, t, again):
     """z (V, n), logits in base 2 (log2(e) times the natural ones) <- the softmax's numerators
     2^(z - shift) in place; returns the per-column loss logsumexp (natural) - logit[target] (n,), the
-    numerators' sums (1, n) and z (the same buffer). The division by the
-    sums is left to the (n, C) operands of the matmuls that follow (cheap), and the loss never takes the
-    log of a probability that could underflow.
+    numerators' sums (1, n) and z (the same buffer). The division by the sums is left to the (n, C)
+    operands of the matmuls that follow (cheap), and the loss never takes the log of a probability that
+    could underflow.
 
     The shift is 0 when that is safe, the column's max otherwise. exp(z) is tried first: the max and the
     subtraction are two of the few passes over the (V, n) logits, which don't fit in any cache (77 MB at
