@@ -17,6 +17,7 @@ slowly; those get fp16 (with a GradScaler in training).
 from __future__ import annotations
 
 import contextlib
+import platform
 import statistics
 import time
 from typing import Callable, Sequence
@@ -37,11 +38,34 @@ def cuda_native_bf16(device: torch.device) -> bool:
 
 
 def cpu_native_bf16() -> bool:
-    """Whether this CPU computes bf16 in hardware (AMX or AVX512-BF16), as oneDNN sees it. False on
-    AVX2-only CPUs (e.g. AMD Zen 3), where bf16 is emulated ~25x slower than fp32, and under
-    ONEDNN_MAX_CPU_ISA=AVX2. The one place that asks: every dtype choice goes through it, so tests
-    can turn it off (monkeypatch runtime.precision.cpu_native_bf16)."""
-    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether this CPU computes bf16 in hardware (AMX or AVX512-BF16). False on AVX2-only CPUs (e.g.
+    AMD Zen 3), where oneDNN emulates bf16 ~25x slower than fp32, under ONEDNN_MAX_CPU_ISA=AVX2, and on
+    x86 CPUs with AVX512 but neither AVX512-BF16 nor AMX (Skylake to Ice Lake Xeons, and VMs that hide
+    those flags): oneDNN says it "supports" bf16 there, but converts to fp32 in software, and a bf16
+    matmul runs at 0.3-0.45x fp32's speed (2-core Xeon without avx512_bf16, 2026-11-24: 46 against 108
+    GFLOP/s). So on x86 oneDNN's answer needs the instructions too; elsewhere (aarch64) it is trusted.
+    The one place that asks: every dtype choice goes through it, so tests can turn it off (monkeypatch
+    runtime.precision.cpu_native_bf16)."""
+    if not (torch.backends.mkldnn.is_available() and _onednn_bf16()):
+        return False
+    if platform.machine().lower() not in _X86:
+        return True
+    return _x86_bf16_instructions()
+
+
+_X86 = ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def _onednn_bf16() -> bool:
+    """oneDNN's view: True where it will run bf16 at all, natively or not (False under an AVX2 cap)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _x86_bf16_instructions() -> bool:
+    """AVX512-BF16 or AMX, as torch's cpuinfo reads CPUID (private helpers of torch.cpu, so an older
+    torch without them counts as neither: fp32, slower at worst, never emulated)."""
+    return any(bool(getattr(torch.cpu, name, lambda: False)())
+               for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -180,7 +204,7 @@ NO_NATIVE_BF16 = "dtype auto -> float32 (this CPU has no native bf16: bf16 would
 def inference_dtype(name: str, device: torch.device,
                     decode: Callable[[torch.dtype], object] | None = None) -> tuple[torch.dtype, str]:
     """The weights' dtype for sampling with --dtype=name -> (dtype, note). auto: on CUDA bf16 where
-    native, else fp16; on a CPU whose oneDNN does bf16, the faster of fp32 and bf16 (prepacked) for THIS
+    native, else fp16; on a CPU with native bf16 (cpu_native_bf16), the faster of fp32 and bf16 (prepacked) for THIS
     model, by timing `decode(dtype)`: a prefill and a few one-token steps of the real model, set up as
     sample.py runs it. Decoding reads every weight once per token, so bf16 pays for models too big for
     the caches even where bf16 arithmetic is slow, and fp32 wins for small ones; where the line falls

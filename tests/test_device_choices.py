@@ -233,6 +233,58 @@ def test_the_training_probe_never_runs_bf16_where_the_cpu_has_no_native_bf16(mon
     assert torch.bfloat16 in ran and runtime.precision.fastest_native_dtype(cpu) == torch.bfloat16
 
 
+@pytest.mark.parametrize("machine, onednn, avx512_bf16, amx, native", [
+    ("x86_64", True, False, False, False),   # AVX512 without the bf16 instructions: oneDNN emulates
+    ("x86_64", True, True, False, True),     # Zen 4 / Zen 5: AVX512-BF16
+    ("x86_64", True, False, True, True),     # AMX
+    ("x86_64", False, True, True, False),    # capped by ONEDNN_MAX_CPU_ISA=AVX2
+    ("aarch64", True, False, False, True),   # oneDNN's answer is trusted off x86
+    ("aarch64", False, False, False, False),
+])
+def test_native_bf16_on_a_cpu_needs_the_bf16_instructions_not_only_onednn(monkeypatch, machine, onednn,
+                                                                           avx512_bf16, amx, native):
+    """oneDNN says it supports bf16 on every AVX512 CPU, where it converts in software and a bf16 matmul
+    runs at under half fp32's speed: such a CPU is not native, and Muon, auto and the bench keep fp32."""
+    import platform
+
+    import runtime.precision
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(runtime.precision, "_onednn_bf16", lambda: onednn)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert runtime.precision.cpu_native_bf16() is native
+    ran = []
+    training_dtype("auto", torch.device("cpu"), forward_backward=ran.append, run_steps=1000)
+    assert (torch.bfloat16 in ran) is native
+    assert runtime.precision.fastest_native_dtype(torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def test_native_bf16_agrees_with_the_kernels_cpu_flags_on_this_machine():
+    """The reference is the kernel's own list of this CPU's flags, read independently of torch: native
+    bf16 exactly when oneDNN is not capped and the CPU has avx512_bf16 or amx_bf16."""
+    import platform
+
+    import runtime.precision
+
+    flags = _cpuinfo_flags()
+    if flags is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("needs Linux's /proc/cpuinfo on x86")
+    has_instructions = bool(flags & {"avx512_bf16", "amx_bf16"})
+    assert runtime.precision.cpu_native_bf16() == (has_instructions and runtime.precision._onednn_bf16())
+
+
 def test_a_candidate_whose_first_timed_call_is_over_twice_the_others_is_abandoned(fake_clock):
     import runtime.precision
 

@@ -24,6 +24,9 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+# the output's cache field: `cache` since transformers 5.2x (which reads it back from there), `past_key_values` before
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 class SmallGPTConfig(PretrainedConfig):
     model_type = "smallgpt"
@@ -150,14 +153,16 @@ class SmallGPTForCausalLM(PreTrainedModel, GenerationMixin):
         self.lm_head = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
-                labels=None, **kwargs):
+                labels=None, cache=None, **kwargs):
         B, T = input_ids.shape
         device = input_ids.device
         if use_cache is None:
             use_cache = getattr(self.config, "use_cache", True)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
-        cache = past_key_values if use_cache else None
+        # transformers 5.2x's generate() passes the cache as `cache`, earlier ones as `past_key_values`
+        given = cache if cache is not None else past_key_values
+        if use_cache and given is None:
+            given = DynamicCache()
+        cache = given if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
         S = past + T
         slots = torch.arange(past, S, device=device)  # the query tokens' slots
@@ -192,4 +197,4 @@ class SmallGPTForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:  # HF's convention: labels are the inputs; -100 is ignored
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache})
