@@ -43,7 +43,7 @@ def muon_vs_adamw(device: torch.device, *, warmup: int, iters: int, rounds: int,
         model.to(device).train()
         opts = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
                                device_type=device.type, kind=kind, muon_lr=t.muon_lr, muon_momentum=t.muon_momentum,
-                               muon_ns_steps=t.muon_ns_steps)
+                               muon_ns_steps=t.muon_ns_steps, muon_split_qkv=t.muon_split_qkv)
         return model, opts
 
     probe_model, _ = build("adamw")

@@ -126,6 +126,41 @@ def test_muon_ns_steps_reaches_the_newton_schulz_iteration():
     torch.testing.assert_close(p.detach().double(), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("split", [True, False])
+def test_muon_orthogonalises_q_k_and_v_separately_when_split(split):
+    """train.muon_split_qkv: c_attn's update is the textbook iteration (fp64, written in this file) run on
+    the q, k and v rows one by one, each scaled as a square matrix; without it, on the whole (3C, C) matrix
+    scaled by sqrt(3). The other matrices are unchanged by the switch."""
+    from training.builders import build_optimizers
+    from training.config import load_config
+
+    cfg = load_config(["--config", "shakespeare_char_modern", "--train.weight_decay=0",
+                       f"--train.muon_split_qkv={str(split).lower()}"])
+    model = _modern_model()
+    opts = build_optimizers(model, cfg.train, torch.device("cpu"))
+    opts[0].ns_dtype = torch.float64
+    attn, proj = model.transformer.h[0].attn.c_attn.weight, model.transformer.h[0].mlp.c_proj.weight
+    before = {w: w.detach().clone() for w in (attn, proj)}
+    gen = torch.Generator().manual_seed(5)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen) if p in opts[0].pieces else None
+    opts[0].step()
+    m, lr = cfg.train.muon_momentum, cfg.train.muon_lr
+
+    def update(g):  # Nesterov on a fresh buffer, then the textbook iteration
+        return textbook_newton_schulz(g.double() * (1 - m) * (1 + m), 5, *NS_COEFFICIENTS)
+
+    C = attn.shape[1]
+    if split:
+        expected = torch.cat([update(attn.grad[i * C:(i + 1) * C]) for i in range(3)])
+    else:
+        expected = math.sqrt(3) * update(attn.grad)
+    torch.testing.assert_close(attn.detach().double(), before[attn].double() - lr * expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(proj.detach().double(), before[proj].double() - lr * update(proj.grad),
+                               rtol=0, atol=1e-6)
+    assert "pieces" not in opts[0].state_dict()["param_groups"][0]  # the state stays torch.optim.Muon's
+
+
 def test_muon_state_round_trips_bitwise_through_a_weights_only_checkpoint():
     """Save after 3 steps, load into a fresh model and optimizers, run 3 more: bit for bit the run that
     was never interrupted."""

@@ -127,7 +127,8 @@ def choose_dtype(name: str, resume: Resume | None, device: torch.device, probe: 
 def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[torch.optim.Optimizer]:
     optimizers = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
                                  device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
-                                 muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps)
+                                 muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
+                                 muon_split_qkv=t.muon_split_qkv)
     if t.parallel == "fsdp":  # sharded (shard_model): Muon orthogonalises whole matrices, gathered for its step
         from .sharding import ShardedMuon
 

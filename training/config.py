@@ -124,6 +124,8 @@ class TrainSection:
     muon_momentum: float = setting(0.95, "Muon's (Nesterov) momentum", resume=True, check=in_range(0, 1))
     muon_ns_steps: int = setting(5, "Muon's Newton-Schulz iterations per step (fewer: cheaper, a rougher "
                                     "orthogonalisation)", resume=True, check=in_range(1, 21, "[1, 20]"))
+    muon_split_qkv: bool = setting(True, "Muon orthogonalises attention's q, k and v weights as three (C, C) matrices, "
+                                         "not c_attn's fused (3C, C) one (as modded-nanogpt does)", resume=True)
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16", resume=True, check=one_of(*DTYPE_NAMES))
     compile: bool = setting(False, "torch.compile the training forward/backward", resume=True)
     float8: str = setting("off", "float8 matmuls in the blocks' Linear layers (torchao; CUDA compute capability 8.9+: "

@@ -32,8 +32,10 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: t
                              foreach=None if fused else True)
 
 
-# the 2-D weights inside the blocks, by their GPT-2 names; c_attn (q, k and v side by side) is one matrix
+# the 2-D weights inside the blocks, by their GPT-2 names
 HIDDEN_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# c_attn holds q, k and v stacked by rows, (3C, C): three maps that Muon may orthogonalise one by one
+FUSED_QKV = "attn.c_attn.weight"
 OPTIMIZERS = ("adamw", "muon")
 
 
@@ -86,10 +88,17 @@ class Muon(torch.optim.Optimizer):
     of either load into the other. What differs is where the time goes: the Newton-Schulz iterations
     run in `ns_dtype`, chosen by the caller from the device (bf16 where it is native, fp32 elsewhere:
     torch.optim.Muon always uses bf16, emulated ~25x slower on AVX2-only CPUs), on all the matrices of
-    one shape at once (one batched matmul per product instead of one per matrix)."""
+    one shape at once (one batched matmul per product instead of one per matrix).
+
+    `pieces` (one per parameter, default 1) cuts a parameter's rows into that many equal matrices, each
+    orthogonalised and scaled on its own: c_attn's q, k and v (3 pieces), as modded-nanogpt does, since
+    they are three maps that merely share a matmul. It is not saved with the state either, so the state
+    stays torch.optim.Muon's."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
-                 nesterov: bool = True, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32):
+                 nesterov: bool = True, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32,
+                 pieces: list[int] | None = None):
+        params = list(params)
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                       ns_steps=ns_steps, ns_coefficients=NS_COEFFICIENTS, eps=1e-7))
         for group in self.param_groups:
@@ -97,6 +106,10 @@ class Muon(torch.optim.Optimizer):
                 if p.dim() != 2:
                     raise ValueError(f"Muon takes 2-D weights only, got a parameter of shape {tuple(p.shape)}")
         self.ns_dtype = ns_dtype  # not a hyperparameter: the device's, so not saved with the state
+        pieces = pieces or [1] * len(params)
+        if len(pieces) != len(params) or any(n < 1 or p.shape[0] % n for p, n in zip(params, pieces)):
+            raise ValueError("Muon's pieces: one per parameter, each dividing its rows")
+        self.pieces = dict(zip(params, pieces))  # keyed by the parameter, as torch keys optimizer state
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -120,26 +133,30 @@ class Muon(torch.optim.Optimizer):
             updates = torch._foreach_lerp(grads, bufs, m) if group["nesterov"] else bufs
             by_shape: dict[tuple, list[int]] = defaultdict(list)
             for i, p in enumerate(params):
-                by_shape[tuple(p.shape)].append(i)
+                by_shape[(*p.shape, self.pieces.get(p, 1))].append(i)
             lr, wd = group["lr"], group["weight_decay"]
-            for (rows, cols), idx in by_shape.items():
-                ortho = self.orthogonalize([updates[i] for i in idx], group)
-                scale = math.sqrt(max(1.0, rows / cols))
+            for (rows, cols, pieces), idx in by_shape.items():
+                ortho = self.orthogonalize([updates[i] for i in idx], group, pieces)
+                scale = math.sqrt(max(1.0, rows / pieces / cols))
                 for k, i in enumerate(idx):
                     params[i].mul_(1 - lr * wd)
                     params[i].add_(ortho[k], alpha=-lr * scale)
         return loss
 
 
-    def orthogonalize(self, updates: list[torch.Tensor], group: dict) -> torch.Tensor:
-        """The Newton-Schulz iteration on updates of one shape, batched: (n, rows, cols)."""
-        return newton_schulz(torch.stack(updates), group["ns_steps"], tuple(group["ns_coefficients"]),
-                             dtype=self.ns_dtype, eps=group["eps"])
+    def orthogonalize(self, updates: list[torch.Tensor], group: dict, pieces: int = 1) -> torch.Tensor:
+        """The Newton-Schulz iteration on updates of one shape, batched: (n, rows, cols), each cut by rows
+        into `pieces` matrices of (rows / pieces, cols) that are orthogonalised separately."""
+        stacked = torch.stack(updates)  # (n, rows, cols)
+        n, rows, cols = stacked.shape
+        ortho = newton_schulz(stacked.reshape(n * pieces, rows // pieces, cols), group["ns_steps"],
+                              tuple(group["ns_coefficients"]), dtype=self.ns_dtype, eps=group["eps"])
+        return ortho.reshape(n, rows, cols)
 
 
 def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
                     device_type: str, kind: str = "adamw", muon_lr: float = 0.02,
-                    muon_momentum: float = 0.95, muon_ns_steps: int = 5,
+                    muon_momentum: float = 0.95, muon_ns_steps: int = 5, muon_split_qkv: bool = True,
                     ns_dtype: torch.dtype | None = None) -> list[torch.optim.Optimizer]:
     """The optimizers of a training run. Each param group records its peak learning rate as
     "initial_lr"; the schedule scales every group by the same factor (training/schedule.py). Muon's
@@ -152,7 +169,8 @@ def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: 
         hidden, rest = split_for_muon(model)
         muon = Muon([params[n] for n in hidden], lr=muon_lr, momentum=muon_momentum, weight_decay=weight_decay,
                     ns_steps=muon_ns_steps,
-                    ns_dtype=ns_dtype or fastest_native_dtype(torch.device(device_type)))
+                    ns_dtype=ns_dtype or fastest_native_dtype(torch.device(device_type)),
+                    pieces=[3 if muon_split_qkv and n.endswith(FUSED_QKV) else 1 for n in hidden])
         others = [params[n] for n in rest]
         fused = device_type in ("cuda", "cpu")
         adamw = torch.optim.AdamW([{"params": [p for p in others if p.dim() >= 2], "weight_decay": weight_decay},

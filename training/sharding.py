@@ -64,10 +64,10 @@ class ShardedMuon(Muon):
     on DTensors directly, the iteration's matmuls would reduce partial products across ranks, which is
     less exact than one device's matmul.)"""
 
-    def orthogonalize(self, updates: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
+    def orthogonalize(self, updates: list[torch.Tensor], group: dict, pieces: int = 1) -> list[torch.Tensor]:
         if not isinstance(updates[0], DTensor):
-            return super().orthogonalize(updates, group)
-        whole = super().orthogonalize([u.full_tensor() for u in updates], group)  # the same on every rank
+            return super().orthogonalize(updates, group, pieces)
+        whole = super().orthogonalize([u.full_tensor() for u in updates], group, pieces)  # the same on every rank
         return [DTensor.from_local(_local_rows(w, u), u.device_mesh, u.placements, shape=u.shape, stride=u.stride())
                 for w, u in zip(whole, updates)]
 
