@@ -20,12 +20,16 @@ Check = Callable[[Any], "str | None"]
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, resume: bool = False, check: Check | None = None,
-            default_factory: Any = dataclasses.MISSING) -> Any:
+            default_factory: Any = dataclasses.MISSING, before: Any = dataclasses.MISSING) -> Any:
     """A config field: `help` is its --help line; `resume=True` if a resumed run may change it (it does not
-    change what the weights or the data mean); `check` validates its value."""
+    change what the weights or the data mean); `check` validates its value; `before`, for a key added
+    after runs were already being saved, the value that reproduces what those runs did (a checkpoint
+    whose config lacks the key resumes with it, so the key's new default never changes an old run)."""
     if not help:
         raise ValueError("every setting needs a help line")
     meta = {"help": help, "resume": resume, "check": check}
+    if before is not dataclasses.MISSING:
+        meta["before"] = before
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -37,6 +41,11 @@ def help_of(f: dataclasses.Field) -> str:
 
 def may_change_on_resume(f: dataclasses.Field) -> bool:
     return bool(f.metadata.get("resume"))
+
+
+def value_before(f: dataclasses.Field) -> Any:
+    """The value a run saved before this key existed had (dataclasses.MISSING: the default applies)."""
+    return f.metadata.get("before", dataclasses.MISSING)
 
 
 def check_fields(obj: Any, section: str) -> None:

@@ -43,7 +43,8 @@ from training.builders import (
 )
 from training.budget import fit_to_budget
 from training.batch_size import divisors, plan_batch
-from training.config import AUTO_BATCH, Config, TrainSection, load_config, resume_conflicts, to_yaml
+from training.config import (AUTO_BATCH, Config, TrainSection, keep_what_older_runs_did, load_config,
+                             resume_conflicts, to_yaml)
 from training.distributed import (
     DistInfo, all_gather_object, all_reduce_mean, all_reduce_sum, any_rank, broadcast_object, control_group,
     destroy_distributed, dist_from_env, init_distributed, on_rank0,
@@ -180,6 +181,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     cleanup.callback(lambda: [lock.release() for lock in locks])
     resume = decide_resume(out_dir, mode=t.resume, config_conflicts=lambda saved: resume_conflicts(saved, cfg),
                            gather=lambda o: all_gather_object(o, dist, group), other_files=(METRICS_NAME,))
+    for note in keep_what_older_runs_did(resume.config, cfg) if resume is not None else ():
+        say(note)
     # rank 0 prepares the data (or finds it up to date); the others wait, then read only meta.json
     data_dir = Path(on_rank0(lambda: str(prepare_data(cfg.data, progress=True)), dist, group))
     cleanup.callback(hold_data(data_dir, f"the training run into {out_dir}"))  # never rebuilt under this run

@@ -40,8 +40,8 @@ def cuda_native_bf16(device: torch.device) -> bool:
 def cpu_native_bf16() -> bool:
     """Whether this CPU computes bf16 in hardware (AMX or AVX512-BF16). False on AVX2-only CPUs (e.g.
     AMD Zen 3), where oneDNN emulates bf16 ~25x slower than fp32, under ONEDNN_MAX_CPU_ISA=AVX2, and on
-    x86 CPUs with AVX512 but neither AVX512-BF16 nor AMX (Skylake to Ice Lake Xeons, and VMs that hide
-    those flags): oneDNN says it "supports" bf16 there, but converts to fp32 in software, and a bf16
+    x86 CPUs with AVX512 but neither AVX512-BF16 nor AMX (Xeon Skylake, Cascade Lake and Ice Lake, and VMs
+    that hide those flags): oneDNN says it "supports" bf16 there, but converts to fp32 in software, and a bf16
     matmul runs at 0.3-0.45x fp32's speed (2-core Xeon without avx512_bf16, 2026-11-24: 46 against 108
     GFLOP/s). So on x86 oneDNN's answer needs the instructions too; elsewhere (aarch64) it is trusted.
     The one place that asks: every dtype choice goes through it, so tests can turn it off (monkeypatch
@@ -62,8 +62,9 @@ def _onednn_bf16() -> bool:
 
 
 def _x86_bf16_instructions() -> bool:
-    """AVX512-BF16 or AMX, as torch's cpuinfo reads CPUID (private helpers of torch.cpu, so an older
-    torch without them counts as neither: fp32, slower at worst, never emulated)."""
+    """AVX512-BF16 or AMX (every CPU with AMX tiles so far has AMX-BF16 too), as torch's cpuinfo reads
+    CPUID (private helpers of torch.cpu, so an older torch without them counts as neither: fp32, slower
+    at worst, never emulated)."""
     return any(bool(getattr(torch.cpu, name, lambda: False)())
                for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 

@@ -105,6 +105,24 @@ def test_remote_code_generates_like_our_model_with_a_cache_and_left_padding(case
             assert out[row, 5:].tolist() == seq[0, len(prompt):].tolist(), row
 
 
+@pytest.mark.parametrize("name", ["past_key_values", "cache"])
+def test_remote_code_takes_its_cache_under_either_transformers_name(name, tmp_path):
+    """transformers before 5.2x passes the cache as past_key_values, later ones as cache: a prefix run
+    into a DynamicCache, then the last token alone, gives our model's logits for the whole sequence."""
+    from transformers.cache_utils import DynamicCache
+
+    fields, fmt, _ = CASES["modern_relu2_softcap"]
+    ours = perturbed(fields, seed=2)
+    export_hf(ours, GPT2_TOKENIZER, tmp_path / "hf")
+    hf = load(tmp_path / "hf", fmt)
+    ids = torch.tensor([[464, 3797, 3332, 319, 262]])
+    with torch.no_grad():
+        cache = DynamicCache()
+        hf(ids[:, :4], use_cache=True, **{name: cache})
+        out = hf(ids[:, 4:], use_cache=True, **{name: cache})
+        torch.testing.assert_close(out.logits[0, -1], ours(ids)[0, -1], rtol=0, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_remote_code_export_loads_offline_in_a_fresh_process_and_pipeline_runs_with_defaults(tmp_path):
     """AutoModelForCausalLM and pipeline(...)(prompt) with no arguments, in a new interpreter with the hub

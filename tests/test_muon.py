@@ -161,6 +161,15 @@ def test_muon_orthogonalises_q_k_and_v_separately_when_split(split):
     assert "pieces" not in opts[0].state_dict()["param_groups"][0]  # the state stays torch.optim.Muon's
 
 
+def test_muon_takes_param_groups_like_torch_optim_muon():
+    p, q = torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(4, 4))
+    opt = Muon([{"params": [p]}, {"params": [q], "lr": 0.01}], pieces=[2, 1])
+    assert [g["lr"] for g in opt.param_groups] == [0.02, 0.01]
+    assert opt.pieces == {p: 2, q: 1}
+    with pytest.raises(ValueError, match="pieces"):
+        Muon([p, q], pieces=[4, 1])  # 6 rows do not cut into 4 pieces
+
+
 def test_muon_state_round_trips_bitwise_through_a_weights_only_checkpoint():
     """Save after 3 steps, load into a fresh model and optimizers, run 3 more: bit for bit the run that
     was never interrupted."""

@@ -142,6 +142,28 @@ def test_interrupted_and_resumed_run_is_bitwise_identical_to_uninterrupted(tmp_p
     assert a["train"]["best_val_loss"] == b["train"]["best_val_loss"]
 
 
+def test_a_muon_run_saved_before_muon_split_qkv_existed_resumes_as_it_ran(tmp_path, data_root, capsys):
+    """A checkpoint whose config lacks a key added since (here train.muon_split_qkv, whose default is now
+    true) resumes with the value that reproduces that run (false), says so, and ends bit for bit equal to
+    the uninterrupted run; with the new default it would diverge."""
+    from checkpoint import save_checkpoint
+
+    common = ("--train.max_iters=8", "--train.eval_interval=4", "--train.optimizer=muon")
+    full = run(tmp_path / "full", data_root, *common, "--train.muon_split_qkv=false")
+    with inject(interrupt_after=4):
+        run(tmp_path / "old", data_root, *common, "--train.muon_split_qkv=false")
+    ckpt = load_checkpoint(tmp_path / "old")
+    del ckpt["config"]["train"]["muon_split_qkv"]  # as written before the key existed
+    save_checkpoint(tmp_path / "old" / "ckpt.pt", ckpt)
+    capsys.readouterr()
+    resumed = run(tmp_path / "old", data_root, *common)  # today's default: true
+    assert "train.muon_split_qkv = False" in capsys.readouterr().out
+    assert {k: v for k, v in full["losses"].items() if k > 4} == resumed["losses"]
+    assert load_checkpoint(tmp_path / "old")["config"]["train"]["muon_split_qkv"] is False
+    a, b = load_checkpoint(tmp_path / "full")["model"], load_checkpoint(tmp_path / "old")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_resume_refuses_a_changed_architecture_and_keeps_the_checkpoint(tmp_path, data_root):
     out = tmp_path / "out"
     run(out, data_root, "--train.max_iters=3")

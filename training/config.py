@@ -20,7 +20,8 @@ from data.config import DataConfig
 from errors import UserError
 from model.gpt import GPTConfig
 from runtime.precision import DTYPE_NAMES
-from settings import at_least, check_fields, help_of, in_range, may_change_on_resume, not_blank, one_of, setting
+from settings import (at_least, check_fields, help_of, in_range, may_change_on_resume, not_blank, one_of, setting,
+                      value_before)
 
 from . import config_io
 from .budget import parse_duration
@@ -125,7 +126,8 @@ class TrainSection:
     muon_ns_steps: int = setting(5, "Muon's Newton-Schulz iterations per step (fewer: cheaper, a rougher "
                                     "orthogonalisation)", resume=True, check=in_range(1, 21, "[1, 20]"))
     muon_split_qkv: bool = setting(True, "Muon orthogonalises attention's q, k and v weights as three (C, C) matrices, "
-                                         "not c_attn's fused (3C, C) one (as modded-nanogpt does)", resume=True)
+                                         "not c_attn's fused (3C, C) one (as modded-nanogpt does)", resume=True,
+                                   before=False)
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16", resume=True, check=one_of(*DTYPE_NAMES))
     compile: bool = setting(False, "torch.compile the training forward/backward", resume=True)
     float8: str = setting("off", "float8 matmuls in the blocks' Linear layers (torchao; CUDA compute capability 8.9+: "
@@ -282,6 +284,24 @@ def to_yaml(cfg: Config) -> str:
 
 
 # ------------------------------------------------------------------------------ resume compatibility
+
+def keep_what_older_runs_did(saved: dict[str, Any], cfg: Config) -> list[str]:
+    """For a resumed run whose saved config lacks a key added since (a setting with `before`), set the
+    key to the value that reproduces that run, in place; returns one line per key set."""
+    notes = []
+    for s in dataclasses.fields(cfg):
+        old_values = saved.get(s.name) if isinstance(saved, dict) else None
+        if not isinstance(old_values, dict):
+            continue
+        obj = getattr(cfg, s.name)
+        for f in dataclasses.fields(obj):
+            before = value_before(f)
+            if before is not dataclasses.MISSING and f.name not in old_values and getattr(obj, f.name) != before:
+                setattr(obj, f.name, before)
+                notes.append(f"{s.name}.{f.name} = {before!r}: the resumed run was started before this key existed, "
+                             "and this value continues it as it was")
+    return notes
+
 
 def resume_conflicts(saved: dict[str, Any], new: Config) -> list[str]:
     """Keys whose saved value differs from the new config and that may not change on resume (a field's

@@ -84,27 +84,28 @@ class Muon(torch.optim.Optimizer):
         update = newton_schulz((1 - momentum) * grad + momentum * buf)      (nesterov; else buf)
         p = p * (1 - lr * weight_decay) - lr * sqrt(max(1, rows / cols)) * update
 
-    The same update, hyperparameters and state ("momentum_buffer") as torch.optim.Muon, so checkpoints
-    of either load into the other. What differs is where the time goes: the Newton-Schulz iterations
+    The same update (per piece, below), hyperparameters and state ("momentum_buffer") as torch.optim.Muon,
+    so checkpoints of either load into the other. What differs is where the time goes: the Newton-Schulz iterations
     run in `ns_dtype`, chosen by the caller from the device (bf16 where it is native, fp32 elsewhere:
     torch.optim.Muon always uses bf16, emulated ~25x slower on AVX2-only CPUs), on all the matrices of
     one shape at once (one batched matmul per product instead of one per matrix).
 
-    `pieces` (one per parameter, default 1) cuts a parameter's rows into that many equal matrices, each
-    orthogonalised and scaled on its own: c_attn's q, k and v (3 pieces), as modded-nanogpt does, since
-    they are three maps that merely share a matmul. It is not saved with the state either, so the state
+    `pieces` (one per parameter in param-group order, default 1) cuts a parameter's rows into that many
+    equal matrices, each orthogonalised and scaled (rows / pieces against cols) on its own: c_attn's q, k
+    and v (3 pieces), as modded-nanogpt does, since they are three maps that merely share a matmul. So the
+    update equals torch.optim.Muon's applied to each piece; on c_attn it equals torch's whole-matrix update
+    only with pieces 1 (train.muon_split_qkv=false). It is not saved with the state either, so the state
     stays torch.optim.Muon's."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
                  nesterov: bool = True, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32,
                  pieces: list[int] | None = None):
-        params = list(params)
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                       ns_steps=ns_steps, ns_coefficients=NS_COEFFICIENTS, eps=1e-7))
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.dim() != 2:
-                    raise ValueError(f"Muon takes 2-D weights only, got a parameter of shape {tuple(p.shape)}")
+        params = [p for group in self.param_groups for p in group["params"]]  # a list, or param groups
+        for p in params:
+            if p.dim() != 2:
+                raise ValueError(f"Muon takes 2-D weights only, got a parameter of shape {tuple(p.shape)}")
         self.ns_dtype = ns_dtype  # not a hyperparameter: the device's, so not saved with the state
         pieces = pieces or [1] * len(params)
         if len(pieces) != len(params) or any(n < 1 or p.shape[0] % n for p, n in zip(params, pieces)):
