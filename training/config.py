@@ -285,21 +285,27 @@ def to_yaml(cfg: Config) -> str:
 
 # ------------------------------------------------------------------------------ resume compatibility
 
+def _saved_fields(saved: dict[str, Any], cfg: Config):
+    """(section name, section, field, the saved section's values) for every key of `cfg` whose section
+    the saved config holds as a dict."""
+    for s in dataclasses.fields(cfg):
+        old_values = saved.get(s.name) if isinstance(saved, dict) else None
+        if isinstance(old_values, dict):
+            obj = getattr(cfg, s.name)
+            for f in dataclasses.fields(obj):
+                yield s.name, obj, f, old_values
+
+
 def keep_what_older_runs_did(saved: dict[str, Any], cfg: Config) -> list[str]:
     """For a resumed run whose saved config lacks a key added since (a setting with `before`), set the
     key to the value that reproduces that run, in place; returns one line per key set."""
     notes = []
-    for s in dataclasses.fields(cfg):
-        old_values = saved.get(s.name) if isinstance(saved, dict) else None
-        if not isinstance(old_values, dict):
-            continue
-        obj = getattr(cfg, s.name)
-        for f in dataclasses.fields(obj):
-            before = value_before(f)
-            if before is not dataclasses.MISSING and f.name not in old_values and getattr(obj, f.name) != before:
-                setattr(obj, f.name, before)
-                notes.append(f"{s.name}.{f.name} = {before!r}: the resumed run was started before this key existed, "
-                             "and this value continues it as it was")
+    for section, obj, f, old_values in _saved_fields(saved, cfg):
+        before = value_before(f)
+        if before is not dataclasses.MISSING and f.name not in old_values and getattr(obj, f.name) != before:
+            setattr(obj, f.name, before)
+            notes.append(f"{section}.{f.name} = {before!r}: the resumed run was started before this key existed, "
+                         "and this value continues it as it was")
     return notes
 
 
@@ -307,13 +313,8 @@ def resume_conflicts(saved: dict[str, Any], new: Config) -> list[str]:
     """Keys whose saved value differs from the new config and that may not change on resume (a field's
     `resume=False`: it changes what the weights or the data mean)."""
     out = []
-    for s in dataclasses.fields(new):
-        old_values = saved.get(s.name, {}) if isinstance(saved, dict) else {}
-        if not isinstance(old_values, dict):
-            old_values = {}
-        obj = getattr(new, s.name)
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if not may_change_on_resume(f) and f.name in old_values and old_values[f.name] != value:
-                out.append(f"{s.name}.{f.name}: {old_values[f.name]!r} -> {value!r}")
+    for section, obj, f, old_values in _saved_fields(saved, new):
+        value = getattr(obj, f.name)
+        if not may_change_on_resume(f) and f.name in old_values and old_values[f.name] != value:
+            out.append(f"{section}.{f.name}: {old_values[f.name]!r} -> {value!r}")
     return out
