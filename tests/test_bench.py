@@ -142,7 +142,8 @@ def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--loss-chunks", "64"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and "chunks of 384 (auto)" in out
-    assert re.search(r"char train\s+ours float32 \(auto\)", out) 
+    # which dtype `auto` marks for the char shape depends on the CPU (on a near-tie, on the moment): one, either
+    assert len(re.findall(r"char train\s+ours (?:float32|bfloat16) \(auto\)", out)) == 1
     assert not any(ln.startswith("char train") and "chunks of" in ln for ln in out.splitlines())
     # the fp32 target line speaks of the loss chunks train.py takes (384 here), not of the last variant timed;
     # that fp32 row is the auto row only where auto picks fp32 (a CPU with native bf16 may pick bf16)

@@ -104,3 +104,49 @@ def test_eval_fulls_pass_over_the_val_split_is_measured_into_the_plan(tmp_path, 
     assert f"the whole val split {seen[0].final_s:.1f} s at the end" in capsys.readouterr().out
     _run(tmp_path / "off", data_root, "--train.time_budget=1h", "--train.max_iters=4")
     assert seen[1].final_s == 0.0
+
+
+class _SlowSteps:
+    """train.py's step, with `extra` seconds added to the calls whose index is in `slow` (counted from 0)."""
+
+    def __init__(self, step, slow, extra):
+        self.step, self.slow, self.extra, self.calls = step, slow, extra, 0
+
+    def __getattr__(self, name):  # optimizers, scaler, ...: the real step's
+        return getattr(self.step, name)
+
+    def __call__(self, batches):
+        import time
+        out = self.step(batches)
+        if self.calls in self.slow:
+            time.sleep(self.extra)
+        self.calls += 1
+        return out
+
+
+def _measure_with(monkeypatch, slow, extra):
+    seen, real = [], training.budget.measure
+
+    def measure(r):
+        r.step = _SlowSteps(r.step, slow, extra)
+        seen.append(real(r))
+        return seen[-1]
+    monkeypatch.setattr(training.budget, "measure", measure)
+    return seen
+
+
+def test_a_burst_of_slow_steps_does_not_move_the_measured_step(tmp_path, data_root, monkeypatch, capsys):
+    # the first three timed steps (calls 2-4) slowed by 0.3 s, as when another process starts beside the run:
+    # a median of those three would read > 0.3 s; the timed steps fill TIMED_S, so most are the real ~10 ms
+    seen = _measure_with(monkeypatch, slow={2, 3, 4}, extra=0.3)
+    _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4")
+    assert seen[0].timed_steps == training.budget.MAX_TIMED and seen[0].step_s < 0.1
+    assert f"(median of {training.budget.MAX_TIMED})" in capsys.readouterr().out
+
+
+def test_slow_steps_are_timed_as_many_times_as_fill_timed_s(tmp_path, data_root, monkeypatch):
+    # every step 0.1 s slower: the last warm-up step (~0.1 s) sets the count, ceil(0.5 / 0.1xx) = 5 timed steps
+    monkeypatch.setattr(training.budget, "TIMED_S", 0.5)
+    seen = _measure_with(monkeypatch, slow=set(range(100)), extra=0.1)
+    _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4")
+    assert seen[0].timed_steps == 5 and 0.1 <= seen[0].step_s < 0.2

@@ -1,7 +1,8 @@
 """A time budget: `train.time_budget: 8m` sizes the run to the machine it runs on.
 
 Before the first step, the real training step is timed for a few iterations (WARMUP untimed, then
-TIMED timed; the median), and one eval batch per split; then every stateful part is put back exactly
+enough to fill TIMED_S seconds, between MIN_TIMED and MAX_TIMED steps; the median), and one eval batch per
+split; then every stateful part is put back exactly
 as it was (the Checkpointer's own registry: weights, optimizer moments, scaler, RNG streams), so the
 timing leaves no trace in the run. From those figures, the set-up time already spent and an estimate
 of the checkpoint writes, `plan` fixes max_iters (at most the config's, which is the plan tuned on a
@@ -30,7 +31,10 @@ from .distributed import broadcast_object
 from .evaluate import evaluate
 from .schedule import apply_lr, lr_at
 
-WARMUP, TIMED = 2, 3  # steps run before the timed ones (first-call costs, compile), and steps timed
+WARMUP = 2  # steps run before the timed ones (first-call costs, compile)
+# The timed steps fill ~TIMED_S seconds: the median of three 0.2 s steps read 557 ms for a 190 ms step on a
+# 2-core EPYC while another process started beside it, and the run it planned stopped at 902 of 1500 steps.
+MIN_TIMED, MAX_TIMED, TIMED_S = 3, 20, 2.0
 CKPT_BYTES_PER_S = 100e6  # a conservative write speed for the checkpoint estimate
 _UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -46,10 +50,11 @@ def parse_duration(text: str, name: str = "train.time_budget") -> float:
 @dataclass
 class Timing:
     setup_s: float  # wall seconds from train.py's start to the decision (data, dtype choice, the timing itself)
-    step_s: float  # one optimizer step (median of TIMED)
+    step_s: float  # one optimizer step (the median of the timed steps)
     eval_s: float  # one eval (eval_iters batches of each split)
     checkpoint_s: float  # one checkpoint write (estimated from its size)
     final_s: float = 0.0  # train.eval_full's pass over the whole val split, once at the end (estimated)
+    timed_steps: int = MIN_TIMED  # how many steps step_s is the median of
 
 
 def plan(budget_s: float, timing: Timing, *, max_iters: int, warmup_iters: int, eval_interval: int) -> tuple[int, int]:
@@ -76,14 +81,22 @@ def measure(r) -> Timing:
     """Time the run's real step and eval, then put every stateful part back (see the module docstring)."""
     t = r.cfg.train
     snapshot = {name: copy.deepcopy(obj.state_dict()) for name, obj in r.checkpointer.states.items()}
-    times = []
-    for i in range(WARMUP + TIMED):
-        apply_lr(r.step.optimizers, lr_at(i, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters),
-                 t.lr)
-        batches = [r.train_loader.get_batch(i, micro) for micro in range(r.accum)]
-        t0 = time.perf_counter()
-        r.step(batches).loss.item()  # the host sync: the step is done
-        times.append(time.perf_counter() - t0)
+
+    def run_steps(first: int, n: int) -> list[float]:
+        times = []
+        for i in range(first, first + n):
+            apply_lr(r.step.optimizers, lr_at(i, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters,
+                                              max_iters=t.max_iters), t.lr)
+            batches = [r.train_loader.get_batch(i, micro) for micro in range(r.accum)]
+            t0 = time.perf_counter()
+            r.step(batches).loss.item()  # the host sync: the step is done
+            times.append(time.perf_counter() - t0)
+        return times
+
+    last_warmup = run_steps(0, WARMUP)[-1]
+    # as many timed steps as fill TIMED_S; rank 0 decides, since every rank must run as many steps
+    n_timed = min(MAX_TIMED, max(MIN_TIMED, math.ceil(TIMED_S / max(last_warmup, 1e-6))))
+    times = run_steps(WARMUP, broadcast_object(n_timed if r.dist.is_main else None, r.dist, r.group))
     eval_s = final_s = 0.0
     if r.dist.is_main:
         for _ in range(2):  # the first call may pay one-time costs; the second is timed
@@ -95,8 +108,8 @@ def measure(r) -> Timing:
             final_s = eval_s / (2 * t.eval_iters) * math.ceil(val.num_windows() / val.batch_size)
     r.checkpointer.restore_states(snapshot, "the state before the budget's timing")
     size = sum(v.numel() * v.element_size() for v in _tensors(snapshot))
-    return Timing(setup_s=time.perf_counter() - r.clock[0], step_s=statistics.median(times[WARMUP:]), eval_s=eval_s,
-                  checkpoint_s=size / CKPT_BYTES_PER_S, final_s=final_s)
+    return Timing(setup_s=time.perf_counter() - r.clock[0], step_s=statistics.median(times), eval_s=eval_s,
+                  checkpoint_s=size / CKPT_BYTES_PER_S, final_s=final_s, timed_steps=len(times))
 
 
 def _tensors(obj: Any):
@@ -128,7 +141,7 @@ def fit_to_budget(r) -> None:
             iters, warmup = plan(budget, timing, max_iters=t.max_iters, warmup_iters=t.warmup_iters,
                                  eval_interval=t.eval_interval)
             note = (f"time budget {t.time_budget}: set-up {timing.setup_s:.1f} s, a step {timing.step_s * 1e3:.1f} ms "
-                    f"(median of {TIMED}), an eval {timing.eval_s:.1f} s + checkpoints {2 * timing.checkpoint_s:.1f} s "
+                    f"(median of {timing.timed_steps}), an eval {timing.eval_s:.1f} s + checkpoints {2 * timing.checkpoint_s:.1f} s "
                     f"every {t.eval_interval} steps"
                     + (f", the whole val split {timing.final_s:.1f} s at the end" if timing.final_s else "")
                     + f" -> max_iters {iters} (config: {t.max_iters}), warmup_iters {warmup}, "
