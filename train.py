@@ -198,7 +198,7 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     model, notes = build_model(cfg, vocab_size=meta["vocab_size"], tokenizer=tokenizer, resume=resume, device=device)
     if device.type == "cpu":
         keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
-    use_loss_path(model, device, compiled=t.compile)  # the probes below run the real loss path
+    loss_note = use_loss_path(model, device, compiled=t.compile)  # the probes below run the real loss path
     # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate, on
     # the first micro-batch; batch_size auto: of 1 sequence), every rank uses its choice, and a resumed run
     # keeps the one it made
@@ -247,6 +247,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     for note in notes + ([rng.note] if rng.note else []):
         say(note)
     say(f"{dtype_note}; {peak_note}")
+    if loss_note and dtype == torch.float32:  # in bf16/fp16 the head's products are the autocast dtype's
+        say(loss_note)
     if float8_layers:
         say(f"float8 ({t.float8} scaling) in {float8_layers} Linear layers of the blocks"
             + ("" if t.compile else "; eager float8 is slower than bf16: set train.compile=true for its speed"))

@@ -117,7 +117,8 @@ def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callab
 
 def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[torch.dtype, str]:
     """What train.py's dtype=auto picks for this shape: the same probe of the real forward + backward."""
-    model = use_loss_path(_model(shape, weights, "sdpa", device), device, compiled=False)
+    model = _model(shape, weights, "sdpa", device)
+    use_loss_path(model, device, compiled=False)
     name, note = choose_dtype("auto", None, device, forward_backward_probe(model, batch, lambda dt: autocast(device, dt)))
     return DTYPE_BY_NAME[name], note
 

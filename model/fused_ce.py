@@ -8,10 +8,15 @@ needed) -> the two gradient matmuls in one reused buffer, with as few passes ove
 (the softmax's division is applied to the small (n, C) operands instead), and only the (N, C) and (V, C)
 gradients are kept. The gradients are computed in the forward pass (the backward only scales them by
 the incoming gradient), so nothing of size (N, V) outlives a chunk.
+
+How it runs on a device is chosen from outside the model (runtime/loss_path.py): the rows per chunk, the
+rows of the logits exponentiated and summed at a time (`exp_block_rows`), and the matmul that makes the
+weight's gradient (`weight_grad_mm`).
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -56,7 +61,21 @@ def _softcap_(z, softcap, tanh_flat, scale=1.0):
 SAFE_SUMS = (1e-20, 1e30)
 
 
-def _exp_shifted_(z, t, again):
+def _exp2_sums_(z, block_rows):
+    """z (V, n) <- 2^z in place; returns its column sums (1, n). With block_rows, that many rows at a time,
+    each block summed while its exp2 is still in cache: a CPU's caches hold no chunk's logits (154 MB at
+    768 x 50257), and the sum over the rows of the whole tensor afterwards reads it from memory again, and
+    slowly (768 x 50257 on a 2-core EPYC Zen 4: exp2 then the sum 15.8 ms, in blocks of 1024 rows 10.0 ms).
+    None: one exp2 and one sum over the whole chunk (a GPU, where every block would be two launches)."""
+    if not block_rows or block_rows >= z.shape[0]:
+        return z.exp2_().sum(dim=0, keepdim=True)
+    total = torch.zeros((1, z.shape[1]), dtype=z.dtype, device=z.device)
+    for start in range(0, z.shape[0], block_rows):
+        total += z[start:start + block_rows].exp2_().sum(dim=0, keepdim=True)
+    return total
+
+
+def _exp_shifted_(z, t, again, block_rows):
     """z (V, n), logits in base 2 (log2(e) times the natural ones) <- the softmax's numerators
     2^(z - shift) in place; returns the per-column loss logsumexp (natural) - logit[target] (n,), the
     numerators' sums (1, n) and z (the same buffer). The division by the sums is left to the (n, C)
@@ -69,12 +88,12 @@ def _exp_shifted_(z, t, again):
     `again()` computes z again into the same buffer, and it is shifted by its max. The check reads n
     numbers on the host: a sync per chunk, a few per step."""
     target_z = z.gather(0, t)  # (1, n)
-    total = z.exp2_().sum(dim=0, keepdim=True)  # (1, n)
+    total = _exp2_sums_(z, block_rows)  # (1, n)
     if bool(((total >= SAFE_SUMS[0]) & (total <= SAFE_SUMS[1])).all()):
         return (total.log() - target_z * LN2).squeeze(0), total, z
     z = again()
     zmax = z.amax(dim=0, keepdim=True)  # (1, n)
-    total = z.sub_(zmax).exp2_().sum(dim=0, keepdim=True)
+    total = _exp2_sums_(z.sub_(zmax), block_rows)
     return ((zmax - target_z) * LN2 + total.log()).squeeze(0), total, z
 
 
@@ -86,7 +105,7 @@ def _base2_rows(x, xc, acc, compute_dtype, softcap):
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk_rows, compute_dtype, softcap):
+    def forward(ctx, x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows, weight_grad_mm):
         N, V = x.shape[0], weight.shape[0]
         acc = torch.promote_types(compute_dtype, torch.float32)  # softmax and gradient sums
         keep = (targets != -1).to(acc)
@@ -97,7 +116,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         flat = torch.empty(min(chunk_rows, N) * V, dtype=acc, device=x.device)
         losses = torch.empty(N, dtype=acc, device=x.device)
         grad_x = torch.empty(x.shape, dtype=acc, device=x.device)
-        grad_w = torch.empty(weight.shape, dtype=acc, device=x.device)
+        grad_w = None  # (V, C), made by the first chunk's product (no 25 MB zero-fill), then accumulated
         tanh_flat = torch.empty_like(flat) if softcap else None
         for start in range(0, N, chunk_rows):
             rows = slice(start, min(start + chunk_rows, N))
@@ -107,7 +126,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 return z, (_softcap_(z, softcap, tanh_flat, LOG2E) if softcap else None)
 
             z, th = logits()
-            losses[rows], total, z = _exp_shifted_(z, t, again=lambda: logits()[0])
+            losses[rows], total, z = _exp_shifted_(z, t, again=lambda: logits()[0], block_rows=exp_block_rows)
             # d loss / d logits = softmax - onehot(target) = (e - total * onehot) / total on kept rows, 0 on
             # ignored ones; the 1/n_keep comes in backward, in fp32 (in fp16 it would underflow).
             e = z.scatter_add_(0, t, -total)
@@ -120,12 +139,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             de = e.to(compute_dtype)  # (V, n)
             grad_x[rows] = (de.t() @ wc) * scale
             x_scaled = xc[rows] * scale.to(compute_dtype)  # (n, C)
-            if start == 0:  # the first chunk writes grad_w, which saves zero-filling 25 MB
-                torch.mm(de, x_scaled, out=grad_w) if compute_dtype == acc else grad_w.copy_(de @ x_scaled)
-            elif compute_dtype == acc:
-                grad_w.addmm_(de, x_scaled)
+            if compute_dtype != acc:  # a bf16/fp16 product, accumulated in fp32
+                grad_w = (de @ x_scaled).to(acc) if grad_w is None else grad_w.add_(de @ x_scaled)
+            elif grad_w is None:
+                grad_w = (weight_grad_mm or torch.mm)(de, x_scaled)
+            elif weight_grad_mm is None:
+                grad_w.addmm_(de, x_scaled)  # in place: no fresh (V, C) product per chunk
             else:
-                grad_w += de @ x_scaled
+                grad_w += weight_grad_mm(de, x_scaled)
         ctx.save_for_backward(grad_x, grad_w, n_keep)
         ctx.dtypes = (x.dtype, weight.dtype)
         return (losses * keep).sum() / n_keep
@@ -136,11 +157,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         scale = grad_loss / n_keep  # one pass over each gradient, for both the mean and the upstream grad
         # In place: a fresh 25 MB grad_w costs page faults and a pass. A second backward through the same
         # graph (retain_graph) would fail loudly on the version check, never silently scale twice.
-        return grad_x.mul_(scale).to(ctx.dtypes[0]), grad_w.mul_(scale).to(ctx.dtypes[1]), None, None, None, None
+        return (grad_x.mul_(scale).to(ctx.dtypes[0]), grad_w.mul_(scale).to(ctx.dtypes[1]),
+                None, None, None, None, None, None)
 
 
 @torch.no_grad()
-def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap):
+def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows):
     keep = targets != -1
     acc = torch.promote_types(compute_dtype, torch.float32)
     total = torch.zeros((), dtype=acc, device=x.device)
@@ -155,7 +177,8 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap):
                 z.div_(softcap).tanh_().mul_(softcap * LOG2E)
             return z
 
-        per_row, _, _ = _exp_shifted_(logits(), targets[rows].clamp(min=0).unsqueeze(0), again=logits)
+        per_row, _, _ = _exp_shifted_(logits(), targets[rows].clamp(min=0).unsqueeze(0), again=logits,
+                                      block_rows=exp_block_rows)
         total += (per_row * keep[rows]).sum()
     return total / keep.sum().clamp(min=1)
 
@@ -164,17 +187,23 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap):
 # chunk loop. Each chunk is a few large kernels (two matmuls dominate), so eager costs little here.
 @torch.compiler.disable
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_rows: int, softcap: float = 0.0) -> torch.Tensor:
+                         chunk_rows: int, softcap: float = 0.0, *, exp_block_rows: int | None = None,
+                         weight_grad_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                         ) -> torch.Tensor:
     """mean over targets != -1 of cross_entropy(x @ weight.T, targets), without the full logits.
 
     x (N, C), weight (V, C), targets (N,). Under autocast the matmuls run in the autocast dtype, the
     softmax in fp32 and the gradients accumulate in fp32. softcap > 0: the logits are
     softcap * tanh(x @ weight.T / softcap), as GPT.forward computes them.
+    exp_block_rows: exponentiate and sum the (V, n) logits that many rows at a time (None: all at once).
+    weight_grad_mm(a, b) -> a @ b: the product (V, n) @ (n, C) of the weight's gradient when the matmuls
+    run in x's own dtype (None: torch.mm); some CPUs run that shape much faster in another library.
     """
     compute_dtype = _compute_dtype(x)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         # autocast must not re-cast inside the Function: the dtypes are chosen explicitly above
         with torch.autocast(x.device.type, enabled=False):
-            return _LinearCrossEntropy.apply(x, weight, targets, chunk_rows, compute_dtype, softcap)
+            return _LinearCrossEntropy.apply(x, weight, targets, chunk_rows, compute_dtype, softcap,
+                                             exp_block_rows, weight_grad_mm)
     with torch.autocast(x.device.type, enabled=False):
-        return _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap)
+        return _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -289,10 +290,13 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
         self.init_weights()
-        # rows per chunk of the fused LM-head loss (return_logits=False); None = through the full logits.
-        # Which is faster depends on the hardware, so it is chosen from outside, like compile and DDP:
-        # runtime/loss_path.py's use_loss_path is the one place that sets it
+        # How the training loss runs (return_logits=False): rows per chunk of the fused LM-head loss (None =
+        # through the full logits), and how a chunk runs (model/fused_ce.py's exp_block_rows and
+        # weight_grad_mm). What is fastest depends on the hardware, so it is chosen from outside, like
+        # compile and DDP: runtime/loss_path.py's use_loss_path is the one place that sets these
         self.loss_chunk_rows: int | None = None
+        self.loss_exp_block_rows: int | None = None
+        self.loss_weight_grad_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def tie_weights(self) -> None:
         """Weight tying (Press & Wolf 2017): the output layer reuses the token embedding, which saves
@@ -386,7 +390,9 @@ class GPT(nn.Module):
             from .fused_ce import linear_cross_entropy
 
             return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1),
-                                              chunk_rows=self.loss_chunk_rows, softcap=cap)
+                                              chunk_rows=self.loss_chunk_rows, softcap=cap,
+                                              exp_block_rows=self.loss_exp_block_rows,
+                                              weight_grad_mm=self.loss_weight_grad_mm)
         logits = self.lm_head(x)  # (B, T, vocab)
         if cap:
             logits = cap * torch.tanh(logits / cap)

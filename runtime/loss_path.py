@@ -1,13 +1,13 @@
 """How the LM head's loss runs on this device, applied to the model from outside: `use_loss_path(model,
-device, compiled=...)`, one line beside compile and DDP (the only code that sets GPT.loss_chunk_rows).
+device, compiled=...)`, one line beside compile and DDP (the only code that sets GPT's loss_* attributes).
 
 With a 50k vocabulary the head is the largest matmul of a small GPT, and the (B*T, V) logits the
 largest tensor. Where the logits go depends on the hardware:
 - CPU: the fused, chunked head + loss (model/fused_ce.py), in chunks whose fp32 logits take at most
-  CHUNK_BYTES (384 rows at a 50257 vocabulary). Measured on a 2-core Zen 3 at 768 x 50257 (bench.py
-  --loss-chunks): 64 rows 443 ms, 128 418, 192 386, 256 376, 384 358-373, 512 378, 768 (one chunk)
-  373 ms a step, full logits + F.cross_entropy 418 ms; bigger chunks mean fewer passes over the head's
-  (V, C) gradient, and past ~384 rows they stop paying while the buffer keeps growing.
+  CHUNK_BYTES (768 rows at a 50257 vocabulary). Measured on a 2-core Zen 3 at 768 x 50257 (bench.py
+  --loss-chunks, before the changes below): 64 rows 443 ms, 128 418, 192 386, 256 376, 384 358-373, 512
+  378, 768 (one chunk) 373 ms a step, full logits + F.cross_entropy 418 ms; bigger chunks mean fewer
+  passes over the head's (V, C) gradient, and past ~384 rows they stopped paying there.
 - A small vocabulary (a char model: 65 ids), on any device: the full logits are a few hundred KB, and
   one matmul + cross_entropy costs less than the chunks' many small ops (char step, 2-core CPU: 25.2
   against 26.0 ms).
@@ -16,15 +16,35 @@ largest tensor. Where the logits go depends on the hardware:
   launches (see the GPU rows of bench.py for the measurement).
 - CUDA without compile: chunks sized from free memory, so a chunk's fp32 logits take at most 1/16 of
   it (at most 8192 rows): few launches, bounded memory.
+
+How a chunk runs on a CPU (model/fused_ce.py's options, set here too):
+- its (V, n) logits are exponentiated and summed EXP_BLOCK_BYTES at a time, each block summed while it
+  is in cache (on a GPU in one op each: a block would be two kernel launches);
+- the weight gradient's (V, n) @ (n, C) product runs in torch.mm (MKL on x86) or in oneDNN's matmul,
+  whichever is faster on this CPU, measured once per machine and shape and kept (runtime/choices.py).
+  On a 2-core EPYC Zen 4 (2026-11-25, 768 x 50257 x 128): torch.mm 71-78 ms, oneDNN 51 ms (MKL runs its
+  AVX2 code on AMD CPUs, oneDNN its AVX-512 code); under ONEDNN_MAX_CPU_ISA=AVX2 67 against 61 ms. The
+  other two head products (the logits, the input's gradient) measured no faster in oneDNN, so they stay.
+
+With oneDNN's product the BPE step went from 267 to 243 ms on that CPU, and 768-row chunks (one per
+step of the CPU recipe) became faster than 384-row ones (258 ms), where on the Zen 3 above they had
+tied: CHUNK_BYTES went from 80 to 150 MiB.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from model import GPT
 
-CHUNK_BYTES = 80 * 2**20  # CPU: a chunk's fp32 logits; see above
+from .choices import cached
+from .precision import fastest
+
+CHUNK_BYTES = 150 * 2**20  # CPU: a chunk's fp32 logits; see above
 SMALL_VOCAB = 8192  # below this the logits are small, and one matmul + cross_entropy beats chunking
+EXP_BLOCK_BYTES = 4 * 2**20  # CPU: logits exponentiated and summed at a time, within L2 + L3
+MEASURE_BUDGET_S = 2.0  # what timing the weight-gradient product may cost, once per machine and shape
 
 
 def choose_loss_chunk_rows(device: torch.device, *, compiled: bool, vocab_size: int) -> int | None:
@@ -39,10 +59,73 @@ def choose_loss_chunk_rows(device: torch.device, *, compiled: bool, vocab_size: 
     return int(max(256, min(8192, rows // 256 * 256)))
 
 
-def use_loss_path(model: GPT, device: torch.device, *, compiled: bool, rows: int | None | str = "auto") -> GPT:
+def choose_exp_block_rows(device: torch.device, chunk_rows: int | None) -> int | None:
+    """Rows of a chunk's (V, n) logits exponentiated and summed at a time: EXP_BLOCK_BYTES' worth on a
+    CPU, None (the whole chunk) elsewhere."""
+    if device.type != "cpu" or chunk_rows is None:
+        return None
+    return max(8, EXP_BLOCK_BYTES // (4 * chunk_rows))
+
+
+def onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for fp32 matrices by oneDNN's matmul (the op Inductor's CPU backend calls; it takes the
+    second operand transposed); torch.mm for any other dtype (oneDNN has no fp64), and should oneDNN
+    refuse a layout."""
+    if a.dtype == b.dtype == torch.float32:
+        try:
+            return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
+        except RuntimeError:
+            pass
+    return torch.mm(a, b)
+
+
+def _has_onednn_matmul() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return callable(torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):  # a torch built without it
+        return False
+
+
+WEIGHT_GRAD_MM: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = {
+    "torch.mm": None, "oneDNN": onednn_mm}
+
+
+def choose_weight_grad_mm(device: torch.device, *, vocab_size: int, chunk_rows: int | None, n_embd: int,
+                          ) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, str]:
+    """The product of the weight gradient, (V, rows) @ (rows, C), in the fused loss on a CPU: torch.mm,
+    or oneDNN's matmul where it is more than 5% faster on this CPU (and agrees with torch.mm), timed once
+    per machine and shape on operands of that shape and kept (runtime/choices.py). -> (the function, or
+    None for torch.mm; a note saying which and where the choice came from, '' where nothing is chosen)."""
+    if device.type != "cpu" or chunk_rows is None or not _has_onednn_matmul():
+        return None, ""
+
+    def measure() -> dict:
+        gen = torch.Generator().manual_seed(0)  # a private generator: the run's RNG stays untouched
+        a = torch.rand(vocab_size, chunk_rows, generator=gen)  # softmax-like: non-negative, as the real one
+        b = torch.randn(chunk_rows, n_embd, generator=gen)
+        ref = torch.mm(a, b)
+        if not torch.allclose(onednn_mm(a, b), ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max())):
+            return {"value": "torch.mm", "note": "oneDNN's product disagreed with torch.mm"}
+        pick, seconds = fastest(tuple(WEIGHT_GRAD_MM), lambda name: (WEIGHT_GRAD_MM[name] or torch.mm)(a, b),
+                                device, budget_s=MEASURE_BUDGET_S)
+        return {"value": pick, "note": ", ".join(f"{ms * 1e3:.1f} ms by {name}" for name, ms in seconds.items())}
+
+    entry, source = cached("loss weight-gradient product", {"shape": [vocab_size, chunk_rows, n_embd]}, measure)
+    name = entry["value"] if entry.get("value") in WEIGHT_GRAD_MM else "torch.mm"
+    return WEIGHT_GRAD_MM[name], (f"LM head's weight gradient ({vocab_size} x {chunk_rows} x {n_embd}) by {name}: "
+                                  f"{entry.get('note', '')} ({source})")
+
+
+def use_loss_path(model: GPT, device: torch.device, *, compiled: bool, rows: int | None | str = "auto") -> str:
     """Set how `model` computes its training loss: chunks of choose_loss_chunk_rows(...) rows of the fused
     head + loss, or the full logits (None); `rows` given explicitly overrides the choice (the benchmark
-    compares both). Returns the model."""
+    compares both); and how a chunk runs on this device (choose_exp_block_rows, choose_weight_grad_mm).
+    Returns a note on what was measured for it ('' where nothing was)."""
     model.loss_chunk_rows = (choose_loss_chunk_rows(device, compiled=compiled, vocab_size=model.config.vocab_size)
                              if rows == "auto" else rows)
-    return model
+    model.loss_exp_block_rows = choose_exp_block_rows(device, model.loss_chunk_rows)
+    model.loss_weight_grad_mm, note = choose_weight_grad_mm(
+        device, vocab_size=model.config.vocab_size, chunk_rows=model.loss_chunk_rows, n_embd=model.config.n_embd)
+    return note

@@ -20,9 +20,11 @@ import contextlib
 import platform
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -122,21 +124,22 @@ def decision_budget_s(run_s: float = 0.0) -> float:
     return max(5.0, 0.02 * run_s)
 
 
-def fastest(candidates: Sequence[torch.dtype], run: Callable[[torch.dtype], object], device: torch.device,
+def fastest(candidates: Sequence[T], run: Callable[[T], object], device: torch.device,
             reps: int = 3, margin: float = 0.05, budget_s: float | Callable[[float], float] = 5.0,
-            ) -> tuple[torch.dtype, dict[str, float]]:
-    """Time run(dtype) for each candidate: one warm-up call each, then up to `reps` calls each,
-    interleaved so that a busy neighbour slows all alike; the median per dtype. -> (pick, seconds by name).
+            ) -> tuple[T, dict[str, float]]:
+    """Time run(candidate) for each candidate (dtypes, or the names of other ways to do the same work):
+    one warm-up call each, then up to `reps` calls each, interleaved so that a busy neighbour slows all
+    alike; the median per candidate. -> (pick, seconds by name).
 
     - A candidate whose first timed call is over 2x another's is abandoned there (an emulated dtype,
       or a kernel path far off the other's): it is never the pick, and it is not run again.
     - The whole decision stops adding rounds once it has spent `budget_s` seconds (a number, or a
       function of the first candidate's first timed call, e.g. 2% of the run that many steps make).
-    - The first candidate (the more exact one) is kept unless another is faster by more than `margin`:
-      a near tie is within the probe's run-to-run noise (on a Xeon with AMX the BPE step measured
-      135.4 ms in fp32 and 135.1 ms in bf16, then ran 8% faster in fp32), and then exactness wins."""
+    - The first candidate (the more exact one, or the default) is kept unless another is faster by more
+      than `margin`: a near tie is within the probe's run-to-run noise (on a Xeon with AMX the BPE step
+      measured 135.4 ms in fp32 and 135.1 ms in bf16, then ran 8% faster in fp32), and then exactness wins."""
     start = time.perf_counter()
-    times: dict[torch.dtype, list[float]] = {dt: [] for dt in candidates}
+    times: dict[T, list[float]] = {dt: [] for dt in candidates}
     live = list(candidates)
     limit = budget_s if not callable(budget_s) else None
     for rep in range(reps + 1):
@@ -160,7 +163,8 @@ def fastest(candidates: Sequence[torch.dtype], run: Callable[[torch.dtype], obje
     medians = {dt: statistics.median(ts) for dt, ts in times.items() if dt in live}
     best, first = min(medians, key=medians.get), candidates[0]
     pick = best if first not in medians or medians[best] < (1 - margin) * medians[first] else first
-    seconds = {dtype_name(dt): statistics.median(ts) for dt, ts in times.items() if ts}
+    seconds = {dtype_name(dt) if isinstance(dt, torch.dtype) else str(dt): statistics.median(ts)
+               for dt, ts in times.items() if ts}
     return pick, seconds
 
 

@@ -206,22 +206,26 @@ def _product_trees() -> dict[str, ast.AST]:
     return {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in project_modules().items()}
 
 
+LOSS_PATH_ATTRIBUTES = {"loss_chunk_rows", "loss_exp_block_rows", "loss_weight_grad_mm"}
+
+
 def test_nothing_outside_the_loss_path_sets_loss_chunk_rows():
     """The loss path is applied from outside the model by runtime/loss_path.py's use_loss_path, like
-    compile and DDP; the model only declares the attribute (None: full logits) in its __init__."""
+    compile and DDP; the model only declares its attributes (None: full logits, the defaults) in its
+    __init__."""
     offenders = []
     for module, tree in _product_trees().items():
         for node in ast.walk(tree):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, (ast.AugAssign, ast.AnnAssign)) else []
             for t in targets:
-                if isinstance(t, ast.Attribute) and t.attr == "loss_chunk_rows":
+                if isinstance(t, ast.Attribute) and t.attr in LOSS_PATH_ATTRIBUTES:
                     declared = (module == "model.gpt" and isinstance(node, ast.AnnAssign)
                                 and isinstance(node.value, ast.Constant) and node.value.value is None)
                     if module != "runtime.loss_path" and not declared:
                         offenders.append(f"{module}:{node.lineno}")
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1
-                    and isinstance(node.args[1], ast.Constant) and node.args[1].value == "loss_chunk_rows"):
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in LOSS_PATH_ATTRIBUTES):
                 offenders.append(f"{module}:{node.lineno} (setattr)")
     assert not offenders, offenders
 

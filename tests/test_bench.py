@@ -16,6 +16,7 @@ import benchmarks.train
 import model.generate
 import sample
 import training.step
+from runtime.loss_path import choose_loss_chunk_rows
 from runtime.precision import cpu_native_bf16
 
 QUICK = ["--quick", "--warmup", "0", "--iters", "1", "--rounds", "1"]
@@ -141,13 +142,14 @@ def test_bench_bad_option_is_one_line(capsys):
 def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--loss-chunks", "64"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and "chunks of 384 (auto)" in out
+    rows = choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257)  # what train.py takes
+    assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and f"chunks of {rows} (auto)" in out
     # which dtype `auto` marks for the char shape depends on the CPU (on a near-tie, on the moment): one, either
     assert len(re.findall(r"char train\s+ours (?:float32|bfloat16) \(auto\)", out)) == 1
     assert not any(ln.startswith("char train") and "chunks of" in ln for ln in out.splitlines())
-    # the fp32 target line speaks of the loss chunks train.py takes (384 here), not of the last variant timed;
-    # that fp32 row is the auto row only where auto picks fp32 (a CPU with native bf16 may pick bf16)
-    chosen = next(ln for ln in out.splitlines() if re.search(r"ours float32, loss chunks of 384( \(auto\))?\s", ln))
+    # the fp32 target line speaks of the loss chunks train.py takes, not of the last variant timed; that fp32
+    # row is the auto row only where auto picks fp32 (a CPU with native bf16 may pick bf16)
+    chosen = next(ln for ln in out.splitlines() if re.search(rf"ours float32, loss chunks of {rows}( \(auto\))?\s", ln))
     summary = next(ln for ln in out.splitlines() if ln.startswith("BPE fp32 step:"))
     assert re.search(r"([\d.]+x) nanoGPT's loop", summary).group(1) in chosen.split()[-1:], (summary, chosen)
 

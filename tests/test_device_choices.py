@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from runtime.loss_path import CHUNK_BYTES, choose_loss_chunk_rows
+from runtime.loss_path import (CHUNK_BYTES, EXP_BLOCK_BYTES, choose_exp_block_rows, choose_loss_chunk_rows,
+                               choose_weight_grad_mm, onednn_mm, use_loss_path)
 from runtime.precision import inference_dtype, make_scaler, training_dtype
 from training.mfu import gpu_peak_flops, mfu, peak_flops
 
@@ -36,9 +37,9 @@ def fake_gpu(monkeypatch):
 # ------------------------------------------------------------------------------------------ loss path
 
 def test_loss_path_is_full_logits_in_a_compiled_gpu_graph_and_bounded_chunks_otherwise(fake_gpu):
-    # a CPU: a chunk's fp32 logits within CHUNK_BYTES (80 MiB), a multiple of 64 rows, at least 64
-    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257) == 384 == CHUNK_BYTES // 4 // 50257 // 64 * 64
-    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=True, vocab_size=50257) == 384
+    # a CPU: a chunk's fp32 logits within CHUNK_BYTES (150 MiB), a multiple of 64 rows, at least 64
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257) == 768 == CHUNK_BYTES // 4 // 50257 // 64 * 64
+    assert choose_loss_chunk_rows(torch.device("cpu"), compiled=True, vocab_size=50257) == 768
     assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=2**20) == 64  # the floor
     assert choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=65) is None  # a char model
     fake_gpu(free_gb=70.0)
@@ -51,6 +52,61 @@ def test_loss_path_is_full_logits_in_a_compiled_gpu_graph_and_bounded_chunks_oth
     assert rows == 5120 and rows * 50304 * 4 <= 16 * 2**30 / 16
     fake_gpu(free_gb=0.01)
     assert choose_loss_chunk_rows(CUDA, compiled=False, vocab_size=50304) == 256  # the floor
+
+
+def test_a_cpu_chunk_is_exponentiated_in_cache_sized_blocks_and_a_gpu_chunk_whole(fake_gpu):
+    fake_gpu()
+    assert choose_exp_block_rows(CUDA, 8192) is None  # every block would be two kernel launches
+    assert choose_exp_block_rows(torch.device("cpu"), None) is None  # full logits: no chunks at all
+    rows = choose_exp_block_rows(torch.device("cpu"), 768)
+    assert rows == 1365 and rows * 768 * 4 <= EXP_BLOCK_BYTES < (rows + 1) * 768 * 4
+    assert choose_exp_block_rows(torch.device("cpu"), 2**20) == 8  # the floor
+
+
+def test_onednn_mm_equals_a_float64_product_and_hands_other_dtypes_to_torch_mm():
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.rand(1000, 96, generator=gen), torch.randn(96, 40, generator=gen)
+    ref = a.double() @ b.double()
+    torch.testing.assert_close(onednn_mm(a, b).double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(onednn_mm(a.double(), b.double()), a.double() @ b.double())  # fp64: torch.mm itself
+
+
+def test_the_weight_gradient_product_is_timed_once_per_machine_and_shape_then_kept(monkeypatch, fake_gpu):
+    import runtime.loss_path as loss_path
+
+    verdicts = iter(["oneDNN", "torch.mm", "torch.mm"])
+    calls = []
+
+    def fake_fastest(candidates, run, device, **kw):  # a machine whose timing flips between runs
+        calls.append(tuple(candidates))
+        for name in candidates:
+            run(name)  # both really run, on operands of the asked shape
+        pick = next(verdicts)
+        return pick, {name: (0.05 if name == pick else 0.08) for name in candidates}
+    monkeypatch.setattr(loss_path, "fastest", fake_fastest)
+    cpu = torch.device("cpu")
+    first, note1 = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=64, n_embd=16)
+    second, note2 = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=64, n_embd=16)
+    assert first is second is onednn_mm and calls == [("torch.mm", "oneDNN")]  # timed once, then reused
+    assert "by oneDNN: 80.0 ms by torch.mm, 50.0 ms by oneDNN (measured now" in note1 and "from the cache" in note2
+    other, _ = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=32, n_embd=16)  # another shape: timed again
+    assert other is None and len(calls) == 2
+    fake_gpu()
+    assert choose_weight_grad_mm(CUDA, vocab_size=300, chunk_rows=64, n_embd=16) == (None, "")  # CPUs only
+    monkeypatch.setattr(loss_path, "onednn_mm", lambda a, b: torch.mm(a, b) + 1e-3)  # a wrong product
+    wrong, note = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=128, n_embd=16)
+    assert wrong is None and "disagreed" in note and len(calls) == 2  # never chosen, nor timed
+
+
+def test_use_loss_path_gives_the_model_every_choice_of_its_device():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=9000))
+    note = use_loss_path(model, torch.device("cpu"), compiled=False)
+    assert model.loss_chunk_rows == choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=9000)
+    assert model.loss_exp_block_rows == choose_exp_block_rows(torch.device("cpu"), model.loss_chunk_rows)
+    assert model.loss_weight_grad_mm in (None, onednn_mm) and "LM head's weight gradient (9000 x" in note
+    char = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65))
+    assert use_loss_path(char, torch.device("cpu"), compiled=False) == ""  # full logits: nothing to choose
+    assert char.loss_chunk_rows is char.loss_exp_block_rows is char.loss_weight_grad_mm is None
 
 
 @pytest.mark.parametrize("chunk_rows", [None, 7, 384])

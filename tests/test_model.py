@@ -258,7 +258,8 @@ def test_bad_config_raises_value_error_naming_the_field(kwargs, field):
 # ---------------------------------------------------------------- fused head + loss
 
 
-def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits():
+@pytest.mark.parametrize("exp_block_rows", [None, 7, 5000])  # the whole chunk; blocks, the last partial; > V
+def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits(exp_block_rows):
     from model.fused_ce import linear_cross_entropy
 
     torch.manual_seed(0)
@@ -268,13 +269,44 @@ def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits():
     targets[::7] = -1
     expected = F.cross_entropy(x @ w.t(), targets, ignore_index=-1)
     ex, ew = torch.autograd.grad(expected * 3, (x, w))
-    got = linear_cross_entropy(x, w, targets, chunk_rows=64)  # 300 rows: the last chunk is partial
+    # 300 rows: the last chunk is partial
+    got = linear_cross_entropy(x, w, targets, chunk_rows=64, exp_block_rows=exp_block_rows)
     gx, gw = torch.autograd.grad(got * 3, (x, w))
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     torch.testing.assert_close(gx, ex, rtol=0, atol=1e-10)
     torch.testing.assert_close(gw, ew, rtol=0, atol=1e-10)
     with torch.no_grad():  # the loss-only path (evaluation)
-        torch.testing.assert_close(linear_cross_entropy(x, w, targets, chunk_rows=64), expected, rtol=0, atol=1e-10)
+        torch.testing.assert_close(linear_cross_entropy(x, w, targets, chunk_rows=64, exp_block_rows=exp_block_rows),
+                                   expected, rtol=0, atol=1e-10)
+
+
+def test_the_weight_gradient_product_given_from_outside_makes_the_weight_gradient_of_every_chunk():
+    from model.fused_ce import linear_cross_entropy
+    from runtime.loss_path import onednn_mm
+
+    torch.manual_seed(0)
+    x = torch.randn(200, 32, requires_grad=True)
+    w = (torch.randn(700, 32) * 0.3).requires_grad_()
+    targets = torch.randint(0, 700, (200,))
+    targets[::9] = -1
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    expected = F.cross_entropy(xd @ wd.t(), targets, ignore_index=-1)
+    ex, ew = torch.autograd.grad(expected, (xd, wd))
+    shapes = []
+
+    def product(a, b):
+        shapes.append((tuple(a.shape), tuple(b.shape)))
+        return onednn_mm(a, b)
+    got = linear_cross_entropy(x, w, targets, chunk_rows=64, exp_block_rows=100, weight_grad_mm=product)
+    gx, gw = torch.autograd.grad(got, (x, w))
+    assert shapes == [((700, 64), (64, 32))] * 3 + [((700, 8), (8, 32))]  # every chunk, the last one partial
+    assert abs(got.item() - expected.item()) < 1e-5
+    torch.testing.assert_close(gx.double(), ex, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gw.double(), ew, rtol=1e-4, atol=1e-6)
+    shapes.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16 product is the autocast dtype's own, not this one
+        linear_cross_entropy(x, w, targets, chunk_rows=64, weight_grad_mm=product).backward()
+    assert shapes == []
 
 
 def test_fused_loss_stays_finite_and_exact_when_the_target_probability_underflows_fp32():
@@ -313,7 +345,7 @@ def test_fused_loss_gradients_are_exact_whether_or_not_a_chunk_needs_the_max_shi
     real = fused_ce._chunk_logits_t
     monkeypatch.setattr(fused_ce, "_chunk_logits_t", lambda *a: calls.append(1) or real(*a))
     x.requires_grad_(), w.requires_grad_()
-    got = fused_ce.linear_cross_entropy(x, w, targets, chunk_rows=16)
+    got = fused_ce.linear_cross_entropy(x, w, targets, chunk_rows=16, exp_block_rows=7)
     gx, gw = torch.autograd.grad(got, (x, w))
     assert len(calls) == 3  # two chunks, the second one twice
     assert abs(got.item() - expected.item()) < 1e-5 * expected.item()

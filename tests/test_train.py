@@ -287,9 +287,10 @@ def test_init_from_checkpoint_starts_from_its_weights(tmp_path, data_root):
     assert ck["train"]["iter"] == 2  # a new run, not a resume
 
 
-def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root):
+def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root, capsys):
     """The gpt2-tokenizer run: an HF-format GPT-2 directory as init; the first loss equals the
-    exported model's own loss on the same batch."""
+    exported model's own loss on the same batch (the fused head + loss against the full logits, with the
+    weight-gradient product this CPU was measured to run fastest, which the run names)."""
     torch.manual_seed(0)
     ref = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32))
     export_hf(ref, {"tokenizer": "gpt2", "chars": None}, tmp_path / "hf")
@@ -302,6 +303,8 @@ def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root):
     assert res["losses"][1] == pytest.approx(expected.item(), abs=1e-5)
     ck = load_checkpoint(tmp_path / "out")
     assert ck["model_config"]["block_size"] == 64 and ck["tokenizer"] == {"tokenizer": "gpt2", "chars": None}
+    assert re.search(r"LM head's weight gradient \(50257 x 768 x 32\) by (torch\.mm|oneDNN): .* ms by oneDNN "
+                     r"\(measured now", capsys.readouterr().out)
 
 
 def test_init_from_hf_with_char_data_is_refused(tmp_path, data_root):
