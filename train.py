@@ -34,12 +34,12 @@ from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from model import GPT
 from runtime.device import resolve_device, with_compile_fallback
-from runtime.loss_path import use_loss_path
+from runtime.loss_path import use_loss_path, use_weight_grad_product
 from runtime.memory import keep_freed_memory
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
 from training.builders import (
-    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, dtype_shape, parallelize,
-    shard_model,
+    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, choose_loss_product,
+    dtype_shape, parallelize, shard_model,
 )
 from training.budget import fit_to_budget
 from training.batch_size import divisors, plan_batch
@@ -198,7 +198,10 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     model, notes = build_model(cfg, vocab_size=meta["vocab_size"], tokenizer=tokenizer, resume=resume, device=device)
     if device.type == "cpu":
         keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
-    loss_note = use_loss_path(model, device, compiled=t.compile)  # the probes below run the real loss path
+    use_loss_path(model, device, compiled=t.compile)  # the probes below run the real loss path
+    tokens = None if t.batch_size == AUTO_BATCH else t.batch_size * cfg.model.block_size
+    product, product_note = on_rank0(lambda: choose_loss_product(resume, device, model, tokens), dist, group)
+    use_weight_grad_product(model, product)
     # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate, on
     # the first micro-batch; batch_size auto: of 1 sequence), every rank uses its choice, and a resumed run
     # keeps the one it made
@@ -223,12 +226,14 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     optimizers = build_optimizers(model, t, device)
     scaler = make_scaler(device, dtype)
     step = Stepper(model, optimizers, scaler, cfg, dist, device, amp, say)  # loss path, compile, DDP
-    state = TrainState(dtype=name, micro_batch=batch.micro if t.batch_size == AUTO_BATCH else 0, batch_note=batch.note)
+    state = TrainState(dtype=name, micro_batch=batch.micro if t.batch_size == AUTO_BATCH else 0, batch_note=batch.note,
+                       loss_product=product)
     checkpointer, rng = build_checkpointer(out_dir, dist, group, model=model, optimizers=optimizers, scaler=scaler,
                                            loader=train_loader, state=state, cfg=cfg, tokenizer=tokenizer)
     if resume is not None:
         checkpointer.restore(resume)
         state.dtype = name  # kept from the checkpoint unless train.dtype overrides it (choose_dtype)
+        state.loss_product = product  # what the checkpoint said, or torch.mm where it predates the choice
     elif dist.rank:
         torch.manual_seed(t.seed + dist.rank)  # different dropout masks per rank; same init (above)
 
@@ -247,8 +252,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     for note in notes + ([rng.note] if rng.note else []):
         say(note)
     say(f"{dtype_note}; {peak_note}")
-    if loss_note and dtype == torch.float32:  # in bf16/fp16 the head's products are the autocast dtype's
-        say(loss_note)
+    if product_note and dtype == torch.float32:  # in bf16/fp16 the head's products are the autocast dtype's
+        say(product_note)
     if float8_layers:
         say(f"float8 ({t.float8} scaling) in {float8_layers} Linear layers of the blocks"
             + ("" if t.compile else "; eager float8 is slower than bf16: set train.compile=true for its speed"))

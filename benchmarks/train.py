@@ -19,10 +19,10 @@ import torch
 
 from data import BatchLoader
 from model import GPT, GPTConfig
-from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
+from runtime.loss_path import choose_loss_chunk_rows, use_loss_path, use_weight_grad_product
 from runtime.memory import param_count
 from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name, make_scaler
-from training.builders import build_optimizers, choose_dtype, parallelize
+from training.builders import build_optimizers, choose_dtype, choose_loss_product, parallelize
 from training.float8 import convert_to_float8
 from training.config import TrainSection
 from training.distributed import DistInfo
@@ -78,6 +78,11 @@ def _model(shape: Shape, weights, backend: str, device: torch.device) -> GPT:
 AUTO = "auto"
 
 
+def _use_measured_product(model: GPT, device: torch.device, shape: Shape) -> GPT:
+    """The weight-gradient product train.py's fresh run takes for this shape (training.builders)."""
+    return use_weight_grad_product(model, choose_loss_product(None, device, model, shape.batch_size * shape.block_size)[0])
+
+
 def train_section(compiled: bool) -> TrainSection:
     """The baseline's hyperparameters as train.py's config section."""
     return TrainSection(lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], grad_clip=GRAD_CLIP,
@@ -93,6 +98,7 @@ def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, c
     convert_to_float8(raw, float8)
     t = train_section(compiled)
     model = parallelize(raw, t, DistInfo(), device, loss_chunk_rows=loss_chunk_rows)
+    _use_measured_product(raw, device, shape)
     optimizers = build_optimizers(raw, t, device)
     scaler = make_scaler(device, dtype)
 
@@ -117,8 +123,8 @@ def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callab
 
 def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[torch.dtype, str]:
     """What train.py's dtype=auto picks for this shape: the same probe of the real forward + backward."""
-    model = _model(shape, weights, "sdpa", device)
-    use_loss_path(model, device, compiled=False)
+    model = _use_measured_product(use_loss_path(_model(shape, weights, "sdpa", device), device, compiled=False),
+                                  device, shape)
     name, note = choose_dtype("auto", None, device, forward_backward_probe(model, batch, lambda dt: autocast(device, dt)))
     return DTYPE_BY_NAME[name], note
 

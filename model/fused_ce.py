@@ -103,6 +103,18 @@ def _base2_rows(x, xc, acc, compute_dtype, softcap):
     return xc if softcap else (x.to(acc) * LOG2E).to(compute_dtype)
 
 
+def add_weight_grad(grad_w, de, x_scaled, product=None):
+    """grad_w + de @ x_scaled, the (V, C) weight gradient of one chunk added to those before it: the first
+    chunk's product is the gradient (grad_w None: no zero-filled (V, C) tensor to add it to); later ones
+    are added in place. product(a, b) -> a @ b, given from outside (None: torch.mm, accumulated by addmm_,
+    with no fresh (V, C) product per chunk)."""
+    if grad_w is None:
+        return (product or torch.mm)(de, x_scaled)
+    if product is None:
+        return grad_w.addmm_(de, x_scaled)
+    return grad_w.add_(product(de, x_scaled))
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows, weight_grad_mm):
@@ -141,12 +153,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             x_scaled = xc[rows] * scale.to(compute_dtype)  # (n, C)
             if compute_dtype != acc:  # a bf16/fp16 product, accumulated in fp32
                 grad_w = (de @ x_scaled).to(acc) if grad_w is None else grad_w.add_(de @ x_scaled)
-            elif grad_w is None:
-                grad_w = (weight_grad_mm or torch.mm)(de, x_scaled)
-            elif weight_grad_mm is None:
-                grad_w.addmm_(de, x_scaled)  # in place: no fresh (V, C) product per chunk
             else:
-                grad_w += weight_grad_mm(de, x_scaled)
+                grad_w = add_weight_grad(grad_w, de, x_scaled, weight_grad_mm)
         ctx.save_for_backward(grad_x, grad_w, n_keep)
         ctx.dtypes = (x.dtype, weight.dtype)
         return (losses * keep).sum() / n_keep

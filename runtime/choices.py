@@ -52,8 +52,10 @@ def _cpu_model() -> str:
 def machine_key() -> str:
     """What a CPU measurement depends on besides the work itself. The ISA and native bf16 are in it, so
     that a run under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 keeps its own entries."""
+    onednn_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")  # alone, it changes oneDNN's kernels and nothing above
     return (f"{_cpu_model()} | {torch.backends.cpu.get_cpu_capability()} | native bf16 {precision.cpu_native_bf16()} | "
-            f"torch {torch.__version__} | {torch.get_num_threads()} threads")
+            f"torch {torch.__version__} | {torch.get_num_threads()} threads"
+            + (f" | ONEDNN_MAX_CPU_ISA={onednn_isa}" if onednn_isa else ""))
 
 
 def _read() -> dict[str, Any]:

@@ -88,44 +88,59 @@ def _has_onednn_matmul() -> bool:
         return False
 
 
-WEIGHT_GRAD_MM: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = {
+# The ways to make the fused loss's weight gradient, by name (the name is what a run saves): None = torch.mm
+WEIGHT_GRAD_PRODUCTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = {
     "torch.mm": None, "oneDNN": onednn_mm}
+DEFAULT_PRODUCT = "torch.mm"  # also what every run made before the choice existed
 
 
-def choose_weight_grad_mm(device: torch.device, *, vocab_size: int, chunk_rows: int | None, n_embd: int,
-                          ) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, str]:
-    """The product of the weight gradient, (V, rows) @ (rows, C), in the fused loss on a CPU: torch.mm,
-    or oneDNN's matmul where it is more than 5% faster on this CPU (and agrees with torch.mm), timed once
-    per machine and shape on operands of that shape and kept (runtime/choices.py). -> (the function, or
-    None for torch.mm; a note saying which and where the choice came from, '' where nothing is chosen)."""
-    if device.type != "cpu" or chunk_rows is None or not _has_onednn_matmul():
-        return None, ""
+def choose_weight_grad_product(device: torch.device, *, vocab_size: int, rows: int | None, n_embd: int,
+                               ) -> tuple[str, str]:
+    """How the fused loss makes the weight gradient on this device -> (a WEIGHT_GRAD_PRODUCTS name, a note
+    saying which and where the choice came from; '' where there is nothing to choose).
+
+    On a CPU with oneDNN: oneDNN's matmul where it is more than 5% faster than torch.mm on this CPU (and
+    agrees with it), timed once per machine and shape on operands of the shape a chunk of `rows` rows
+    makes, and kept (runtime/choices.py). What is timed is what a step runs: a chunk's product, then one
+    more chunk's added to it (torch.mm adds in place with addmm_, oneDNN makes a product and adds it)."""
+    if device.type != "cpu" or rows is None or not _has_onednn_matmul():
+        return DEFAULT_PRODUCT, ""
 
     def measure() -> dict:
+        from model.fused_ce import add_weight_grad  # here: it imports torch._dynamo (~0.7 s), runs need it anyway
+
         gen = torch.Generator().manual_seed(0)  # a private generator: the run's RNG stays untouched
-        a = torch.rand(vocab_size, chunk_rows, generator=gen)  # softmax-like: non-negative, as the real one
-        b = torch.randn(chunk_rows, n_embd, generator=gen)
+        a = torch.rand(vocab_size, rows, generator=gen)  # non-negative, as the softmax's numerators are
+        b = torch.randn(rows, n_embd, generator=gen)
         ref = torch.mm(a, b)
         if not torch.allclose(onednn_mm(a, b), ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max())):
-            return {"value": "torch.mm", "note": "oneDNN's product disagreed with torch.mm"}
-        pick, seconds = fastest(tuple(WEIGHT_GRAD_MM), lambda name: (WEIGHT_GRAD_MM[name] or torch.mm)(a, b),
-                                device, budget_s=MEASURE_BUDGET_S)
-        return {"value": pick, "note": ", ".join(f"{ms * 1e3:.1f} ms by {name}" for name, ms in seconds.items())}
+            return {"value": DEFAULT_PRODUCT, "note": "oneDNN's product disagreed with torch.mm"}
 
-    entry, source = cached("loss weight-gradient product", {"shape": [vocab_size, chunk_rows, n_embd]}, measure)
-    name = entry["value"] if entry.get("value") in WEIGHT_GRAD_MM else "torch.mm"
-    return WEIGHT_GRAD_MM[name], (f"LM head's weight gradient ({vocab_size} x {chunk_rows} x {n_embd}) by {name}: "
-                                  f"{entry.get('note', '')} ({source})")
+        def two_chunks(name: str) -> None:
+            product = WEIGHT_GRAD_PRODUCTS[name]
+            add_weight_grad(add_weight_grad(None, a, b, product), a, b, product)
+        pick, seconds = fastest(tuple(WEIGHT_GRAD_PRODUCTS), two_chunks, device, budget_s=MEASURE_BUDGET_S)
+        return {"value": pick, "note": ", ".join(f"{s * 1e3:.1f} ms by {name}" for name, s in seconds.items())}
+
+    entry, source = cached("loss weight-gradient product", {"shape": [vocab_size, rows, n_embd]}, measure)
+    name = entry["value"] if entry.get("value") in WEIGHT_GRAD_PRODUCTS else DEFAULT_PRODUCT
+    return name, (f"LM head's weight gradient ({vocab_size} x {rows} x {n_embd}, two chunks) by {name}: "
+                  f"{entry.get('note', '')} ({source})")
 
 
-def use_loss_path(model: GPT, device: torch.device, *, compiled: bool, rows: int | None | str = "auto") -> str:
+def use_weight_grad_product(model: GPT, name: str) -> GPT:
+    """Make `model`'s fused loss build its weight gradient the WEIGHT_GRAD_PRODUCTS way `name`."""
+    model.loss_weight_grad_mm = WEIGHT_GRAD_PRODUCTS[name]
+    return model
+
+
+def use_loss_path(model: GPT, device: torch.device, *, compiled: bool, rows: int | None | str = "auto") -> GPT:
     """Set how `model` computes its training loss: chunks of choose_loss_chunk_rows(...) rows of the fused
     head + loss, or the full logits (None); `rows` given explicitly overrides the choice (the benchmark
-    compares both); and how a chunk runs on this device (choose_exp_block_rows, choose_weight_grad_mm).
-    Returns a note on what was measured for it ('' where nothing was)."""
+    compares both); and the blocks a chunk is exponentiated in (choose_exp_block_rows). The weight
+    gradient's product is a measured choice a run makes once and keeps: use_weight_grad_product.
+    Returns the model."""
     model.loss_chunk_rows = (choose_loss_chunk_rows(device, compiled=compiled, vocab_size=model.config.vocab_size)
                              if rows == "auto" else rows)
     model.loss_exp_block_rows = choose_exp_block_rows(device, model.loss_chunk_rows)
-    model.loss_weight_grad_mm, note = choose_weight_grad_mm(
-        device, vocab_size=model.config.vocab_size, chunk_rows=model.loss_chunk_rows, n_embd=model.config.n_embd)
-    return note
+    return model

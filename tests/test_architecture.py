@@ -26,7 +26,8 @@ OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib"
 LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build", "tqdm")}
 # Start-up time (test_starting_a_cli_imports_no_compiler_fsdp_or_dcp): the fused loss's torch.compiler.disable
 # imports torch._dynamo (~0.7 s), DCP and FSDP import DTensor and sympy (~1 s); only the runs that use them pay.
-LAZY_ON_PURPOSE |= {("model.gpt", "model.fused_ce"), ("training.builders", "training.sharding"),
+LAZY_ON_PURPOSE |= {("model.gpt", "model.fused_ce"), ("runtime.loss_path", "model.fused_ce"),
+                    ("training.builders", "training.sharding"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.api"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.metadata")}

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from model import GPT, GPTConfig
 from runtime.loss_path import (CHUNK_BYTES, EXP_BLOCK_BYTES, choose_exp_block_rows, choose_loss_chunk_rows,
-                               choose_weight_grad_mm, onednn_mm, use_loss_path)
+                               choose_weight_grad_product, onednn_mm, use_loss_path, use_weight_grad_product)
 from runtime.precision import inference_dtype, make_scaler, training_dtype
 from training.mfu import gpu_peak_flops, mfu, peak_flops
 
@@ -71,6 +71,14 @@ def test_onednn_mm_equals_a_float64_product_and_hands_other_dtypes_to_torch_mm()
     assert torch.equal(onednn_mm(a.double(), b.double()), a.double() @ b.double())  # fp64: torch.mm itself
 
 
+def test_onednn_mm_falls_back_to_torch_mm_where_onednn_refuses(monkeypatch):
+    def refuse(*args):
+        raise RuntimeError("could not create a primitive descriptor")
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", refuse)
+    a, b = torch.rand(50, 16), torch.randn(16, 8)
+    assert torch.equal(onednn_mm(a, b), torch.mm(a, b))
+
+
 def test_the_weight_gradient_product_is_timed_once_per_machine_and_shape_then_kept(monkeypatch, fake_gpu):
     import runtime.loss_path as loss_path
 
@@ -85,28 +93,65 @@ def test_the_weight_gradient_product_is_timed_once_per_machine_and_shape_then_ke
         return pick, {name: (0.05 if name == pick else 0.08) for name in candidates}
     monkeypatch.setattr(loss_path, "fastest", fake_fastest)
     cpu = torch.device("cpu")
-    first, note1 = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=64, n_embd=16)
-    second, note2 = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=64, n_embd=16)
-    assert first is second is onednn_mm and calls == [("torch.mm", "oneDNN")]  # timed once, then reused
-    assert "by oneDNN: 80.0 ms by torch.mm, 50.0 ms by oneDNN (measured now" in note1 and "from the cache" in note2
-    other, _ = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=32, n_embd=16)  # another shape: timed again
-    assert other is None and len(calls) == 2
+    first, note1 = choose_weight_grad_product(cpu, vocab_size=300, rows=64, n_embd=16)
+    second, note2 = choose_weight_grad_product(cpu, vocab_size=300, rows=64, n_embd=16)
+    assert first == second == "oneDNN" and calls == [("torch.mm", "oneDNN")]  # timed once, then reused
+    assert "(300 x 64 x 16, two chunks) by oneDNN: 80.0 ms by torch.mm, 50.0 ms by oneDNN (measured now" in note1
+    assert "from the cache" in note2
+    other, _ = choose_weight_grad_product(cpu, vocab_size=300, rows=32, n_embd=16)  # another shape: timed again
+    assert other == "torch.mm" and len(calls) == 2
     fake_gpu()
-    assert choose_weight_grad_mm(CUDA, vocab_size=300, chunk_rows=64, n_embd=16) == (None, "")  # CPUs only
+    assert choose_weight_grad_product(CUDA, vocab_size=300, rows=64, n_embd=16) == ("torch.mm", "")  # CPUs only
+    assert choose_weight_grad_product(cpu, vocab_size=300, rows=None, n_embd=16) == ("torch.mm", "")  # full logits
     monkeypatch.setattr(loss_path, "onednn_mm", lambda a, b: torch.mm(a, b) + 1e-3)  # a wrong product
-    wrong, note = choose_weight_grad_mm(cpu, vocab_size=300, chunk_rows=128, n_embd=16)
-    assert wrong is None and "disagreed" in note and len(calls) == 2  # never chosen, nor timed
+    wrong, note = choose_weight_grad_product(cpu, vocab_size=300, rows=128, n_embd=16)
+    assert wrong == "torch.mm" and "disagreed" in note and len(calls) == 2  # never chosen, nor timed
 
 
-def test_use_loss_path_gives_the_model_every_choice_of_its_device():
+def test_the_product_timing_runs_what_a_step_runs_a_product_then_one_added_in_place(monkeypatch):
+    import model.fused_ce as fused_ce
+    import runtime.loss_path as loss_path
+
+    seen = []
+    real_add = fused_ce.add_weight_grad
+    monkeypatch.setattr(fused_ce, "add_weight_grad",
+                        lambda g, a, b, p=None: seen.append((g is None, p)) or real_add(g, a, b, p))
+    monkeypatch.setattr(loss_path, "fastest",
+                        lambda candidates, run, device, **kw: ([run(c) for c in candidates], ("torch.mm", {}))[1])
+    loss_path.choose_weight_grad_product(torch.device("cpu"), vocab_size=200, rows=8, n_embd=4)
+    assert seen == [(True, None), (False, None), (True, loss_path.onednn_mm), (False, loss_path.onednn_mm)]
+
+
+def test_use_loss_path_gives_the_model_its_devices_chunks_and_blocks():
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=9000))
-    note = use_loss_path(model, torch.device("cpu"), compiled=False)
+    assert use_loss_path(model, torch.device("cpu"), compiled=False) is model
     assert model.loss_chunk_rows == choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=9000)
     assert model.loss_exp_block_rows == choose_exp_block_rows(torch.device("cpu"), model.loss_chunk_rows)
-    assert model.loss_weight_grad_mm in (None, onednn_mm) and "LM head's weight gradient (9000 x" in note
-    char = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65))
-    assert use_loss_path(char, torch.device("cpu"), compiled=False) == ""  # full logits: nothing to choose
-    assert char.loss_chunk_rows is char.loss_exp_block_rows is char.loss_weight_grad_mm is None
+    assert model.loss_weight_grad_mm is None  # a measured choice a run makes once: use_weight_grad_product
+    assert use_weight_grad_product(model, "oneDNN").loss_weight_grad_mm is onednn_mm
+    char = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65)),
+                         torch.device("cpu"), compiled=False)
+    assert char.loss_chunk_rows is None and char.loss_exp_block_rows is None  # full logits
+
+
+def test_a_model_given_blocks_and_a_product_trains_with_torch_cross_entropys_gradients():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=300))
+    ref = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=300)).double()
+    ref.load_state_dict(model.state_dict())
+    x, y = torch.randint(0, 300, (3, 12)), torch.randint(0, 300, (3, 12))
+    y[0, :4] = -1
+    calls = []
+    model.loss_chunk_rows, model.loss_exp_block_rows = 16, 40  # 36 rows: 3 chunks, the last partial
+    model.loss_weight_grad_mm = lambda a, b: calls.append(tuple(a.shape)) or onednn_mm(a, b)
+    _, loss = model(x, y, return_logits=False)
+    loss.backward()
+    expected = F.cross_entropy(ref(x).view(-1, 300), y.view(-1), ignore_index=-1)  # the textbook loss, in fp64
+    expected.backward()
+    assert calls == [(300, 16), (300, 16), (300, 4)]  # the model handed its product to every chunk
+    assert abs(loss.item() - expected.item()) < 1e-5
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-6, msg=n)
 
 
 @pytest.mark.parametrize("chunk_rows", [None, 7, 384])

@@ -142,6 +142,44 @@ def test_interrupted_and_resumed_run_is_bitwise_identical_to_uninterrupted(tmp_p
     assert a["train"]["best_val_loss"] == b["train"]["best_val_loss"]
 
 
+def test_a_resumed_bpe_run_keeps_its_weight_gradient_product_and_ends_bitwise_equal(tmp_path, data_root, monkeypatch,
+                                                                                    capsys):
+    """The weight gradient's product (torch.mm or oneDNN, runtime/loss_path.py) is timed when a run starts
+    and saved; a resume keeps it whatever the machine's timing says then, and ends bit for bit equal to the
+    uninterrupted run. A checkpoint from before the choice existed resumes with torch.mm, what it ran."""
+    import runtime.loss_path
+    import training.builders
+    from checkpoint import save_checkpoint
+
+    # oneDNN's product, here made with an fp64 sum so that it differs from torch.mm's in the last bits on any
+    # CPU (MKL's and oneDNN's own agree bitwise at some shapes)
+    monkeypatch.setitem(runtime.loss_path.WEIGHT_GRAD_PRODUCTS, "oneDNN", lambda a, b: (a.double() @ b.double()).float())
+    monkeypatch.setattr(training.builders, "choose_weight_grad_product", lambda device, **kw: ("oneDNN", "timed"))
+    common = ("--data.tokenizer=gpt2", "--train.max_iters=8", "--train.eval_interval=4", "--model.dropout=0.1")
+    full = run(tmp_path / "full", data_root, *common)
+    assert load_checkpoint(tmp_path / "full")["train"]["loss_product"] == "oneDNN"
+    for out in ("resumed", "old"):
+        with inject(interrupt_after=4):
+            run(tmp_path / out, data_root, *common)
+    monkeypatch.setattr(training.builders, "choose_weight_grad_product",
+                        lambda device, **kw: pytest.fail("a resumed run must not choose again"))
+    capsys.readouterr()
+    resumed = run(tmp_path / "resumed", data_root, *common)
+    assert "LM head's weight gradient by oneDNN (chosen when this run started)" in capsys.readouterr().out
+    assert {k: v for k, v in full["losses"].items() if k > 4} == resumed["losses"]
+    a, b = load_checkpoint(tmp_path / "full")["model"], load_checkpoint(tmp_path / "resumed")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ckpt = load_checkpoint(tmp_path / "old")
+    del ckpt["train"]["loss_product"]  # as written before the choice existed
+    save_checkpoint(tmp_path / "old" / "ckpt.pt", ckpt)
+    old = run(tmp_path / "old", data_root, *common)
+    assert "LM head's weight gradient by torch.mm (chosen when this run started)" in capsys.readouterr().out
+    ckpt = load_checkpoint(tmp_path / "old")
+    assert ckpt["train"]["loss_product"] == "torch.mm" and old["iter"] == 8
+    # the other product: the same run only to the last bits of the weights (AdamW's steps hide it from the losses)
+    assert not torch.equal(ckpt["model"]["transformer.wte.weight"], b["transformer.wte.weight"])
+
+
 def test_a_muon_run_saved_before_muon_split_qkv_existed_resumes_as_it_ran(tmp_path, data_root, capsys):
     """A checkpoint whose config lacks a key added since (here train.muon_split_qkv, whose default is now
     true) resumes with the value that reproduces that run (false), says so, and ends bit for bit equal to
@@ -303,8 +341,8 @@ def test_init_from_hf_gpt2_dir_on_bpe_data(tmp_path, data_root, capsys):
     assert res["losses"][1] == pytest.approx(expected.item(), abs=1e-5)
     ck = load_checkpoint(tmp_path / "out")
     assert ck["model_config"]["block_size"] == 64 and ck["tokenizer"] == {"tokenizer": "gpt2", "chars": None}
-    assert re.search(r"LM head's weight gradient \(50257 x 768 x 32\) by (torch\.mm|oneDNN): .* ms by oneDNN "
-                     r"\(measured now", capsys.readouterr().out)
+    assert re.search(r"LM head's weight gradient \(50257 x 128 x 32, two chunks\) by (torch\.mm|oneDNN): .* ms by "
+                     r"oneDNN \(measured now", capsys.readouterr().out)  # a micro-batch is 128 rows, one chunk
 
 
 def test_init_from_hf_with_char_data_is_refused(tmp_path, data_root):

@@ -25,7 +25,8 @@ from checkpoint import Checkpointer, Resume, model_config_dict
 from data import BatchLoader
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
-from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
+from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, choose_loss_chunk_rows, choose_weight_grad_product,
+                               use_loss_path)
 from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, dtype_name, sharded_param_dtype, training_dtype
 
@@ -122,6 +123,20 @@ def choose_dtype(name: str, resume: Resume | None, device: torch.device, probe: 
     decide = lambda: training_dtype(name, device, forward_backward=probe, run_steps=run_steps)  # noqa: E731
     dtype, note = auto_dtype("train", shape, decide, device) if name == "auto" and shape is not None else decide()
     return dtype_name(dtype), note
+
+
+def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT, tokens: int | None) -> tuple[str, str]:
+    """(WEIGHT_GRAD_PRODUCTS name, note) for the fused loss's weight gradient, set on the model with
+    use_weight_grad_product. A resumed run keeps the one it chose (older checkpoints: torch.mm, what they
+    ran), so a resume is bitwise the uninterrupted run whatever the machine's timing says now; a fresh run
+    takes the measured choice for this machine and the rows of its first chunk (`tokens`, a micro-batch's
+    tokens, None where not yet known: the chunk's rows)."""
+    if resume is not None:
+        saved = resume.train.get("loss_product", DEFAULT_PRODUCT)
+        name = saved if saved in WEIGHT_GRAD_PRODUCTS else DEFAULT_PRODUCT
+        return name, f"LM head's weight gradient by {name} (chosen when this run started)"
+    rows = model.loss_chunk_rows if tokens is None or model.loss_chunk_rows is None else min(model.loss_chunk_rows, tokens)
+    return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows, n_embd=model.config.n_embd)
 
 
 def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[torch.optim.Optimizer]:

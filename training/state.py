@@ -32,9 +32,13 @@ class TrainState:
     # train.batch_size auto's decision (training/batch_size.py), made once when the run started; 0 = none
     micro_batch: int = 0
     batch_note: str = ""
+    # how the fused loss makes the LM head's weight gradient (runtime/loss_path.py's WEIGHT_GRAD_PRODUCTS),
+    # measured once when the run started: a resume that made the other choice would differ in the last bits
+    loss_product: str = ""
 
-    # absent from older checkpoints
-    ADDED_LATER = {"budget_iters": 0, "budget_warmup": 0, "budget_note": "", "micro_batch": 0, "batch_note": ""}
+    # absent from older checkpoints (which all made their weight gradient with torch.mm)
+    ADDED_LATER = {"budget_iters": 0, "budget_warmup": 0, "budget_note": "", "micro_batch": 0, "batch_note": "",
+                   "loss_product": "torch.mm"}
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
