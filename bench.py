@@ -38,6 +38,7 @@ import torch
 from benchmarks.budget import bench_budget
 from benchmarks.decode import bench_decode
 from benchmarks.fsdp import bench_fsdp
+from benchmarks import nanogpt_own
 from benchmarks.muon import muon_vs_adamw
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
 from benchmarks.prepare import bench_corpus, bench_prepare, prepare_peak_rss
@@ -103,6 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "with nanoGPT's CPU recipe")
     p.add_argument("--budget-configs", default="shakespeare_char,shakespeare_char_modern,small,small_modern",
                    help="budget: the configs to run (default: %(default)s)")
+    p.add_argument("--nanogpt-dir", default=None, help="CPU: a checkout of karpathy/nanoGPT; after the train "
+                   "section its own train.py runs the BPE shape's recipe (100 steps) and the BPE rows are compared "
+                   "with its per-iteration time (benchmarks/nanogpt_own.py)")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     p.add_argument("--isa-avx2", action="store_true", help="after the native run, run the same sections again in a "
                    "child process under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 (the AVX2-only class, "
@@ -135,6 +139,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UserError(f"--threads must be 0 (torch's default) or 1..{cores} (this machine's cores), got {args.threads}")
     if args.json:  # checked now, not after minutes of measuring
         check_json_path(Path(args.json))
+    if args.nanogpt_dir:
+        nanogpt_own.check_dir(Path(args.nanogpt_dir))
     return args
 
 
@@ -190,6 +196,8 @@ def main(argv=None) -> int:
     cuda = device.type == "cuda"
     for recipe in args.float8_recipes:  # one line now, not after minutes of other rows
         check_float8(recipe, device, option="--float8")
+    if cuda and args.nanogpt_dir:
+        raise UserError("--nanogpt-dir times nanoGPT's CPU recipe; add --device cpu")
     if cuda and "profile" in args.sections:  # refused before any other section spends minutes
         raise UserError("--only profile profiles the CPU training step; on a GPU use --device cpu, or "
                         "torch.profiler with CUDA activity")
@@ -224,6 +232,8 @@ def main(argv=None) -> int:
                         shape, device=device, dtypes=dtypes, compiled=[False] + ([True] if compile_ else []),
                         peaks=peaks, other_loss_path=args.loss_paths, loss_chunks=args.loss_chunk_sizes, **timing)
                     report["rows"] += rows
+        if args.nanogpt_dir:  # right after our rows, in the same environment
+            report["nanogpt_own"] = nanogpt_own.step_ms(Path(args.nanogpt_dir), Path(tmp) / "nanogpt-out", say)
         if "muon" in args.sections:
             rows, report["muon"] = muon_vs_adamw(device, quick=args.quick, **timing)
             report["rows"] += rows
@@ -283,14 +293,20 @@ def main(argv=None) -> int:
 
 def targets(report: dict) -> dict:
     """Issue 20's targets, from the rows of this run: the BPE fp32 step's MFU against the fp32 matmul
-    probe (>= 65%) and its speed-up over nanoGPT's loop (>= 2.0x); a Muon step against an AdamW step
-    (<= 1.5x without native bf16, <= 1.3x with it)."""
+    probe (>= 65%) and its speed-up over nanoGPT's loop (>= 2.0x), and over nanoGPT's own train.py where
+    --nanogpt-dir ran it (also for the dtype `auto` picks); a Muon step against an AdamW step (<= 1.5x
+    without native bf16, <= 1.3x with it)."""
     out = {}
+    own = report.get("nanogpt_own", {}).get("median_ms")
     for r in report["rows"]:
         # the first such row: the loss path train.py takes (the --loss-chunks variants come after it)
         if r["section"] == "BPE train" and r["precision"] == "float32" and not r.get("compiled") and "bpe_fp32" not in out:
             out["bpe_fp32"] = {"mfu": r.get("ours_mfu"), "mfu_target": 0.65, "speedup": r["speedup"],
                                "speedup_target": 2.0}
+            if own:
+                out["bpe_fp32"]["speedup_own"] = own / r["ours"]
+        if r["section"] == "BPE train" and r.get("auto") and own:
+            out["bpe_auto"] = {"precision": r["precision"], "speedup_own": own / r["ours"]}
     if "muon" in report:
         out["muon"] = {"ratio": report["muon"]["ratio"], "target": report["muon"]["target"]}
     return out

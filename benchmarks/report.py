@@ -81,6 +81,15 @@ def print_report(report: dict, print=print) -> None:
         b = tg["bpe_fp32"]
         print(f"\nBPE fp32 step: {_fmt(b['mfu'], 'mfu')} of the fp32 matmul probe's peak (target >= "
               f"{b['mfu_target']:.0%}), {b['speedup']:.2f}x nanoGPT's loop (target >= {b['speedup_target']:.1f}x)")
+    own = report.get("nanogpt_own")
+    if own:
+        line = (f"\nnanoGPT's own train.py ({own['dir']}, the median of iterations {own['first_iter']}-"
+                f"{own['first_iter'] + own['iters'] - 1}): {own['median_ms']:.1f} ms a step")
+        if "bpe_fp32" in tg:
+            line += f"; ours fp32 {tg['bpe_fp32']['speedup_own']:.2f}x (target >= {tg['bpe_fp32']['speedup_target']:.1f}x)"
+        if "bpe_auto" in tg and tg["bpe_auto"]["precision"] != "float32":
+            line += f", ours {tg['bpe_auto']['precision']} (auto) {tg['bpe_auto']['speedup_own']:.2f}x"
+        print(line)
     if "muon" in report:
         mu = report["muon"]
         print(f"\nMuon step / AdamW step ({mu['config']}, {mu['dtype']}, Newton-Schulz in {mu['ns_dtype']}): "

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import bench
+from errors import UserError
 import benchmarks.decode
 import benchmarks.train
 import model.generate
@@ -137,6 +138,70 @@ def test_bench_bad_option_is_one_line(capsys):
             bench.run_cli(lambda: bench.main(["--device", "cpu", "--float8", recipes]))
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and words in err, err
+
+
+def _fake_nanogpt(root: Path, times_ms: list[float], exit_code: int = 0, prepared: bool = True) -> Path:
+    """A folder shaped like a nanoGPT checkout whose train.py prints nanoGPT's iteration lines with the given
+    times (and records its arguments), and whose prepare.py needs tiny shakespeare's input.txt beside it."""
+    d = root / "nanoGPT"
+    data = d / "data" / "shakespeare"
+    data.mkdir(parents=True)
+    (d / "model.py").write_text("")
+    if prepared:
+        (data / "train.bin").write_bytes(b"")
+    (data / "prepare.py").write_text("import pathlib; pathlib.Path('input.txt').read_text(); "
+                                     "pathlib.Path('train.bin').write_bytes(b'')\n")
+    (d / "train.py").write_text(
+        "import json, sys\n"
+        "open('argv.json', 'w').write(json.dumps(sys.argv[1:]))\n"
+        f"for i, t in enumerate({times_ms!r}):\n"
+        "    print(f'iter {i}: loss 10.5012, time {t:.2f}ms, mfu 0.02%')\n"
+        "print('no such thing', file=sys.stderr)\n"
+        f"sys.exit({exit_code})\n")
+    return d
+
+
+def test_nanogpts_own_train_py_is_run_with_its_cpu_recipe_and_timed_from_iteration_20(tmp_path, monkeypatch):
+    from benchmarks import nanogpt_own
+
+    times = [5000.0] + [900.0] * 19 + [400.0 + i for i in range(81)]  # iterations 0-100; 20-100 are 400..480
+    d = _fake_nanogpt(tmp_path, times)
+    got = nanogpt_own.step_ms(d, tmp_path / "out", say=lambda m: None)
+    assert got["median_ms"] == 440.0 and got["iters"] == 81 and got["first_iter"] == 20
+    argv = json.loads((d / "argv.json").read_text())
+    assert argv[:3] == ["--dataset=shakespeare", "--device=cpu", "--compile=False"] and f"--out_dir={tmp_path / 'out'}" in argv
+    assert {"--block_size=64", "--batch_size=12", "--n_layer=4", "--n_embd=128", "--max_iters=100"} <= set(argv)
+    # data not prepared yet: nanoGPT's own prepare.py makes it, from SMALLGPT_SHAKESPEARE's copy
+    source = tmp_path / "input.txt"
+    source.write_text("First Citizen:\n")
+    monkeypatch.setenv("SMALLGPT_SHAKESPEARE", str(source))
+    fresh = _fake_nanogpt(tmp_path / "fresh", times, prepared=False)
+    assert nanogpt_own.step_ms(fresh, tmp_path / "out2", say=lambda m: None)["median_ms"] == 440.0
+    assert (fresh / "data" / "shakespeare" / "input.txt").read_text() == "First Citizen:\n"
+
+
+def test_nanogpts_own_train_py_failing_or_missing_is_one_line(tmp_path, capsys):
+    from benchmarks import nanogpt_own
+
+    broken = _fake_nanogpt(tmp_path, [400.0] * 30, exit_code=1)
+    with pytest.raises(UserError, match=r"^nanoGPT's train.py in .* failed \(exit 1: no such thing\)$"):
+        nanogpt_own.step_ms(broken, tmp_path / "out", say=lambda m: None)
+    with pytest.raises(SystemExit) as e:  # refused before any measuring
+        bench.run_cli(lambda: bench.main(["--device", "cpu", "--nanogpt-dir", str(tmp_path / "nowhere")]))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert err == (f"error: --nanogpt-dir {tmp_path / 'nowhere'}: no nanoGPT checkout there (train.py and model.py); "
+                   "clone https://github.com/karpathy/nanoGPT and pass its folder")
+
+
+def test_the_bpe_rows_are_compared_with_nanogpts_own_step_by_hand():
+    rows = [{"section": "BPE train", "precision": "float32", "compiled": False, "ours": 250.0, "speedup": 1.3,
+             "ours_mfu": 0.7, "auto": False},
+            {"section": "BPE train", "precision": "bfloat16", "compiled": False, "ours": 200.0, "speedup": 1.6,
+             "ours_mfu": 0.4, "auto": True}]
+    tg = bench.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0}})
+    assert tg["bpe_fp32"]["speedup_own"] == 1.8 and tg["bpe_auto"] == {"precision": "bfloat16", "speedup_own": 2.25}
+    assert "speedup_own" not in bench.targets({"rows": rows})["bpe_fp32"]
 
 
 def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):

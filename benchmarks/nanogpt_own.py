@@ -1,0 +1,84 @@
+"""nanoGPT's own train.py, run as its users run it, on the BPE CPU shape: the denominator of issue 20's
+">= 2.0x nanoGPT" (`python bench.py --nanogpt-dir PATH`, timed right after the train section, in the
+same environment: under --isa-avx2 the child process runs it under the AVX2 variables too).
+
+The loop in our process (benchmarks/baseline.py) is nanoGPT's loop body, but it shares this process's
+allocator setting (runtime.memory.keep_freed_memory is process-wide), which alone took nanoGPT's BPE step
+from ~690 to ~400 ms on a 2-core Zen 3; nanoGPT's own train.py runs without it, as users have it. It needs
+a checkout of https://github.com/karpathy/nanoGPT (measured at 3adf61e); its data/shakespeare/train.bin is
+made by its own prepare.py where missing, from SMALLGPT_SHAKESPEARE's tiny shakespeare where that is set
+(nanoGPT's script downloads it otherwise).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from errors import UserError
+
+# nanoGPT's CPU recipe (its README) at the BPE shape of benchmarks/train.py's CPU_SHAPES: 4L/4H/128, block 64,
+# batch 12, GPT-2's BPE vocabulary, fp32 eager; one eval batch at iteration 0 instead of 200 (it is not timed)
+RECIPE = ("--dataset=shakespeare", "--device=cpu", "--compile=False", "--block_size=64", "--batch_size=12",
+          "--n_layer=4", "--n_head=4", "--n_embd=128", "--dropout=0.0", "--gradient_accumulation_steps=1",
+          "--max_iters=100", "--log_interval=1", "--eval_interval=100000", "--eval_iters=1")
+FIRST_ITER = 20  # the iterations before this are warm-up (allocator, caches, the first one's start-up)
+ITER_LINE = re.compile(r"^iter (\d+): loss \S+, time ([\d.]+)ms", re.MULTILINE)
+TIMEOUT_S = 900  # 100 steps take under 2 minutes on any 2-core CPU seen so far
+
+
+def check_dir(path: Path) -> Path:
+    """The checkout, or one line saying what is missing (checked before any measuring starts)."""
+    if not (path / "train.py").is_file() or not (path / "model.py").is_file():
+        raise UserError(f"--nanogpt-dir {path}: no nanoGPT checkout there (train.py and model.py); clone "
+                        "https://github.com/karpathy/nanoGPT and pass its folder")
+    return path
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _prepare(data: Path, say: Callable[[str], None]) -> None:
+    if not (data / "prepare.py").is_file():
+        raise UserError(f"{data} has no train.bin and no prepare.py to make it: not a nanoGPT checkout's data folder")
+    source = os.environ.get("SMALLGPT_SHAKESPEARE")
+    if source and Path(source).is_file() and not (data / "input.txt").exists():
+        shutil.copyfile(source, data / "input.txt")  # else nanoGPT's script downloads it
+    say(f"[nanoGPT] python prepare.py in {data}")
+    try:
+        res = subprocess.run([sys.executable, "prepare.py"], cwd=data, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"nanoGPT's {data / 'prepare.py'} ran over 300 s (a download that does not finish?); "
+                        "put tiny shakespeare's input.txt beside it, or set SMALLGPT_SHAKESPEARE") from None
+    if res.returncode != 0 or not (data / "train.bin").is_file():
+        raise UserError(f"nanoGPT's {data / 'prepare.py'} failed (exit {res.returncode}: {_last_line(res.stderr)}); "
+                        "put tiny shakespeare's input.txt beside it, or set SMALLGPT_SHAKESPEARE")
+
+
+def step_ms(nanogpt_dir: Path, out_dir: Path, say: Callable[[str], None]) -> dict:
+    """Run nanoGPT's train.py with RECIPE; -> the median of its own per-iteration times from FIRST_ITER on
+    (what it prints: the wall time of an iteration, its batch fetch and loss.item() included)."""
+    check_dir(nanogpt_dir)
+    data = nanogpt_dir / "data" / "shakespeare"
+    if not (data / "train.bin").is_file():
+        _prepare(data, say)
+    args = [*RECIPE, f"--out_dir={out_dir}"]
+    say(f"[nanoGPT] python train.py {' '.join(RECIPE)} in {nanogpt_dir}")
+    try:
+        res = subprocess.run([sys.executable, "train.py", *args], cwd=nanogpt_dir, capture_output=True, text=True,
+                             timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"nanoGPT's train.py in {nanogpt_dir} ran over {TIMEOUT_S} s; the machine may be busy") from None
+    times = [float(ms) for it, ms in ITER_LINE.findall(res.stdout) if int(it) >= FIRST_ITER]
+    if res.returncode != 0 or not times:
+        raise UserError(f"nanoGPT's train.py in {nanogpt_dir} failed (exit {res.returncode}: "
+                        f"{_last_line(res.stderr or res.stdout)})")
+    return {"median_ms": statistics.median(times), "iters": len(times), "first_iter": FIRST_ITER,
+            "dir": str(nanogpt_dir), "command": "python train.py " + " ".join(RECIPE)}
