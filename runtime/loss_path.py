@@ -74,7 +74,7 @@ def onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype == b.dtype == torch.float32:
         try:
             return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
-        except RuntimeError:
+        except (RuntimeError, AttributeError):  # a layout it refuses; a torch without the op
             pass
     return torch.mm(a, b)
 
@@ -86,6 +86,11 @@ def _has_onednn_matmul() -> bool:
         return callable(torch.ops.mkldnn._linear_pointwise)
     except (AttributeError, RuntimeError):  # a torch built without it
         return False
+
+
+def weight_grad_product_available(device: torch.device) -> bool:
+    """Whether oneDNN's product can run here: a CPU whose torch has the op."""
+    return device.type == "cpu" and _has_onednn_matmul()
 
 
 # The ways to make the fused loss's weight gradient, by name (the name is what a run saves): None = torch.mm
@@ -103,7 +108,7 @@ def choose_weight_grad_product(device: torch.device, *, vocab_size: int, rows: i
     agrees with it), timed once per machine and shape on operands of the shape a chunk of `rows` rows
     makes, and kept (runtime/choices.py). What is timed is what a step runs: a chunk's product, then one
     more chunk's added to it (torch.mm adds in place with addmm_, oneDNN makes a product and adds it)."""
-    if device.type != "cpu" or rows is None or not _has_onednn_matmul():
+    if rows is None or not weight_grad_product_available(device):
         return DEFAULT_PRODUCT, ""
 
     def measure() -> dict:

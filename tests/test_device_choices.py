@@ -134,6 +134,27 @@ def test_use_loss_path_gives_the_model_its_devices_chunks_and_blocks():
     assert char.loss_chunk_rows is None and char.loss_exp_block_rows is None  # full logits
 
 
+def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monkeypatch):
+    import training.builders
+    from checkpoint.run import Resume
+    from training.builders import choose_loss_product
+
+    monkeypatch.setattr(training.builders, "choose_weight_grad_product", lambda *a, **k: pytest.fail("not on resume"))
+    cpu = torch.device("cpu")
+    model = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=9000)), cpu,
+                          compiled=False)
+    saved = lambda name: Resume(Path("ckpt.pt"), {"train": {"loss_product": name}})  # noqa: E731
+    assert choose_loss_product(saved("oneDNN"), cpu, model, 64) == (
+        "oneDNN", "LM head's weight gradient by oneDNN (chosen when this run started)")
+    assert choose_loss_product(Resume(Path("ckpt.pt"), {"train": {}}), cpu, model, 64)[0] == "torch.mm"  # older runs
+    monkeypatch.setattr(training.builders, "weight_grad_product_available", lambda device: False)  # resumed elsewhere
+    name, note = choose_loss_product(saved("oneDNN"), cpu, model, 64)
+    assert name == "torch.mm" and "chose 'oneDNN' when it started, which this machine does not have" in note
+    assert choose_loss_product(saved("something new"), cpu, model, 64)[0] == "torch.mm"
+    char = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65)), cpu, compiled=False)
+    assert choose_loss_product(saved("oneDNN"), cpu, char, 64) == ("torch.mm", "")  # full logits: nothing to say
+
+
 def test_a_model_given_blocks_and_a_product_trains_with_torch_cross_entropys_gradients():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=300))

@@ -26,7 +26,7 @@ from data import BatchLoader
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
 from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, choose_loss_chunk_rows, choose_weight_grad_product,
-                               use_loss_path)
+                               use_loss_path, weight_grad_product_available)
 from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, dtype_name, sharded_param_dtype, training_dtype
 
@@ -131,11 +131,15 @@ def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT,
     ran), so a resume is bitwise the uninterrupted run whatever the machine's timing says now; a fresh run
     takes the measured choice for this machine and the rows of its first chunk (`tokens`, a micro-batch's
     tokens, None where not yet known: the chunk's rows)."""
+    if model.loss_chunk_rows is None:  # the full logits: no fused loss, nothing to choose
+        return DEFAULT_PRODUCT, ""
     if resume is not None:
         saved = resume.train.get("loss_product", DEFAULT_PRODUCT)
-        name = saved if saved in WEIGHT_GRAD_PRODUCTS else DEFAULT_PRODUCT
-        return name, f"LM head's weight gradient by {name} (chosen when this run started)"
-    rows = model.loss_chunk_rows if tokens is None or model.loss_chunk_rows is None else min(model.loss_chunk_rows, tokens)
+        if saved in WEIGHT_GRAD_PRODUCTS and (saved == DEFAULT_PRODUCT or weight_grad_product_available(device)):
+            return saved, f"LM head's weight gradient by {saved} (chosen when this run started)"
+        return DEFAULT_PRODUCT, (f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when it "
+                                 "started, which this machine does not have (the last bits will differ)")
+    rows = model.loss_chunk_rows if tokens is None else min(model.loss_chunk_rows, tokens)
     return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows, n_embd=model.config.n_embd)
 
 
