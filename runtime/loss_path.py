@@ -32,6 +32,7 @@ tied: CHUNK_BYTES went from 80 to 150 MiB.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -45,6 +46,7 @@ CHUNK_BYTES = 150 * 2**20  # CPU: a chunk's fp32 logits; see above
 SMALL_VOCAB = 8192  # below this the logits are small, and one matmul + cross_entropy beats chunking
 EXP_BLOCK_BYTES = 4 * 2**20  # CPU: logits exponentiated and summed at a time, within L2 + L3
 MEASURE_BUDGET_S = 2.0  # what timing the weight-gradient product may cost, once per machine and shape
+PRODUCT_MARGIN = 0.05  # oneDNN's product is taken where it is faster than torch.mm's by more than this
 
 
 def choose_loss_chunk_rows(device: torch.device, *, compiled: bool, vocab_size: int) -> int | None:
@@ -100,14 +102,16 @@ DEFAULT_PRODUCT = "torch.mm"  # also what every run made before the choice exist
 
 
 def choose_weight_grad_product(device: torch.device, *, vocab_size: int, rows: int | None, n_embd: int,
-                               ) -> tuple[str, str]:
+                               chunks: int = 1) -> tuple[str, str]:
     """How the fused loss makes the weight gradient on this device -> (a WEIGHT_GRAD_PRODUCTS name, a note
     saying which and where the choice came from; '' where there is nothing to choose).
 
-    On a CPU with oneDNN: oneDNN's matmul where it is more than 5% faster than torch.mm on this CPU (and
-    agrees with it), timed once per machine and shape on operands of the shape a chunk of `rows` rows
-    makes, and kept (runtime/choices.py). What is timed is what a step runs: a chunk's product, then one
-    more chunk's added to it (torch.mm adds in place with addmm_, oneDNN makes a product and adds it)."""
+    On a CPU with oneDNN: oneDNN's matmul where it is more than 5% faster than torch.mm on this CPU for a
+    step's `chunks` chunks of `rows` rows (and agrees with torch.mm), timed once per machine and shape and
+    kept (runtime/choices.py). What is timed is what a step runs: the first chunk's product, and where there
+    are more, one more chunk's added to it (torch.mm adds in place with addmm_, oneDNN makes a product and
+    adds it: at some shapes the first is faster in oneDNN and the rest in torch.mm), then counted as a step
+    of `chunks` chunks runs them."""
     if rows is None or not weight_grad_product_available(device):
         return DEFAULT_PRODUCT, ""
 
@@ -120,17 +124,23 @@ def choose_weight_grad_product(device: torch.device, *, vocab_size: int, rows: i
         ref = torch.mm(a, b)
         if not torch.allclose(onednn_mm(a, b), ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max())):
             return {"value": DEFAULT_PRODUCT, "note": "oneDNN's product disagreed with torch.mm"}
+        names = tuple(WEIGHT_GRAD_PRODUCTS)
+        _, first = fastest(names, lambda name: add_weight_grad(None, a, b, WEIGHT_GRAD_PRODUCTS[name]), device,
+                           budget_s=MEASURE_BUDGET_S)
+        more = dict.fromkeys(names, 0.0)
+        if chunks > 1:
+            _, more = fastest(names, lambda name: add_weight_grad(ref, a, b, WEIGHT_GRAD_PRODUCTS[name]), device,
+                              budget_s=MEASURE_BUDGET_S)
+        # a candidate fastest() abandoned (over 2x the other's first call) never wins
+        step = {n: first.get(n, math.inf) + (chunks - 1) * more.get(n, math.inf) for n in names}
+        pick = "oneDNN" if step["oneDNN"] < (1 - PRODUCT_MARGIN) * step[DEFAULT_PRODUCT] else DEFAULT_PRODUCT
+        return {"value": pick, "note": ", ".join(f"{s * 1e3:.1f} ms by {n}" for n, s in step.items())}
 
-        def two_chunks(name: str) -> None:
-            product = WEIGHT_GRAD_PRODUCTS[name]
-            add_weight_grad(add_weight_grad(None, a, b, product), a, b, product)
-        pick, seconds = fastest(tuple(WEIGHT_GRAD_PRODUCTS), two_chunks, device, budget_s=MEASURE_BUDGET_S)
-        return {"value": pick, "note": ", ".join(f"{s * 1e3:.1f} ms by {name}" for name, s in seconds.items())}
-
-    entry, source = cached("loss weight-gradient product", {"shape": [vocab_size, rows, n_embd]}, measure)
+    entry, source = cached("loss weight-gradient product", {"shape": [vocab_size, rows, n_embd], "chunks": chunks},
+                           measure)
     name = entry["value"] if entry.get("value") in WEIGHT_GRAD_PRODUCTS else DEFAULT_PRODUCT
-    return name, (f"LM head's weight gradient ({vocab_size} x {rows} x {n_embd}, two chunks) by {name}: "
-                  f"{entry.get('note', '')} ({source})")
+    return name, (f"LM head's weight gradient ({chunks} chunk{'s' if chunks > 1 else ''} of {vocab_size} x {rows} x "
+                  f"{n_embd} a step) by {name}: {entry.get('note', '')} ({source})")
 
 
 def use_weight_grad_product(model: GPT, name: str) -> GPT:

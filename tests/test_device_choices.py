@@ -96,7 +96,7 @@ def test_the_weight_gradient_product_is_timed_once_per_machine_and_shape_then_ke
     first, note1 = choose_weight_grad_product(cpu, vocab_size=300, rows=64, n_embd=16)
     second, note2 = choose_weight_grad_product(cpu, vocab_size=300, rows=64, n_embd=16)
     assert first == second == "oneDNN" and calls == [("torch.mm", "oneDNN")]  # timed once, then reused
-    assert "(300 x 64 x 16, two chunks) by oneDNN: 80.0 ms by torch.mm, 50.0 ms by oneDNN (measured now" in note1
+    assert "(1 chunk of 300 x 64 x 16 a step) by oneDNN: 80.0 ms by torch.mm, 50.0 ms by oneDNN (measured now" in note1
     assert "from the cache" in note2
     other, _ = choose_weight_grad_product(cpu, vocab_size=300, rows=32, n_embd=16)  # another shape: timed again
     assert other == "torch.mm" and len(calls) == 2
@@ -108,18 +108,31 @@ def test_the_weight_gradient_product_is_timed_once_per_machine_and_shape_then_ke
     assert wrong == "torch.mm" and "disagreed" in note and len(calls) == 2  # never chosen, nor timed
 
 
-def test_the_product_timing_runs_what_a_step_runs_a_product_then_one_added_in_place(monkeypatch):
+def test_the_product_is_timed_as_a_step_runs_it_a_first_chunk_then_the_others_added_in_place(monkeypatch):
     import model.fused_ce as fused_ce
     import runtime.loss_path as loss_path
 
     seen = []
+    seconds = iter([{"torch.mm": 0.080, "oneDNN": 0.050}, {"torch.mm": 0.080, "oneDNN": 0.050},
+                    {"torch.mm": 0.060, "oneDNN": 0.075}])
     real_add = fused_ce.add_weight_grad
     monkeypatch.setattr(fused_ce, "add_weight_grad",
                         lambda g, a, b, p=None: seen.append((g is None, p)) or real_add(g, a, b, p))
-    monkeypatch.setattr(loss_path, "fastest",
-                        lambda candidates, run, device, **kw: ([run(c) for c in candidates], ("torch.mm", {}))[1])
-    loss_path.choose_weight_grad_product(torch.device("cpu"), vocab_size=200, rows=8, n_embd=4)
-    assert seen == [(True, None), (False, None), (True, loss_path.onednn_mm), (False, loss_path.onednn_mm)]
+
+    def fake_fastest(candidates, run, device, **kw):
+        for c in candidates:
+            run(c)
+        return "ignored", next(seconds)
+    monkeypatch.setattr(loss_path, "fastest", fake_fastest)
+    cpu = torch.device("cpu")
+    # one chunk a step: only the first product counts, where oneDNN is faster (50 against 80 ms)
+    assert loss_path.choose_weight_grad_product(cpu, vocab_size=200, rows=8, n_embd=4)[0] == "oneDNN"
+    assert seen == [(True, None), (True, loss_path.onednn_mm)]
+    # three chunks: 80 + 2 x 60 = 200 ms by torch.mm against 50 + 2 x 75 = 200 by oneDNN: not 5% faster, so torch.mm
+    seen.clear()
+    name, note = loss_path.choose_weight_grad_product(cpu, vocab_size=200, rows=8, n_embd=4, chunks=3)
+    assert name == "torch.mm" and "(3 chunks of 200 x 8 x 4 a step)" in note and "200.0 ms by oneDNN" in note
+    assert seen == [(True, None), (True, loss_path.onednn_mm), (False, None), (False, loss_path.onednn_mm)]
 
 
 def test_use_loss_path_gives_the_model_its_devices_chunks_and_blocks():

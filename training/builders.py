@@ -129,8 +129,8 @@ def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT,
     """(WEIGHT_GRAD_PRODUCTS name, note) for the fused loss's weight gradient, set on the model with
     use_weight_grad_product. A resumed run keeps the one it chose (older checkpoints: torch.mm, what they
     ran), so a resume is bitwise the uninterrupted run whatever the machine's timing says now; a fresh run
-    takes the measured choice for this machine and the rows of its first chunk (`tokens`, a micro-batch's
-    tokens, None where not yet known: the chunk's rows)."""
+    takes the measured choice for this machine and its micro-batch's chunks (`tokens`, a micro-batch's
+    tokens; None where not yet known: one chunk of the chunk's rows)."""
     if model.loss_chunk_rows is None:  # the full logits: no fused loss, nothing to choose
         return DEFAULT_PRODUCT, ""
     if resume is not None:
@@ -140,7 +140,9 @@ def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT,
         return DEFAULT_PRODUCT, (f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when it "
                                  "started, which this machine does not have (the last bits will differ)")
     rows = model.loss_chunk_rows if tokens is None else min(model.loss_chunk_rows, tokens)
-    return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows, n_embd=model.config.n_embd)
+    chunks = 1 if tokens is None else -(-tokens // rows)
+    return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows, n_embd=model.config.n_embd,
+                                      chunks=chunks)
 
 
 def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[torch.optim.Optimizer]:
