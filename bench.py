@@ -140,6 +140,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.json:  # checked now, not after minutes of measuring
         check_json_path(Path(args.json))
     if args.nanogpt_dir:
+        if "train" not in args.sections:
+            raise UserError("--nanogpt-dir compares nanoGPT's own train.py with the train section's BPE rows; "
+                            "add --only train")
         nanogpt_own.check_dir(Path(args.nanogpt_dir))
     return args
 
@@ -233,7 +236,8 @@ def main(argv=None) -> int:
                         peaks=peaks, other_loss_path=args.loss_paths, loss_chunks=args.loss_chunk_sizes, **timing)
                     report["rows"] += rows
         if args.nanogpt_dir:  # right after our rows, in the same environment
-            report["nanogpt_own"] = nanogpt_own.step_ms(Path(args.nanogpt_dir), Path(tmp) / "nanogpt-out", say)
+            report["nanogpt_own"] = nanogpt_own.step_ms(Path(args.nanogpt_dir), Path(tmp) / "nanogpt-out", say,
+                                                        threads=args.threads or None)
         if "muon" in args.sections:
             rows, report["muon"] = muon_vs_adamw(device, quick=args.quick, **timing)
             report["rows"] += rows
@@ -305,7 +309,8 @@ def targets(report: dict) -> dict:
                                "speedup_target": 2.0}
             if own:
                 out["bpe_fp32"]["speedup_own"] = own / r["ours"]
-        if r["section"] == "BPE train" and r.get("auto") and own:
+        # the row train.py's `auto` runs: the first in its dtype, eager, on the loss path it picks
+        if r["section"] == "BPE train" and r.get("auto") and not r.get("compiled") and own and "bpe_auto" not in out:
             out["bpe_auto"] = {"precision": r["precision"], "speedup_own": own / r["ours"]}
     if "muon" in report:
         out["muon"] = {"ratio": report["muon"]["ratio"], "target": report["muon"]["target"]}

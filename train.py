@@ -34,12 +34,12 @@ from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from model import GPT
 from runtime.device import resolve_device, with_compile_fallback
-from runtime.loss_path import use_loss_path, use_weight_grad_product
+from runtime.loss_path import use_loss_path
 from runtime.memory import keep_freed_memory
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
 from training.builders import (
-    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, choose_loss_product,
-    dtype_shape, parallelize, shard_model,
+    build_checkpointer, build_loaders, build_model, build_optimizers, check_memory, choose_dtype, dtype_shape, parallelize,
+    set_loss_product, shard_model,
 )
 from training.budget import fit_to_budget
 from training.batch_size import divisors, plan_batch
@@ -199,9 +199,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     if device.type == "cpu":
         keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
     use_loss_path(model, device, compiled=t.compile)  # the probes below run the real loss path
-    tokens = None if t.batch_size == AUTO_BATCH else t.batch_size * cfg.model.block_size
-    product, product_note = on_rank0(lambda: choose_loss_product(resume, device, model, tokens), dist, group)
-    use_weight_grad_product(model, product)
+    if t.batch_size != AUTO_BATCH:  # the product a micro-batch runs, chosen before the dtype probe times it
+        product, product_note = set_loss_product(model, resume, device, t.batch_size * cfg.model.block_size, dist, group)
     # precision: rank 0 decides (on a CPU by timing this model's forward and backward in each candidate, on
     # the first micro-batch; batch_size auto: of 1 sequence), every rank uses its choice, and a resumed run
     # keeps the one it made
@@ -221,6 +220,8 @@ def set_up(cfg: Config, dist: DistInfo, device: torch.device, cleanup: ExitStack
     # dtype, with the micro-steps that keep train.global_batch_size; a resumed run keeps its choice
     batch = plan_batch(t, model, resume.train if resume is not None else {}, device, dist, group, dtype=dtype,
                        block_size=cfg.model.block_size, vocab_size=meta["vocab_size"])
+    if t.batch_size == AUTO_BATCH:  # for the micro-batch auto picked
+        product, product_note = set_loss_product(model, resume, device, batch.micro * cfg.model.block_size, dist, group)
     train_loader, eval_loaders = (loaders if batch.micro == rows else
                                   build_loaders(cfg, data_dir, dist, device, batch_size=batch.micro))
     optimizers = build_optimizers(model, t, device)

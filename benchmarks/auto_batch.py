@@ -28,7 +28,7 @@ from model import GPT
 from runtime.loss_path import use_loss_path
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
 from training.batch_size import plan_batch
-from training.builders import build_optimizers, parallelize
+from training.builders import build_optimizers, parallelize, set_loss_product
 from training.config import load_config
 from training.distributed import DistInfo
 from training.step import train_step
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
                       limit=limit)
     decide_s = time.perf_counter() - t0
     print(f"[auto batch {args.memory_gb:g} GiB] {plan.note}; decided in {decide_s:.1f} s", flush=True)
+    set_loss_product(model, None, device, plan.micro * block, DistInfo())  # as train.py does after an auto batch
 
     optimizers = build_optimizers(model, t, device)
     scaler = make_scaler(device, dtype)

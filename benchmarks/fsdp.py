@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
+from runtime.loss_path import use_loss_path
 from runtime.memory import release_freed_memory
 from runtime.precision import autocast, make_scaler
-from training.builders import build_optimizers, parallelize, shard_model
+from training.builders import build_optimizers, parallelize, set_loss_product, shard_model
 from training.config import TrainSection
 from training.distributed import destroy_distributed, dist_from_env, init_distributed
 from training.state_size import shard_counts, state_bytes
@@ -83,6 +84,8 @@ def rank_main(parallel: str, shape: dict, warmup: int, iters: int, out: Path) ->
     torch.manual_seed(1337)  # the same initial weights on every rank, as train.py draws them
     model = GPT(GPTConfig(**{k: shape[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
                           dropout=0.0))
+    use_loss_path(model, device, compiled=False)  # as train.py sets it up: the loss path, then its product
+    set_loss_product(model, None, device, shape["batch_size"] * shape["block_size"], dist)
     model = shard_model(model, t, dist, device, torch.float32)
     optimizers = build_optimizers(model, t, device)
     step_model = parallelize(model, t, dist, device)

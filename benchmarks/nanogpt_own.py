@@ -34,9 +34,13 @@ TIMEOUT_S = 900  # 100 steps take under 2 minutes on any 2-core CPU seen so far
 
 def check_dir(path: Path) -> Path:
     """The checkout, or one line saying what is missing (checked before any measuring starts)."""
+    data = path / "data" / "shakespeare"
     if not (path / "train.py").is_file() or not (path / "model.py").is_file():
         raise UserError(f"--nanogpt-dir {path}: no nanoGPT checkout there (train.py and model.py); clone "
                         "https://github.com/karpathy/nanoGPT and pass its folder")
+    if not (data / "train.bin").is_file() and not (data / "prepare.py").is_file():
+        raise UserError(f"--nanogpt-dir {path}: {data} has neither train.bin nor the prepare.py that makes it; "
+                        "pass a whole nanoGPT checkout")
     return path
 
 
@@ -50,7 +54,11 @@ def _prepare(data: Path, say: Callable[[str], None]) -> None:
         raise UserError(f"{data} has no train.bin and no prepare.py to make it: not a nanoGPT checkout's data folder")
     source = os.environ.get("SMALLGPT_SHAKESPEARE")
     if source and Path(source).is_file() and not (data / "input.txt").exists():
-        shutil.copyfile(source, data / "input.txt")  # else nanoGPT's script downloads it
+        try:
+            shutil.copyfile(source, data / "input.txt")  # else nanoGPT's script downloads it
+        except OSError as e:
+            raise UserError(f"cannot copy tiny shakespeare into {data} ({e.strerror or e}); make the nanoGPT "
+                            "checkout writable, or prepare its data there first") from None
     say(f"[nanoGPT] python prepare.py in {data}")
     try:
         res = subprocess.run([sys.executable, "prepare.py"], cwd=data, capture_output=True, text=True, timeout=300)
@@ -62,9 +70,10 @@ def _prepare(data: Path, say: Callable[[str], None]) -> None:
                         "put tiny shakespeare's input.txt beside it, or set SMALLGPT_SHAKESPEARE")
 
 
-def step_ms(nanogpt_dir: Path, out_dir: Path, say: Callable[[str], None]) -> dict:
-    """Run nanoGPT's train.py with RECIPE; -> the median of its own per-iteration times from FIRST_ITER on
-    (what it prints: the wall time of an iteration, its batch fetch and loss.item() included)."""
+def step_ms(nanogpt_dir: Path, out_dir: Path, say: Callable[[str], None], threads: int | None = None) -> dict:
+    """Run nanoGPT's train.py with RECIPE, on `threads` threads (OMP_NUM_THREADS; None: its default, as ours);
+    -> the median of its own per-iteration times from FIRST_ITER on (what it prints: the wall time of an
+    iteration, its batch fetch and loss.item() included)."""
     check_dir(nanogpt_dir)
     data = nanogpt_dir / "data" / "shakespeare"
     if not (data / "train.bin").is_file():
@@ -73,12 +82,15 @@ def step_ms(nanogpt_dir: Path, out_dir: Path, say: Callable[[str], None]) -> dic
     say(f"[nanoGPT] python train.py {' '.join(RECIPE)} in {nanogpt_dir}")
     try:
         res = subprocess.run([sys.executable, "train.py", *args], cwd=nanogpt_dir, capture_output=True, text=True,
-                             timeout=TIMEOUT_S)
+                             timeout=TIMEOUT_S, env={**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
     except subprocess.TimeoutExpired:
         raise UserError(f"nanoGPT's train.py in {nanogpt_dir} ran over {TIMEOUT_S} s; the machine may be busy") from None
     times = [float(ms) for it, ms in ITER_LINE.findall(res.stdout) if int(it) >= FIRST_ITER]
-    if res.returncode != 0 or not times:
+    if res.returncode != 0:
         raise UserError(f"nanoGPT's train.py in {nanogpt_dir} failed (exit {res.returncode}: "
                         f"{_last_line(res.stderr or res.stdout)})")
+    if not times:
+        raise UserError(f"nanoGPT's train.py in {nanogpt_dir} printed no iteration lines from {FIRST_ITER} on "
+                        "(expected 'iter N: loss ..., time ...ms'): is it karpathy/nanoGPT's train.py?")
     return {"median_ms": statistics.median(times), "iters": len(times), "first_iter": FIRST_ITER,
             "dir": str(nanogpt_dir), "command": "python train.py " + " ".join(RECIPE)}

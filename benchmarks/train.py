@@ -19,10 +19,10 @@ import torch
 
 from data import BatchLoader
 from model import GPT, GPTConfig
-from runtime.loss_path import choose_loss_chunk_rows, use_loss_path, use_weight_grad_product
+from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
 from runtime.memory import param_count
 from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name, make_scaler
-from training.builders import build_optimizers, choose_dtype, choose_loss_product, parallelize
+from training.builders import build_optimizers, choose_dtype, parallelize, set_loss_product
 from training.float8 import convert_to_float8
 from training.config import TrainSection
 from training.distributed import DistInfo
@@ -80,7 +80,8 @@ AUTO = "auto"
 
 def _use_measured_product(model: GPT, device: torch.device, shape: Shape) -> GPT:
     """The weight-gradient product train.py's fresh run takes for this shape (training.builders)."""
-    return use_weight_grad_product(model, choose_loss_product(None, device, model, shape.batch_size * shape.block_size)[0])
+    set_loss_product(model, None, device, shape.batch_size * shape.block_size, DistInfo())
+    return model
 
 
 def train_section(compiled: bool) -> TrainSection:

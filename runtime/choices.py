@@ -6,10 +6,12 @@ to 77%; a decision made once and kept cannot.
 
 They live in one small JSON file in the user's cache directory: $SMALLGPT_CACHE_DIR, else
 $XDG_CACHE_HOME/smallgpt, else ~/.cache/smallgpt (choices.json). Each entry is keyed by what it depends
-on: the machine (CPU model, ISA torch uses, native bf16, torch version, threads) and, for a dtype, the
-model's shape, the batch and the world size. Every use says where the value came from. Delete the
-file to measure again; --train.dtype, sample.py --dtype and train.peak_flops override it. A cache that
-cannot be read or written (a read-only home, a damaged file) is measured around, never an error.
+on: the machine (CPU model, ISA torch uses, native bf16, torch version, threads, and oneDNN's ISA cap where
+one is set) and, for a dtype, the model's shape, the batch and the world size; for the fused loss's
+weight-gradient product (runtime/loss_path.py), its shape and the chunks a step makes. Every use says
+where the value came from. Delete the file to measure again; --train.dtype, sample.py --dtype and
+train.peak_flops override it. A cache that cannot be read or written (a read-only home, a damaged file) is
+measured around, never an error.
 """
 from __future__ import annotations
 
@@ -52,10 +54,10 @@ def _cpu_model() -> str:
 def machine_key() -> str:
     """What a CPU measurement depends on besides the work itself. The ISA and native bf16 are in it, so
     that a run under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 keeps its own entries."""
-    onednn_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")  # alone, it changes oneDNN's kernels and nothing above
+    # oneDNN's ISA cap alone changes its kernels (the weight-gradient product) and nothing above; DNNL_ is its old name
+    caps = [f"{name}={os.environ[name]}" for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA") if os.environ.get(name)]
     return (f"{_cpu_model()} | {torch.backends.cpu.get_cpu_capability()} | native bf16 {precision.cpu_native_bf16()} | "
-            f"torch {torch.__version__} | {torch.get_num_threads()} threads"
-            + (f" | ONEDNN_MAX_CPU_ISA={onednn_isa}" if onednn_isa else ""))
+            f"torch {torch.__version__} | {torch.get_num_threads()} threads" + "".join(f" | {c}" for c in caps))
 
 
 def _read() -> dict[str, Any]:

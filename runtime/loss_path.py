@@ -1,5 +1,6 @@
 """How the LM head's loss runs on this device, applied to the model from outside: `use_loss_path(model,
-device, compiled=...)`, one line beside compile and DDP (the only code that sets GPT's loss_* attributes).
+device, compiled=...)`, one line beside compile and DDP, and `use_weight_grad_product(model, name)` (this
+module is the only code that sets GPT's loss_* attributes).
 
 With a 50k vocabulary the head is the largest matmul of a small GPT, and the (B*T, V) logits the
 largest tensor. Where the logits go depends on the hardware:
@@ -21,7 +22,9 @@ How a chunk runs on a CPU (model/fused_ce.py's options, set here too):
 - its (V, n) logits are exponentiated and summed EXP_BLOCK_BYTES at a time, each block summed while it
   is in cache (on a GPU in one op each: a block would be two kernel launches);
 - the weight gradient's (V, n) @ (n, C) product runs in torch.mm (MKL on x86) or in oneDNN's matmul,
-  whichever is faster on this CPU, measured once per machine and shape and kept (runtime/choices.py).
+  whichever is faster on this CPU for the run's chunks, timed once per machine, shape and chunk count and
+  kept (runtime/choices.py); a run chooses once and saves its choice, which a resume keeps
+  (training/builders.py's set_loss_product).
   On a 2-core EPYC Zen 4 (2026-11-25, 768 x 50257 x 128): torch.mm 71-78 ms, oneDNN 51 ms (MKL runs its
   AVX2 code on AMD CPUs, oneDNN its AVX-512 code); under ONEDNN_MAX_CPU_ISA=AVX2 67-71 against 61-67 ms. The
   other two head products (the logits, the input's gradient) measured no faster in oneDNN, so they stay.
@@ -45,7 +48,7 @@ from .precision import fastest
 CHUNK_BYTES = 150 * 2**20  # CPU: a chunk's fp32 logits; see above
 SMALL_VOCAB = 8192  # below this the logits are small, and one matmul + cross_entropy beats chunking
 EXP_BLOCK_BYTES = 4 * 2**20  # CPU: logits exponentiated and summed at a time, within L2 + L3
-MEASURE_BUDGET_S = 2.0  # what timing the weight-gradient product may cost, once per machine and shape
+MEASURE_BUDGET_S = 2.0  # what a timing of the weight-gradient product may cost (two where a step has several chunks)
 PRODUCT_MARGIN = 0.05  # oneDNN's product is taken where it is faster than torch.mm's by more than this
 
 

@@ -188,6 +188,17 @@ def _inject(monkeypatch, limit_gib, calls=None):
     monkeypatch.setattr(training.batch_size, "estimated_bytes", estimated)
 
 
+def test_an_auto_run_times_the_loss_product_for_the_micro_batch_it_chose(tmp_path, data_root, monkeypatch):
+    import training.builders
+
+    asked = []
+    monkeypatch.setattr(training.builders, "choose_weight_grad_product",
+                        lambda device, **kw: asked.append(kw) or ("torch.mm", ""))
+    _inject(monkeypatch, 10, [])  # 8 sequences fit
+    train.train(load_config(_argv(tmp_path / "out", data_root, *AUTO, "--data.tokenizer=gpt2", "--train.max_iters=2")))
+    assert [(k["rows"], k["chunks"]) for k in asked] == [(8 * 32, 1)]  # once, for 8 sequences of 32 tokens
+
+
 def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_limit(tmp_path, data_root,
                                                                                      monkeypatch, capsys):
     # 16 sequences per step on 1 rank: divisors 1, 2, 4, 8, 16; m GiB against 90% of 10 GiB: 8 fits, 16 does not

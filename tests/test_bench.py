@@ -152,8 +152,9 @@ def _fake_nanogpt(root: Path, times_ms: list[float], exit_code: int = 0, prepare
     (data / "prepare.py").write_text("import pathlib; pathlib.Path('input.txt').read_text(); "
                                      "pathlib.Path('train.bin').write_bytes(b'')\n")
     (d / "train.py").write_text(
-        "import json, sys\n"
+        "import json, os, sys\n"
         "open('argv.json', 'w').write(json.dumps(sys.argv[1:]))\n"
+        "open('threads.txt', 'w').write(os.environ.get('OMP_NUM_THREADS', ''))\n"
         f"for i, t in enumerate({times_ms!r}):\n"
         "    print(f'iter {i}: loss 10.5012, time {t:.2f}ms, mfu 0.02%')\n"
         "print('no such thing', file=sys.stderr)\n"
@@ -166,8 +167,9 @@ def test_nanogpts_own_train_py_is_run_with_its_cpu_recipe_and_timed_from_iterati
 
     times = [5000.0] + [900.0] * 19 + [400.0 + i for i in range(81)]  # iterations 0-100; 20-100 are 400..480
     d = _fake_nanogpt(tmp_path, times)
-    got = nanogpt_own.step_ms(d, tmp_path / "out", say=lambda m: None)
+    got = nanogpt_own.step_ms(d, tmp_path / "out", say=lambda m: None, threads=1)
     assert got["median_ms"] == 440.0 and got["iters"] == 81 and got["first_iter"] == 20
+    assert (d / "threads.txt").read_text() == "1"  # bench.py --threads reaches it too
     argv = json.loads((d / "argv.json").read_text())
     assert argv[:3] == ["--dataset=shakespeare", "--device=cpu", "--compile=False"] and f"--out_dir={tmp_path / 'out'}" in argv
     assert {"--block_size=64", "--batch_size=12", "--n_layer=4", "--n_embd=128", "--max_iters=100"} <= set(argv)
@@ -186,6 +188,20 @@ def test_nanogpts_own_train_py_failing_or_missing_is_one_line(tmp_path, capsys):
     broken = _fake_nanogpt(tmp_path, [400.0] * 30, exit_code=1)
     with pytest.raises(UserError, match=r"^nanoGPT's train.py in .* failed \(exit 1: no such thing\)$"):
         nanogpt_own.step_ms(broken, tmp_path / "out", say=lambda m: None)
+    silent = _fake_nanogpt(tmp_path / "silent", [400.0] * 10)  # exits 0, never reaches iteration 20
+    with pytest.raises(UserError, match=r"printed no iteration lines from 20 on \(expected 'iter N: loss \.\.\., "
+                                        r"time \.\.\.ms'\): is it karpathy/nanoGPT's train.py\?$"):
+        nanogpt_own.step_ms(silent, tmp_path / "out", say=lambda m: None)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "train.py").write_text("")
+    (bare / "model.py").write_text("")
+    with pytest.raises(UserError, match=r"has neither train.bin nor the prepare.py that makes it; pass a whole nanoGPT"):
+        nanogpt_own.check_dir(bare)
+    with pytest.raises(SystemExit):  # nothing to compare it with
+        bench.run_cli(lambda: bench.main(["--device", "cpu", "--only", "muon", "--nanogpt-dir", str(broken)]))
+    assert capsys.readouterr().err.strip() == ("error: --nanogpt-dir compares nanoGPT's own train.py with the train "
+                                               "section's BPE rows; add --only train")
     with pytest.raises(SystemExit) as e:  # refused before any measuring
         bench.run_cli(lambda: bench.main(["--device", "cpu", "--nanogpt-dir", str(tmp_path / "nowhere")]))
     err = capsys.readouterr().err.strip()
@@ -199,7 +215,9 @@ def test_the_bpe_rows_are_compared_with_nanogpts_own_step_by_hand():
              "ours_mfu": 0.7, "auto": False},
             {"section": "BPE train", "precision": "bfloat16", "compiled": False, "ours": 200.0, "speedup": 1.6,
              "ours_mfu": 0.4, "auto": True}]
-    tg = bench.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0}})
+    later = [{**rows[1], "ours": 400.0, "name": "loss chunks of 64"}, {**rows[1], "ours": 150.0, "compiled": True}]
+    tg = bench.targets({"rows": rows + later, "nanogpt_own": {"median_ms": 450.0}})
+    # auto's row is the first eager one in its dtype (train.py's loss path), not a later variant's
     assert tg["bpe_fp32"]["speedup_own"] == 1.8 and tg["bpe_auto"] == {"precision": "bfloat16", "speedup_own": 2.25}
     assert "speedup_own" not in bench.targets({"rows": rows})["bpe_fp32"]
 

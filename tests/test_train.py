@@ -178,6 +178,12 @@ def test_a_resumed_bpe_run_keeps_its_weight_gradient_product_and_ends_bitwise_eq
     assert ckpt["train"]["loss_product"] == "torch.mm" and old["iter"] == 8
     # the other product: the same run only to the last bits of the weights (AdamW's steps hide it from the losses)
     assert not torch.equal(ckpt["model"]["transformer.wte.weight"], b["transformer.wte.weight"])
+    ckpt["train"]["loss_product"] = [1]  # damaged: one line, not a traceback
+    save_checkpoint(tmp_path / "old" / "ckpt.pt", ckpt)
+    with pytest.raises(UserError, match=r"its 'train' entry is malformed \(TypeError: loss_product should be str, got "
+                                        r"\[1\]\); use another checkpoint") as e:
+        run(tmp_path / "old", data_root, *common, "--train.max_iters=10")
+    assert "\n" not in str(e.value)
 
 
 def test_a_muon_run_saved_before_muon_split_qkv_existed_resumes_as_it_ran(tmp_path, data_root, capsys):

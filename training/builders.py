@@ -3,6 +3,7 @@ calls the same ones, so what it times is what train.py runs.
 
     check_memory(cfg, vocab_size, resume, device)        # refuse what can't fit, before allocating
     model, notes = build_model(cfg, ...)                 # fresh, resumed, another run's or HF weights
+    set_loss_product(model, resume, device, tokens, dist)  # the fused loss's weight-gradient product, measured once
     dtype, note = choose_dtype(cfg.train.dtype, resume, device, probe)
     model = shard_model(model, cfg.train, dist, device, dtype)  # activation checkpointing, FSDP (before the optimizers)
     batch = plan_batch(cfg.train, model, ...)           # training/batch_size.py: the config's, or auto's choice
@@ -26,12 +27,12 @@ from data import BatchLoader
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
 from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, choose_loss_chunk_rows, choose_weight_grad_product,
-                               use_loss_path, weight_grad_product_available)
+                               use_loss_path, use_weight_grad_product, weight_grad_product_available)
 from runtime.memory import check_fits, training_bytes
 from runtime.precision import DTYPE_BY_NAME, dtype_name, sharded_param_dtype, training_dtype
 
 from .config import AUTO_BATCH, Config, TrainSection
-from .distributed import DistInfo, apply_ddp
+from .distributed import DistInfo, apply_ddp, on_rank0
 from .init_from import initial_model
 from .optim import Muon, make_optimizers
 from .rng import RNGState
@@ -125,6 +126,15 @@ def choose_dtype(name: str, resume: Resume | None, device: torch.device, probe: 
     return dtype_name(dtype), note
 
 
+def set_loss_product(model: GPT, resume: Resume | None, device: torch.device, tokens: int, dist: DistInfo,
+                     group=None) -> tuple[str, str]:
+    """choose_loss_product on rank 0, every rank taking its choice, set on `model` (use_weight_grad_product).
+    `tokens`: a micro-batch's tokens on one rank. -> (name, note)."""
+    name, note = on_rank0(lambda: choose_loss_product(resume, device, model, tokens), dist, group)
+    use_weight_grad_product(model, name)
+    return name, note
+
+
 def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT, tokens: int | None) -> tuple[str, str]:
     """(WEIGHT_GRAD_PRODUCTS name, note) for the fused loss's weight gradient, set on the model with
     use_weight_grad_product. A resumed run keeps the one it chose (older checkpoints: torch.mm, what they
@@ -135,6 +145,7 @@ def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT,
         return DEFAULT_PRODUCT, ""
     if resume is not None:
         saved = resume.train.get("loss_product", DEFAULT_PRODUCT)
+        saved = saved if isinstance(saved, str) else ""  # damaged: restoring the train state reports it, in one line
         if saved in WEIGHT_GRAD_PRODUCTS and (saved == DEFAULT_PRODUCT or weight_grad_product_available(device)):
             return saved, f"LM head's weight gradient by {saved} (chosen when this run started)"
         return DEFAULT_PRODUCT, (f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when it "
