@@ -293,7 +293,8 @@ class GPT(nn.Module):
         # How the training loss runs (return_logits=False): rows per chunk of the fused LM-head loss (None =
         # through the full logits), and how a chunk runs (model/fused_ce.py's exp_block_rows and
         # weight_grad_mm). What is fastest depends on the hardware, so it is chosen from outside, like
-        # compile and DDP: runtime/loss_path.py (use_loss_path, use_weight_grad_product) is the one place that sets these
+        # compile and DDP: runtime/loss_path.py (use_loss_path, use_weight_grad_product) is the one place
+        # that sets these
         self.loss_chunk_rows: int | None = None
         self.loss_exp_block_rows: int | None = None
         self.loss_weight_grad_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None

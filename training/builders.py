@@ -135,12 +135,12 @@ def set_loss_product(model: GPT, resume: Resume | None, device: torch.device, to
     return name, note
 
 
-def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT, tokens: int | None) -> tuple[str, str]:
+def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT, tokens: int) -> tuple[str, str]:
     """(WEIGHT_GRAD_PRODUCTS name, note) for the fused loss's weight gradient, set on the model with
     use_weight_grad_product. A resumed run keeps the one it chose (older checkpoints: torch.mm, what they
     ran), so a resume is bitwise the uninterrupted run whatever the machine's timing says now; a fresh run
-    takes the measured choice for this machine and its micro-batch's chunks (`tokens`, a micro-batch's
-    tokens; None where not yet known: one chunk of the chunk's rows)."""
+    takes the measured choice for this machine and the chunks its micro-batch makes (`tokens`, a
+    micro-batch's tokens on one rank)."""
     if model.loss_chunk_rows is None:  # the full logits: no fused loss, nothing to choose
         return DEFAULT_PRODUCT, ""
     if resume is not None:
@@ -150,8 +150,8 @@ def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT,
             return saved, f"LM head's weight gradient by {saved} (chosen when this run started)"
         return DEFAULT_PRODUCT, (f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when it "
                                  "started, which this machine does not have (the last bits will differ)")
-    rows = model.loss_chunk_rows if tokens is None else min(model.loss_chunk_rows, tokens)
-    chunks = 1 if tokens is None else -(-tokens // rows)
+    rows = min(model.loss_chunk_rows, tokens)
+    chunks = -(-tokens // rows)
     return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows, n_embd=model.config.n_embd,
                                       chunks=chunks)
 
