@@ -17,10 +17,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from errors import UserError
+from runtime.loss_path import onednn_mm, weight_grad_product_available
 
 # nanoGPT's CPU recipe (its README) at the BPE shape of benchmarks/train.py's CPU_SHAPES: 4L/4H/128, block 64,
 # batch 12, GPT-2's BPE vocabulary, fp32 eager; one eval batch at iteration 0 instead of 200 (it is not timed)
@@ -94,3 +98,48 @@ def step_ms(nanogpt_dir: Path, out_dir: Path, say: Callable[[str], None], thread
                         "(expected 'iter N: loss ..., time ...ms'): is it karpathy/nanoGPT's train.py?")
     return {"median_ms": statistics.median(times), "iters": len(times), "first_iter": FIRST_ITER,
             "dir": str(nanogpt_dir), "command": "python train.py " + " ".join(RECIPE)}
+
+
+def head_products_floor(rows: int, n_embd: int, vocab_size: int, calls: int = 5,
+                        libraries: dict[str, Callable] | None = None) -> dict:
+    """What the BPE step's LM head alone costs at best: its three products (logits, input gradient, weight
+    gradient) on fp32 operands of the step's shapes, each timed alone by the fastest of torch.mm (into a
+    buffer, as the fused loss runs it) and oneDNN (where this torch has it), the minimum of `calls` calls.
+    A library whose product disagrees with an fp64 one (on ~64 rows) is left out. No step can be faster than these
+    three, so half nanoGPT's own step minus their sum is all that a >= 2.0x step leaves for everything
+    else. `libraries` ({name: product(a, b) -> a @ b}) replaces the two (a test's)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, n_embd, generator=gen)
+    w = torch.randn(vocab_size, n_embd, generator=gen) * 0.02
+    z = torch.rand(vocab_size, rows, generator=gen)  # the (V, n) logits, as the fused loss lays them out
+    products = {"logits": (w, x.t()), "input gradient": (z.t(), w), "weight gradient": (z, x)}
+    if libraries is None:
+        buffers = {}
+
+        def into_buffer(a, b):  # one preallocated output per shape
+            out = buffers.setdefault((a.shape[0], b.shape[1]), torch.empty(a.shape[0], b.shape[1]))
+            return torch.mm(a, b, out=out)
+        libraries = {"torch.mm": into_buffer}
+        if weight_grad_product_available(torch.device("cpu")):
+            libraries["oneDNN"] = onednn_mm
+    out = {}
+    for name, (a, b) in products.items():
+        some = slice(None, None, max(1, a.shape[0] // 64))  # ~64 rows of the result, checked in fp64
+        exact = a[some].double() @ b.double()
+        best = {}
+        for lib, mm in libraries.items():
+            got = mm(a, b)[some].double()  # also the warm-up: oneDNN's first call builds its kernel
+            if not torch.allclose(got, exact, rtol=1e-4, atol=1e-4 * float(exact.abs().max())):
+                continue
+            times = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                mm(a, b)
+                times.append(time.perf_counter() - t0)
+            best[lib] = min(times) * 1e3
+        if not best:
+            raise UserError(f"no library computed the LM head's {name} product right on this machine")
+        lib = min(best, key=best.get)
+        out[name] = {"ms": best[lib], "by": lib, "gflops": 2 * rows * n_embd * vocab_size / best[lib] / 1e6}
+    return {"products": out, "total_ms": sum(p["ms"] for p in out.values()), "calls": calls,
+            "libraries": list(libraries)}

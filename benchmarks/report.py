@@ -90,6 +90,16 @@ def print_report(report: dict, print=print) -> None:
         if "bpe_auto" in tg and tg["bpe_auto"]["precision"] != "float32":
             line += f", ours {tg['bpe_auto']['precision']} (auto) {tg['bpe_auto']['speedup_own']:.2f}x"
         print(line)
+        hf = tg.get("bpe_fp32", {}).get("head_floor")
+        if hf:
+            prods = own["head_floor"]["products"]
+            print(f"the floor under the fp32 step: its LM head's three products alone (each by the fastest of "
+                  f"{', '.join(own['head_floor']['libraries'])}, best of "
+                  f"{own['head_floor']['calls']}): " + ", ".join(f"{k} {p['ms']:.1f} ms ({p['gflops']:.0f} GFLOP/s)"
+                                                                for k, p in prods.items())
+                  + f" = {hf['head_ms']:.1f} ms. 2.0x needs <= {hf['needed_ms']:.1f} ms a step, which leaves "
+                  f"{hf['left_ms']:.1f} ms for all the rest (blocks, softmax, AdamW, clipping, Python); the rest "
+                  f"takes {hf['rest_ms']:.1f} ms in ours")
     if "muon" in report:
         mu = report["muon"]
         print(f"\nMuon step / AdamW step ({mu['config']}, {mu['dtype']}, Newton-Schulz in {mu['ns_dtype']}): "

@@ -222,6 +222,58 @@ def test_the_bpe_rows_are_compared_with_nanogpts_own_step_by_hand():
     assert "speedup_own" not in bench.targets({"rows": rows})["bpe_fp32"]
 
 
+def test_the_floor_under_the_bpe_step_leaves_half_nanogpts_step_minus_the_head_products_by_hand():
+    rows = [{"section": "BPE train", "precision": "float32", "compiled": False, "ours": 250.0, "speedup": 1.3,
+             "ours_mfu": 0.7, "auto": True}]
+    tg = bench.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0, "head_floor": {"total_ms": 170.0}}})
+    # 2.0x of 450 ms is 225 ms; the head's products take 170 of it, 55 are left; ours spends 80 on the rest
+    assert tg["bpe_fp32"]["head_floor"] == {"needed_ms": 225.0, "head_ms": 170.0, "left_ms": 55.0, "rest_ms": 80.0}
+    assert "head_floor" not in bench.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0}})["bpe_fp32"]
+
+
+def test_bench_prints_nanogpts_own_step_and_the_floor_under_ours(tmp_path, capsys):
+    d = _fake_nanogpt(tmp_path, [400.0] * 101)
+    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--nanogpt-dir", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"nanoGPT's own train.py \(.*, the median of iterations 20-100\): 400.0 ms a step; ours fp32 "
+                     r"\d+\.\d\dx \(target >= 2.0x\)", out), out
+    floor = re.search(r"the floor under the fp32 step: its LM head's three products alone \(each by the fastest of "
+                      r"torch.mm(, oneDNN)?, best of 2\): logits ([\d.]+) ms \(\d+ GFLOP/s\), input gradient ([\d.]+) ms "
+                      r"\(\d+ GFLOP/s\), weight gradient ([\d.]+) ms \(\d+ GFLOP/s\) = ([\d.]+) ms. 2.0x needs <= 200.0 ms "
+                      r"a step, which leaves (-?[\d.]+) ms for all the rest", out)
+    assert floor, out
+    parts, total, left = [float(floor.group(i)) for i in (2, 3, 4)], float(floor.group(5)), float(floor.group(6))
+    assert total == pytest.approx(sum(parts), abs=0.15) and left == pytest.approx(200.0 - total, abs=0.15)
+
+
+def test_the_head_floor_times_each_product_by_a_library_that_computes_it_right():
+    from benchmarks import nanogpt_own
+
+    calls = []
+
+    def right(a, b):
+        calls.append(("right", tuple(a.shape), tuple(b.shape)))
+        return a @ b
+
+    def wrong_but_instant(a, b):  # the fastest, and wrong: never the floor
+        return torch.zeros(a.shape[0], b.shape[1])
+
+    got = nanogpt_own.head_products_floor(6, 4, 10, calls=3, libraries={"fast": wrong_but_instant, "right": right})
+    assert {k: p["by"] for k, p in got["products"].items()} == {"logits": "right", "input gradient": "right",
+                                                                "weight gradient": "right"}
+    # the step's shapes, with the logits laid out (V, n): one check + 3 timed calls each
+    assert [c[1:] for c in calls[::4]] == [((10, 4), (4, 6)), ((6, 10), (10, 4)), ((10, 6), (6, 4))]
+    assert len(calls) == 12
+    assert got["total_ms"] == pytest.approx(sum(p["ms"] for p in got["products"].values()))
+    p = got["products"]["logits"]
+    assert p["gflops"] == pytest.approx(2 * 6 * 4 * 10 / p["ms"] / 1e6)
+    with pytest.raises(UserError, match=r"^no library computed the LM head's logits product right on this machine$"):
+        nanogpt_own.head_products_floor(6, 4, 10, libraries={"fast": wrong_but_instant})
+    # the real libraries on a small shape: each picked one is among them
+    real = nanogpt_own.head_products_floor(16, 8, 100, calls=1)
+    assert {p["by"] for p in real["products"].values()} <= set(real["libraries"]) and "torch.mm" in real["libraries"]
+
+
 def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--loss-chunks", "64"]) == 0
     out = capsys.readouterr().out
