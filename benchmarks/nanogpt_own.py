@@ -1,6 +1,8 @@
 """nanoGPT's own train.py, run as its users run it, on the BPE CPU shape: the denominator of issue 20's
 ">= 2.0x nanoGPT" (`python bench.py --nanogpt-dir PATH`, timed right after the train section, in the
-same environment: under --isa-avx2 the child process runs it under the AVX2 variables too).
+same environment: under --isa-avx2 the child process runs it under the AVX2 variables too); and the floor
+under our step at that shape (head_products_floor): what its LM head's three products cost alone, so the
+report can say what a 2.0x step leaves for everything else.
 
 The loop in our process (benchmarks/baseline.py) is nanoGPT's loop body, but it shares this process's
 allocator setting (runtime.memory.keep_freed_memory is process-wide), which alone took nanoGPT's BPE step
