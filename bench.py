@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.budget import bench_budget
+from benchmarks.budget import bench_budget, check_configs
 from benchmarks.decode import bench_decode
 from benchmarks.fsdp import bench_fsdp
 from benchmarks import nanogpt_own
@@ -121,9 +122,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.corpus_mb < 1 or args.corpus_procs < 0 or args.corpus_shard_tokens < 1:
         raise UserError(f"--corpus-mb and --corpus-shard-tokens must be >= 1 and --corpus-procs >= 0, got "
                         f"{args.corpus_mb}, {args.corpus_shard_tokens} and {args.corpus_procs}")
-    for k in ("warmup", "iters", "rounds", "repeats", "new_tokens", "prompt_len", "loss_steps"):
-        if getattr(args, k) < (0 if k == "warmup" else 1):
-            raise UserError(f"--{k.replace('_', '-')} must be >= {0 if k == 'warmup' else 1}, got {getattr(args, k)}")
+    for k in ("warmup", "iters", "rounds", "repeats", "new_tokens", "prompt_len", "loss_steps", "prepare_rss_mb"):
+        least = 0 if k in ("warmup", "prepare_rss_mb") else 1  # no warm-up, no RSS row: meaningful; the rest not
+        if getattr(args, k) < least:
+            raise UserError(f"--{k.replace('_', '-')} must be >= {least}, got {getattr(args, k)}")
+    for k in ("loss_tol", "budget_s"):  # argparse's float() takes nan and inf, which no comparison refuses
+        value = getattr(args, k)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UserError(f"--{k.replace('_', '-')} must be a positive, finite number, got {value}")
+    args.batch_size_list = _positive_ints(args.batch_sizes, "--batch-sizes", also=("max",))
+    if args.batch_size_list[0] == "max":
+        raise UserError("--batch-sizes: 'max' needs a numeric batch size before it, e.g. 16,max")
+    args.vocab_list = _positive_ints(args.vocabs, "--vocabs")
+    args.budget_config_list = check_configs(args.budget_configs.split(","), "--budget-configs")
     try:
         args.loss_chunk_sizes = tuple(int(n) for n in args.loss_chunks.split(",") if n.strip())
     except ValueError:
@@ -145,6 +156,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                             "add --only train")
         nanogpt_own.check_dir(Path(args.nanogpt_dir))
     return args
+
+
+def _positive_ints(text: str, option: str, also: tuple[str, ...] = ()) -> list:
+    """A comma-separated list of positive integers (and the words in `also`), or a one-line UserError."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    words = " or ".join(["positive integers", *(repr(w) for w in also)])
+    if not items or any(t not in also and not (t.isdigit() and int(t) > 0) for t in items):
+        raise UserError(f"{option} takes {words} separated by commas, got {text!r}")
+    return [t if t in also else int(t) for t in items]
 
 
 def check_json_path(path: Path) -> None:
@@ -280,8 +300,7 @@ def main(argv=None) -> int:
         if "fsdp" in args.sections:
             report["fsdp"] = bench_fsdp(quick=args.quick, warmup=args.warmup, iters=args.iters, say=say)
         if "budget" in args.sections:
-            configs = [c for c in args.budget_configs.split(",") if c]
-            report["budget"] = bench_budget(configs, Path(tmp), device, args.budget_s, say)
+            report["budget"] = bench_budget(args.budget_config_list, Path(tmp), device, args.budget_s, say)
 
     report.update(busy={"before": busy_before, "during_others": use.others_fraction(),
                         "after": cpu_busy_fraction(0.2 if args.quick else 1.0)},
@@ -348,19 +367,16 @@ def bench_gpu_train(args, device, auto_dtype, compile_: bool, peaks: dict, repor
     """The GPT-2 124M rows: each vocab at each micro-batch; 'max' is estimated from the first batch's
     peak memory and then run."""
     base_shape = QUICK_GPU if args.quick else GPT2_124M
-    vocabs = [int(v) for v in args.vocabs.split(",")] if not args.quick else [base_shape.vocab_size]
-    sizes = args.batch_sizes.split(",")
+    vocabs = args.vocab_list if not args.quick else [base_shape.vocab_size]
     for vocab in vocabs:
         shape = replace(base_shape, vocab_size=vocab)
         done: list[dict] = []
-        for size in sizes:
+        for size in args.batch_size_list:  # checked by parse_args: 'max' comes after a number
             if size == "max":
-                if not done:
-                    raise UserError("--batch-sizes: 'max' needs a numeric batch size before it, e.g. 16,max")
                 b = largest_batch(done, shape, device)
                 report["largest_batch"] = {"batch": b, "from_batch": done[0]["batch"], "headroom": 0.9}
             else:
-                b = int(size)
+                b = size
             rows, report["dtype_auto"][shape.label] = bench_shape(
                 with_batch(shape, b), device=device, dtypes=[auto_dtype], compiled=[compile_], peaks=peaks,
                 other_loss_path=args.loss_paths, float8=args.float8_recipes, **timing)

@@ -25,7 +25,9 @@ untimed (bf16 would be emulated); on GPUs bf16 where native, else fp16.
 --stop-at-eot (default): a sample ends at the end-of-text token, which is not printed.
 --min-p, --repetition-penalty: see model/generate.py's logits_to_probs (the order of every filter).
 --no-stream prints a single sample whole at the end; --out FILE writes the samples there (atomically)
-instead of stdout. Ctrl-C keeps what was generated: it is printed (or written to --out), then exit 130.
+instead of stdout; it may not be a file sample.py reads (the checkpoint's files, a prompt file, a
+redirected stdin). With stdout closed (`>&-`) --out is needed. Ctrl-C keeps what was generated: it is
+printed (or written to --out), then exit 130.
 
 Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr and exit status 2.
 """
@@ -47,6 +49,8 @@ from pathlib import Path
 import torch
 from data import tokenizer_from_meta
 from checkpoint import CKPT_NAME, SHARDED_CKPT_NAME, load_model as load_any_model
+from checkpoint.format import CHECKPOINT_SUFFIXES
+from checkpoint.sharded import is_sharded_checkpoint
 from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
 from fileio import atomic_write_bytes, read_user_file
 from model.generate import generate, generate_stream
@@ -129,6 +133,8 @@ def validate_args(args: argparse.Namespace) -> None:
                         "to turn it off")
     if args.out is not None:
         check_out_file(args.out)
+    elif sys.stdout is None:  # started with stdout closed (`>&-`): the samples would go nowhere
+        raise UserError("stdout is closed, so the samples have nowhere to go; pass --out FILE, or run with stdout open")
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UserError(f"--seed must be an integer in [0, 2**63), got {args.seed}")
     sources = (args.prompt or []) + (args.prompt_file or [])
@@ -147,6 +153,60 @@ def check_out_file(name: str) -> None:
         raise UserError(f"--out {name}: the folder {path.parent} does not exist; create it or choose another --out")
     if not os.access(path.parent, os.W_OK):
         raise UserError(f"--out {name}: the folder {path.parent} is not writable; choose another --out")
+
+
+def check_out_is_no_input(name: str, spec: str, args: argparse.Namespace) -> None:
+    """--out is written atomically, replacing whatever file it names: never one that sample.py reads
+    (the checkpoint, a prompt file, the file behind a redirected stdin), which would be lost. Compared
+    as files (os.path.samestat), so another spelling, a symlink or a hard link is caught too; an --out
+    that does not exist yet is no input."""
+    try:
+        out = Path(name).expanduser().stat()
+    except OSError:
+        return
+    inputs = [(f"the checkpoint file {path}", path) for path in checkpoint_files(spec)]
+    inputs += [(f"the prompt file {f}", Path(f).expanduser()) for f in args.prompt_file or [] if f != "-"]
+    for what, path in inputs:
+        try:
+            same = os.path.samestat(out, path.stat())
+        except OSError:  # not there: not read either (a missing checkpoint or prompt file is refused later)
+            continue
+        if same:
+            raise UserError(f"--out {name} is {what}, which sample.py reads; writing the samples there would replace "
+                            "it: choose another --out")
+    if reads_stdin(args) and _same_as_stdin(out):
+        raise UserError(f"--out {name} is the file on stdin, the prompt sample.py reads; writing the samples there "
+                        "would replace it: choose another --out")
+
+
+def checkpoint_files(spec: str) -> list[Path]:
+    """The files of the checkpoint `spec` names: the file itself; for a directory (a training out_dir,
+    a sharded checkpoint, an HF GPT-2 directory), every checkpoint file in it: ckpt.pt, best.pt, the files
+    of ckpt.dcp/ and best.dcp/ (and of their copies set aside mid-replace), config.json. An HF hub name
+    names no local file (the hub's cache is not the user's)."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return [path]
+    if is_sharded_checkpoint(path):
+        return [f for f in path.rglob("*") if f.is_file()]
+    found = []
+    for child in path.iterdir():
+        if child.is_dir() and is_sharded_checkpoint(child):
+            found += [f for f in child.rglob("*") if f.is_file()]
+        elif child.suffix.lower() in CHECKPOINT_SUFFIXES or child.name == "config.json":
+            found.append(child)
+    return found
+
+
+def reads_stdin(args: argparse.Namespace) -> bool:
+    return bool(args.stdin) or "-" in (args.prompt or []) + (args.prompt_file or [])
+
+
+def _same_as_stdin(out: os.stat_result) -> bool:
+    try:
+        return sys.stdin is not None and os.path.samestat(out, os.fstat(sys.stdin.fileno()))
+    except (OSError, ValueError):  # no descriptor behind stdin (closed, or a test's replacement): no file to keep
+        return False
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -187,9 +247,16 @@ def _decode_utf8(data: bytes, where: str) -> str:
 
 
 def _read_stdin() -> str:
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise UserError("stdin is closed, so there is no prompt to read from it ('-'); pipe the prompt in, or pass "
+                        "--prompt TEXT or --prompt-file FILE")
     raw = getattr(sys.stdin, "buffer", None)  # the bytes as given (a text-only stdin: re-encoded as given)
-    data = raw.read(MAX_PROMPT_BYTES + 1) if raw is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1).encode(
-        "utf-8", "surrogateescape")
+    try:
+        data = raw.read(MAX_PROMPT_BYTES + 1) if raw is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1).encode(
+            "utf-8", "surrogateescape")
+    except OSError as e:  # e.g. a directory redirected in (`< some_dir`)
+        raise UserError(f"cannot read the prompt from stdin ({short_error(e)}); pipe a prompt in, or pass --prompt "
+                        "TEXT or --prompt-file FILE") from None
     if len(data) > MAX_PROMPT_BYTES:
         raise UserError(f"the prompt on stdin is larger than {MAX_PROMPT_BYTES // 2**20} MiB, the most this reads; "
                         "pass a shorter prompt")
@@ -270,9 +337,16 @@ def main(argv: list[str] | None = None) -> int:
     prompt_texts = read_prompts(args)
 
     def note(msg: str) -> None:
-        print(f"sample.py: {msg}", file=sys.stderr, flush=True)
+        if sys.stderr is None:  # closed: print(file=None) would put the note into the samples on stdout
+            return
+        try:
+            print(f"sample.py: {msg}", file=sys.stderr, flush=True)
+        except OSError:  # a note is not worth failing the samples for
+            pass
 
     spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
+    if args.out is not None:  # before anything is loaded or generated
+        check_out_is_no_input(args.out, spec, args)
     device = resolve_device(args.device, option="--device")
     model, tok, desc = load_model(spec)
     n_params = model.num_params(non_embedding=False)
@@ -365,6 +439,8 @@ def write_out_file(name: str, text: str) -> None:
 
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so that Python's final flush at exit has nowhere to fail."""
+    if sys.stdout is None:  # closed from the start: nothing to flush
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
 

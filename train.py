@@ -52,7 +52,7 @@ from training.distributed import (
 from training.evaluate import bits_per_byte, evaluate, evaluate_full
 from training.float8 import check_float8, convert_to_float8
 from training.health import NonFiniteGuard
-from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress
+from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress, console_guard
 from training.mfu import mfu, peak_flops
 from training.rng import seed_everything
 from training.schedule import apply_lr, due_after, lr_at
@@ -68,7 +68,8 @@ if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrup
 
 def main(argv: list[str] | None = None) -> int:
     cfg = load_config(sys.argv[1:] if argv is None else argv)
-    train(cfg)
+    with console_guard():  # a closed or full stdout never stops a run (training/metrics.py's Console)
+        train(cfg)
     return 0
 
 

@@ -30,7 +30,9 @@ from pathlib import Path
 import torch
 
 from data import BatchLoader, DataConfig, prepare_data
+from errors import UserError
 from model import GPT, GPTConfig
+from training.config import load_config
 from training.evaluate import evaluate_full
 from training.schedule import lr_at
 
@@ -77,6 +79,20 @@ def nanogpt_recipe(data_root: Path, device: torch.device, say) -> dict:
     bpb = history[-1]["val/loss"] / math.log(2) / evals["val"].bytes_per_token
     full = evaluate_full(raw, evals["val"], contextlib.nullcontext)  # after W: not part of the recipe's time
     return {"wall_s": wall, "val_loss": history[-1]["val/loss"], "val_bpb": bpb, "evals": history, "val_loss_full": full}
+
+
+def check_configs(names: list[str], option: str) -> list[str]:
+    """The configs to run, each a name in configs/ or a YAML path that train.py loads: checked now, not
+    after W has been measured (minutes). -> the names, blanks left out."""
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise UserError(f"{option} names no config; give names in configs/ or YAML paths, separated by commas")
+    for name in names:
+        try:
+            load_config(["--config", name])
+        except UserError as e:
+            raise UserError(f"{option}: {e}") from None
+    return names
 
 
 def run_config(name: str, out_dir: Path, data_root: Path, say) -> dict:

@@ -115,6 +115,17 @@ class Backend(Protocol):
     def read(self, path: Path, needed: tuple[str, ...] = ()) -> Any: ...
 
 
+def _os_error_behind(e: BaseException) -> OSError | None:
+    """The OSError that `e` was raised while handling (or from), if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 class TorchFile:
     """One file per checkpoint: torch.save to a temp file beside it, then an atomic rename
     (fileio.atomic_write), so a reader sees the old checkpoint or the new one, never a torn one."""
@@ -122,7 +133,16 @@ class TorchFile:
     def write(self, path: Path, payload: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(path) as tmp, open(tmp, "wb") as f:
-            torch.save(payload, f)
+            try:
+                torch.save(payload, f)
+            except RuntimeError as e:
+                # torch's zip writer turns a failed write (a full disk, a quota) into "[enforce fail at
+                # inline_container.cc] unexpected pos", raised while handling the OSError: raise that OSError,
+                # which every caller reports in one line
+                cause = _os_error_behind(e)
+                if cause is None:
+                    raise
+                raise cause from None
 
     def read(self, path: Path, needed: tuple[str, ...] = ()) -> Any:
         try:

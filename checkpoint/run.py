@@ -197,10 +197,13 @@ class Checkpointer:
             try:
                 save_checkpoint(path, {**self.static, **payload})
             except OSError as e:  # a full disk, a quota, a read-only mount: the files written before are intact
-                kept = (f"the last checkpoint, {self.latest}, still holds iter {self.last_saved_iter}"
-                        if self.last_saved_iter is not None else "no checkpoint was written yet")
-                raise UserError(f"cannot write {path} ({short_error(e)}); {kept}; free some space, then rerun the same "
-                                "command to resume") from None
+                if self.last_saved_iter is not None:
+                    kept = (f"the last checkpoint, {self.latest}, still holds iter {self.last_saved_iter}; free some "
+                            "space, then rerun the same command to resume")
+                else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run
+                    kept = (f"no checkpoint was written yet, so there is nothing to resume; free some space, then rerun "
+                            f"with a new --train.out_dir (or move {self.latest.parent / 'metrics.jsonl'} away first)")
+                raise UserError(f"cannot write {path} ({short_error(e)}); {kept}") from None
         if not best:
             self.last_saved_iter = iter_num
 

@@ -36,7 +36,7 @@ from fileio import (DirLock, atomic_write_bytes, check_writable_dir, fsync_dir, 
 from .shards import (INLINE_BELOW, SPLITS, doc_in_val, file_sha256, load_resume_state, peak_memory_mb,
                      sample_sha256, write_shards)
 from .config import DataConfig
-from .sources import Piece, Source, open_source
+from .sources import READ_ERRORS, Piece, Source, open_source, read_error
 from .tokenizer import CHAR, CharTokenizer, Tokenizer, bpe_vocab_size, get_tokenizer, train_bpe
 
 FORMAT_VERSION = 2
@@ -63,6 +63,7 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
     check_writable_dir(cfg.root, "data.root")
     main_source, val_source = _open_sources(cfg)
     out = Path(cfg.root) / dir_name(cfg, main_source, val_source)
+    _check_is_dir(out)
     fingerprint, files = _fingerprint(cfg, main_source, val_source, _previous_records(out))
     reason = _rebuild_reason(out, cfg, fingerprint)
     if reason is None:
@@ -76,6 +77,7 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
         reason = _rebuild_reason(out, cfg, fingerprint)  # another process may just have built it
         if reason is None:
             return out
+        _check_in_the_way(out, fingerprint[:12])
         if reason and (reader := live_readers(out)):
             raise UserError(f"refusing to rebuild {out} ({reason}): it is read by {reader['what']} (pid {reader['pid']}); "
                             f"stop that run first, or prepare into another data.root")
@@ -91,6 +93,30 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
     if progress:
         _say(f"prepared {out}")
     return out
+
+
+def _check_is_dir(out: Path) -> None:
+    """The prepared dir's name taken by a file (or a link to nowhere): mkdir would fail with a traceback,
+    and the file may be someone's; it is not ours to remove."""
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise UserError(f"{out} is a file, not a directory: the prepared data goes there; move it away, or set "
+                        f"data.root to another directory")
+
+
+def _check_in_the_way(out: Path, build: str) -> None:
+    """Before a build: every name it writes a file to must be free or a file (os.replace fails on a folder
+    halfway through the build), and READERS a folder (hold_data). What is there is not ours to remove."""
+    for p in [*out.glob(f"*{build}*"), out / SOURCE_RECORDS]:
+        if p.exists() and not p.is_file():
+            raise UserError(f"{p} is a directory (or other non-file) where the prepared data writes a file; move it "
+                            f"away (or set data.root to another directory), then rerun")
+    _check_readers_dir(out)
+
+
+def _check_readers_dir(out: Path) -> None:
+    if (out / READERS).exists() and not (out / READERS).is_dir():
+        raise UserError(f"{out / READERS} is a file where the prepared data keeps a directory (of the runs reading it); "
+                        f"move it away (or set data.root to another directory), then rerun")
 
 
 def dir_name(cfg: DataConfig, source: Source, val_source: Source | None) -> str:
@@ -162,7 +188,8 @@ def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict
         total = 0
         for bin_path, tokens in files:
             if not bin_path.is_file():
-                raise UserError(f"{bin_path} is missing; {REBUILD}")
+                problem = "is not a file" if bin_path.exists() else "is missing"
+                raise UserError(f"{bin_path} {problem}; {REBUILD}")
             size = bin_path.stat().st_size
             if size % itemsize:
                 raise UserError(
@@ -229,6 +256,7 @@ def hold_data(data_dir: str | os.PathLike, what: str) -> Callable[[], None]:
     """Register this process as a reader of `data_dir` (a training run): prepare refuses to rebuild it
     while the process lives. Returns the function that unregisters it."""
     data_dir = Path(data_dir)
+    _check_readers_dir(data_dir)
     lock = _wait_for(DirLock(data_dir, PREPARE_LOCK), data_dir)  # not while a prepare is rebuilding it
     try:
         (data_dir / READERS).mkdir(exist_ok=True)
@@ -328,11 +356,14 @@ def _file_hashes(files: list[Path], previous: list) -> list[list]:
     known = {tuple(r[:3]): r[3] for r in previous if isinstance(r, list) and len(r) == 4}
     out = []
     for path in files:
-        st = path.stat()
-        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-        if key not in known:
-            with open(path, "rb") as f:
-                known[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        try:
+            st = path.stat()
+            key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+            if key not in known:
+                with open(path, "rb") as f:
+                    known[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        except READ_ERRORS as e:  # the source's problem (unreadable, gone, a bad disk), not the output's
+            raise read_error(path, e) from None
         out.append([*key, known[key]])
     return out
 
@@ -526,7 +557,7 @@ def _build(out: Path, cfg: DataConfig, source: Source, val_source: Source | None
 
 def _remove_build(out: Path, build: str) -> None:
     for p in [*out.glob(f"*{build}*"), out / SOURCE_RECORDS]:
-        if p.name != META_NAME:
+        if p.name != META_NAME and not p.is_dir():  # a folder is not one of ours (_check_in_the_way)
             p.unlink(missing_ok=True)
 
 

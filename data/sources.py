@@ -16,13 +16,15 @@ import glob
 import hashlib
 import io
 import json
+import lzma
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
-from errors import UserError
+from errors import UserError, short_error
 from fileio import atomic_write_bytes
 from network import hub_offline_unless_reachable
 
@@ -47,6 +49,17 @@ JSON_ARRAY_MAX = 1 << 30  # a .json file holding one array is parsed whole: refu
 ROW_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 COMPRESSED = {".gz": "gzip", ".zst": "zstd"}
+# what a damaged compressed file is checked with (named in read_error's fix)
+TESTERS = {"gzip": "gzip -t", "zstd": "zstd -t"}
+# compressions and archives that are not read: refused by name, never read as (garbled) text
+NOT_READ = {".bz2": "bzip2-compressed", ".xz": "xz-compressed", ".lzma": "lzma-compressed", ".lz4": "lz4-compressed",
+            ".br": "brotli-compressed", ".zip": "a zip archive", ".7z": "a 7z archive", ".tar": "a tar archive",
+            ".tgz": "a tar archive"}
+# the first bytes of compressed data, to name it when a file so named is not UTF-8 text
+MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
+# what reading a file raises when the file (or its compressed data, or its disk) is damaged or cut short:
+# the decompressors' errors (pyarrow's are OSError or ArrowException), and the standard library's
+READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 FOLDER_SUFFIXES = (".txt", *ROW_SUFFIXES, *PARQUET_SUFFIXES)  # what a folder source takes
 
 
@@ -178,16 +191,49 @@ def _files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | No
     start_file, start_row = pos if pos is not None else (0, 0)
     for index in range(start_file, len(paths)):
         path = paths[index]
-        kind, compression = _kind(path)
-        first = start_row if index == start_file else 0
-        if kind == "text":
-            cut = path.stat().st_size - int(path.stat().st_size * tail) if tail is not None and compression is None else None
-            yield from _text_pieces(path, compression, [index, 0], cut)
-        else:
-            reader = _rows_pieces if kind == "rows" else _parquet_pieces
-            moved = [0]  # bytes of this file the progress bar has been moved by so far
-            yield from reader(path, compression, index, first, cfg, source, moved)
-            yield Piece(False, "", max(0, path.stat().st_size - moved[0]), None, None)  # the rest of the file
+        compression = _kind(path)[1]
+        try:
+            yield from _file_pieces(path, index, start_row if index == start_file else 0, cfg, tail, source)
+        except Exception as e:
+            # Raised while reading, a read error is the SOURCE's: the build would blame the disk it writes to.
+            # Any other (a UserError, a bug) goes on up as it is.
+            if not is_read_error(e):
+                raise
+            raise read_error(path, e, compression) from None
+
+
+def _file_pieces(path: Path, index: int, first: int, cfg: DataConfig, tail: float | None,
+                 source: Source | None) -> Iterator[Piece]:
+    kind, compression = _kind(path)
+    if kind == "text":
+        cut = path.stat().st_size - int(path.stat().st_size * tail) if tail is not None and compression is None else None
+        yield from _text_pieces(path, compression, [index, 0], cut)
+    else:
+        reader = _rows_pieces if kind == "rows" else _parquet_pieces
+        moved = [0]  # bytes of this file the progress bar has been moved by so far
+        yield from reader(path, compression, index, first, cfg, source, moved)
+        yield Piece(False, "", max(0, path.stat().st_size - moved[0]), None, None)  # the rest of the file
+
+
+def is_read_error(e: BaseException) -> bool:
+    """Whether `e`, raised while reading a file, means the file could not be read (READ_ERRORS, or one of
+    pyarrow's errors: its decompressors and parquet reader raise ArrowException as well as OSError)."""
+    return isinstance(e, READ_ERRORS) or any(c.__name__ == "ArrowException" for c in type(e).__mro__)
+
+
+def read_error(path: Path, e: BaseException, compression: str | None = None) -> UserError:
+    """The one-line error for a source file that reading failed on: the file's problem and its fix. Not the
+    prepared data's disk (a failed write says that), and not "free some space", which would not help."""
+    why = short_error(e)
+    if isinstance(e, PermissionError):
+        return UserError(f"cannot read {path} ({why}); fix its permissions, or leave it out of data.dataset")
+    if isinstance(e, FileNotFoundError):
+        return UserError(f"{path} went away while it was read ({why}); put it back, or leave it out of data.dataset")
+    if compression:
+        return UserError(f"{path} is damaged: its {compression} data is cut short or corrupt ({why}); download it "
+                         f"or compress it again from the original (`{TESTERS[compression]} {path}` checks it)")
+    return UserError(f"cannot read {path} ({why}): the file (or its disk) is damaged; copy or download it again, "
+                     f"or leave it out of data.dataset")
 
 
 def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int | None) -> Iterator[Piece]:
@@ -217,7 +263,7 @@ def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int |
             try:
                 pending += decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as e:
-                raise UserError(
+                raise _misnamed(path, compression) or UserError(
                     f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); convert it to UTF-8 "
                     f"(e.g. iconv -t UTF-8) or leave it out of data.dataset"
                 ) from None
@@ -230,6 +276,21 @@ def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int |
                 break
             yield Piece(False, "", len(raw), None, split)  # progress only
     yield from emit(pending)
+
+
+def _misnamed(path: Path, compression: str | None) -> UserError | None:
+    """The error for compressed data in a file not named for it ("converting it to UTF-8" would be the
+    wrong fix), or None when it does not start like compressed data."""
+    if compression:
+        return None
+    with open(path, "rb") as f:
+        head = f.read(8)
+    fmt = next((name for magic, name in MAGIC.items() if head.startswith(magic)), None)
+    if fmt is None:
+        return None
+    suffix = next((s for s, c in COMPRESSED.items() if c == fmt), None)
+    fix = f"name it with {suffix} at the end (it is read as it is)" if suffix else "decompress it"
+    return UserError(f"{path} holds {fmt}-compressed data, not text; {fix}, or leave it out of data.dataset")
 
 
 def _bad_row(path: Path, row: int, why: str, source: Source | None, cfg: DataConfig) -> None:
@@ -400,11 +461,15 @@ def _local_source(spec: str, cfg: DataConfig, tail: float | None) -> Source:
                 f"files with a glob such as '{spec.rstrip('/')}/**/*.md'"
             )
         name = path.resolve().name
+    elif path.exists():  # a fifo, a socket, a device
+        raise UserError(f"data.dataset {spec!r} is neither a file nor a directory; give a regular file, directory or glob")
     else:
         raise UserError(
             f"data.dataset {spec!r} does not exist; give an existing file (.txt, .jsonl, .json, .parquet, "
             f"optionally .gz/.zst), directory or glob, '{SHAKESPEARE}', or 'hf:<name>'"
         )
+    for p in paths:
+        _check_readable_kind(p)
     # One text file is one document: its val split is its tail. Anything else is split by document.
     single_text = len(paths) == 1 and _kind(paths[0]) == ("text", None)
     # The files' content identifies them (hashed by build._fingerprint, which reuses a stored hash while a
@@ -422,6 +487,15 @@ def _local_source(spec: str, cfg: DataConfig, tail: float | None) -> Source:
         files=paths,
     )
     return source
+
+
+def _check_readable_kind(path: Path) -> None:
+    """Refuse a file compressed (or archived) in a way this code does not read: read as text it would be
+    garbage, and "convert it to UTF-8" the wrong fix."""
+    suffix = next((s for s in NOT_READ if path.name.lower().endswith(s)), None)
+    if suffix:
+        raise UserError(f"{path} is {NOT_READ[suffix]}, which data.dataset does not read; decompress or extract it "
+                        f"(.gz and .zst files are read as they are)")
 
 
 def _takes(path: Path) -> bool:
@@ -445,8 +519,11 @@ def shakespeare_cache_path() -> Path:
 
 
 def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except READ_ERRORS as e:
+        raise read_error(path, e) from None
 
 
 def shakespeare_path(local_path: str = "") -> Path:
@@ -455,8 +532,12 @@ def shakespeare_path(local_path: str = "") -> Path:
     for given, what in ((local_path, "data.local_path"), (os.environ.get(SHAKESPEARE_ENV, ""), SHAKESPEARE_ENV)):
         if given:
             path = Path(given).expanduser()
+            if path.is_dir():
+                raise UserError(f"{what} points at {given}, which is a directory; point it at tiny shakespeare's "
+                                f"input.txt (the file itself) or unset {what}")
             if not path.is_file():
-                raise UserError(f"{what} points at {given}, which does not exist; fix the path or unset {what}")
+                raise UserError(f"{what} points at {given}, which "
+                                f"{'is not a regular file' if path.exists() else 'does not exist'}; fix the path or unset {what}")
             if _sha256(path) != SHAKESPEARE_SHA256:
                 raise UserError(
                     f"{path} (from {what}) is not tiny shakespeare (sha256 differs); point {what} at the original "
@@ -545,6 +626,17 @@ def _hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
         return ds.select_columns([fld])
 
     def read(pos: Any) -> Iterator[Piece]:
+        try:
+            yield from rows(pos)
+        except UserError:
+            raise
+        except Exception as e:  # as when loading: many types, all "can't read this"; the build would blame data.root
+            fix = ("check your network (a streamed dataset is read as it goes) and rerun" if cfg.streaming and not saved
+                   else "its files may be damaged: " + ("save it again" if saved else "remove its copy in the HF "
+                                                        "datasets cache and rerun to download it again"))
+            raise UserError(f"could not read {where} ({short_error(e)}); {fix}") from None
+
+    def rows(pos: Any) -> Iterator[Piece]:
         start = pos[1] if pos is not None else 0
         ds = dataset()
         if start:

@@ -53,8 +53,8 @@ def gpt_from_hf(hf: dict, hf_sd: dict[str, torch.Tensor], **overrides) -> GPT:
     """Our GPT from HF GPT-2's config.json (a dict) and state dict: the names are the same, the four
     Conv1D matrices per block are transposed. Raises ValueError naming what does not fit."""
     config = _config_from_hf(hf, **overrides)
-    model = GPT(config)
-    ours = model.state_dict()
+    with torch.device("meta"):  # the shapes only: a config.json that disagrees with its weights (or asks for an
+        ours = GPT(config).state_dict()  # absurd size) is refused below before any memory is spent on it
     converted = {}
     for key, tensor in hf_sd.items():
         if not key.startswith(("transformer.", "lm_head.")):
@@ -73,6 +73,7 @@ def gpt_from_hf(hf: dict, hf_sd: dict[str, torch.Tensor], **overrides) -> GPT:
     for key, tensor in converted.items():
         if tensor.shape != ours[key].shape:
             raise ValueError(f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(ours[key].shape)}")
+    model = GPT(config)
     model.load_state_dict(converted, strict=False)  # strict=False only for a tied lm_head.weight
     return model
 

@@ -340,6 +340,19 @@ def test_profile_puts_the_head_the_blocks_and_the_optimizer_in_their_buckets_and
     (["--threads", "100000"], "--threads must be 0 (torch's default) or 1.."),  # a segfault before
     (["--json", "/tmp"], "--json /tmp is a directory"),  # found after 39 s of measuring before
     (["--json", "/proc/x/bench.json"], "--json's folder"),
+    # a traceback (train.py --config nosuch failed) after W was measured, before
+    (["--only", "budget", "--budget-configs", "nosuch"], "config 'nosuch' not found as a file or in configs/; pass a "
+                                                         "YAML path or one of: gpt2_124m"),
+    (["--budget-configs", ","], "--budget-configs names no config"),
+    (["--only", "loss", "--loss-tol", "nan"], "--loss-tol must be a positive, finite number, got nan"),  # a verdict before
+    (["--loss-tol", "inf"], "--loss-tol must be a positive, finite number"),
+    (["--loss-tol", "0"], "--loss-tol must be a positive, finite number"),
+    (["--budget-s", "nan"], "--budget-s must be a positive, finite number"),
+    (["--budget-s", "-5"], "--budget-s must be a positive, finite number"),
+    (["--prepare-rss-mb", "-1"], "--prepare-rss-mb must be >= 0"),
+    (["--batch-sizes", "16,abc"], "--batch-sizes takes positive integers or 'max'"),  # a ValueError on CUDA before
+    (["--batch-sizes", "max"], "'max' needs a numeric batch size before it"),
+    (["--vocabs", "0"], "--vocabs takes positive integers"),
 ])
 def test_bench_options_are_checked_before_anything_is_measured(argv, words, capsys, monkeypatch):
     monkeypatch.setattr(bench, "resolve_device", lambda *a, **k: pytest.fail("measured before checking the options"))

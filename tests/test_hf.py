@@ -83,6 +83,30 @@ def test_from_pretrained_of_a_directory_without_config_is_refused(tmp_path):
         from_pretrained(str(tmp_path))
 
 
+def test_a_config_json_far_bigger_than_its_weights_is_refused_before_the_model_is_built(hf_model, tmp_path, monkeypatch):
+    import json
+
+    import model.hf as mhf
+
+    hf_model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    built = []
+
+    class Recording(mhf.GPT):
+        def __init__(self, config):
+            built.append((config.n_layer, str(torch.get_default_device())))
+            super().__init__(config)
+    monkeypatch.setattr(mhf, "GPT", Recording)
+    # one layer more than the weights have, then ~330B parameters' worth (weights of 2 tiny layers)
+    for change, error in ((dict(n_layer=3), r"lacks \['transformer.h.2"),
+                          (dict(n_layer=100, n_embd=16384, n_head=128), r"lacks|shape mismatch")):
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+        built.clear()
+        with pytest.raises(ValueError, match=error):
+            from_pretrained(str(tmp_path))
+        assert built and all(device == "meta" for _, device in built), built  # shapes only, no memory
+
+
 def test_from_pretrained_of_an_unreachable_hub_name_is_refused(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="neither a local HF directory nor a reachable hub model"):

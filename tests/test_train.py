@@ -222,6 +222,18 @@ def test_resume_refuses_a_changed_architecture_and_keeps_the_checkpoint(tmp_path
     assert res["iter"] == 5 and sorted(res["losses"]) == [4, 5]
 
 
+def test_nan_loss_before_any_checkpoint_says_how_to_rerun_and_the_advice_works(tmp_path, data_root, capsys):
+    argv = tiny_argv(tmp_path / "out", data_root, "--train.max_iters=4", "--train.eval_interval=100")
+    with inject(nan_at=1), pytest.raises(SystemExit) as ei:
+        run_cli(lambda: train.main(argv))
+    errors = [l for l in re.split(r"[\r\n]", capsys.readouterr().err) if l.startswith("error:")]
+    assert ei.value.code == 2 and len(errors) == 1
+    assert "no checkpoint was written, so there is nothing to resume" in errors[0]
+    assert f"move {tmp_path / 'out' / 'metrics.jsonl'} away first" in errors[0]
+    (tmp_path / "out" / "metrics.jsonl").rename(tmp_path / "diverged.jsonl")  # as the line says; then the rerun runs
+    assert run(tmp_path / "out", data_root, "--train.max_iters=4", "--train.eval_interval=100")["iter"] == 4
+
+
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_root, capsys):
     common = ("--train.max_iters=12", "--train.checkpoint_interval=3", "--train.log_interval=100",
               "--train.eval_interval=100")

@@ -4,6 +4,7 @@ HF directories refused, non-UTF-8 prompts named, compile failures survived."""
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import signal
@@ -165,6 +166,48 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_chec
     code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=4", "--train.eval_interval=100"), capsys)
     one_line(code, err, "cannot write", "No space left on device", "ckpt.pt, still holds iter 2")
     assert (out / "ckpt.pt").read_bytes() == before and not list(out.glob(".*.tmp"))
+
+
+class _FillsUp(io.RawIOBase):
+    """A file that takes `room` bytes, then fails as a full disk does (torch's zip writer then raises a
+    RuntimeError "unexpected pos" while handling the OSError, as on a real full tmpfs)."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(b)
+        return self.f.write(b)
+
+
+def test_a_disk_that_fills_up_inside_torch_save_is_one_line_and_its_advice_works(tmp_path, data_root, capsys,
+                                                                                 monkeypatch):
+    import builtins
+
+    import checkpoint.format
+
+    real_open = builtins.open
+
+    def filling(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return _FillsUp(f, 4096) if "w" in mode else f
+    monkeypatch.setattr(checkpoint.format, "open", filling, raising=False)
+    out = tmp_path / "out"
+    argv = tiny_argv(out, data_root, "--train.max_iters=2", "--train.eval_interval=2")
+    code, _, err = cli(argv, capsys)
+    # the first checkpoint failed: nothing to resume, and the advice says how the rerun gets past the log left behind
+    one_line(code, err, "cannot write", "No space left on device", "nothing to resume", "new --train.out_dir",
+             "metrics.jsonl away")
+    assert not (out / "ckpt.pt").exists() and not list(out.glob(".*.tmp"))
+    monkeypatch.undo()  # space freed
+    (out / "metrics.jsonl").rename(tmp_path / "failed-metrics.jsonl")  # as the line says
+    code, _, err = cli(argv, capsys)
+    assert code == 0 and (out / "ckpt.pt").exists(), err
 
 
 def test_a_metrics_file_that_is_a_directory_is_one_line(tmp_path, data_root, capsys):

@@ -30,16 +30,59 @@ class DistInfo:
         return self.rank == 0
 
 
+# the fix for every bad launch variable: what torchrun sets, or nothing (one process)
+LAUNCH_FIX = ("launch with torchrun (e.g. `torchrun --standalone --nproc-per-node=2 train.py ...`), or unset RANK, "
+              "WORLD_SIZE and LOCAL_RANK to run one process")
+
+
 def dist_from_env() -> DistInfo:
-    """torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; without them this is a single process."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    """torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; without them this is a single process. Values no
+    launcher sets (not integers, a rank outside the world) are refused here, before anything is built:
+    further on they fail deep inside torch.distributed, or a rank that is not 0 of a world of 1 waits
+    for nobody."""
+    given = [k for k in ("RANK", "WORLD_SIZE") if k in os.environ]
+    if not given:
         return DistInfo()
-    return DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    if len(given) == 1:
+        missing = "WORLD_SIZE" if given == ["RANK"] else "RANK"
+        raise UserError(f"{given[0]} is set but {missing} is not; {LAUNCH_FIX}")
+    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else 0
+    if world_size < 1:
+        raise UserError(f"WORLD_SIZE={world_size} must be at least 1; {LAUNCH_FIX}")
+    if not 0 <= rank < world_size:
+        raise UserError(f"RANK={rank} is outside 0..{world_size - 1} (WORLD_SIZE={world_size}); {LAUNCH_FIX}")
+    if not 0 <= local_rank < world_size:  # a node runs at most the whole world's ranks
+        raise UserError(f"LOCAL_RANK={local_rank} is outside 0..{world_size - 1} (WORLD_SIZE={world_size}); {LAUNCH_FIX}")
+    return DistInfo(rank, local_rank, world_size)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{name}={value!r} is not an integer; {LAUNCH_FIX}") from None
+
+
+def check_rendezvous(info: DistInfo) -> None:
+    """MASTER_ADDR and MASTER_PORT, where the ranks meet: torchrun sets both. Without them
+    init_process_group fails with a traceback (or, with a port that is not a number, deep inside)."""
+    if not info.enabled:
+        return
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name, "").strip():
+            raise UserError(f"WORLD_SIZE={info.world_size} but {name} is not set, so the ranks cannot meet; {LAUNCH_FIX}")
+    port = os.environ["MASTER_PORT"].strip()
+    if not (port.isdigit() and 0 < int(port) < 65536):
+        raise UserError(f"MASTER_PORT={port!r} is not a port number (1..65535); {LAUNCH_FIX}")
 
 
 def init_distributed(info: DistInfo, device: torch.device) -> None:
     """Make `device` this process's current GPU; under torchrun, join the process group: nccl on CUDA,
     gloo on CPU. MASTER_ADDR/PORT come from torchrun (--standalone or --rdzv-*)."""
+    if info.enabled and not dist.is_initialized():
+        check_rendezvous(info)  # before the GPU is touched
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not info.enabled or dist.is_initialized():

@@ -29,6 +29,10 @@ class NonFiniteGuard:
     def check(self, dist: DistInfo, group, ckpt_path: Path, last_saved: int | None) -> None:
         """Raise the one-line error on every rank if any rank has seen a non-finite step."""
         if any_rank(bool(self.bad.item()), dist, group):
-            kept = f"{ckpt_path} still holds iter {last_saved}" if last_saved is not None else "no checkpoint was written"
-            raise UserError(f"loss or grad norm became non-finite at iter {int(self.first.item())}; stopped, {kept}; "
-                            "lower train.lr, raise train.warmup_iters or use bfloat16/float32, then rerun")
+            fix = "lower train.lr, raise train.warmup_iters or use bfloat16/float32"
+            if last_saved is not None:
+                where = f"{ckpt_path} still holds iter {last_saved}; {fix}, then rerun"
+            else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run
+                where = (f"no checkpoint was written, so there is nothing to resume; {fix}, then rerun with a new "
+                         f"--train.out_dir (or move {ckpt_path.parent / 'metrics.jsonl'} away first)")
+            raise UserError(f"loss or grad norm became non-finite at iter {int(self.first.item())}; stopped, {where}")

@@ -1,5 +1,5 @@
-"""What the loop logs: `<out_dir>/metrics.jsonl`, the window of steps each log line averages, and the
-progress display (a bar on a terminal, plain lines elsewhere).
+"""What the loop logs: `<out_dir>/metrics.jsonl`, the window of steps each log line averages, the
+progress display (a bar on a terminal, plain lines elsewhere), and the console they print to.
 
 `metrics.jsonl` holds one JSON record per logged step (train and eval values of that step
 together), written by rank 0, readable without wandb.
@@ -10,10 +10,13 @@ about to log those steps again, so every step appears once.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +115,7 @@ class Progress:
     plain line per logged step, since a bar's carriage-return frames would fill a log file."""
 
     def __init__(self, total: int, initial: int, *, active: bool = True, interactive: bool | None = None):
-        self.interactive = sys.stdout.isatty() if interactive is None else interactive
+        self.interactive = _is_terminal(sys.stdout) if interactive is None else interactive
         self.active = active
         self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train") \
             if active and self.interactive else None
@@ -130,3 +133,88 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _is_terminal(stream) -> bool:
+    """A closed stream (None: the process started with it closed) or one closed since is no terminal."""
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+class Console(io.TextIOBase):
+    """sys.stdout while a run trains. The console log is a courtesy (metrics.jsonl and the checkpoints
+    are the record), so it never ends a run: a stdout closed at start (`>&-`, sys.stdout None) is a sink,
+    and one whose writes fail (a full disk behind `> log.txt`, /dev/full, a pipe whose reader left) is
+    given up after one warning on stderr, and the run goes on."""
+
+    def __init__(self, stream):
+        self.stream = stream  # None: discard everything
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return _is_terminal(self.stream)
+
+    @property
+    def encoding(self) -> str:  # tqdm picks its bar's characters by it
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def fileno(self) -> int:
+        if self.stream is None:
+            raise io.UnsupportedOperation("stdout is closed")
+        return self.stream.fileno()
+
+    def write(self, text: str) -> int:
+        if self.stream is not None:
+            try:
+                self.stream.write(text)
+            except OSError as e:
+                self._give_up(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            try:
+                self.stream.flush()
+            except OSError as e:
+                self._give_up(e)
+
+    def _give_up(self, e: OSError) -> None:
+        failed, self.stream = self.stream, None
+        _point_at_devnull(failed)
+        try:
+            if sys.stderr is not None:
+                sys.stderr.write(f"warning: cannot write to stdout ({short_error(e)}); training goes on without "
+                                 "console output: metrics.jsonl and the checkpoints in the out_dir record the run\n")
+                sys.stderr.flush()
+        except OSError:  # stderr fails too: nothing left to tell
+            pass
+
+
+def _point_at_devnull(stream) -> None:
+    """The failed stream's descriptor now leads to /dev/null, so that what its buffer still holds is
+    flushed there at exit (a failing final flush would print a traceback-like note and exit 120), and
+    child processes inheriting it write nowhere instead of failing."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (e.g. a test's capture): nothing to flush at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+@contextmanager
+def console_guard():
+    """For the block, sys.stdout is a Console over the real one (see there); restored after."""
+    saved = sys.stdout
+    sys.stdout = Console(saved)
+    try:
+        yield
+    finally:
+        sys.stdout = saved
