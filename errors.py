@@ -63,7 +63,7 @@ def start_up_done() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _to_stderr(line: str) -> None:
+def to_stderr(line: str) -> None:
     """One line on stderr; nothing where stderr is closed (print(file=None) would put it on stdout, among the
     samples or the log), or where writing it fails: the exit code still says what happened."""
     if sys.stderr is not None:
@@ -77,15 +77,15 @@ def run_cli(main: Callable[[], int | None]) -> None:
     try:
         code = main()
     except UserError as e:
-        _to_stderr(f"error: {e}")
+        to_stderr(f"error: {e}")
         sys.exit(2)
     except KeyboardInterrupt:
-        _to_stderr("interrupted")
+        to_stderr("interrupted")
         sys.exit(130)
     except (MemoryError, RuntimeError) as e:  # an allocation that failed despite the estimates (runtime/memory.py)
         if not is_out_of_memory(e):
             raise
-        _to_stderr(f"error: out of memory ({short_error(e)}); lower the batch size, the block size or the model's size")
+        to_stderr(f"error: out of memory ({short_error(e)}); lower the batch size, the block size or the model's size")
         sys.exit(2)
     sys.exit(code or 0)
 

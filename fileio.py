@@ -74,6 +74,22 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def point_at_devnull(stream) -> None:
+    """`stream`'s descriptor now leads to /dev/null, so that what its buffer still holds is flushed there at
+    exit (a failing final flush prints a traceback-like note and exits 120), and child processes inheriting
+    it write nowhere instead of failing. Nothing for a stream with no descriptor (closed, or a test's
+    capture)."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def write_synced(path: str | os.PathLike, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)

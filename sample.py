@@ -51,8 +51,8 @@ from data import tokenizer_from_meta
 from checkpoint import CKPT_NAME, SHARDED_CKPT_NAME, load_model as load_any_model
 from checkpoint.format import CHECKPOINT_SUFFIXES
 from checkpoint.sharded import is_sharded_checkpoint
-from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
-from fileio import atomic_write_bytes, read_user_file
+from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
+from fileio import atomic_write_bytes, point_at_devnull, read_user_file
 from model.generate import generate, generate_stream
 from runtime.device import resolve_device
 from runtime.decoding import decode_compile, setup_decoding
@@ -336,13 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     validate_args(args)
     prompt_texts = read_prompts(args)
 
-    def note(msg: str) -> None:
-        if sys.stderr is None:  # closed: print(file=None) would put the note into the samples on stdout
-            return
-        try:
-            print(f"sample.py: {msg}", file=sys.stderr, flush=True)
-        except OSError:  # a note is not worth failing the samples for
-            pass
+    def note(msg: str) -> None:  # never on stdout among the samples, never failing them (errors.to_stderr)
+        to_stderr(f"sample.py: {msg}")
 
     spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
     if args.out is not None:  # before anything is loaded or generated
@@ -439,10 +434,7 @@ def write_out_file(name: str, text: str) -> None:
 
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so that Python's final flush at exit has nowhere to fail."""
-    if sys.stdout is None:  # closed from the start: nothing to flush
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    point_at_devnull(sys.stdout)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import torch
 from errors import UserError
 
 from .distributed import DistInfo, any_rank
+from .metrics import METRICS_NAME
 from .step import StepOutput
 
 
@@ -34,5 +35,5 @@ class NonFiniteGuard:
                 where = f"{ckpt_path} still holds iter {last_saved}; {fix}, then rerun"
             else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run
                 where = (f"no checkpoint was written, so there is nothing to resume; {fix}, then rerun with a new "
-                         f"--train.out_dir (or move {ckpt_path.parent / 'metrics.jsonl'} away first)")
+                         f"--train.out_dir (or move {ckpt_path.parent / METRICS_NAME} away first)")
             raise UserError(f"loss or grad norm became non-finite at iter {int(self.first.item())}; stopped, {where}")

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from errors import UserError, short_error
-from fileio import atomic_write_bytes
+from errors import UserError, short_error, to_stderr
+from fileio import atomic_write_bytes, point_at_devnull
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -184,29 +184,9 @@ class Console(io.TextIOBase):
 
     def _give_up(self, e: OSError) -> None:
         failed, self.stream = self.stream, None
-        _point_at_devnull(failed)
-        try:
-            if sys.stderr is not None:
-                sys.stderr.write(f"warning: cannot write to stdout ({short_error(e)}); training goes on without "
-                                 "console output: metrics.jsonl and the checkpoints in the out_dir record the run\n")
-                sys.stderr.flush()
-        except OSError:  # stderr fails too: nothing left to tell
-            pass
-
-
-def _point_at_devnull(stream) -> None:
-    """The failed stream's descriptor now leads to /dev/null, so that what its buffer still holds is
-    flushed there at exit (a failing final flush would print a traceback-like note and exit 120), and
-    child processes inheriting it write nowhere instead of failing."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):  # not a real file (e.g. a test's capture): nothing to flush at exit
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
+        point_at_devnull(failed)
+        to_stderr(f"warning: cannot write to stdout ({short_error(e)}); training goes on without console output: "
+                  "metrics.jsonl and the checkpoints in the out_dir record the run")
 
 
 @contextmanager
