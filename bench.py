@@ -4,7 +4,7 @@ nanoGPT-style baselines, measured side by side in one process. The measuring liv
 
     python bench.py                                    # CPU: everything (~5 min on a quiet 2-core CPU)
     python bench.py --device cuda                      # GPU: GPT-2 124M rows, decode, same-loss check
-    python bench.py --json benchmarks/results-cpu.json # also write the results as JSON
+    python bench.py --json benchmarks/results/results-cpu.json # also write the results as JSON
     python bench.py --only budget                      # quality in nanoGPT's time (minutes)
     python bench.py --only profile                     # where a CPU training step's time goes
     python bench.py --only fsdp                        # DDP vs FSDP: 2 gloo ranks, ~95M params, RSS and step time
@@ -52,7 +52,8 @@ from benchmarks.train import (
 )
 from data import DataConfig, prepare_data
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import _start_time, atomic_write_bytes, check_writable_dir, pid_alive
+from fileio import _start_time, atomic_write_bytes, check_output_not_input, check_writable_dir, output_target
+from locks import pid_alive
 from runtime.device import resolve_device
 from runtime.memory import keep_freed_memory
 from runtime.precision import allow_tf32, cpu_native_bf16, dtype_name, training_dtype
@@ -66,6 +67,18 @@ AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 # asked for by name: minutes of training; a profile of the CPU step; preparing a generated multi-GB jsonl corpus
 # (ours, a Pool + tiktoken script, a resume after a kill); DDP against FSDP on 2 gloo ranks
 EXTRA_SECTIONS = ("budget", "profile", "corpus", "fsdp")
+
+
+# (least, most) of every count option. No warm-up and no RSS row (0) are meaningful, the rest not; the
+# upper bounds are far past any useful run (hours at most), so a typo of a few zeros more is refused
+# instead of running for ever. 2**20 tokens a corpus shard: 16k files at most for the largest corpus.
+COUNT_BOUNDS = {"warmup": (0, 10_000), "iters": (1, 100_000), "rounds": (1, 1_000), "repeats": (1, 1_000),
+                "new_tokens": (1, 1024), "prompt_len": (1, 1024), "loss_steps": (1, 100_000),
+                "prepare_rss_mb": (0, 1 << 16), "corpus_mb": (1, 1 << 16), "corpus_shard_tokens": (1 << 20, 1 << 40),
+                "corpus_procs": (0, 1024)}
+DECODE_CONTEXT = 1024  # the decode rows' model is GPT-2 124M
+MAX_SECONDS = 1e6  # --budget-s: eleven days
+MAX_LISTED = 1 << 20  # a batch size, a vocabulary, a chunk of rows in --batch-sizes, --vocabs, --loss-chunks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -119,17 +132,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                      loss_steps=5 if q else 200).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    if args.corpus_mb < 1 or args.corpus_procs < 0 or args.corpus_shard_tokens < 1:
-        raise UserError(f"--corpus-mb and --corpus-shard-tokens must be >= 1 and --corpus-procs >= 0, got "
-                        f"{args.corpus_mb}, {args.corpus_shard_tokens} and {args.corpus_procs}")
-    for k in ("warmup", "iters", "rounds", "repeats", "new_tokens", "prompt_len", "loss_steps", "prepare_rss_mb"):
-        least = 0 if k in ("warmup", "prepare_rss_mb") else 1  # no warm-up, no RSS row: meaningful; the rest not
+    for k, (least, most) in COUNT_BOUNDS.items():  # every count bounded: each row's work is, before any is built
         if getattr(args, k) < least:
             raise UserError(f"--{k.replace('_', '-')} must be >= {least}, got {getattr(args, k)}")
+        if getattr(args, k) > most:
+            raise UserError(f"--{k.replace('_', '-')} must be at most {most}, got {getattr(args, k)}")
+    if args.prompt_len + args.new_tokens > DECODE_CONTEXT:
+        raise UserError(f"--prompt-len + --new-tokens must be at most {DECODE_CONTEXT} (GPT-2's context, past which "
+                        f"HF's generate fails), got {args.prompt_len} + {args.new_tokens}")
     for k in ("loss_tol", "budget_s"):  # argparse's float() takes nan and inf, which no comparison refuses
         value = getattr(args, k)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise UserError(f"--{k.replace('_', '-')} must be a positive, finite number, got {value}")
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+            raise UserError(f"--{k.replace('_', '-')} must be a positive, finite number, got {value} (at most "
+                            f"{MAX_SECONDS:g})")
     args.batch_size_list = _positive_ints(args.batch_sizes, "--batch-sizes", also=("max",))
     if args.batch_size_list[0] == "max":
         raise UserError("--batch-sizes: 'max' needs a numeric batch size before it, e.g. 16,max")
@@ -139,7 +154,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.loss_chunk_sizes = tuple(int(n) for n in args.loss_chunks.split(",") if n.strip())
     except ValueError:
         args.loss_chunk_sizes = (0,)
-    if any(n < 1 for n in args.loss_chunk_sizes):
+    if any(not 1 <= n <= MAX_LISTED for n in args.loss_chunk_sizes):
         raise UserError(f"--loss-chunks must be positive row counts separated by commas, e.g. 64,256; got {args.loss_chunks!r}")
     args.float8_recipes = tuple(r.strip() for r in args.float8.split(",") if r.strip())
     if any(r not in FLOAT8_RECIPES for r in args.float8_recipes):
@@ -148,8 +163,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     cores = os.cpu_count() or 1
     if not 0 <= args.threads <= cores:  # torch segfaults on 100000 threads
         raise UserError(f"--threads must be 0 (torch's default) or 1..{cores} (this machine's cores), got {args.threads}")
-    if args.json:  # checked now, not after minutes of measuring
+    if args.json:  # checked now, not after minutes of measuring; never over what the run reads
         check_json_path(Path(args.json))
+        read = [(f"the config {c}", c) for c in args.budget_config_list if Path(c).is_file()]
+        check_output_not_input(Path(args.json), [*read, ("the nanoGPT checkout", args.nanogpt_dir or "")], "--json")
     if args.nanogpt_dir:
         if "train" not in args.sections:
             raise UserError("--nanogpt-dir compares nanoGPT's own train.py with the train section's BPE rows; "
@@ -159,18 +176,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _positive_ints(text: str, option: str, also: tuple[str, ...] = ()) -> list:
-    """A comma-separated list of positive integers (and the words in `also`), or a one-line UserError."""
+    """A comma-separated list of positive integers up to MAX_LISTED (and the words in `also`), or a one-line
+    UserError."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     words = " or ".join(["positive integers", *(repr(w) for w in also)])
-    if not items or any(t not in also and not (t.isdigit() and int(t) > 0) for t in items):
-        raise UserError(f"{option} takes {words} separated by commas, got {text!r}")
+    if not items or any(t not in also and not (t.isascii() and t.isdigit() and 0 < int(t) <= MAX_LISTED) for t in items):
+        raise UserError(f"{option} takes {words} separated by commas (each at most {MAX_LISTED}), got {text!r}")
     return [t if t in also else int(t) for t in items]
 
 
 def check_json_path(path: Path) -> None:
     if path.is_dir():
         raise UserError(f"--json {path} is a directory; name a file, e.g. {path / 'bench.json'}")
-    check_writable_dir(path.parent if str(path.parent) else Path("."), "--json's folder")
+    target, straight = output_target(path, "--json")  # a device or a FIFO is written straight into
+    if not straight:
+        check_writable_dir(target.parent if str(target.parent) else Path("."), "--json's folder")
 
 
 TEMP_PREFIX = "smallgpt-bench-"
@@ -311,7 +331,7 @@ def main(argv=None) -> int:
         report["isa_avx2"] = run_under_avx2(argv if argv is not None else sys.argv[1:], Path(tempfile.mkdtemp()))
     if args.json:
         try:
-            atomic_write_bytes(Path(args.json), (json.dumps(report, indent=2, default=str) + "\n").encode())
+            atomic_write_bytes(Path(args.json), (json.dumps(report, indent=2, default=str) + "\n").encode(), "--json")
         except OSError as e:
             raise UserError(f"cannot write --json {args.json} ({short_error(e)}); the report is printed above") from None
     return 0

@@ -5,30 +5,42 @@ beside the target (same filesystem, so the rename is atomic), which is fsynced a
 the target with os.replace, and the directory is fsynced. A crash at any moment leaves either the old
 file or the new one, never a half-written one. Temp names are unique per writer
 (`.<name>.<pid>-<start time>.<random>.tmp`), so two writers never share or delete each other's temp file, and the
-files of a writer killed mid-write can be told apart and removed (`remove_stale_temps`).
+files of a writer killed mid-write can be told apart and removed (locks.py's `remove_stale_temps`). Only
+a regular file (or a new name) is ever replaced (`output_target` says where other kinds' bytes go), and
+never one a command reads (`check_output_not_input`).
 
-Also here: `DirLock`, one process at a time in a directory (a training run's out_dir, a prepared data
-dir), and `check_writable_dir`, the start-up check of a directory the run will write.
+Also here: bounded reads of the files a user names (`read_user_file`, `json_loads`), and
+`check_writable_dir`, the start-up check of a directory the run will write. Directory locks and the
+temps of dead writers are locks.py's.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import secrets
 import shutil
-import socket
-import time
-from contextlib import contextmanager
+import stat
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
-from errors import UserError, short_error, write_fix
+from errors import UserError, short_error
 
-try:
-    import fcntl  # POSIX: DirLock's guard
-except ImportError:  # Windows
-    fcntl = None
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (/proc/<pid>/stat field 22), which tells a reused pid from its first owner;
+    None when the process does not exist (or where /proc is not available)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+process_start_time = _start_time  # public: what DirLock and data.holds.hold_data record beside a pid
 
 
 def temp_name(final: str | os.PathLike) -> Path:
@@ -94,17 +106,85 @@ def write_synced(path: str | os.PathLike, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a device or a FIFO (output_target) has nothing to sync
+            os.fsync(f.fileno())
+
+
+def output_target(final: str | os.PathLike, what: str = "the output") -> tuple[Path, bool]:
+    """Where writing the file `final` goes, and whether it is written straight into (True) rather than
+    replaced by a renamed temp file (False). A rename replaces whatever the name is, so it is used only
+    for a regular file or a new name; every other kind is kept:
+    - a symlink: its target is written (atomically, the temp beside the target), never the link replaced;
+      a loop is refused;
+    - a character device (/dev/null, /dev/full) or a FIFO: written straight into, since there is no file
+      to replace (a FIFO only while a process reads it: writing one nobody reads would hang);
+    - a directory, a socket, a block device: refused, in one line naming `what` (the option) and `final`."""
+    final = Path(final)
+    try:
+        st = os.lstat(final)
+    except OSError:  # a new name (or one that can't be looked at: the write says why)
+        return final, False
+    target = final
+    if stat.S_ISLNK(st.st_mode):
+        target = Path(os.path.realpath(final))
+        try:
+            st = os.stat(final)
+        except OSError as e:  # a dangling link: its target is created (a loop: refused)
+            if e.errno == errno.ELOOP:
+                raise UserError(f"{what} {final} is a symlink loop; point it at a file or choose another path") from None
+            return target, False
+    if stat.S_ISREG(st.st_mode):
+        return target, False
+    # a link to a device or a pipe is written through the link itself (/dev/stdout -> /proc/self/fd/1 ->
+    # "pipe:[N]", which no path resolves to)
+    if stat.S_ISCHR(st.st_mode):
+        return final, True
+    if stat.S_ISFIFO(st.st_mode):
+        _reserve_fifo(final, what)
+        return final, True
+    raise UserError(f"{what} {final} is {path_kind(target)}, which this does not write over; name a file")
+
+
+# FIFOs probed for a reader, each kept open for writing until the output is written (release_fifo) or the
+# process ends: a probe that closed its end would give the reader an end of file before the output came
+_FIFO_WRITERS: dict[str, int] = {}
+
+
+def _reserve_fifo(path: Path, what: str) -> None:
+    key = os.path.abspath(path)
+    if key in _FIFO_WRITERS:
+        return
+    try:  # non-blocking: fails at once (ENXIO) when no process has the FIFO open for reading
+        _FIFO_WRITERS[key] = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        raise UserError(f"{what} {path} is a FIFO that no process reads; start its reader first, or write to a "
+                        "file") from None
+
+
+def release_fifo(path: str | os.PathLike) -> None:
+    """Close the writing end a probe of the FIFO `path` kept open (the output is written: the reader may end)."""
+    fd = _FIFO_WRITERS.pop(os.path.abspath(path), None)
+    if fd is not None:
+        os.close(fd)
 
 
 @contextmanager
-def atomic_write(final: str | os.PathLike) -> Iterator[Path]:
+def atomic_write(final: str | os.PathLike, what: str = "the output") -> Iterator[Path]:
     """Yield a fresh temp path beside `final`; write the whole file there inside the block.
 
     Leaving the block normally fsyncs the temp file, renames it over `final` and fsyncs the directory.
-    An exception (a full disk, Ctrl-C) removes the temp file and leaves `final` as it was.
+    An exception (a full disk, Ctrl-C) removes the temp file and leaves `final` as it was. What `final`
+    names decides where the bytes go (output_target): a symlink's target, or straight into a device or
+    a FIFO (then the path yielded is that file, and nothing is renamed); never over anything but a
+    regular file. `what` names the output in a refusal.
     """
-    final = Path(final)
+    final, straight = output_target(final, what)
+    if straight:
+        try:
+            yield final
+        finally:
+            release_fifo(final)
+        return
     tmp = temp_path(final)
     try:
         yield tmp
@@ -154,192 +234,55 @@ def recover_replaced_dir(final: str | os.PathLike, *, repair: bool = True) -> Pa
     return None
 
 
-def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
-    with atomic_write(final) as tmp:
+def atomic_write_bytes(final: str | os.PathLike, data: bytes, what: str = "the output") -> None:
+    with atomic_write(final, what) as tmp:
         write_synced(tmp, data)
 
 
-# ------------------------------------------------------------------------------------------ locks, leftovers
+def check_output_not_input(out: str | os.PathLike, inputs: Iterable[tuple[str, str | os.PathLike]], what: str) -> None:
+    """An output must not be what the command reads: not one of the `inputs` ((description, path):
+    files, or folders such as a sharded checkpoint), compared as files (os.path.samestat: another
+    spelling, a symlink or a hard link is caught), and not inside an input folder. A one-line UserError
+    naming `what` (the option) and the input; an input that does not exist is no input."""
+    try:
+        target = output_target(out, what)[0]
+    except UserError:  # refused for its own reason when it is written; not an input either way
+        return
+    real = Path(os.path.realpath(target))
+    try:
+        out_st = os.stat(target)
+    except OSError:
+        out_st = None
+    for description, path in inputs:
+        try:
+            in_st = os.stat(path)
+        except OSError:
+            continue
+        folder = stat.S_ISDIR(in_st.st_mode)
+        inside = folder and Path(os.path.realpath(path)) in real.parents
+        same = out_st is not None and any(os.path.samestat(out_st, f) for f in [in_st, *(_stats(path) if folder else [])])
+        if inside or same:  # (the same file under another name: a hard link to a file of a folder read)
+            raise UserError(f"{what} {out} is {'inside ' if inside else ''}{description}, which this reads; writing "
+                            f"there would damage it: choose another {what}")
+
+
+def json_loads(text: str | bytes):
+    """json.loads, where a document nested deeper than the parser recurses (RecursionError, a traceback)
+    is the JSONDecodeError (a ValueError) that every reader of ours already reports in one line."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+
 
 # what temp_name makes; the start time is absent from names written by earlier versions
 TEMP_NAME = re.compile(r"^\.(?P<final>.+)\.(?P<pid>\d+)(?:-(?P<start>\d+))?\.[0-9a-f]{8}\.tmp$")
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (/proc/<pid>/stat field 22), which tells a reused pid from its first owner;
-    None when the process does not exist (or where /proc is not available)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-process_start_time = _start_time  # public: what DirLock and data.build.hold_data record beside a pid
-
-
-def pid_alive(pid: int, start_time: str | None = None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return start_time is None or _start_time(pid) in (None, start_time)
-
-
-def stale_temps(directory: str | os.PathLike, name: str | None = None) -> list[tuple[Path, int]]:
-    """The temp files and temp directories (temp_name's names) in `directory` whose writer is gone, e.g.
-    killed with -9 mid-write, with their sizes in bytes. A writer is gone when no process of this host
-    has its pid, or when the process that has it now started at another time than the one recorded in
-    the name (the pid was reused). Temps of live writers are left out. `name`: only the temps of that
-    final name (a file or directory beside others that are not ours)."""
-    out = []
-    for path in Path(directory).glob(".*.tmp"):
-        m = TEMP_NAME.match(path.name)
-        if not m or (name is not None and m["final"] != name):
-            continue
-        start = m["start"] if m["start"] not in (None, "0") else None
-        if not pid_alive(int(m["pid"]), start):
-            out.append((path, _size(path)))
-    return out
-
-
-def _size(path: Path) -> int:
-    try:
-        if path.is_dir() and not path.is_symlink():
-            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-        return path.lstat().st_size
-    except OSError:
-        return 0
-
-
-def remove_temp(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def remove_stale_temps(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
-    """Delete stale_temps(directory, name); a live writer's temps are left alone."""
-    stale = [path for path, _ in stale_temps(directory, name)]
-    for path in stale:
-        remove_temp(path)
-    return stale
-
-
-class DirLock:
-    """An exclusive lock on a directory: the file `<directory>/<name>` holds its owner's pid, host and
-    start time. It is written whole to a temp file, then hard-linked to its name: the link fails when the
-    name exists, so exactly one process creates it, and no reader ever sees it half-written. A lock
-    whose owner is gone (same host, no such process, or the pid now belongs to a later process) is taken
-    over by replacing it, under a kernel lock (flock) on the directory so that two processes taking over
-    the same stale lock don't both get it (where flock is unavailable, e.g. NFS or Windows, that one case
-    is unguarded). A lock held by a live process, or by one on another host (which can't be checked from
-    here), is `holder()`. Where the filesystem has no hard links, the file is created with O_EXCL and
-    written after, and an unreadable lock younger than TORN_GRACE_S counts as held (its writer may be
-    between the two)."""
-
-    TORN_GRACE_S = 10.0
-
-    def __init__(self, directory: str | os.PathLike, name: str = ".lock"):
-        self.path = Path(directory) / name
-        self.held = False
-        self._me: dict = {}
-
-    def holder(self) -> dict | None:
-        """Who holds the lock ({"pid", "host", "started", "since"}), or None when it is free or stale."""
-        try:
-            raw = self.path.read_bytes()
-            age = time.time() - self.path.stat().st_mtime
-        except OSError:  # none (or unreadable): nobody holds it
-            return None
-        try:
-            info = json.loads(raw)
-        except ValueError:
-            info = None
-        if not isinstance(info, dict):  # torn: being written (no hard links), or left by a crash long ago
-            return {"pid": "?", "host": "?", "since": "a moment ago"} if age < self.TORN_GRACE_S else None
-        if info.get("host") == socket.gethostname() and not pid_alive(int(info.get("pid", -1)), info.get("started")):
-            return None
-        return info
-
-    def try_acquire(self) -> dict | None:
-        """Take the lock: None on success, else the live holder's info."""
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
-              "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        data = json.dumps(me).encode()
-        tmp = temp_name(self.path)
-        try:
-            write_synced(tmp, data)
-            if not self._create(tmp, data):  # there is a lock file: live, or stale and taken over
-                with _flocked(self.path.parent):
-                    holder = self.holder()
-                    if holder is not None:
-                        return holder
-                    os.replace(tmp, self.path)  # a stale lock, replaced whole
-            fsync_dir(self.path.parent)
-        except OSError as e:  # a full disk: one line, no lock file of ours left behind
-            raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); "
-                            f"{write_fix(e, 'choose another directory than ' + str(self.path.parent))}, then rerun") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-        self.held, self._me = True, me
-        return None
-
-    def _create(self, tmp: Path, data: bytes) -> bool:
-        """Create the lock file exclusively, whole (a hard link to `tmp`); False when it exists."""
-        try:
-            os.link(tmp, self.path)
-        except FileExistsError:
-            return False
-        except OSError:  # no hard links here: create exclusively, then write
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        return True
-
-    def release(self) -> None:
-        """Remove the lock file, if it is still ours (never another process's that took over meanwhile)."""
-        if self.held:
-            info = self.holder() or {}
-            if (info.get("pid"), info.get("started")) == (self._me["pid"], self._me["started"]):
-                self.path.unlink(missing_ok=True)
-            self.held = False
-
-
-@contextmanager
-def _flocked(directory: Path, wait_s: float = 5.0) -> Iterator[None]:
-    """An exclusive flock on `directory` for the block, waited for at most `wait_s` (then the block runs
-    unguarded rather than hang on whatever else holds it): what makes DirLock's take-over of a stale lock
-    one step between processes. Released by the kernel if this process dies, so it is never stale. Where
-    flock is unavailable (no fcntl, or a filesystem that refuses it on a directory), the block runs unguarded."""
-    try:
-        fd = os.open(directory, os.O_RDONLY) if fcntl is not None else None
-    except OSError:
-        fd = None
-    if fd is None:
-        yield
-        return
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-            except OSError:
-                break
-        yield
-    finally:
-        os.close(fd)  # releases the flock
+def _stats(folder: str | os.PathLike) -> Iterator[os.stat_result]:
+    for f in Path(folder).rglob("*"):
+        with suppress(OSError):
+            yield f.stat()
 
 
 def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int) -> bytes:
@@ -347,18 +290,32 @@ def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int) 
     is a one-line UserError: `{what} {path}` and the problem, then `fix` where the file is missing. The
     read is bounded, so /dev/zero or a huge file is refused after `limit` bytes, not read to the end."""
     p = Path(path).expanduser()
-    try:
-        with open(p, "rb") as f:
-            data = f.read(limit + 1)
+    try:  # O_NONBLOCK: opening a FIFO that no process writes would wait forever (it reads as empty)
+        with os.fdopen(os.open(p, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            os.set_blocking(f.fileno(), True)
+            st = os.fstat(f.fileno())  # too large: refused by its size unread (a sparse 100 GB file), or at limit
+            data = None if stat.S_ISREG(st.st_mode) and st.st_size > limit else f.read(limit + 1)  # (/dev/zero)
     except FileNotFoundError:
         raise UserError(f"{what} {p} does not exist; {fix}") from None
-    except IsADirectoryError:
-        raise UserError(f"{what} {p} is a directory; pass a file") from None
-    except OSError as e:
+    except OSError as e:  # a directory, a socket, a symlink loop; else a permission
+        if e.errno in (errno.EISDIR, errno.ENXIO, errno.ELOOP):
+            raise UserError(f"{what} {p} is {path_kind(p)}; pass a file") from None
         raise UserError(f"cannot read {what} {p} ({e.strerror or short_error(e)}); check its permissions") from None
-    if len(data) > limit:
+    if data is None or len(data) > limit:
         raise UserError(f"{what} {p} is larger than {limit / 2**20:.0f} MiB, the most this reads; pass a smaller file")
     return data
+
+
+def path_kind(path: str | os.PathLike) -> str:
+    """What is at `path`, in words (for a refusal)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        return f"a symlink to {path_kind(os.path.realpath(path))}" if os.path.exists(path) else "a symlink to nothing (or a loop)"
+    kinds = {stat.S_IFREG: "a file", stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+    return kinds.get(stat.S_IFMT(mode), "a device")
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:
@@ -368,7 +325,7 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise UserError(f"{what}={path} is a file, not a directory; choose another {what}") from None
+        raise UserError(f"{what}={path} is {path_kind(path)}, not a directory; choose another {what}") from None
     except NotADirectoryError:
         raise UserError(f"{what}={path} lies under a file, not a directory; choose another {what}") from None
     except OSError as e:

@@ -26,7 +26,9 @@ untimed (bf16 would be emulated); on GPUs bf16 where native, else fp16.
 --min-p, --repetition-penalty: see model/generate.py's logits_to_probs (the order of every filter).
 --no-stream prints a single sample whole at the end; --out FILE writes the samples there (atomically)
 instead of stdout; it may not be a file sample.py reads (the checkpoint's files, a prompt file, a
-redirected stdin). With stdout closed (`>&-`) --out is needed. Ctrl-C keeps what was generated: it is
+redirected stdin) nor lie in a sharded checkpoint. A symlink's target is written, a device (/dev/null)
+or a FIFO being read is written straight into; a FIFO nobody reads, a socket or a directory is refused
+(fileio.output_target). With stdout closed (`>&-`) --out is needed. Ctrl-C keeps what was generated: it is
 printed (or written to --out), then exit 130.
 
 Every bad input (checkpoint, prompt, option) is one `error: ...` line on stderr and exit status 2.
@@ -39,7 +41,6 @@ if __name__ == "__main__":  # before the heavy imports below: Ctrl-C during star
     errors.quiet_interrupts()
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -52,7 +53,7 @@ from checkpoint import CKPT_NAME, SHARDED_CKPT_NAME, load_model as load_any_mode
 from checkpoint.format import CHECKPOINT_SUFFIXES
 from checkpoint.sharded import is_sharded_checkpoint
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
-from fileio import atomic_write_bytes, point_at_devnull, read_user_file
+from fileio import atomic_write_bytes, check_output_not_input, output_target, point_at_devnull, read_user_file
 from model.generate import generate, generate_stream
 from runtime.device import resolve_device
 from runtime.decoding import decode_compile, setup_decoding
@@ -66,6 +67,13 @@ DEFAULT_OUT = "out"  # train.py's runs go to out/<name> (configs/*.yaml set trai
 DEFAULT_PROMPT = "\n"
 MAX_PROMPT_BYTES = 16 * 2**20  # far past any block_size; /dev/zero is refused, not read forever
 MAX_NEW_TOKENS = 1_000_000  # hours of text at any speed; a typo of a few zeros more is refused
+# The logits (fp32) are divided by --temperature and by --repetition-penalty: below 1e-4 a logit of
+# 3.4e34 overflows to inf (the probabilities become nan), and less already changes nothing (greedy, or a
+# token never repeated); above 1e4 nothing changes any more either. Top-p's kept mass is compared in fp32,
+# where a top-p under 1.2e-38 rounds to 0 and keeps nothing; under 1e-6 it keeps the top token anyway.
+MIN_SCALE = 1e-4
+MIN_TOP_P = 1e-6
+MAX_ROWS = 65_536  # samples in all (--num-samples times the prompts), one batch: far past any memory's batch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,22 +123,26 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.stdin not in (None, "-"):
         raise UserError(f"unexpected argument {args.stdin!r}; the only positional argument is '-' (the prompt from "
                         "stdin): see `python sample.py --help`")
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples must be >= 1, got {args.num_samples}")
+    prompts = max(1, len(args.prompt or []) + len(args.prompt_file or []) + bool(args.stdin))
+    if not 1 <= args.num_samples <= MAX_ROWS // prompts:  # bounded before any list of rows is built
+        raise UserError(f"--num-samples must be >= 1 and at most {MAX_ROWS // prompts} ({MAX_ROWS} samples in all, "
+                        f"over {prompts} prompt{'s' * (prompts > 1)}), got {args.num_samples}; run several times for more")
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got {args.max_new_tokens}; an "
                         "interrupted run (Ctrl-C) keeps the text generated so far")
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise UserError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}; e.g. 0.8")
+    if not (args.temperature == 0 or MIN_SCALE <= args.temperature <= 1 / MIN_SCALE):  # also rejects nan
+        raise UserError(f"--temperature must be >= 0: 0 (greedy) or in [{MIN_SCALE:g}, {1 / MIN_SCALE:g}], got "
+                        f"{args.temperature}; e.g. 0.8")
     if args.top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {args.top_k}; use a large value (e.g. 50257) to keep every token")
-    if not (0.0 < args.top_p <= 1.0):  # also rejects nan
-        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}; e.g. 0.9, or 1 to turn nucleus sampling off")
+    if not (MIN_TOP_P <= args.top_p <= 1.0):  # also rejects nan
+        raise UserError(f"--top-p must be in (0, 1], at least {MIN_TOP_P:g}, got {args.top_p}; e.g. 0.9, or 1 to turn "
+                        "nucleus sampling off")
     if not 0.0 <= args.min_p < 1.0:  # also rejects nan
         raise UserError(f"--min-p must be in [0, 1), got {args.min_p}; e.g. 0.05, or 0 to turn it off")
-    if not (math.isfinite(args.repetition_penalty) and args.repetition_penalty > 0):
-        raise UserError(f"--repetition-penalty must be a number > 0, got {args.repetition_penalty}; e.g. 1.2, or 1 "
-                        "to turn it off")
+    if not (MIN_SCALE <= args.repetition_penalty <= 1 / MIN_SCALE):  # also rejects nan
+        raise UserError(f"--repetition-penalty must be > 0, in [{MIN_SCALE:g}, {1 / MIN_SCALE:g}], got "
+                        f"{args.repetition_penalty}; e.g. 1.2, or 1 to turn it off")
     if args.out is not None:
         check_out_file(args.out)
     elif sys.stdout is None:  # started with stdout closed (`>&-`): the samples would go nowhere
@@ -145,10 +157,14 @@ def validate_args(args: argparse.Namespace) -> None:
 
 
 def check_out_file(name: str) -> None:
-    """--out must name a file in an existing folder: checked before anything is loaded or generated."""
+    """--out must name a file in an existing folder, or something written straight into (a device, a FIFO
+    being read: fileio.output_target): checked before anything is loaded or generated."""
     path = Path(name).expanduser()
     if path.is_dir():
         raise UserError(f"--out {name} is a directory; name a file, e.g. {path / 'samples.txt'}")
+    path, straight = output_target(path, "--out")
+    if straight:
+        return
     if not path.parent.is_dir():
         raise UserError(f"--out {name}: the folder {path.parent} does not exist; create it or choose another --out")
     if not os.access(path.parent, os.W_OK):
@@ -160,20 +176,14 @@ def check_out_is_no_input(name: str, spec: str, args: argparse.Namespace) -> Non
     (the checkpoint, a prompt file, the file behind a redirected stdin), which would be lost. Compared
     as files (os.path.samestat), so another spelling, a symlink or a hard link is caught too; an --out
     that does not exist yet is no input."""
+    inputs = [(f"the checkpoint file {path}", path) for path in checkpoint_files(spec)]
+    inputs += [(f"the checkpoint {path}", path) for path in checkpoint_dirs(spec)]
+    inputs += [(f"the prompt file {f}", Path(f).expanduser()) for f in args.prompt_file or [] if f != "-"]
+    check_output_not_input(Path(name).expanduser(), inputs, "--out")
     try:
         out = Path(name).expanduser().stat()
     except OSError:
         return
-    inputs = [(f"the checkpoint file {path}", path) for path in checkpoint_files(spec)]
-    inputs += [(f"the prompt file {f}", Path(f).expanduser()) for f in args.prompt_file or [] if f != "-"]
-    for what, path in inputs:
-        try:
-            same = os.path.samestat(out, path.stat())
-        except OSError:  # not there: not read either (a missing checkpoint or prompt file is refused later)
-            continue
-        if same:
-            raise UserError(f"--out {name} is {what}, which sample.py reads; writing the samples there would replace "
-                            "it: choose another --out")
     if reads_stdin(args) and _same_as_stdin(out):
         raise UserError(f"--out {name} is the file on stdin, the prompt sample.py reads; writing the samples there "
                         "would replace it: choose another --out")
@@ -196,6 +206,14 @@ def checkpoint_files(spec: str) -> list[Path]:
         elif child.suffix.lower() in CHECKPOINT_SUFFIXES or child.name == "config.json":
             found.append(child)
     return found
+
+
+def checkpoint_dirs(spec: str) -> list[Path]:
+    """The sharded checkpoints (folders) `spec` names: an --out inside one would become part of it."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return []
+    return [d for d in (path, *path.iterdir()) if d.is_dir() and is_sharded_checkpoint(d)]
 
 
 def reads_stdin(args: argparse.Namespace) -> bool:
@@ -427,7 +445,7 @@ def format_samples(tok, rows, generated: list[list[int]], interrupted: bool = Fa
 
 def write_out_file(name: str, text: str) -> None:
     try:
-        atomic_write_bytes(Path(name).expanduser(), text.encode("utf-8", "replace"))
+        atomic_write_bytes(Path(name).expanduser(), text.encode("utf-8", "replace"), "--out")
     except OSError as e:
         raise UserError(f"cannot write --out {name} ({short_error(e)}); {write_fix(e, 'choose another --out')}") from None
 

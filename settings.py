@@ -19,6 +19,27 @@ from errors import UserError
 Check = Callable[[Any], "str | None"]
 
 
+class Freezable:
+    """A config dataclass whose instances are frozen once loaded (`freeze`, called by load_config): after
+    that, assigning to a field raises, so every decision a run makes lives in its plan, not in its config."""
+    _frozen = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen:
+            raise dataclasses.FrozenInstanceError(f"cannot assign {type(self).__name__}.{name}: a loaded config is "
+                                                  "frozen; decisions go into the run plan (training/plan.py)")
+        object.__setattr__(self, name, value)
+
+    def freeze(self):
+        """Freeze this config and every section in it; returns it."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Freezable):
+                value.freeze()
+        object.__setattr__(self, "_frozen", True)
+        return self
+
+
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, resume: bool = False, check: Check | None = None,
             default_factory: Any = dataclasses.MISSING, before: Any = dataclasses.MISSING) -> Any:
     """A config field: `help` is its --help line; `resume=True` if a resumed run may change it (it does not
@@ -52,15 +73,32 @@ def check_fields(obj: Any, section: str) -> None:
     """Run every field's check; the first problem is a one-line UserError naming `section.key`."""
     for f in dataclasses.fields(obj):
         check = f.metadata.get("check")
-        problem = check(getattr(obj, f.name)) if check else None
+        value = getattr(obj, f.name)
+        problem = (check(value) if check else None) or _int64(value)
         if problem:
             raise UserError(f"{section}.{f.name} {problem}")
+
+
+INT64 = 2**63
+
+
+def _int64(value: Any) -> str | None:
+    """Every int key, whatever its own check: past 64 bits a checkpoint can't hold it, and arithmetic
+    with it (lr * step, steps / interval) overflows a float."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+        shown = str(value) if value.bit_length() < 200 else f"a {len(str(value))}-digit number"
+        return f"must fit in 64 bits (below 2**63), got {shown}; write a sensible value"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ checks
 
 def at_least(low: float, hint: str = "") -> Check:
     return lambda v: None if v >= low else f"must be >= {low}, got {v}{hint}"
+
+
+def at_most(high: float, hint: str = "") -> Check:
+    return lambda v: None if v <= high else f"must be at most {high:g}, got {v}{hint}"
 
 
 def in_range(low: float, high: float, shown: str | None = None, hint: str = "") -> Check:

@@ -8,8 +8,8 @@ training/batch_size.py choose the micro-batch of configs/gpt2_124m.yaml's model 
 by train.py's builders. Reports the choice, how long it took, tok/s, and the peak the real steps
 reached against the cap (a step that runs out of memory is reported, not a crash).
 
-    python -m benchmarks.auto_batch --memory-gb 16 --json benchmarks/results-auto-batch-16gb-h100.json
-    python -m benchmarks.auto_batch --memory-gb 24 --json benchmarks/results-auto-batch-24gb-h100.json
+    python -m benchmarks.auto_batch --memory-gb 16 --json benchmarks/results/results-auto-batch-16gb-h100.json
+    python -m benchmarks.auto_batch --memory-gb 24 --json benchmarks/results/results-auto-batch-24gb-h100.json
     python -m benchmarks.auto_batch --quick --device cpu --memory-gb 1   # smoke test: tiny model, no timing that means anything
 
 One size per process: the cap, the allocator's cache and compile's graphs are per process.
@@ -25,13 +25,11 @@ from pathlib import Path
 import torch
 
 from model import GPT
-from runtime.loss_path import use_loss_path
-from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, make_scaler
-from training.batch_size import plan_batch
-from training.builders import build_optimizers, parallelize, set_loss_product
+from runtime.precision import allow_tf32
+from training.builders import build_trainer
 from training.config import load_config
-from training.distributed import DistInfo
-from training.step import train_step
+from training.distributed import Parallel
+from training.plan import RunPlan
 
 GPT2_VOCAB = 50257  # the tokenizer's ids; the model pads its embedding to 50304
 QUICK = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=64", "--model.block_size=64",
@@ -66,43 +64,42 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(t.seed)
     model = GPT(cfg.model.gpt_config(cfg.model.vocab_size)).to(device)
-    use_loss_path(model, device, compiled=t.compile)
-    dtype = DTYPE_BY_NAME[t.dtype]
-    t0 = time.perf_counter()
-    plan = plan_batch(t, model, {}, device, DistInfo(), dtype=dtype, block_size=block, vocab_size=data_vocab,
-                      limit=limit)
-    decide_s = time.perf_counter() - t0
-    print(f"[auto batch {args.memory_gb:g} GiB] {plan.note}; decided in {decide_s:.1f} s", flush=True)
-    set_loss_product(model, None, device, plan.micro * block, DistInfo())  # as train.py does after an auto batch
-
-    optimizers = build_optimizers(model, t, device)
-    scaler = make_scaler(device, dtype)
-    step_model = parallelize(model, t, DistInfo(), device)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, data_vocab, (t.global_batch_size, block + 1), generator=gen).to(device)
-    batches = [(tokens[i:i + plan.micro, :-1].contiguous(), tokens[i:i + plan.micro, 1:].contiguous())
-               for i in range(0, t.global_batch_size, plan.micro)]
+    plan = RunPlan()
+
+    class Batches:  # micro-batch k of the global batch, at the micro-batch auto chose
+        def get_batch(self, i: int, micro: int = 0):
+            rows = slice(micro * plan.micro_batch, (micro + 1) * plan.micro_batch)
+            return tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous()
+
+    t0 = time.perf_counter()  # train.py's chain: auto's choice, then the loss product for it, optimizers, compile
+    trainer = build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}), say=lambda line: None,
+                            memory_limit=limit)
+    chain_s = time.perf_counter() - t0  # the whole chain, the batch decision in it (before 2026-11-26: the decision)
+    print(f"[auto batch {args.memory_gb:g} GiB] {plan.notes['batch']}; set up in {chain_s:.1f} s", flush=True)
+    batches = [Batches().get_batch(0, k) for k in range(plan.accum)]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times, error = [], None
     try:
         for _ in range(args.warmup + args.steps):
             s = time.perf_counter()
-            train_step(step_model, optimizers, scaler, batches, amp=lambda: autocast(device, dtype),
-                       grad_clip=t.grad_clip).loss.item()  # the host sync: the step is done
+            trainer.step(batches).loss.item()  # the host sync: the step is done
             times.append(time.perf_counter() - s)
     except torch.OutOfMemoryError as e:  # the decision was wrong for the real step: that is the finding
-        error = f"out of memory at micro-batch {plan.micro} after {len(times)} step(s): {str(e).splitlines()[0]}"
+        error = f"out of memory at micro-batch {plan.micro_batch} after {len(times)} step(s): {str(e).splitlines()[0]}"
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     timed = times[args.warmup:]
     step_s = statistics.median(timed) if timed else None
     row = {"row": f"batch_size auto, {args.memory_gb:g} GiB", "device": torch.cuda.get_device_name(device)
-           if device.type == "cuda" else "cpu", "memory_gb": args.memory_gb, "micro_batch": plan.micro,
-           "micro_steps": plan.accum, "global_batch": t.global_batch_size, "block_size": block, "note": plan.note,
-           "decide_s": round(decide_s, 2), "step_s": step_s, "compiled": t.compile, "dtype": t.dtype,
+           if device.type == "cuda" else "cpu", "memory_gb": args.memory_gb, "micro_batch": plan.micro_batch,
+           "micro_steps": plan.accum, "global_batch": t.global_batch_size, "block_size": block,
+           "note": plan.notes["batch"],
+           "chain_s": round(chain_s, 2), "step_s": step_s, "compiled": t.compile, "dtype": t.dtype,
            "tok_per_s": t.global_batch_size * block / step_s if step_s else None,
            "steps_peak_gib": round(peak / 2**30, 2) if peak is not None else None, "error": error}
-    line = (f"[auto batch {args.memory_gb:g} GiB] micro-batch {plan.micro} x {plan.accum} micro-steps: "
+    line = (f"[auto batch {args.memory_gb:g} GiB] micro-batch {plan.micro_batch} x {plan.accum} micro-steps: "
             + (error or f"{row['tok_per_s']:,.0f} tok/s (median of {len(timed)} steps)"
                + (f", real steps peaked at {row['steps_peak_gib']} of {args.memory_gb:g} GiB" if peak else "")))
     print(line, flush=True)

@@ -20,15 +20,13 @@ from pathlib import Path
 
 import torch
 
-from model import GPT, GPTConfig
-from runtime.loss_path import use_loss_path
+from model import GPT
 from runtime.memory import release_freed_memory
-from runtime.precision import autocast, make_scaler
-from training.builders import build_optimizers, parallelize, set_loss_product, shard_model
-from training.config import TrainSection
-from training.distributed import destroy_distributed, dist_from_env, init_distributed
+from training.builders import build_trainer
+from training.config import load_config
+from training.distributed import destroy_distributed, dist_from_env
+from training.plan import RunPlan
 from training.state_size import shard_counts, state_bytes
-from training.step import train_step
 
 from .timing import reset_peak_rss, rss_kb
 
@@ -75,29 +73,36 @@ def format_fsdp(result: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ one rank
 
+class _Batches:
+    def __init__(self, batches):
+        self.batches = batches
+
+    def get_batch(self, i: int, micro: int = 0):
+        return self.batches[micro]
+
+
 def rank_main(parallel: str, shape: dict, warmup: int, iters: int, out: Path) -> None:
     torch.set_num_threads(1)
-    dist = dist_from_env()
+    par = dist_from_env(parallel)
     device = torch.device("cpu")
-    init_distributed(dist, device)
-    t = TrainSection(parallel=parallel, batch_size=shape["batch_size"], compile=False, dtype="float32")
+    par.join(device)
+    cfg = load_config([f"--train.parallel={parallel}", f"--train.batch_size={shape['batch_size']}",
+                       f"--train.grad_accum_steps={par.world_size}",  # one micro-step of batch_size on each rank
+                       "--train.compile=false", "--train.dtype=float32", "--train.device=cpu", "--model.dropout=0.0"]
+                      + [f"--model.{k}={shape[k]}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")])
     torch.manual_seed(1337)  # the same initial weights on every rank, as train.py draws them
-    model = GPT(GPTConfig(**{k: shape[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
-                          dropout=0.0))
-    use_loss_path(model, device, compiled=False)  # as train.py sets it up: the loss path, then its product
-    set_loss_product(model, None, device, shape["batch_size"] * shape["block_size"], dist)
-    model = shard_model(model, t, dist, device, torch.float32)
-    optimizers = build_optimizers(model, t, device)
-    step_model = parallelize(model, t, dist, device)
-    scaler = make_scaler(device, torch.float32)
-    gen = torch.Generator().manual_seed(dist.rank)
+    model = GPT(cfg.model.gpt_config(shape["vocab_size"]))
+    gen = torch.Generator().manual_seed(par.rank)
     data = torch.randint(0, shape["vocab_size"], (shape["batch_size"], shape["block_size"] + 1), generator=gen)
     batches = [(data[:, :-1].contiguous(), data[:, 1:].contiguous())]
+    # train.py's chain: loss path, its product, shard (FSDP), optimizers, scaler, DDP
+    trainer = build_trainer(cfg, par, device, model, RunPlan(), lambda micro: (_Batches(batches), {}),
+                            say=lambda line: None)
+    model, optimizers = trainer.model, trainer.step.optimizers
+    assert trainer.accum == 1 and trainer.train_loader.batches[0][0].shape[0] == shape["batch_size"]
 
     def step():
-        out = train_step(step_model, optimizers, scaler, batches, amp=lambda: autocast(device, torch.float32),
-                         grad_clip=1.0)
-        out.loss.item()  # the host sync a logged step makes
+        trainer.step(batches).loss.item()  # the host sync a logged step makes
 
     step()  # the optimizer state exists from here on
     release_freed_memory()  # what set-up freed (the whole model, built before sharding) goes back to the kernel
@@ -110,11 +115,11 @@ def rank_main(parallel: str, shape: dict, warmup: int, iters: int, out: Path) ->
         step()
         times.append(time.perf_counter() - t0)
     local, whole = shard_counts(model)
-    result = {"rank": dist.rank, "parallel": parallel, "step_s": sorted(times)[len(times) // 2],
+    result = {"rank": par.rank, "parallel": parallel, "step_s": sorted(times)[len(times) // 2],
               "peak_rss_mb": (rss_kb("VmHWM") or 0) / 1024, "state_mb": state_bytes(model, optimizers) / 2**20,
               "local_params": local, "params": whole}
-    (out / f"rank{dist.rank}.json").write_text(json.dumps(result))
-    del step_model
+    (out / f"rank{par.rank}.json").write_text(json.dumps(result))
+    trainer = model = optimizers = None  # DDP's reducer goes before the process group
     destroy_distributed()
 
 

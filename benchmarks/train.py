@@ -19,16 +19,15 @@ import torch
 
 from data import BatchLoader
 from model import GPT, GPTConfig
-from runtime.loss_path import choose_loss_chunk_rows, use_loss_path
+from runtime.loss_path import choose_loss_chunk_rows
 from runtime.memory import param_count
-from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name, make_scaler
-from training.builders import build_optimizers, choose_dtype, parallelize, set_loss_product
-from training.float8 import convert_to_float8
-from training.config import TrainSection
-from training.distributed import DistInfo
+from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name
+from training.builders import Trainer, build_trainer
+from training.config import Config, ModelSection, TrainSection
+from training.distributed import Parallel
 from training.evaluate import evaluate
 from training.mfu import mfu
-from training.step import forward_backward_probe, train_step
+from training.plan import RunPlan
 
 from .baseline import BETAS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
 from .timing import Variant, median, run_interleaved
@@ -78,35 +77,53 @@ def _model(shape: Shape, weights, backend: str, device: torch.device) -> GPT:
 AUTO = "auto"
 
 
-def _use_measured_product(model: GPT, device: torch.device, shape: Shape) -> GPT:
-    """The weight-gradient product train.py's fresh run takes for this shape (training.builders)."""
-    set_loss_product(model, None, device, shape.batch_size * shape.block_size, DistInfo())
-    return model
+def bench_config(shape: Shape, compiled: bool, dtype: str, float8: str = "off") -> Config:
+    """The baseline's hyperparameters, and the shape, as train.py's config."""
+    model = ModelSection(block_size=shape.block_size, n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd,
+                         vocab_size=shape.vocab_size, dropout=0.0)
+    train = TrainSection(lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], grad_clip=GRAD_CLIP,
+                         compile=compiled, dtype=dtype, float8=float8, batch_size=shape.batch_size)
+    return Config(model=model, train=train).freeze()
 
 
-def train_section(compiled: bool) -> TrainSection:
-    """The baseline's hyperparameters as train.py's config section."""
-    return TrainSection(lr=LR, weight_decay=WEIGHT_DECAY, beta1=BETAS[0], beta2=BETAS[1], grad_clip=GRAD_CLIP,
-                        compile=compiled)
+class GivenBatches:
+    """The chain's loaders, for a benchmark: its own batches (get_batch(i)), no eval batches."""
+
+    def __init__(self, get_batch: Callable[[int], tuple]):
+        self.get = get_batch
+
+    def get_batch(self, i: int, micro: int = 0) -> tuple:
+        return self.get(i)
+
+
+def trainer_for(shape: Shape, weights, device: torch.device, dtype: str, compiled: bool,
+                get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO,
+                float8: str = "off", par: Parallel | None = None) -> tuple[Trainer, RunPlan]:
+    """train.py's chain (training.builders.build_trainer) on the reference weights: the plan decides what
+    train.py's would (the loss path unless `loss_chunk_rows` is given, to compare), then float8, compile,
+    fused AdamW, GradScaler (fp16 only)."""
+    plan = RunPlan(forced={} if loss_chunk_rows == AUTO else {"loss_chunk_rows": loss_chunk_rows})
+    trainer = build_trainer(bench_config(shape, compiled, dtype, float8), par or Parallel(), device,
+                            _model(shape, weights, "sdpa", device), plan, lambda micro: (GivenBatches(get_batch), {}),
+                            say=no_fallback)
+    return trainer, plan
+
+
+def no_fallback(line: str) -> None:
+    """What the step says when compile failed and it goes on eager: in a benchmark that is an error, or a
+    'compiled' row would time eager code."""
+    raise RuntimeError(f"torch.compile failed in the benchmark: {line}")
 
 
 def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, compiled: bool,
               get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO,
               float8: str = "off") -> Callable[[int], torch.Tensor]:
-    """train.py's step, set up by train.py's builders: the loss path chosen for this device (or the one
-    given, to compare), float8 (train.float8), compile, fused AdamW, GradScaler (fp16 only)."""
-    raw = _model(shape, weights, "sdpa", device)
-    convert_to_float8(raw, float8)
-    t = train_section(compiled)
-    model = parallelize(raw, t, DistInfo(), device, loss_chunk_rows=loss_chunk_rows)
-    _use_measured_product(raw, device, shape)
-    optimizers = build_optimizers(raw, t, device)
-    scaler = make_scaler(device, dtype)
+    """train.py's step, built by train.py's chain (trainer_for)."""
+    trainer, _ = trainer_for(shape, weights, device, dtype_name(dtype), compiled, get_batch, loss_chunk_rows, float8)
 
     def step(i: int) -> torch.Tensor:
-        return train_step(model, optimizers, scaler, [get_batch(i)], amp=lambda: autocast(device, dtype),
-                          grad_clip=GRAD_CLIP).loss
-    step.model = raw  # for the loss check's evaluation
+        return trainer.step([get_batch(i)]).loss
+    step.model = trainer.model  # for the loss check's evaluation
     return step
 
 
@@ -123,11 +140,10 @@ def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callab
 
 
 def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[torch.dtype, str]:
-    """What train.py's dtype=auto picks for this shape: the same probe of the real forward + backward."""
-    model = _use_measured_product(use_loss_path(_model(shape, weights, "sdpa", device), device, compiled=False),
-                                  device, shape)
-    name, note = choose_dtype("auto", None, device, forward_backward_probe(model, batch, lambda dt: autocast(device, dt)))
-    return DTYPE_BY_NAME[name], note
+    """What train.py's dtype=auto picks for this shape: its chain's decision (the same probe of the real
+    forward + backward, kept per machine as train.py keeps it)."""
+    _, plan = trainer_for(shape, weights, device, "auto", False, lambda i: batch)
+    return DTYPE_BY_NAME[plan.dtype], plan.notes["dtype"]
 
 
 def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: list[bool], peaks: dict, warmup: int,

@@ -15,8 +15,10 @@ import warnings
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
+from fileio import check_output_not_input, output_target
+from ownership import OUT_DIR, check_target, kind_of
 
-from .format import FORMAT, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
+from .format import CKPT_NAME, FORMAT, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
 from .sharded import is_sharded_checkpoint
 
 CONSOLIDATED_NAME = "consolidated.pt"
@@ -30,13 +32,20 @@ def consolidate(source: str | Path, out: str | Path | None = None) -> Path:
     if not is_sharded_checkpoint(path):
         raise UserError(f"{path} is already a single-file checkpoint; consolidate reads a sharded one (ckpt.dcp/, "
                         "written with train.parallel=fsdp)")
+    target = Path(out) if out is not None else path.parent / CONSOLIDATED_NAME
+    output_target(target, "--out")  # a directory, a socket, a symlink loop: refused before any reading
+    check_output_not_input(target, [(f"the checkpoint {path}", path)], "--out")  # by identity: links too
+    if target.suffix == ".dcp":  # save_checkpoint would write a sharded folder: consolidate writes one file
+        raise UserError(f"--out {target}: a .dcp name is a sharded checkpoint's folder; consolidate writes one file, "
+                        f"e.g. --out {target.with_suffix('.pt')}")
+    if target.resolve() == (path.parent / CKPT_NAME).resolve():
+        raise UserError(f"{target} is where a single-file run keeps its latest checkpoint; write elsewhere, e.g. "
+                        f"--out {path.parent / CONSOLIDATED_NAME}")
+    # in no managed folder but the run's own out_dir (the default), and never in the checkpoint it reads
+    check_target(target, None, "--out", reading=(path,), home=path.parent if kind_of(path.parent) == OUT_DIR else None)
     with warnings.catch_warnings():  # DCP warns that it loads in one process: that is the point
         warnings.simplefilter("ignore")
         ckpt = load_checkpoint(path, needed=("model", "model_config", "tokenizer"))
-    target = Path(out) if out is not None else path.parent / CONSOLIDATED_NAME
-    if target.resolve() == (path.parent / "ckpt.pt").resolve():
-        raise UserError(f"{target} is where a single-file run keeps its latest checkpoint; write elsewhere, e.g. "
-                        f"--out {path.parent / CONSOLIDATED_NAME}")
     try:
         save_checkpoint(target, {k: ckpt[k] for k in KEPT if k in ckpt})
     except OSError as e:

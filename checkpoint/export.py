@@ -27,7 +27,9 @@ from pathlib import Path
 import tiktoken.load
 
 from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
-from fileio import atomic_write_bytes, fsync_dir, remove_stale_temps, temp_dir
+from fileio import atomic_write_bytes, fsync_dir, json_loads, path_kind, temp_dir
+from locks import remove_stale_temps
+from ownership import EXPORT, check_target
 
 from model.gpt import GPT
 
@@ -84,7 +86,7 @@ def tokenizer_files(block_size: int) -> dict[str, bytes]:
 def bpe_tokenizer_files(bpe: str, block_size: int) -> tuple[dict[str, bytes], int, int]:
     """A BPE trained by data.prepare (`bpe:<n>`): HF tokenizers' own tokenizer.json, loaded by
     PreTrainedTokenizerFast as it is. -> (files, eot id, vocab size)."""
-    spec = json.loads(bpe)
+    spec = json_loads(bpe)
     eot = next(t["id"] for t in spec["added_tokens"] if t["content"] == EOT_TEXT)
     special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size, **special,
@@ -109,15 +111,18 @@ def _json(obj) -> bytes:
 
 
 def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: dict | None = None,
-              source: str | os.PathLike | None = None) -> str:
+              source: str | os.PathLike | None = None, named: str | os.PathLike | None = None) -> str:
     """Write the whole HF directory `out`, or nothing: see the module docstring. `checkpoint` (the
-    loaded dict) and `source` (its file) feed the model card. Returns the HF format written."""
+    loaded dict) and `source` (its file) feed the model card; `named`: what the user named to read (an
+    out_dir), which the export must not lie in either. Returns the HF format written."""
     out = Path(out)
     reason = refusal(model, tokenizer)
     if reason:
         raise UserError(f"cannot export to HF: {reason}")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give the path of a new directory")
+    if os.path.lexists(out) and not out.is_dir():  # a file, a FIFO, a device, a socket, a dangling or looping link
+        raise UserError(f"--out {out} is {path_kind(out)}; give the path of a new directory")
+    # no other command's folder, and never in what it reads: the checkpoint, or the folder named for it (`named`)
+    check_target(out, EXPORT, "--out", reading=tuple(r for r in (source, named) if r is not None))
     if out.is_dir() and any(out.iterdir()):
         held = "an exported model" if (out / "model.safetensors").exists() else "other files"
         raise UserError(f"{out} already holds {held}; choose another --out or delete it first")
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     loaded = load_model(args.checkpoint, dropout=0.0)
     source = resolve_checkpoint_path(args.checkpoint) if loaded.checkpoint is not None else args.checkpoint
-    fmt = export_hf(loaded.model, loaded.tokenizer, args.out, loaded.checkpoint, source)
+    fmt = export_hf(loaded.model, loaded.tokenizer, args.out, loaded.checkpoint, source, named=args.checkpoint)
     how = ("AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True): no transformers architecture "
            "expresses this model, so its modeling code is in the directory" if fmt == "smallgpt"
            else "AutoModelForCausalLM.from_pretrained(dir)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import stat
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -21,14 +22,15 @@ from typing import Any, Protocol
 import torch
 
 from errors import UserError, short_error
-from fileio import atomic_write, recover_replaced_dir
+from fileio import atomic_write, path_kind, recover_replaced_dir
+from ownership import BEST_NAME, CKPT_NAME
 
 from .sharded import ShardedDir, is_sharded_checkpoint, sharded_name
 
 FORMAT = "smallgpt-checkpoint"
-VERSION = 2  # version 1 files are read too (upgrade below)
-CKPT_NAME = "ckpt.pt"  # the latest complete checkpoint of a run
-BEST_NAME = "best.pt"  # the checkpoint with the run's best val loss
+VERSION = 3  # versions 1 and 2 are read too (upgrade below)
+# CKPT_NAME: the latest complete checkpoint of a run; BEST_NAME: the one with the run's best val loss. Spelled
+# in ownership.py, which recognises an out_dir by them and must stay importable without torch (data/ reads it)
 SHARDED_CKPT_NAME = sharded_name(CKPT_NAME)  # ckpt.dcp/ and best.dcp/: the same, sharded (train.parallel=fsdp)
 SHARDED_BEST_NAME = sharded_name(BEST_NAME)
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
@@ -53,6 +55,7 @@ SCHEMA: dict[str, Entry] = {
                        inference=True),
     "config": Entry(dict, "the resolved training config, section by section"),
     "train": Entry(dict, "the run's counters: training/state.py's TrainState"),
+    "plan": Entry(dict, "every decision the run made at start-up, and how: training/plan.py's RunPlan"),
     "optimizer": Entry(dict, '{"optimizers": [state_dict, ...]}, one per optimizer'),
     "scaler": Entry(dict, "the GradScaler's state ({} when disabled)"),
     "loader": Entry(dict, "the batch loader's position and the tokens' fingerprint"),
@@ -89,7 +92,8 @@ def require(obj: dict[str, Any], where: str | os.PathLike, needed: tuple[str, ..
 
 def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
     """Version 1 kept the counters at the top level, one optimizer state, rank 0's RNG streams and a
-    scaler entry of None; version 2 groups the counters under "train" and has lists for the others."""
+    scaler entry of None; version 2 groups the counters under "train" and has lists for the others.
+    Version 2 kept the start-up decisions among the counters; version 3 has them in their own "plan"."""
     if obj["version"] == 1:
         obj = dict(obj)
         train = {k: obj.pop(k) for k in ("iter", "best_val_loss", "tokens_seen") if k in obj}
@@ -103,8 +107,38 @@ def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
             obj["rng"] = {"ranks": [obj["rng"]]}
         if "scaler" in obj and obj["scaler"] is None:
             obj["scaler"] = {}
+        obj["version"] = 2
+    if obj["version"] == 2:
+        obj = dict(obj)
+        if isinstance(obj.get("train"), dict):
+            obj["train"], obj["plan"] = plan_of_version_2(obj["train"])
         obj["version"] = VERSION
     return obj
+
+
+def plan_of_version_2(train: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the counters, the plan) of a version 2 "train" entry, whose decision fields (0 or "": none) move
+    to the plan with the notes that say how they were made. A run of then made its LM head's weight
+    gradient with torch.mm unless it saved another choice."""
+    counters = {k: v for k, v in train.items() if k not in _V2_DECISIONS}
+    plan: dict[str, Any] = {"notes": {}}
+
+    def keep(decision: str, fields: dict[str, str], note: Any) -> None:
+        values = {new: train.get(old) for old, new in fields.items()}
+        if next(iter(values.values())) not in (None, "", 0):  # the first field says whether it was made
+            plan.update(values)
+            plan["notes"][decision] = note if isinstance(note, str) else ""
+    keep("dtype", {"dtype": "dtype"}, f"dtype {train.get('dtype')}")
+    train = {"loss_product": "torch.mm", **train}
+    keep("loss_product", {"loss_product": "loss_product"}, f"LM head's weight gradient by {train['loss_product']}")
+    micro = train.get("micro_batch")
+    if isinstance(micro, int) and micro > 0 and isinstance(train.get("batch_note"), str):
+        keep("batch", {"micro_batch": "micro_batch"}, train["batch_note"])  # accum: global batch // micro
+    keep("schedule", {"budget_iters": "max_iters", "budget_warmup": "warmup_iters"}, train.get("budget_note"))
+    return counters, plan
+
+
+_V2_DECISIONS = ("dtype", "loss_product", "micro_batch", "batch_note", "budget_iters", "budget_warmup", "budget_note")
 
 
 class Backend(Protocol):
@@ -146,6 +180,10 @@ class TorchFile:
 
     def read(self, path: Path, needed: tuple[str, ...] = ()) -> Any:
         try:
+            kind = os.stat(path).st_mode
+            if not stat.S_ISREG(kind):  # torch.load seeks: a pipe (`<(cat ckpt.pt)`) would read as corrupt
+                raise UserError(f"checkpoint {path} is not a regular file ({path_kind(path)}), and a checkpoint is read by "
+                                "seeking in it; save it to a file first (e.g. cat ... > ckpt.pt) and pass that")
             with open(path, "rb") as f:
                 head = f.read(4)
         except OSError as e:
@@ -203,7 +241,8 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
         aside = recover_replaced_dir(p, repair=False) if p.suffix == ".dcp" else None
         if aside is not None:
             return aside
-        raise UserError(f"checkpoint {p} does not exist; check the path, or train first with `python train.py`")
+        missing = "is a symlink to nothing (or a loop)" if p.is_symlink() else "does not exist"
+        raise UserError(f"checkpoint {p} {missing}; check the path, or train first with `python train.py`")
     return p
 
 

@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from fileio import atomic_write, atomic_write_bytes
+from fileio import atomic_write, atomic_write_bytes, json_loads
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
 from model.hf import cropped_state, gpt2_tensors, gpt_from_hf, hf_config
@@ -52,7 +52,7 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     path = _resolve_dir(name_or_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    return gpt_from_hf(json.loads((path / "config.json").read_text()), _read_state_dict(path), **overrides)
+    return gpt_from_hf(json_loads((path / "config.json").read_text()), _read_state_dict(path), **overrides)
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from fileio import json_loads
 from model.gpt import GPT
 
 METRICS_NAME = "metrics.jsonl"
@@ -55,7 +56,7 @@ def eval_at(metrics: Path, iteration: Any) -> dict[str, Any] | None:
         if len(line) > MAX_LINE:
             continue
         try:
-            record = json.loads(line.decode("utf-8"))
+            record = json_loads(line.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             continue
         if isinstance(record, dict) and record.get("iter") == iteration and isinstance(record.get("val/loss"), (int, float)):

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from errors import UserError, short_error
-from fileio import DirLock, check_writable_dir, recover_replaced_dir, remove_temp, stale_temps
+from fileio import check_writable_dir, recover_replaced_dir
+from locks import DirLock, remove_temp, stale_temps, temps_of
+from ownership import OUT_DIR, check_target, mark
 
 from .format import (
     BEST_NAME, CKPT_NAME, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, find_checkpoint, load_checkpoint,
@@ -44,7 +46,9 @@ class Stateful(Protocol):
 def claim_out_dir(out_dir: Path, say: Callable[[str], None] = print) -> DirLock:
     """One trainer per out_dir (rank 0 holds the lock): a second one would write the same checkpoints.
     The new holder then removes what writers killed mid-save left behind (their temp files and temp
-    directories: each is a whole checkpoint), and says so in one line."""
+    directories: each is a whole checkpoint), and says so in one line. An out_dir is no other command's
+    folder, lies in none and holds none (ownership.py); it says what it is by its marker."""
+    check_target(out_dir, OUT_DIR, "train.out_dir")
     check_writable_dir(out_dir, "train.out_dir")
     lock = DirLock(out_dir, LOCK_NAME)
     holder = lock.try_acquire()
@@ -52,9 +56,15 @@ def claim_out_dir(out_dir: Path, say: Callable[[str], None] = print) -> DirLock:
         raise UserError(f"another trainer (pid {holder.get('pid')} on host {holder.get('host')}, since "
                         f"{holder.get('since')}) is writing to {out_dir}; wait for it or stop it, or use another "
                         "--train.out_dir")
+    mark(out_dir, OUT_DIR)
     for name in (SHARDED_CKPT_NAME, SHARDED_BEST_NAME):  # a sharded save killed between its two renames
         recover_replaced_dir(out_dir / name)
     stale = stale_temps(out_dir)
+    # under the lock no one else writes this out_dir's checkpoints: a temp of their names is an orphan whatever
+    # pid its name carries (reused, or alive again under an older name without its start time)
+    seen = {path for path, _ in stale}
+    stale += [t for t in temps_of(out_dir, (CKPT_NAME, BEST_NAME, SHARDED_CKPT_NAME, SHARDED_BEST_NAME))
+              if t[0] not in seen]
     for path, _ in stale:
         remove_temp(path)
     if stale:
@@ -77,11 +87,6 @@ class Resume:
         """The saved counters ({} if damaged: restoring reports it, naming the entry)."""
         train = self.payload.get("train")
         return train if isinstance(train, dict) else {}
-
-    @property
-    def dtype(self) -> str:
-        dtype = self.train.get("dtype", "")
-        return dtype if isinstance(dtype, str) else ""
 
     @property
     def tokenizer(self) -> dict[str, Any] | None:
@@ -119,6 +124,7 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
                             "a new run there would overwrite them: use a new --train.out_dir, or move those files away")
         if ckpt_path.exists():
             resume = Resume(ckpt_path, load_checkpoint(ckpt_path))
+            check_counters(resume)
             conflicts = config_conflicts(resume.config)
             if conflicts:
                 raise UserError(f"cannot resume {ckpt_path}: the config changed in {'; '.join(conflicts)}; "
@@ -141,6 +147,16 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
                         "every rank must read and write the same train.out_dir: put it on a filesystem shared by "
                         "all nodes")
     return resume
+
+
+def check_counters(resume: Resume) -> None:
+    """The saved step and token counts are counts (>= 0): a damaged one would be refused later, deep in the
+    loop and without naming the checkpoint (the loader's "step must be >= 0")."""
+    for key in ("iter", "tokens_seen"):
+        value = resume.train.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"checkpoint {resume.path}: its 'train' entry is malformed ({key} {value!r} is not a count "
+                            ">= 0); use another checkpoint (e.g. best.pt), or a new --train.out_dir")
 
 
 def check_best_belongs_to(best: Path | None, run_id: str | None) -> None:
@@ -237,8 +253,11 @@ class Checkpointer:
         for name, obj in self.states.items():
             try:
                 obj.load_state_dict(ckpt[name])
-            except UserError:
-                raise
+            except UserError as e:  # a part's own check of a value (the loader's "step must be >= 0"): say whose
+                if str(where) in str(e):
+                    raise
+                raise UserError(f"checkpoint {where}: its {name!r} entry is malformed ({str(e).split('; ')[0]}); "
+                                "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None
             except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
                 raise UserError(f"checkpoint {where}: its {name!r} entry is malformed ({short_error(e, 120)}); "
                                 "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None

@@ -27,6 +27,7 @@ import functools
 import io
 import os
 import pickle
+import stat
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,9 +102,40 @@ def _safe_reader() -> type:
 def _metadata(path: Path) -> Metadata:
     try:
         return _safe_reader()(path).read_metadata()
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError, KeyError,
+            RecursionError) as e:
         raise UserError(f"sharded checkpoint {path} has an unreadable {METADATA_NAME} ({short_error(e, 120)}); "
                         "use another checkpoint (e.g. best.dcp)") from None
+
+
+def check_shards(path: Path, metadata: Metadata) -> None:
+    """Every shard file the .metadata points into is there, a regular file, and long enough for every
+    piece it should hold: a missing, empty or truncated shard is named in one line before DCP reads
+    anything (DCP itself fails deep in its reader, or reads a piece that ends early into a tensor)."""
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} names a shard {name!r} outside the "
+                            "checkpoint; the checkpoint is damaged: use another one (e.g. best.dcp)")
+        try:
+            ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
+        except (AttributeError, TypeError, ValueError) as e:
+            raise UserError(f"sharded checkpoint {path} has an unreadable {METADATA_NAME} ({short_error(e, 120)}); "
+                            "use another checkpoint (e.g. best.dcp)") from None
+    for name, end in sorted(ends.items()):
+        shard = path / name
+        try:
+            st = shard.stat()
+        except OSError as e:
+            raise UserError(f"sharded checkpoint {path}: shard {name} is missing or unreadable ({e.strerror or short_error(e)}); "
+                            "the checkpoint is incomplete: use another one (e.g. best.dcp)") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"sharded checkpoint {path}: shard {name} is not a regular file; use another checkpoint "
+                            "(e.g. best.dcp)")
+        if st.st_size < end:
+            raise UserError(f"sharded checkpoint {path}: shard {name} is truncated ({st.st_size} bytes, its "
+                            f"{METADATA_NAME} says at least {end}); use another checkpoint (e.g. best.dcp)")
 
 
 # ---------------------------------------------------------------------------------- the backend
@@ -184,13 +216,16 @@ def load_into(path: Path, state: dict[str, Any]) -> None:
 
 
 def _load(path: Path, state: dict[str, Any], no_dist: bool) -> None:
+    # checked here first: DCP logs a reader's failure as a traceback (and retries it) before raising its own
+    check_shards(path, _metadata(path))
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             _dcp().load(state, storage_reader=_safe_reader()(path), no_dist=no_dist)
     except UserError:
         raise
-    except Exception as e:  # DCP wraps every rank's failure (a missing shard, a torn file) in CheckpointException
+    except (Exception, _dcp().api.CheckpointException) as e:  # DCP wraps every rank's failure (a missing shard, a torn
+        # file) in CheckpointException, a BaseException: `except Exception` alone lets it through as a traceback
         raise UserError(f"cannot read sharded checkpoint {path} ({short_error(e, 160)}); it is damaged or was "
                         "written by another model: use another checkpoint (e.g. best.dcp)") from None
 

@@ -2,8 +2,10 @@
 
     from data import DataConfig, prepare_data, load_meta, get_tokenizer, tokenizer_from_meta, BatchLoader
 """
-from .build import hold_data, load_meta, prepare_data
+from .build import prepare_data
 from .config import DataConfig
+from .holds import hold_data
+from .manifest import load_meta
 from .tokenizer import Tokenizer, get_tokenizer, tokenizer_entry, tokenizer_from_meta
 
 __all__ = ["BatchLoader", "DataConfig", "Tokenizer", "get_tokenizer", "hold_data", "load_meta", "prepare_data",

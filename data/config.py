@@ -4,16 +4,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from errors import UserError
-from settings import setting
+from settings import Freezable, setting
 
 from .tokenizer import check_tokenizer_name
 
 SHAKESPEARE = "shakespeare"
 HF_PREFIX = "hf:"
+MAX_PROCS = 1024  # tokenizer processes: each is started, so 10**30 of them would never finish starting
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Freezable):
     dataset: str = setting(SHAKESPEARE, '"shakespeare" | a local path: a file, folder or glob of .txt, .jsonl/.json, '
                                         '.parquet (plain, .gz or .zst), or a folder written by datasets\' save_to_disk '
                                         '| "hf:<name>"')
@@ -65,5 +66,6 @@ class DataConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise UserError(f"data.{name} must be a whole number from {low} to {high}, got {value!r}; "
                                 f"leave it out for the default {getattr(DataConfig, name)}")
-        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 0:
-            raise UserError(f"data.num_proc must be a whole number >= 0, got {self.num_proc!r}; use 0 for one process per core")
+        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or not 0 <= self.num_proc <= MAX_PROCS:
+            raise UserError(f"data.num_proc must be a whole number from 0 to {MAX_PROCS}, got {self.num_proc!r}; use 0 "
+                            "for one process per core")

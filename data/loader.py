@@ -9,7 +9,8 @@ import torch
 
 from errors import UserError
 
-from .build import SPLITS, load_meta, shard_files
+from .manifest import load_meta, shard_files
+from .shards import SPLITS
 
 # SplitMix64 constants: its n-th output is _mix64(state + n * _GOLDEN), so any output can be computed
 # directly from its index, which makes it a counter-based generator.

@@ -24,6 +24,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 import signal
 import sys
@@ -35,9 +36,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from errors import UserError
-from fileio import atomic_write_bytes
+from fileio import atomic_write_bytes, json_loads
 
-from .sources import Piece
+from .pieces import Piece
 from .tokenizer import Tokenizer, get_tokenizer
 
 SPLITS = ("train", "val")
@@ -46,6 +47,12 @@ IN_FLIGHT_PER_WORKER = 4
 RECORD_EVERY_S = 1.0  # the longest a kill can set a prepare back (plus the batches in flight)
 INLINE_BELOW = 8 << 20  # sources smaller than this (bytes) are tokenized in this process: no pool to start
 SAMPLE_BLOCKS, SAMPLE_BLOCK = 64, 64 << 10  # the sampled checksum: 64 blocks of 64 KiB spread over a shard
+
+
+# every name a build writes under (shard_name, its partial, state_path; build_writer's tokenizer file and
+# fingerprint.SOURCE_RECORDS): what a rebuild may remove beside the files the replaced manifest names
+BUILD_FILE = re.compile(r"\.?(train|val)-[0-9a-f]{12}-\d{5}\.bin(\.partial)?|\.prepare-[0-9a-f]{12}\.json"
+                        r"|tokenizer-[0-9a-f]{12}\.json|\.source-hashes\.json")
 
 
 def shard_name(build: str, split: str, index: int) -> str:
@@ -217,7 +224,7 @@ def load_resume_state(out: Path, build: str, fingerprint: str, say) -> dict | No
     if not path.is_file():
         return None
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        state = json_loads(path.read_text(encoding="utf-8"))
         assert state["fingerprint"] == fingerprint
         itemsize = np.dtype(state["dtype"]).itemsize
         for split in SPLITS:

@@ -51,8 +51,8 @@ def bpe_vocab_size(name: str) -> int | None:
     if not isinstance(name, str) or not name.startswith(BPE_PREFIX):
         return None
     n = name[len(BPE_PREFIX):]
-    if not n.isdigit() or not BPE_MIN <= int(n) <= BPE_MAX:
-        raise UserError(f"data.tokenizer {name!r} needs a vocab size from {BPE_MIN} to {BPE_MAX} after 'bpe:'; "
+    if not (n.isascii() and n.isdigit()) or len(n) > 12 or not BPE_MIN <= int(n) <= BPE_MAX:  # ("²", 5000 digits)
+        raise UserError(f"data.tokenizer {name!r:.40} needs a vocab size from {BPE_MIN} to {BPE_MAX} after 'bpe:'; "
                         f"e.g. 'bpe:32768'")
     return int(n)
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from data import tokenizer_from_meta
 from checkpoint import load_model
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import read_user_file
+from fileio import json_loads, read_user_file
 from network import hub_offline_unless_reachable
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_BY_NAME, DTYPE_NAMES, autocast
@@ -100,7 +100,7 @@ def read_jsonl(path: str | Path) -> list[Item]:
             continue
         where = f"{p} line {lineno}"
         try:
-            raw = json.loads(line)
+            raw = json_loads(line)  # a row nested too deep for the parser is invalid JSON too, not a RecursionError
         except json.JSONDecodeError as e:
             raise UserError(f"{where} is not valid JSON ({e.msg}); the file must hold one JSON object a line") from None
         items.append(parse_item(raw, where))

@@ -185,6 +185,16 @@ class KVCache(nn.Module):
         return self.k, self.v
 
 
+def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) + mask): q (B, nh, T, hs), k (B, nh, S, hs) -> (B, nh, T, S). mask: None
+    for plain causal attention (S = T), else bool (B, 1, T, S), True = may attend (-inf where False)."""
+    att = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5
+    if mask is None:
+        T, S = q.size(-2), k.size(-2)
+        mask = ~torch.triu(torch.ones(T, S, dtype=torch.bool, device=q.device), diagonal=1)
+    return F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -199,6 +209,11 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
+        # Off but when asked (eval/inspect.py's attention maps): forward then keeps its attention
+        # probabilities (B, nh, T, S) in `attention`. SDPA never materialises them, so they are computed
+        # once more from the same q and k; the output is unchanged either way.
+        self.record_attention = False
+        self.attention: torch.Tensor | None = None
 
     def forward(self, x, mask=None, kv_cache: KVCache | None = None, input_pos=None, rope=None):
         """x (B, T, C). mask: None for plain causal attention, else bool (B, 1, T, S), True = may attend.
@@ -216,20 +231,15 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(input_pos, k, v)  # (B, nh, S, hs)
             q = q.to(k.dtype)  # the cache may be kept in a narrower dtype than the activations
+        if self.record_attention:  # the weights of the very q and k used below, whichever backend runs
+            self.attention = attention_probs(q, k, mask).detach()
         dropout_p = self.dropout if self.training else 0.0
 
         if self.backend == "sdpa":
             # with no mask, is_causal lets SDPA pick the flash / memory-efficient kernels on GPU
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
         else:
-            att = q @ k.transpose(-2, -1) * self.head_dim**-0.5  # (B, nh, T, S)
-            if mask is None:
-                causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
-                att = att.masked_fill(causal, float("-inf"))
-            else:
-                att = att.masked_fill(~mask, float("-inf"))
-            att = F.softmax(att, dim=-1)
-            att = self.attn_dropout(att)
+            att = self.attn_dropout(attention_probs(q, k, mask))  # (B, nh, T, S)
             y = att @ v  # (B, nh, T, hs)
 
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from fileio import atomic_write_bytes
+from fileio import atomic_write_bytes, json_loads
 
 from . import precision
 from .precision import DTYPE_BY_NAME, dtype_name
@@ -65,7 +65,7 @@ def _read() -> dict[str, Any]:
     try:
         if path.stat().st_size > MAX_BYTES:
             return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

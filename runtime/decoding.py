@@ -80,7 +80,7 @@ class CompiledDecode:
 # sample.py's default for --compile: compile the one-token step (with CUDA graphs) on a GPU when the
 # decoding is long enough to win back the compile. A small model's decode step is bound by kernel
 # launches, which grow with the layers: GPT-2 124M (12 layers) decoded at 202 tok/s eager and 993 tok/s
-# compiled on an H100 (benchmarks/results-h100-decode.txt), ~0.41 ms per layer per step saved ~80%.
+# compiled on an H100 (benchmarks/results/results-h100-decode.txt), ~0.41 ms per layer per step saved ~80%.
 # The compile's cost is not measured yet (no GPU lent since; `bench.py --device cuda --only decode`
 # measures it): COMPILE_COST_S is a conservative guess for a cold cache.
 EAGER_S_PER_LAYER_STEP = 4.95e-3 / 12

@@ -24,7 +24,7 @@ How a chunk runs on a CPU (model/fused_ce.py's options, set here too):
 - the weight gradient's (V, n) @ (n, C) product runs in torch.mm (MKL on x86) or in oneDNN's matmul,
   whichever is faster on this CPU for the run's chunks, timed once per machine, shape and chunk count and
   kept (runtime/choices.py); a run chooses once and saves its choice, which a resume keeps
-  (training/builders.py's set_loss_product).
+  (the run plan's loss_product: training/builders.py's settle_loss_product).
   On a 2-core EPYC Zen 4 (2026-11-25, 768 x 50257 x 128): torch.mm 71-78 ms, oneDNN 51 ms (MKL runs its
   AVX2 code on AMD CPUs, oneDNN its AVX-512 code); under ONEDNN_MAX_CPU_ISA=AVX2 67-71 against 61-67 ms. The
   other two head products (the logits, the input's gradient) measured no faster in oneDNN, so they stay.

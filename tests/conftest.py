@@ -21,6 +21,16 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+# hypothesis: a small, fixed set of examples in CI (the same on every run, so a failure reproduces), more
+# by hand with HYPOTHESIS_PROFILE=dev. No deadline: a shared 2-core machine makes timings erratic.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=300, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 
 
@@ -56,3 +66,11 @@ def data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("prepared")
     prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)
     return root
+
+
+@pytest.fixture(scope="session")
+def world(data_root):
+    """The hostile tests' shared inputs: tests/test_hostile_kinds.py's build_world."""
+    from test_hostile_kinds import build_world
+
+    yield from build_world(data_root)

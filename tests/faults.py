@@ -8,11 +8,16 @@
 Subprocess tests run `python tests/faults.py <train.py args>` (also under torchrun), which installs
 the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_INTERRUPT_AFTER=k, SMALLGPT_TEST_NAN_AT=k   as above
+    SMALLGPT_TEST_TERM_AFTER=k           SIGTERM this process in the loop's step to iter k (as a scheduler's
+                                         stop would); the steps a time budget times first don't count
+    SMALLGPT_TEST_COMPILE_BACKEND=name   torch.compile uses this backend (e.g. aot_eager: Dynamo traces and
+                                         AOTAutograd runs the compiled path, without Inductor's C++ builds)
     SMALLGPT_TEST_KILL_AFTER=k           SIGKILL this process right after its k-th step (before that step is logged)
     SMALLGPT_TEST_KILL_IN_SAVE=k         SIGKILL this process in the middle of writing its k-th checkpoint
                                          (k = 1, 2, ...): half the bytes are in the temp file, none renamed
     SMALLGPT_TEST_KILL_IN_SHARDED_SAVE=k  SIGKILL rank 0 in its k-th sharded checkpoint write, once every
                                          rank's shards and state.pt are in the temp dir, before the rename
+    SMALLGPT_TEST_HANG_AT=k              this process stops answering before step index k: it sleeps, for an hour
     SMALLGPT_TEST_OUT_DIR_PER_RANK=1     each rank appends -rank<R> to train.out_dir (no shared out_dir)
     SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY=1  data preparation fails loudly on any rank but 0
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,7 +40,7 @@ class InjectedCrash(RuntimeError):
 
 
 def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | None = None,
-              crash_at: int | None = None, kill_after: int | None = None):
+              crash_at: int | None = None, kill_after: int | None = None, hang_at: int | None = None):
     calls = 0
 
     def step(model, optimizers, scaler, batches, **kwargs):
@@ -42,6 +48,9 @@ def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | No
         index, calls = calls, calls + 1
         if index == crash_at:
             raise InjectedCrash(f"injected crash before step index {index}")
+        if index == hang_at:
+            print(f"hanging before step index {index}", flush=True)
+            time.sleep(3600)
         if index == nan_at:
             with torch.no_grad():
                 next(model.parameters()).fill_(float("nan"))
@@ -93,14 +102,14 @@ def kill_in_sharded_save(k: int) -> None:
 
 @contextmanager
 def inject(**faults):
-    import train
+    import training.builders  # the training step's one caller (its Stepper)
 
-    real = train.train_step
-    train.train_step = wrap_step(real, **faults)
+    real = training.builders.train_step
+    training.builders.train_step = wrap_step(real, **faults)
     try:
         yield
     finally:
-        train.train_step = real
+        training.builders.train_step = real
 
 
 if __name__ == "__main__":
@@ -110,8 +119,23 @@ if __name__ == "__main__":
 
     env = {k: int(os.environ[v]) for k, v in (("interrupt_after", "SMALLGPT_TEST_INTERRUPT_AFTER"),
                                               ("nan_at", "SMALLGPT_TEST_NAN_AT"),
-                                              ("kill_after", "SMALLGPT_TEST_KILL_AFTER")) if v in os.environ}
-    train.train_step = wrap_step(train.train_step, **env)
+                                              ("kill_after", "SMALLGPT_TEST_KILL_AFTER"),
+                                              ("hang_at", "SMALLGPT_TEST_HANG_AT")) if v in os.environ}
+    import training.builders
+
+    training.builders.train_step = wrap_step(training.builders.train_step, **env)
+    if "SMALLGPT_TEST_TERM_AFTER" in os.environ:
+        term_after, real_step_at = int(os.environ["SMALLGPT_TEST_TERM_AFTER"]), train.step_at
+
+        def step_at(r, i, lr):  # the loop's step only: training/budget.py times steps through its own import
+            out = real_step_at(r, i, lr)
+            if i + 1 == term_after:
+                os.kill(os.getpid(), signal.SIGTERM)  # the StopFlag stops the loop after this step
+            return out
+        train.step_at = step_at
+    if os.environ.get("SMALLGPT_TEST_COMPILE_BACKEND"):
+        import functools
+        torch.compile = functools.partial(torch.compile, backend=os.environ["SMALLGPT_TEST_COMPILE_BACKEND"])
     if "SMALLGPT_TEST_KILL_IN_SAVE" in os.environ:
         kill_in_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SAVE"]))
     if "SMALLGPT_TEST_KILL_IN_SHARDED_SAVE" in os.environ:

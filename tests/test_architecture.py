@@ -16,23 +16,24 @@ from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval")
-TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "settings", "network")
+TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "locks", "settings", "network", "ownership")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
 OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel",
             "pyarrow", "tokenizers", "psutil", "torchao"}  # pyarrow: jsonl/parquet/.gz/.zst sources only; tokenizers: bpe:<n>
 # only; psutil (a dev requirement): bench.py's corpus row only; torchao: train.float8 only (GPU)
 # `import data` stays light (tests/test_data_prepare.py checks it): data/__init__.py's module __getattr__
 # imports the torch-using BatchLoader only when asked for, and the progress bar is imported when shown
-LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build", "tqdm")}
+LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build_writer", "tqdm")}
 # Start-up time (test_starting_a_cli_imports_no_compiler_fsdp_or_dcp): the fused loss's torch.compiler.disable
 # imports torch._dynamo (~0.7 s), DCP and FSDP import DTensor and sympy (~1 s); only the runs that use them pay.
 LAZY_ON_PURPOSE |= {("model.gpt", "model.fused_ce"), ("runtime.loss_path", "model.fused_ce"),
                     ("training.builders", "training.sharding"),
+                    ("training.distributed", "torch.distributed.device_mesh"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.api"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.metadata")}
 # Memory: urllib.request brings http, email and ssl (~7 MB), in `python -m data.prepare` and every worker it forks.
-LAZY_ON_PURPOSE |= {(m, f"urllib.{n}") for m in ("network", "data.sources") for n in ("error", "request")}
+LAZY_ON_PURPOSE |= {(m, f"urllib.{n}") for m in ("network", "data.download") for n in ("error", "request")}
 
 
 def project_modules() -> dict[str, Path]:
@@ -247,12 +248,13 @@ def test_the_words_the_model_check_looks_for_are_found_where_they_are():
     assert re.search(r"\b(prepack\w*|packed|mkldnn)\b", text, re.IGNORECASE)
 
 
-def test_checkpoint_names_are_spelled_only_in_the_checkpoint_module():
-    """The file names ckpt.pt / best.pt are constants of checkpoint/format.py: no other product module
-    writes them as string literals (they import CKPT_NAME / BEST_NAME, or ask the Checkpointer)."""
-    offenders = [f"{m}:{node.lineno}" for m, tree in _product_trees().items() if not m.startswith("checkpoint")
-                 for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in ("ckpt.pt", "best.pt")]
-    assert not offenders, offenders
+def test_checkpoint_names_are_spelled_only_in_one_place():
+    """The file names ckpt.pt / best.pt are spelled once, in ownership.py (which recognises an out_dir by them
+    and stays importable without torch); checkpoint/format.py re-exports them as CKPT_NAME / BEST_NAME, and no
+    other product module writes them as string literals (they import the names, or ask the Checkpointer)."""
+    spelled = [f"{m}:{node.lineno}" for m, tree in _product_trees().items()
+               for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in ("ckpt.pt", "best.pt")]
+    assert [s.split(":")[0] for s in spelled] == ["ownership", "ownership"], spelled
 
 
 def test_every_part_a_run_registers_is_in_the_checkpoint_schema():
@@ -284,3 +286,100 @@ def test_only_the_checkpoint_module_opens_checkpoint_files():
                     offenders.append(f"{module}:{node.lineno} {owner + '.' if owner else ''}{name}")
     assert "checkpoint.format" in found and "checkpoint.hf" in found  # the scan sees the owner's own calls
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------------ one plan, one chain
+
+def _function(module: str, name: str) -> ast.FunctionDef:
+    tree = ast.parse(project_modules()[module].read_text(encoding="utf-8"))
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_set_up_is_a_chain_of_at_most_40_lines():
+    f = _function("train", "set_up")
+    assert f.end_lineno - f.lineno + 1 <= 40, f"train.set_up is {f.end_lineno - f.lineno + 1} lines"
+    # the benchmarks build their steps by calling the same chain, not by chaining builders by hand
+    for module in ("benchmarks.train", "benchmarks.fsdp", "benchmarks.auto_batch", "benchmarks.muon"):
+        calls = {getattr(n.func, "id", getattr(n.func, "attr", None)) for n in ast.walk(_product_trees()[module])
+                 if isinstance(n, ast.Call)}
+        assert "build_trainer" in calls, module
+        assert not calls & {"shard_model", "build_optimizers", "parallelize", "use_loss_path", "make_scaler"}, module
+
+
+PARALLEL_OWNER = "training.distributed"
+# below training/ (which it may not import), every rank takes part in each sharded save: DCP's own rule
+COLLECTIVES_TOO = {"checkpoint.sharded"}
+COLLECTIVES = {"all_reduce", "broadcast_object_list", "all_gather_object", "new_group", "barrier", "broadcast",
+               "all_gather", "reduce_scatter"}
+
+
+def parallel_offenders(trees: dict[str, ast.AST]) -> list[str]:
+    """Code outside the parallel context that takes a process group, passes one, calls a collective itself
+    (`dist.x` or `torch.distributed.x`), or compares train.parallel with a string."""
+    offenders = []
+    for module, tree in trees.items():
+        if module == PARALLEL_OWNER:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for a in node.args.args + node.args.kwonlyargs:
+                    is_param_group = isinstance(a.annotation, ast.Name) and a.annotation.id == "dict"  # an optimizer's
+                    if a.arg in ("group", "process_group", "pg") and not is_param_group:
+                        offenders.append(f"{module}:{node.lineno} takes {a.arg!r}")
+            if isinstance(node, ast.Call):
+                offenders += [f"{module}:{node.lineno} passes {k.arg}=" for k in node.keywords
+                              if k.arg in ("group", "process_group")]
+                f = node.func
+                owner = ast.unparse(f.value) if isinstance(f, ast.Attribute) else ""
+                if (isinstance(f, ast.Attribute) and f.attr in COLLECTIVES and module not in COLLECTIVES_TOO
+                        and owner in ("dist", "tdist", "torch_dist", "torch.distributed")):
+                    offenders.append(f"{module}:{node.lineno} calls {owner}.{f.attr}")
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                parts = [node.left, *node.comparators]
+                strings = [p.value for p in parts if isinstance(p, ast.Constant) and isinstance(p.value, str)]
+                attrs = [p.attr for p in parts if isinstance(p, ast.Attribute)]
+                if {"ddp", "fsdp"} & set(strings) or "parallel" in attrs:
+                    offenders.append(f"{module}:{node.lineno} compares train.parallel")
+    return offenders
+
+
+def test_only_the_parallel_context_takes_a_control_group_or_tests_train_parallel():
+    """Which ranks take part in a call is answered by training/distributed.py's Parallel: no other function
+    takes a process group, passes one, calls a collective itself, or compares train.parallel with a string."""
+    offenders = parallel_offenders(_product_trees())
+    assert not offenders, offenders
+
+
+def test_the_parallel_check_finds_what_it_looks_for():
+    """The scan above must be able to fail: on the old shape of the code it flags each kind."""
+    old = ast.parse("def f(x, dist, group=None):\n"
+                    "    if t.parallel == 'fsdp':\n"
+                    "        dist.all_reduce(x, group=group)\n"
+                    "    torch.distributed.broadcast_object_list([x], src=0)\n")
+    found = parallel_offenders({"training.builders": old})
+    assert sorted(f.split(" ", 1)[1] for f in found) == sorted([
+        "takes 'group'", "compares train.parallel", "passes group=", "calls dist.all_reduce",
+        "calls torch.distributed.broadcast_object_list"])
+
+
+def test_no_product_file_is_over_500_lines():
+    long = {m: n for m, p in project_modules().items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, long
+
+
+def test_a_loaded_config_is_never_changed():
+    """load_config freezes what it returns: every field of every section refuses assignment, so a decision
+    made at start-up can only go into the run plan."""
+    import dataclasses
+
+    from training.config import load_config
+
+    cfg = load_config(["--train.max_iters=7"])
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(cfg, section.name, obj)
+        for f in dataclasses.fields(obj):
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(obj, f.name, getattr(obj, f.name))
+    assert cfg.train.max_iters == 7

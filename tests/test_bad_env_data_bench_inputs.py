@@ -18,12 +18,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-import data.sources
+import data.formats
+import data.pieces
 from data import DataConfig, hold_data, prepare_data
 from errors import UserError
 from prepared_files import first_file
 from training import distributed
-from training.distributed import DistInfo, dist_from_env, init_distributed
+from training.distributed import Parallel, dist_from_env, init_distributed
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -94,10 +95,10 @@ def test_a_read_error_in_the_middle_of_a_source_blames_the_source_not_data_root(
     src.write_text(_text(), encoding="utf-8")
 
     def failing(path, *args, **kwargs):
-        yield data.sources.Piece(True, "some text", 0, [0, 0], None)
+        yield data.pieces.Piece(True, "some text", 0, [0, 0], None)
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(data.sources, "_text_pieces", failing)
+    monkeypatch.setattr(data.formats, "_text_pieces", failing)
     cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(tmp_path / "prepared"))
     msg = one_line(lambda: prepare_data(cfg, progress=False), f"cannot read {src}", "damaged", "copy or download it again")
     assert "data.root" not in msg
@@ -210,9 +211,9 @@ def test_bad_launch_variables_are_one_line_saying_to_use_torchrun(launch_env, en
 
 
 def test_good_launch_variables_still_give_the_ranks(launch_env):
-    assert dist_from_env() == DistInfo()
+    assert dist_from_env() == Parallel()
     launch_env(RANK=1, WORLD_SIZE=4, LOCAL_RANK=1)
-    assert dist_from_env() == DistInfo(rank=1, local_rank=1, world_size=4)
+    assert dist_from_env() == Parallel(rank=1, local_rank=1, world_size=4)
 
 
 @pytest.mark.parametrize("env,words", [

@@ -12,9 +12,9 @@ import training.batch_size
 from checkpoint import load_checkpoint
 from errors import UserError
 from faults import inject
-from training.batch_size import choose, divisors, largest_fitting, plan_batch
+from training.batch_size import choose, divisors, largest_fitting, measure_batch, reapply_batch
 from training.config import load_config
-from training.distributed import DistInfo
+from training.distributed import Parallel
 
 from test_train import tiny_argv
 
@@ -88,23 +88,22 @@ def _auto(*extra):
 
 
 def test_a_resumed_auto_run_reapplies_its_choice_and_refuses_a_world_size_it_cannot_divide():
-    never = lambda m: pytest.fail("a resumed run must not measure")  # noqa: E731
-    saved = {"micro_batch": 8, "batch_note": "batch_size auto: 8 x 32 tokens per micro-step"}
-    kw = dict(dtype=torch.float32, block_size=32, vocab_size=65, measure=never, limit=lambda d: 1)
+    note = "batch_size auto: 8 x 32 tokens per micro-step"
     # 16 sequences on 2 ranks: 8 each, 1 micro-step each, 2 global
-    plan = plan_batch(_auto(), torch.nn.Linear(1, 1), saved, torch.device("cpu"), DistInfo(world_size=2), **kw)
-    assert (plan.micro, plan.accum) == (8, 2) and plan.note.endswith("(decided when this run started)")
+    (micro, accum), shown = reapply_batch(_auto(), 8, note, Parallel(world_size=2))
+    assert (micro, accum) == (8, 2) and shown.endswith("(decided when this run started)")
     with pytest.raises(UserError, match=r"^cannot resume on 4 ranks: this run's micro-batch \(8, chosen by batch_size "
                                         r"auto\) does not divide the 4 sequences per rank of train.global_batch_size=16; "
                                         r"run on 1, 2 rank\(s\)$"):
-        plan_batch(_auto(), torch.nn.Linear(1, 1), saved, torch.device("cpu"), DistInfo(world_size=4), **kw)
+        reapply_batch(_auto(), 8, note, Parallel(world_size=4))
 
 
-def test_a_configured_batch_size_is_used_as_it_is():
-    t = load_config(["--train.batch_size=6", "--train.grad_accum_steps=4", "--train.global_batch_size=24"]).train
-    plan = plan_batch(t, torch.nn.Linear(1, 1), {}, torch.device("cpu"), DistInfo(), dtype=torch.float32,
-                      block_size=32, vocab_size=65, measure=lambda m: pytest.fail("nothing to decide"))
-    assert (plan.micro, plan.accum, plan.note) == (6, 4, "")
+def test_a_fresh_auto_decision_keeps_the_global_batch_on_every_rank():
+    # 16 sequences on one process, 4 fit: 4 per micro-step, 4 micro-steps
+    (micro, accum), note = measure_batch(_auto(), torch.nn.Linear(1, 1), torch.device("cpu"), Parallel(),
+                                         dtype=torch.float32, block_size=32, vocab_size=65, rows=None,
+                                         limit=lambda d: 10 * GIB, measure=lambda m: 2 * m * GIB)
+    assert (micro, accum) == (4, 4) and note.startswith("batch_size auto: 4 x 32 tokens per micro-step, 4 micro-steps")
 
 
 # ---------------------------------------------------------------------------------------- config
@@ -211,7 +210,7 @@ def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_l
             "estimated (no peak can be measured on cpu)") in out
     assert "512 tokens/step (8 x 32 x 2 micro-steps)" in out
     ck = load_checkpoint(tmp_path / "full")
-    assert ck["train"]["micro_batch"] == 8 and ck["train"]["tokens_seen"] == 12 * 16 * 32
+    assert ck["plan"]["micro_batch"] == 8 and ck["train"]["tokens_seen"] == 12 * 16 * 32
     assert ck["config"]["train"]["batch_size"] == "auto"  # the config as the user wrote it
 
     # the same run written out by hand: batch_size 8, 2 micro-steps
@@ -229,7 +228,7 @@ def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_l
     out = capsys.readouterr().out
     assert "batch_size auto: 8 x 32 tokens per micro-step" in out and "(decided when this run started)" in out
     assert {**part1["losses"], **part2["losses"]} == full["losses"]
-    assert load_checkpoint(tmp_path / "resumed")["train"]["micro_batch"] == 8
+    assert load_checkpoint(tmp_path / "resumed")["plan"]["micro_batch"] == 8
 
 
 def test_the_measure_runs_a_real_forward_backward_at_the_size_and_leaves_the_run_as_it_was(monkeypatch):

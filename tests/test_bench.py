@@ -16,6 +16,7 @@ import benchmarks.decode
 import benchmarks.train
 import model.generate
 import sample
+import training.builders
 import training.step
 from runtime.loss_path import choose_loss_chunk_rows
 from runtime.precision import cpu_native_bf16
@@ -75,9 +76,9 @@ def test_bench_loss_check_runs(tmp_path, capsys):
 
 
 def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monkeypatch, capsys):
-    """The 'ours' rows go through training.step.train_step, and through sample.py's decoding set-up
-    (runtime.decoding.setup_decoding) and model.generate.generate: counting wrappers around those
-    functions must see every timed call."""
+    """The 'ours' rows go through training.step.train_step, called by train.py's chain (build_trainer), and
+    through sample.py's decoding set-up (runtime.decoding.setup_decoding) and model.generate.generate:
+    counting wrappers around those functions must see every timed call."""
     calls = {"step": 0, "setup": 0, "generate": 0}
 
     def counting(name, real):
@@ -86,10 +87,10 @@ def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monke
             return real(*a, **k)
         return wrapped
 
-    assert benchmarks.train.train_step is training.step.train_step
+    assert training.builders.train_step is training.step.train_step  # the chain's step (build_trainer)
     assert benchmarks.decode.setup_decoding is sample.setup_decoding
     assert benchmarks.decode.generate is model.generate.generate
-    monkeypatch.setattr(benchmarks.train, "train_step", counting("step", training.step.train_step))
+    monkeypatch.setattr(training.builders, "train_step", counting("step", training.step.train_step))
     monkeypatch.setattr(benchmarks.decode, "setup_decoding", counting("setup", sample.setup_decoding))
     monkeypatch.setattr(benchmarks.decode, "generate", counting("generate", model.generate.generate))
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--only", "decode", "--iters", "2"]) == 0

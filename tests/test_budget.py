@@ -34,6 +34,35 @@ def test_the_plan_fits_steps_evals_and_checkpoints_in_the_budget_by_hand():
         plan(12.0, timing, max_iters=5000, warmup_iters=100, eval_interval=100)
 
 
+def test_the_plan_counts_samples_and_attention_maps_ceil_n_over_their_interval_times_by_hand():
+    # 90 s after set-up, steps of 0.125 s, evals of 2 s + 2 checkpoints of 0.5 s every 100 steps (all exact in binary)
+    timing = Timing(setup_s=10.0, step_s=0.125, eval_s=2.0, checkpoint_s=0.5, sample_s=1.0, inspect_s=0.5)
+    kw = dict(max_iters=5000, warmup_iters=100, eval_interval=100)
+    # neither on: 0.125 n + 3 ceil(n / 100) <= 90 -> n = 576 (72 + 18 = 90; 577: 72.125 + 18)
+    assert plan(100.0, timing, **kw) == (576, 12)  # warmup 100 * 576 / 5000 = 11.52
+    # a map every 200 steps (0.5 s): + 0.5 ceil(n / 200) -> n = 564 (70.5 + 18 + 1.5 = 90; 565: 70.625 + 18 + 1.5)
+    assert plan(100.0, timing, **kw, inspect_interval=200) == (564, 11)
+    # and samples every 50 steps (1 s): + ceil(n / 50) -> n = 500 (62.5 + 15 + 10 + 1.5 = 89; 501: 62.625 + 18 + 11
+    # + 1.5 = 93.125, and every n above costs more)
+    assert plan(100.0, timing, **kw, inspect_interval=200, sample_interval=50) == (500, 10)
+    assert plan(100.0, timing, **kw, sample_interval=50) == (500, 10)  # 62.5 + 15 + 10 = 87.5; 501: 91.625
+
+
+def test_a_sampling_round_and_an_inspection_are_timed_into_the_plan(tmp_path, data_root, monkeypatch, capsys):
+    seen = []
+    real = training.budget.measure
+    monkeypatch.setattr(training.budget, "measure", lambda r: seen.append(real(r)) or seen[-1])
+    _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4", "--eval.sample_interval=2",
+         "--eval.sample_tokens=40", "--eval.inspect_interval=4")
+    # 40 forwards of 2 prompts, and one forward with two figures drawn: each more than one eval batch per split
+    assert seen[0].sample_s > seen[0].eval_s / 2 > 0 and seen[0].inspect_s > 0
+    out = capsys.readouterr().out
+    assert (f"samples {seen[0].sample_s:.1f} s every 2 steps, attention maps {seen[0].inspect_s:.1f} s every 4 steps "
+            "-> max_iters 4") in out
+    _run(tmp_path / "off", data_root, "--train.time_budget=1h", "--train.max_iters=4")
+    assert seen[1].sample_s == seen[1].inspect_s == 0.0
+
+
 def _argv(out, data_root, *extra):
     return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=2",
             "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32", "--train.batch_size=4",
@@ -60,7 +89,7 @@ def test_a_budget_run_interrupted_and_resumed_ends_bitwise_equal_to_an_uninterru
     # 10 s, 1 s of it set-up: n steps cost 0.5 n + (0.4 + 2 * 0.05) ceil(n / 4) <= 9 -> n = 14 (7 + 0.5 * 4 = 9;
     # 15 steps: 7.5 + 2 = 9.5)
     full = _run(tmp_path / "full", data_root, "--train.time_budget=10s")
-    iters = load_checkpoint(tmp_path / "full")["train"]["budget_iters"]
+    iters = load_checkpoint(tmp_path / "full")["plan"]["max_iters"]
     assert full["iter"] == iters == 14 and len(timings) == 1
     assert "time budget 10s: " in capsys.readouterr().out
     with inject(interrupt_after=5):
@@ -71,7 +100,7 @@ def test_a_budget_run_interrupted_and_resumed_ends_bitwise_equal_to_an_uninterru
     assert "(decided when this run started)" in capsys.readouterr().out
     assert {**part1["losses"], **part2["losses"]} == full["losses"]
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "resumed")
-    assert a["train"]["budget_iters"] == b["train"]["budget_iters"] and a["train"]["iter"] == b["train"]["iter"] == 14
+    assert a["plan"]["max_iters"] == b["plan"]["max_iters"] and a["train"]["iter"] == b["train"]["iter"] == 14
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
     with pytest.raises(UserError, match=r"train.time_budget: '10s' -> '20s'"):  # the saved plan would not hold
@@ -82,8 +111,8 @@ def test_timing_the_step_leaves_no_trace_the_budget_run_equals_a_plain_run_of_it
     """The real measure: it runs steps and evals, then restores every state; the run that follows is bit for
     bit a run without a budget given the decided max_iters and warmup_iters."""
     budgeted = _run(tmp_path / "budget", data_root, "--train.time_budget=1h", "--train.max_iters=12")
-    saved = load_checkpoint(tmp_path / "budget")["train"]
-    assert saved["budget_iters"] == 12 and saved["budget_warmup"] == 8  # an hour is plenty: the config's plan
+    saved = load_checkpoint(tmp_path / "budget")["plan"]
+    assert saved["max_iters"] == 12 and saved["warmup_iters"] == 8  # an hour is plenty: the config's plan
     plain = _run(tmp_path / "plain", data_root, "--train.max_iters=12")
     assert budgeted["losses"] == plain["losses"]
     a, b = load_checkpoint(tmp_path / "budget"), load_checkpoint(tmp_path / "plain")
@@ -150,3 +179,35 @@ def test_slow_steps_are_timed_as_many_times_as_fill_timed_s(tmp_path, data_root,
     seen = _measure_with(monkeypatch, slow=set(range(100)), extra=0.1)
     _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4")
     assert seen[0].timed_steps == 5 and 0.1 <= seen[0].step_s < 0.2
+
+
+def test_a_run_saved_by_format_2_resumes_with_every_decision_it_made(tmp_path, data_root, monkeypatch, capsys):
+    """Checkpoints written before the run plan had its own entry kept the decisions among the counters:
+    the budget's max_iters and warmup, batch_size auto's micro-batch, the dtype. Rewritten by hand into that
+    layout, an interrupted run resumes with all of them (nothing is measured again) and ends bitwise equal to
+    the uninterrupted one."""
+    import training.batch_size
+    import training.builders
+    from test_train import as_version_2
+
+    monkeypatch.setattr(training.budget, "measure", lambda r: Timing(setup_s=1.0, step_s=0.5, eval_s=0.4,
+                                                                      checkpoint_s=0.05))
+    monkeypatch.setattr(training.batch_size, "memory_limit", lambda device: 10 * 2**30)
+    monkeypatch.setattr(training.batch_size, "estimated_bytes", lambda *a, **k: (lambda m: m * 2**30))
+    auto = ("--train.time_budget=10s", "--train.batch_size=auto", "--train.global_batch_size=16")
+    full = _run(tmp_path / "full", data_root, *auto)
+    with inject(interrupt_after=5):
+        _run(tmp_path / "old", data_root, *auto)
+    ckpt = load_checkpoint(tmp_path / "old")
+    assert (ckpt["plan"]["micro_batch"], ckpt["plan"]["accum"], ckpt["plan"]["max_iters"]) == (8, 2, 14)
+    torch.save(as_version_2(ckpt), tmp_path / "old" / "ckpt.pt")
+    for module, name in ((training.budget, "measure"), (training.builders, "measure_batch")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("a resumed run must not decide again"))
+    capsys.readouterr()
+    resumed = _run(tmp_path / "old", data_root, *auto)
+    out = capsys.readouterr().out
+    assert "time budget 10s: " in out and "batch_size auto: 8 x 32 tokens per micro-step" in out
+    assert {k: v for k, v in full["losses"].items() if k > 5} == resumed["losses"] and resumed["iter"] == 14
+    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "old")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert b["version"] == 3 and b["plan"]["micro_batch"] == 8 and "budget_iters" not in b["train"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-import data.sources
+import data.download
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
 from prepared_files import first_file
@@ -71,7 +71,7 @@ def test_offline_without_shakespeare_says_where_to_put_it(tmp_path, monkeypatch)
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    msg = user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", data.sources.SHAKESPEARE_URL)
+    msg = user_error(lambda: prepare_data(DataConfig(root=str(tmp_path)), progress=False), "SMALLGPT_SHAKESPEARE", data.download.SHAKESPEARE_URL)
     assert str(tmp_path / "cache/smallgpt/tinyshakespeare/input.txt") in msg
     assert not (tmp_path / "cache/smallgpt/tinyshakespeare/input.txt").exists()
 

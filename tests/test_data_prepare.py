@@ -10,13 +10,13 @@ import urllib.request
 from pathlib import Path
 
 import datasets
-import numpy as np
 import pytest
 import tiktoken
 
 import data.build
+import data.formats
+import data.pieces
 import data.shards
-import data.sources
 from data import BatchLoader, DataConfig, load_meta, prepare_data, tokenizer_from_meta
 from data.prepare import main as prepare_cli
 from prepared_files import read_bins, split_on, tail_cut
@@ -183,8 +183,8 @@ def test_char_tokenizer_separates_documents_with_its_reserved_eot(doc_dir, tmp_p
 
 def test_long_document_tokenized_in_pieces_equals_tokenizing_it_whole(tmp_path, monkeypatch, shakespeare_path):
     # Tiny pieces and batches force hundreds of cuts and several thread-pool batches.
-    monkeypatch.setattr(data.sources, "CHUNK_CHARS", 300)
-    monkeypatch.setattr(data.sources, "READ_BYTES", 97)
+    monkeypatch.setattr(data.pieces, "CHUNK_CHARS", 300)
+    monkeypatch.setattr(data.formats, "READ_BYTES", 97)
     monkeypatch.setattr(data.shards, "BATCH_CHARS", 2000)
     extra = "numbers 1234567 89,012 and  double  spaces\n\n\n  indented\n\tTab 🎉🎉 emoji’s  café\r\n" * 40
     text = shakespeare_path.read_text(encoding="utf-8")[:30_000] + extra
@@ -195,7 +195,7 @@ def test_long_document_tokenized_in_pieces_equals_tokenizing_it_whole(tmp_path, 
 
 
 def test_text_without_any_cut_point_is_still_kept_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.sources, "CHUNK_CHARS", 100)
+    monkeypatch.setattr(data.pieces, "CHUNK_CHARS", 100)
     text = "x" * 1000 + "🎉" * 333
     (tmp_path / "blob.txt").write_text(text, encoding="utf-8")
     out = prepare_data(DataConfig(dataset=str(tmp_path / "blob.txt"), root=str(tmp_path / "p")), progress=False)
@@ -314,7 +314,7 @@ def test_hf_changed_content_triggers_a_rebuild(fake_hub, tmp_path):
 
 
 def test_hf_long_rows_are_tokenized_in_pieces_exactly(fake_hub, tmp_path, monkeypatch, shakespeare_path):
-    monkeypatch.setattr(data.sources, "CHUNK_CHARS", 250)
+    monkeypatch.setattr(data.pieces, "CHUNK_CHARS", 250)
     rows = [shakespeare_path.read_text(encoding="utf-8")[:6000], "short row", "x" * 10 + " after\nit", "one more row"]
     fake_hub(datasets.Dataset.from_dict({"text": rows}))
     assert_documents_split(prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path), val_fraction=0.5), progress=False), rows)

@@ -20,7 +20,7 @@ import data.build
 import data.shards
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
-from fileio import DirLock
+from locks import DirLock
 from prepared_files import first_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +153,7 @@ def test_a_second_prepare_of_the_same_directory_waits_for_the_first(source, tmp_
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from fileio import DirLock
+        from locks import DirLock
         lock = DirLock({str(out)!r}, ".prepare.lock")
         assert lock.try_acquire() is None
         print("locked", flush=True)
@@ -176,7 +176,7 @@ def test_processes_racing_for_a_lock_never_hold_it_together(tmp_path):
     child = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from fileio import DirLock
+        from locks import DirLock
         d = {str(tmp_path)!r}
         lock, taken, end = DirLock(d, ".race.lock"), 0, time.time() + 0.5
         while time.time() < end:
@@ -419,15 +419,15 @@ def test_damaged_tokens_are_found_at_start_and_rebuilt_by_prepare(prepared, sour
 
 
 def test_a_large_corpus_is_checked_by_sampled_hashes(prepared, source, tmp_path, monkeypatch, capsys):
-    import data.build
+    import data.manifest
 
-    monkeypatch.setattr(data.build, "VERIFY_ALL", 10)  # pretend the corpus is large
-    monkeypatch.setattr(data.build, "file_sha256", lambda *a: pytest.fail("hashed every byte"))
+    monkeypatch.setattr(data.manifest, "VERIFY_ALL", 10)  # pretend the corpus is large
+    monkeypatch.setattr(data.manifest, "file_sha256", lambda *a: pytest.fail("hashed every byte"))
     prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
     assert "up to date" in capsys.readouterr().err
     shard = first_file(prepared, "train")
     shard.write_bytes(b"\x01\x00" * (shard.stat().st_size // 2))  # a damaged region (here: all of it)
     monkeypatch.undo()
-    monkeypatch.setattr(data.build, "VERIFY_ALL", 10)
+    monkeypatch.setattr(data.manifest, "VERIFY_ALL", 10)
     prepare_data(cfg(source, tmp_path / "prepared"), progress=True)
     assert "differs from its sampled checksum" in capsys.readouterr().err

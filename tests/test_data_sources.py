@@ -156,9 +156,9 @@ def test_a_bad_jsonl_row_is_one_line_naming_file_and_row(tmp_path, kind):
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
 def test_a_row_over_the_bound_is_refused_in_one_line_without_reading_it_whole(tmp_path, monkeypatch, suffix):
-    import data.sources
+    import data.formats
 
-    monkeypatch.setattr(data.sources, "ROW_MAX_BYTES", 1000)
+    monkeypatch.setattr(data.formats, "ROW_MAX_BYTES", 1000)
     raw = b"\n".join([json.dumps({"text": "short"}).encode(), json.dumps({"text": "y" * 5000}).encode()]) + b"\n"
     path = tmp_path / f"c{suffix}"
     write_zst(path, raw) if suffix.endswith(".zst") else path.write_bytes(raw)

@@ -149,23 +149,34 @@ def test_use_loss_path_gives_the_model_its_devices_chunks_and_blocks():
 
 def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monkeypatch):
     import training.builders
+    from checkpoint.format import upgrade
     from checkpoint.run import Resume
-    from training.builders import choose_loss_product
+    from training.builders import settle_loss_product
+    from training.distributed import Parallel
+    from training.plan import RunPlan
 
     monkeypatch.setattr(training.builders, "choose_weight_grad_product", lambda *a, **k: pytest.fail("not on resume"))
     cpu = torch.device("cpu")
     model = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=9000)), cpu,
                           compiled=False)
-    saved = lambda name: Resume(Path("ckpt.pt"), {"train": {"loss_product": name}})  # noqa: E731
-    assert choose_loss_product(saved("oneDNN"), cpu, model, 64) == (
-        "oneDNN", "LM head's weight gradient by oneDNN (chosen when this run started)")
-    assert choose_loss_product(Resume(Path("ckpt.pt"), {"train": {}}), cpu, model, 64)[0] == "torch.mm"  # older runs
+
+    def resumed(train: dict, m=model) -> tuple[str, str]:  # a checkpoint of format 2, upgraded as it is read
+        plan = RunPlan.start(Resume(Path("ckpt.pt"), upgrade({"version": 2, "train": train})))
+        name = settle_loss_product(plan, Parallel(), cpu, m, 64)
+        return name, plan.shown["loss_product"]
+
+    saved = lambda name: {"loss_product": name}  # noqa: E731
+    assert resumed(saved("oneDNN")) == ("oneDNN", "LM head's weight gradient by oneDNN (decided when this run started)")
+    assert model.loss_weight_grad_mm is not None  # set on the model
+    assert resumed({})[0] == "torch.mm"  # older runs
     monkeypatch.setattr(training.builders, "weight_grad_product_available", lambda device: False)  # resumed elsewhere
-    name, note = choose_loss_product(saved("oneDNN"), cpu, model, 64)
+    name, note = resumed(saved("oneDNN"))
     assert name == "torch.mm" and "chose 'oneDNN' when it started, which this machine does not have" in note
-    assert choose_loss_product(saved("something new"), cpu, model, 64)[0] == "torch.mm"
+    assert resumed(saved("something new"))[0] == "torch.mm"
     char = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65)), cpu, compiled=False)
-    assert choose_loss_product(saved("oneDNN"), cpu, char, 64) == ("torch.mm", "")  # full logits: nothing to say
+    fresh = RunPlan()
+    assert settle_loss_product(fresh, Parallel(), cpu, char, 64) == "torch.mm" and fresh.notes["loss_product"] == ""
+
 
 
 def test_a_model_given_blocks_and_a_product_trains_with_torch_cross_entropys_gradients():

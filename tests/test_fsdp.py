@@ -87,6 +87,22 @@ def test_fsdp_trains_the_same_losses_and_weights_as_ddp(tmp_path, data_root, fsd
     assert max_dw(weights(tmp_path / "ddp"), weights(fsdp_run)) <= TOL
 
 
+def test_a_two_rank_fsdp_run_with_a_time_budget_finishes_and_resumes_its_plan(tmp_path, data_root):
+    """The shipped char configs set train.time_budget, and under FSDP every rank takes part in each eval
+    forward: the budget's timing used to evaluate on rank 0 alone, which waited in an all-gather while rank 1
+    waited in a broadcast, forever. The timing now runs the loop's own eval (training/run.py); the run
+    finishes within its plan, every rank holds the same plan, and a resume keeps it."""
+    out = tmp_path / "out"
+    r = two_ranks(argv(out, data_root, "--train.time_budget=10m", "--train.max_iters=6", "--train.eval_full=true"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("time budget 10m: ") == 1 and "-> max_iters 6 (config: 6)" in r.stdout  # rank 0 says it
+    plan = load_checkpoint(out)["plan"]
+    assert plan["max_iters"] == 6 and plan["notes"]["schedule"].startswith("time budget 10m")
+    assert max(losses(out)) == 6
+    r = two_ranks(argv(out, data_root, "--train.time_budget=10m", "--train.max_iters=6"))  # resumed: nothing to do
+    assert r.returncode == 0 and "(decided when this run started)" in r.stdout, r.stderr[-3000:]
+
+
 def test_muon_on_sharded_matrices_steps_as_on_whole_ones_with_activation_checkpointing(tmp_path, data_root):
     """train.optimizer=muon: Muon for the blocks' matrices (each gathered whole for Newton-Schulz, each
     rank keeping its rows), AdamW for the rest; the FSDP side also recomputes each block in its
@@ -120,6 +136,61 @@ def test_activation_checkpointing_gives_the_same_gradients():
     for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=0), name
     assert any(p.grad.abs().sum() > 0 for p in plain.parameters())
+
+
+def test_activation_checkpointing_under_compile_gives_the_same_gradients():
+    """train.compile with train.activation_checkpointing: the recomputation must match what the compiled
+    forward saved (the hook-based composable checkpoint raised CheckpointError on the first backward,
+    found by tests/matrix.py). aot_eager: Dynamo and AOTAutograd, as Inductor's, without a C++ build."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65)
+    plain, ckpt = GPT(cfg), GPT(cfg)
+    ckpt.load_state_dict(plain.state_dict())
+    checkpoint_blocks(ckpt)
+    x, y = torch.randint(0, 65, (3, 16)), torch.randint(0, 65, (3, 16))
+    plain(x, y)[1].backward()
+    torch.compile(ckpt, backend="aot_eager")(x, y)[1].backward()
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=0), name
+
+
+@pytest.mark.parametrize("kind", ["adamw", "muon"])
+def test_the_sharded_optimizer_state_taken_before_the_first_step_leaves_no_trace(kind):
+    """train.time_budget snapshots every state before timing steps, then restores it. torch's
+    get_optimizer_state_dict gave the fresh optimizers a step at lr 0 (AdamW's count 1), so an fsdp run
+    with a budget trained otherwise than without (found by tests/matrix.py: losses apart from iter 2).
+    Reference: the same steps by twin optimizers whose state was never read."""
+    import copy
+
+    from training.optim import make_optimizers
+    from training.sharding import ShardedOptimizerState
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=11)
+    models = [GPT(cfg), GPT(cfg)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [make_optimizers(m, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu", kind=kind)
+            for m in models]
+    x = torch.randint(0, 11, (2, 8))
+
+    def steps(i: int, n: int) -> None:
+        for _ in range(n):
+            models[i](x, x)[1].backward()
+            for opt in opts[i]:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+    state = ShardedOptimizerState(models[1], opts[1])
+    snapshot = copy.deepcopy(state.state_dict())  # before any step, as the budget's
+    steps(1, 2)  # the "timing" steps
+    with torch.no_grad():
+        for p, q in zip(models[1].parameters(), models[0].parameters()):
+            p.copy_(q)  # the model's own snapshot, restored
+    state.load_state_dict(snapshot)
+    steps(0, 3)
+    steps(1, 3)
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(p, q), name
 
 
 # ------------------------------------------------------------------------------------------ resume
@@ -266,7 +337,7 @@ def test_a_run_refused_for_memory_under_ddp_starts_when_sharded(monkeypatch):
     DDP is refused in one line that suggests FSDP, and FSDP passes."""
     import runtime.memory
     from training.builders import check_memory
-    from training.distributed import DistInfo
+    from training.distributed import Parallel
 
     base = ["--model.n_layer=8", "--model.n_embd=256", "--model.n_head=4", "--model.block_size=64",
             "--train.batch_size=2", "--train.device=cpu", "--wandb.mode=disabled"]
@@ -276,11 +347,11 @@ def test_a_run_refused_for_memory_under_ddp_starts_when_sharded(monkeypatch):
              for n in (1, 4)}
     assert sizes[4] < sizes[1] / 2
     monkeypatch.setattr(runtime.memory, "available_bytes", lambda device: int((sizes[1] + sizes[4]) / 2 / 0.9))
-    four = DistInfo(rank=0, world_size=4)
     with pytest.raises(UserError) as e:
-        check_memory(cfg, 65, None, torch.device("cpu"), four)
+        check_memory(cfg, 65, None, torch.device("cpu"), Parallel(rank=0, world_size=4, mode="ddp"))
     assert "\n" not in str(e.value) and "--train.parallel=fsdp" in str(e.value)
-    check_memory(load_config(base + ["--train.parallel=fsdp"]), 65, None, torch.device("cpu"), four)
+    check_memory(load_config(base + ["--train.parallel=fsdp"]), 65, None, torch.device("cpu"),
+                 Parallel(rank=0, world_size=4, mode="fsdp"))
 
 
 def test_hellaswag_during_fsdp_training_scores_every_item_once(tmp_path):

@@ -157,7 +157,7 @@ def test_a_resumed_bpe_run_keeps_its_weight_gradient_product_and_ends_bitwise_eq
     monkeypatch.setattr(training.builders, "choose_weight_grad_product", lambda device, **kw: ("oneDNN", "timed"))
     common = ("--data.tokenizer=gpt2", "--train.max_iters=8", "--train.eval_interval=4", "--model.dropout=0.1")
     full = run(tmp_path / "full", data_root, *common)
-    assert load_checkpoint(tmp_path / "full")["train"]["loss_product"] == "oneDNN"
+    assert load_checkpoint(tmp_path / "full")["plan"]["loss_product"] == "oneDNN"
     for out in ("resumed", "old"):
         with inject(interrupt_after=4):
             run(tmp_path / out, data_root, *common)
@@ -165,25 +165,38 @@ def test_a_resumed_bpe_run_keeps_its_weight_gradient_product_and_ends_bitwise_eq
                         lambda device, **kw: pytest.fail("a resumed run must not choose again"))
     capsys.readouterr()
     resumed = run(tmp_path / "resumed", data_root, *common)
-    assert "LM head's weight gradient by oneDNN (chosen when this run started)" in capsys.readouterr().out
+    assert "LM head's weight gradient by oneDNN (decided when this run started)" in capsys.readouterr().out
     assert {k: v for k, v in full["losses"].items() if k > 4} == resumed["losses"]
     a, b = load_checkpoint(tmp_path / "full")["model"], load_checkpoint(tmp_path / "resumed")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    ckpt = load_checkpoint(tmp_path / "old")
-    del ckpt["train"]["loss_product"]  # as written before the choice existed
-    save_checkpoint(tmp_path / "old" / "ckpt.pt", ckpt)
+    torch.save(as_version_2(load_checkpoint(tmp_path / "old"), without=("loss_product",)),  # before the choice
+               tmp_path / "old" / "ckpt.pt")
     old = run(tmp_path / "old", data_root, *common)
-    assert "LM head's weight gradient by torch.mm (chosen when this run started)" in capsys.readouterr().out
+    assert "LM head's weight gradient by torch.mm (decided when this run started)" in capsys.readouterr().out
     ckpt = load_checkpoint(tmp_path / "old")
-    assert ckpt["train"]["loss_product"] == "torch.mm" and old["iter"] == 8
+    assert ckpt["plan"]["loss_product"] == "torch.mm" and old["iter"] == 8
     # the other product: the same run only to the last bits of the weights (AdamW's steps hide it from the losses)
     assert not torch.equal(ckpt["model"]["transformer.wte.weight"], b["transformer.wte.weight"])
-    ckpt["train"]["loss_product"] = [1]  # damaged: one line, not a traceback
+    ckpt["plan"]["loss_product"] = [1]  # damaged: one line, not a traceback
     save_checkpoint(tmp_path / "old" / "ckpt.pt", ckpt)
-    with pytest.raises(UserError, match=r"its 'train' entry is malformed \(TypeError: loss_product should be str, got "
+    with pytest.raises(UserError, match=r"its 'plan' entry is malformed \(TypeError: loss_product should be str, got "
                                         r"\[1\]\); use another checkpoint") as e:
         run(tmp_path / "old", data_root, *common, "--train.max_iters=10")
     assert "\n" not in str(e.value)
+
+
+def as_version_2(ckpt: dict, without: tuple[str, ...] = ()) -> dict:
+    """A checkpoint as format 2 wrote it: the plan's decisions among the counters of "train" (0 or "": none),
+    less the fields in `without` (written before they existed). Written by hand, not by the upgrade code."""
+    plan, ckpt = ckpt["plan"], {k: v for k, v in ckpt.items() if k != "plan"}
+    notes = plan.get("notes", {})
+    v2 = {"dtype": plan.get("dtype", ""), "loss_product": plan.get("loss_product", "torch.mm"),
+          "micro_batch": plan.get("micro_batch", 0) if notes.get("batch") else 0, "batch_note": notes.get("batch", ""),
+          "budget_iters": plan.get("max_iters", 0) if notes.get("schedule") else 0,
+          "budget_warmup": plan.get("warmup_iters", 0) if notes.get("schedule") else 0,
+          "budget_note": notes.get("schedule", "")}
+    ckpt["train"] = {**ckpt["train"], **{k: v for k, v in v2.items() if k not in without}}
+    return {**ckpt, "version": 2}
 
 
 def test_a_muon_run_saved_before_muon_split_qkv_existed_resumes_as_it_ran(tmp_path, data_root, capsys):
@@ -283,7 +296,7 @@ def test_dtype_auto_times_the_real_step_in_each_dtype_and_says_what_it_measured(
     line = next(l for l in out.splitlines() if l.startswith("dtype auto -> "))
     assert re.match(rf"dtype auto -> {res['dtype']}: the model's forward \+ backward took [\d.]+ ms in float32, "
                     r"[\d.]+ ms in bfloat16", line), line
-    assert load_checkpoint(tmp_path / "out")["train"]["dtype"] == res["dtype"]
+    assert load_checkpoint(tmp_path / "out")["plan"]["dtype"] == res["dtype"]
 
 
 def test_dtype_auto_is_kept_on_resume_unless_train_dtype_overrides_it(tmp_path, data_root, monkeypatch):
@@ -302,7 +315,7 @@ def test_dtype_auto_is_kept_on_resume_unless_train_dtype_overrides_it(tmp_path, 
     with inject(interrupt_after=2):
         assert run(out, data_root, "--train.dtype=auto", "--train.max_iters=6")["dtype"] == "bfloat16"
     res = run(out, data_root, "--train.dtype=float32", "--train.max_iters=6")  # an explicit choice wins
-    assert res["dtype"] == "float32" and load_checkpoint(out)["train"]["dtype"] == "float32"
+    assert res["dtype"] == "float32" and load_checkpoint(out)["plan"]["dtype"] == "float32"
 
 
 def test_compiled_model_saves_plain_state_dict(tmp_path, data_root, monkeypatch):
@@ -368,11 +381,29 @@ def test_init_from_hf_with_char_data_is_refused(tmp_path, data_root):
         run(tmp_path / "out", data_root, "--model.init_from=gpt2")
 
 
-def test_grad_accum_not_divisible_by_ranks_is_refused(tmp_path, data_root, monkeypatch):
+def test_a_global_batch_not_divisible_by_ranks_is_refused(tmp_path, data_root, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(UserError, match=r"grad_accum_steps=3 \(global\) is not divisible by the 2 ranks"):
-        run(tmp_path / "out", data_root, "--train.grad_accum_steps=3")
+    with pytest.raises(UserError, match=r"train.batch_size x train.grad_accum_steps = 3 x 3 = 9 sequences, is not "
+                                        r"divisible by the 2 ranks"):
+        run(tmp_path / "out", data_root, "--train.grad_accum_steps=3", "--train.batch_size=3")
+
+
+@pytest.mark.parametrize("batch,accum,world,split", [
+    (12, 1, 2, (6, 2)),  # the shipped char configs on 2 ranks: 6 sequences each, one micro-step each
+    (4, 3, 2, (3, 4)),  # 6 sequences a rank in micro-batches of at most 4: 2 x 3
+    (4, 4, 2, (4, 4)),  # the ranks divide the micro-steps: the config's batch as it is
+    (5, 1, 5, (1, 5)),
+])
+def test_ranks_that_do_not_divide_the_micro_steps_share_the_global_batch_in_smaller_micro_batches(batch, accum, world,
+                                                                                                    split):
+    from training.builders import fixed_batch
+    from training.distributed import Parallel
+
+    t = load_config([f"--train.batch_size={batch}", f"--train.grad_accum_steps={accum}"]).train
+    (micro, global_steps), note = fixed_batch(t, Parallel(world_size=world))
+    assert (micro, global_steps) == split and micro * global_steps == batch * accum  # the global batch kept
+    assert (note == "") == (accum % world == 0)
 
 
 # ------------------------------------------------------------------------------------------- wandb
@@ -506,7 +537,24 @@ def test_ddp_two_gloo_ranks_match_one_rank_with_twice_the_accumulation(tmp_path,
 def test_hellaswag_during_training_with_a_char_tokenizer_is_refused_at_start(tmp_path, data_root):
     with pytest.raises(UserError, match=r"character-level tokenizer"):
         run(tmp_path / "out", data_root, "--eval.hellaswag_interval=5")
-    assert not (tmp_path / "out" / "ckpt.pt").exists()
+    assert not (tmp_path / "out").exists()  # refused with the config: nothing claimed, nothing built
+
+
+def test_an_init_from_run_says_the_architecture_it_took_and_reruns_as_a_resume(tmp_path, data_root):
+    """model.init_from brings every architecture key of its source (a modern one here); the saved config says
+    what was trained, and the same command run again resumes (the source's keys are not compared)."""
+    modern = ("--model.pos_embedding=rope", "--model.norm=rmsnorm", "--model.qk_norm=true", "--model.mlp_act=swiglu",
+              "--model.tie_embeddings=false")
+    run(tmp_path / "src", data_root, "--train.max_iters=2", *modern)
+    again = ("--model.init_from=" + str(tmp_path / "src"), "--model.n_layer=4")
+    with inject(interrupt_after=1):
+        run(tmp_path / "b", data_root, "--train.max_iters=3", *again)
+    saved = load_checkpoint(tmp_path / "b")
+    for key, value in (("pos_embedding", "rope"), ("norm", "rmsnorm"), ("qk_norm", True), ("mlp_act", "swiglu"),
+                       ("tie_embeddings", False), ("n_layer", 2)):
+        assert saved["config"]["model"][key] == saved["model_config"][key] == value, key
+    res = run(tmp_path / "b", data_root, "--train.max_iters=3", *again)  # the same command: a resume, not a refusal
+    assert res["iter"] == 3 and load_checkpoint(tmp_path / "b")["config"]["model"]["n_layer"] == 2
 
 
 def _history_steps(run_file: Path) -> list[int]:

@@ -353,7 +353,7 @@ def test_a_run_removes_the_temps_of_killed_writers_and_says_so(tmp_path, data_ro
     """A writer killed mid-save leaves a whole checkpoint as a temp file (or a temp dir, for a sharded
     writer). The next trainer of the out_dir removes those of dead writers, including one whose pid now
     belongs to an unrelated live process (its start time differs from the one in the name), keeps a
-    live writer's, and says what it removed in one line."""
+    live writer's of another name, and says what it removed in one line."""
     from fileio import _start_time
 
     out = tmp_path / "out"
@@ -371,7 +371,9 @@ def test_a_run_removes_the_temps_of_killed_writers_and_says_so(tmp_path, data_ro
         shards = out / f".ckpt.pt.{dead_pid}-7.9abcdef0.tmp"  # a temp directory of a killed sharded writer
         shards.mkdir()
         (shards / "shard-0").write_bytes(b"x" * 300_000)
-        alive = out / f".ckpt.pt.{live.pid}-{_start_time(live.pid)}.aaaaaaaa.tmp"  # a live writer's: kept
+        # a live writer's temp of another name (a consolidate beside the run): kept; of a checkpoint's name it would
+        # be an orphan under the lock whatever its pid (tests/test_hostile_outputs.py)
+        alive = out / f".consolidated.pt.{live.pid}-{_start_time(live.pid)}.aaaaaaaa.tmp"
         alive.write_bytes(b"y")
         capsys.readouterr()
         res = run(out, data_root, "--train.max_iters=4", "--train.eval_interval=2")

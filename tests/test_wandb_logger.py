@@ -140,3 +140,21 @@ for what, call in calls.items():
     assert [w for w, *_ in results] == ["hellaswag", "hub model", "hf dataset"], r.stdout
     for what, took, message in results:
         assert float(took) < 10 and "NEWLINE" not in message, (what, took, message)
+
+
+def test_a_wandb_init_that_never_returns_is_given_up_on_and_training_goes_on(tmp_path, monkeypatch):
+    """wandb.init can wait forever for its own service: past START_LIMIT_S the logger says so in one line
+    and the run goes on without wandb, instead of hanging."""
+    import wandb
+
+    import training.wandb_logger as wl
+
+    monkeypatch.setattr(wl, "START_LIMIT_S", 0.5)
+    monkeypatch.setattr(wandb, "init", lambda **kw: time.sleep(60))
+    said = []
+    started = time.monotonic()
+    logger = wl.WandbLogger(mode="offline", project="p", run_name="", run_id="abcd1234", out_dir=str(tmp_path),
+                            config={}, printer=said.append)
+    assert time.monotonic() - started < 10 and not logger.enabled
+    assert len(said) == 1 and "wandb.init did not return within 0 s" in said[0] and "continuing without wandb" in said[0]
+    logger.log({"train/loss": 1.0}, 1)  # a no-op, not an error

@@ -18,31 +18,23 @@ statistics; FSDP on several ranks: an OOM inside a collective would hang the oth
 runtime/memory.py's arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
 on the smallest of their choices.
 
-The choice is printed and saved (TrainState.micro_batch, batch_note): a resumed run applies it again
-and never re-decides, so a resume under another memory limit trains bit for bit as the first session.
+The choice is one decision of the run plan (training/plan.py: printed, saved, and applied again by a
+resumed run, which never re-decides, so a resume under another memory limit trains bit for bit as the
+first session; reapply_batch checks that the saved micro-batch still divides each rank's share).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from errors import UserError
-from runtime.loss_path import choose_loss_chunk_rows
 from runtime.memory import HEADROOM, available_bytes, training_bytes
 from runtime.precision import autocast
 
-from .config import AUTO_BATCH, TrainSection
-from .distributed import DistInfo, all_gather_object
+from .config import TrainSection
+from .distributed import Parallel
 from .step import forward_backward_probe
-
-
-@dataclass
-class BatchPlan:
-    micro: int  # sequences per micro-step per rank
-    accum: int  # GLOBAL micro-steps per optimizer step (each rank runs accum / world_size)
-    note: str = ""  # the auto decision, printed at start ("" for a batch size from the config)
 
 
 def size(n: float) -> str:
@@ -122,45 +114,46 @@ def measured_bytes(model: torch.nn.Module, device: torch.device, dtype: torch.dt
     return measure
 
 
-def estimated_bytes(model: torch.nn.Module, t: TrainSection, device: torch.device, dist: DistInfo, *,
-                    block_size: int, extra: int) -> Callable[[int], int]:
+def estimated_bytes(model: torch.nn.Module, t: TrainSection, par: Parallel, *, block_size: int,
+                    rows: int | None, extra: int) -> Callable[[int], int]:
     """measure(m): runtime/memory.py's arithmetic estimate of a training process at micro-batch m (its
-    weights, gradients and AdamW state included), plus `extra`."""
+    weights, gradients and AdamW state included, the loss in chunks of `rows`), plus `extra`."""
     config = model.config
-    rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=config.vocab_size)
-    shards = dist.world_size if t.parallel == "fsdp" else 1
-    return lambda m: sum(training_bytes(config, batch_size=m, block_size=block_size, loss_chunk_rows=rows, shards=shards,
+    return lambda m: sum(training_bytes(config, batch_size=m, block_size=block_size, loss_chunk_rows=rows,
+                                        shards=par.shards,
                                         activation_checkpointing=t.activation_checkpointing).values()) + extra
 
 
-def plan_batch(t: TrainSection, model: torch.nn.Module, saved: dict, device: torch.device, dist: DistInfo, group=None,
-               *, dtype: torch.dtype, block_size: int, vocab_size: int,
-               limit: Callable[[torch.device], int | None] | None = None, measure: Callable[[int], int] | None = None
-               ) -> BatchPlan:
-    """The run's micro-batch and global micro-steps: the config's, or (batch_size auto) the saved choice of
-    a resumed run (`saved`: its TrainState dict), or a fresh decision (the module docstring). `limit` and
-    `measure` replace memory_limit and the measure this device gets (tests inject them)."""
-    if t.batch_size != AUTO_BATCH:
-        return BatchPlan(t.batch_size, t.grad_accum_steps)
-    total, world = t.global_batch_size, dist.world_size
+def reapply_batch(t: TrainSection, micro: int, note: str, par: Parallel) -> tuple[tuple[int, int], str]:
+    """A resumed auto run's micro-batch, with the micro-steps that keep the global batch on this many
+    ranks; one line where the micro-batch no longer divides each rank's share."""
+    total, world = t.global_batch_size, par.world_size
+    if (total // world) % micro:
+        fits = divisors(total // micro)
+        raise UserError(f"cannot resume on {world} ranks: this run's micro-batch ({micro}, chosen by batch_size auto) "
+                        f"does not divide the {total // world} sequences per rank of train.global_batch_size={total}; run "
+                        f"on {', '.join(map(str, fits))} rank(s)")
+    return (micro, total // micro), f"{note} (decided when this run started)"
+
+
+def measure_batch(t: TrainSection, model: torch.nn.Module, device: torch.device, par: Parallel, *, dtype: torch.dtype,
+                  block_size: int, vocab_size: int, rows: int | None,
+                  limit: Callable[[torch.device], int | None] | None = None, measure: Callable[[int], int] | None = None
+                  ) -> tuple[tuple[int, int], str]:
+    """batch_size auto's fresh decision -> ((micro-batch, global micro-steps), note), made by every rank
+    (each measures its own memory) and agreed on (the smallest). `limit` and `measure` replace
+    memory_limit and the measure this device gets (tests inject them)."""
+    total, world = t.global_batch_size, par.world_size
     per_rank = total // world
-    micro = saved.get("micro_batch", 0)
-    if isinstance(micro, int) and micro > 0:
-        if per_rank % micro:
-            fits = divisors(total // micro)
-            raise UserError(f"cannot resume on {world} ranks: this run's micro-batch ({micro}, chosen by batch_size auto) "
-                            f"does not divide the {per_rank} sequences per rank of train.global_batch_size={total}; run "
-                            f"on {', '.join(map(str, fits))} rank(s)")
-        return BatchPlan(micro, total // micro, f"{saved.get('batch_note', '')} (decided when this run started)")
     n_params = sum(p.numel() for p in model.parameters())  # this rank's (FSDP: its shard)
-    ddp_buckets = 4 * n_params if world > 1 and t.parallel == "ddp" else 0
-    real_peak = device.type == "cuda" and not (t.parallel == "fsdp" and world > 1)
+    ddp_buckets = 4 * n_params if par.ddp_buckets else 0
+    real_peak = device.type == "cuda" and not par.joint_forward
     if measure is None:
         if real_peak:  # the forward+backward allocates the weights' gradients, not AdamW's two moments yet
             measure = measured_bytes(model, device, dtype, block_size=block_size, vocab_size=vocab_size,
                                      extra=2 * 4 * n_params + ddp_buckets)
         else:
-            measure = estimated_bytes(model, t, device, dist, block_size=block_size, extra=ddp_buckets)
+            measure = estimated_bytes(model, t, par, block_size=block_size, rows=rows, extra=ddp_buckets)
     cap = (limit or memory_limit)(device)
     how = "measured by a forward+backward" if real_peak else f"estimated (no peak can be measured on {device.type}" + (
         " with FSDP over several ranks)" if device.type == "cuda" else ")")
@@ -172,12 +165,12 @@ def plan_batch(t: TrainSection, model: torch.nn.Module, saved: dict, device: tor
         outcome = ("ok", micro, need)
     except UserError as e:  # every rank gets to the gather below, then every rank stops with the line
         outcome = ("error", 0, str(e))
-    outcomes = all_gather_object(outcome, dist, group)
+    outcomes = par.gather(outcome)
     for kind, _, message in outcomes:
         if kind == "error":
             raise UserError(message)
     _, micro, need = min(outcomes, key=lambda o: o[1])  # the ranks agree on the smallest choice
     steps = f"{total // micro} micro-step{'s' * (total > micro)}"  # over all ranks: true after a resume on others
     memory = "no memory limit known" if need is None else f"peak {size(need)} of {size(cap)} {how}"
-    return BatchPlan(micro, total // micro, f"batch_size auto: {micro} x {block_size} tokens per micro-step, {steps} "
-                                            f"(global {total} sequences), {memory}")
+    return (micro, total // micro), (f"batch_size auto: {micro} x {block_size} tokens per micro-step, {steps} "
+                                     f"(global {total} sequences), {memory}")

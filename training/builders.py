@@ -1,42 +1,45 @@
-"""The parts of a training run, one builder each (torchtitan's shape). train.py chains them; the benchmark
-calls the same ones, so what it times is what train.py runs.
+"""The parts of a training run, one builder each (torchtitan's shape), and the one chain that joins the
+model to its training step. train.py's set_up calls it, and so does every benchmark that times a step,
+so what a benchmark times is what train.py runs.
 
-    check_memory(cfg, vocab_size, resume, device)        # refuse what can't fit, before allocating
-    model, notes = build_model(cfg, ...)                 # fresh, resumed, another run's or HF weights
-    set_loss_product(model, resume, device, tokens, dist)  # the fused loss's weight-gradient product, measured once
-    dtype, note = choose_dtype(cfg.train.dtype, resume, device, probe)
-    model = shard_model(model, cfg.train, dist, device, dtype)  # activation checkpointing, FSDP (before the optimizers)
-    batch = plan_batch(cfg.train, model, ...)           # training/batch_size.py: the config's, or auto's choice
-    train_loader, eval_loaders = build_loaders(cfg, data_dir, dist, device, batch_size=batch.micro)
-    optimizers = build_optimizers(model, cfg.train, device)
-    step_model = parallelize(model, cfg.train, dist, device)   # loss path, compile, DDP: one line each
-    checkpointer = build_checkpointer(out_dir, dist, model=..., optimizers=..., ...)
+    check_memory(cfg, vocab_size, resume, device, par)   # refuse what can't fit, before allocating
+    model, cfg, notes = build_model(cfg, ...)            # fresh, resumed, another run's or HF weights
+    trainer = build_trainer(cfg, par, device, model, plan, loaders)  # the chain: each decision into the plan
+        loss path -> dtype -> float8 -> shard (activation checkpointing, FSDP) -> micro-batch -> weight-gradient
+        product -> loaders -> optimizers -> scaler -> step (compile, DDP)
+    checkpointer, rng = build_checkpointer(out_dir, par, ...)   # every stateful part, registered once
 
-A new hardware switch (FSDP: shard_model; float8) is one more function here that train.py calls in order.
+Hardware switches are applied here from outside the model, one line each; which ranks take part is
+the parallel context's (training/distributed.py) answer, never a test of train.parallel here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn as nn
 
 from checkpoint import Checkpointer, Resume, model_config_dict
 from data import BatchLoader
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
+from runtime.device import with_compile_fallback
 from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, choose_loss_chunk_rows, choose_weight_grad_product,
                                use_loss_path, use_weight_grad_product, weight_grad_product_available)
-from runtime.memory import check_fits, training_bytes
-from runtime.precision import DTYPE_BY_NAME, dtype_name, sharded_param_dtype, training_dtype
+from runtime.memory import check_fits, keep_freed_memory, training_bytes
+from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, sharded_param_dtype, training_dtype
 
-from .config import AUTO_BATCH, Config, TrainSection
-from .distributed import DistInfo, apply_ddp, on_rank0
+from .batch_size import divisors, measure_batch, reapply_batch
+from .config import ARCH_KEYS, AUTO_BATCH, Config, TrainSection
+from .distributed import Parallel
+from .float8 import convert_to_float8
 from .init_from import initial_model
 from .optim import Muon, make_optimizers
+from .plan import RunPlan
 from .rng import RNGState
 from .state import OptimizerState, ScalerState, TrainState
+from .step import StepOutput, forward_backward_probe, train_step
 
 
 def planned_model(cfg: Config, vocab_size: int, resume: Resume | None) -> GPTConfig | None:
@@ -51,25 +54,21 @@ def planned_model(cfg: Config, vocab_size: int, resume: Resume | None) -> GPTCon
     return None
 
 
-def sharded_ranks(t: TrainSection, dist: DistInfo) -> int:
-    """Over how many ranks the weights, gradients and optimizer state are sharded (1: not sharded)."""
-    return dist.world_size if t.parallel == "fsdp" else 1
-
-
 def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: torch.device,
-                 dist: DistInfo | None = None) -> None:
+                 par: Parallel | None = None) -> None:
     """Refuse, in one line and before allocating anything big, a run whose model and batch can't fit
     (on each rank: with FSDP its share of the weights, gradients and optimizer state). batch_size auto
-    is checked at its smallest micro-batch, 1 sequence."""
+    is checked at its smallest micro-batch, 1 sequence. The loss chunk rows are estimated for the model
+    planned; the run plan decides them on the model built."""
     planned = planned_model(cfg, vocab_size, resume)
     if planned is None:
         return
-    dist = dist or DistInfo()
+    par = par or Parallel()
     rows = choose_loss_chunk_rows(device, compiled=cfg.train.compile, vocab_size=planned.vocab_size)
-    could_shard = dist.enabled and cfg.train.parallel != "fsdp"
+    could_shard = par.enabled and not par.sharded
     auto = cfg.train.batch_size == AUTO_BATCH
     check_fits(training_bytes(planned, batch_size=1 if auto else cfg.train.batch_size, block_size=cfg.model.block_size,
-                              loss_chunk_rows=rows, shards=sharded_ranks(cfg.train, dist),
+                              loss_chunk_rows=rows, shards=par.shards,
                               activation_checkpointing=cfg.train.activation_checkpointing),
                device, "training" + (" (batch_size auto, at 1 sequence per micro-step)" if auto else ""),
                ("" if auto else "train.batch_size, ") + "model.block_size, or the model's size (n_layer, n_embd)"
@@ -77,108 +76,172 @@ def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: to
 
 
 def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resume: Resume | None,
-                device: torch.device) -> tuple[GPT, list[str]]:
-    """(the plain model on `device` in fp32, notes to print): the checkpoint's when resuming, else as
-    model.init_from says (scratch weights drawn from train.seed)."""
+                device: torch.device) -> tuple[GPT, Config, list[str]]:
+    """(the plain model on `device` in fp32, the config that describes it, notes to print): the checkpoint's
+    when resuming, else as model.init_from says (scratch weights drawn from train.seed). Another run's or
+    HF weights bring their architecture: the config returned is a new frozen one saying so (the loaded one
+    is never changed), and it is what the run saves and logs."""
     if resume is not None and resume.sharded:  # its weights are loaded in place, shard by shard (restore)
         runtime = {"dropout": cfg.model.dropout, "attn_backend": cfg.model.attn_backend}
         with torch.device("meta"):
             model = GPT(GPTConfig(**{**resume.payload["model_config"], **runtime}))
         model = model.to_empty(device="cpu")
         model.tie_weights()
-        return model.to(device), []
-    model, notes = initial_model(cfg.model, vocab_size=vocab_size, tokenizer=tokenizer, seed=cfg.train.seed,
-                                 resume=resume.payload if resume is not None else None)
-    return model.to(device), notes
+        notes = []
+    else:
+        model, notes = initial_model(cfg.model, vocab_size=vocab_size, tokenizer=tokenizer, seed=cfg.train.seed,
+                                     resume=resume.payload if resume is not None else None)
+    return model.to(device), config_of_source(cfg, model), notes
 
 
-def build_loaders(cfg: Config, data_dir: Path, dist: DistInfo, device: torch.device, *,
-                  batch_size: int) -> tuple[BatchLoader, dict[str, BatchLoader]]:
-    """(this rank's training batches, the fixed eval batches of each split: rank 0 only; with FSDP every
-    rank, since every rank takes part in each forward), `batch_size` sequences each (the micro-batch:
-    train.batch_size, or the one batch_size auto chose)."""
+def config_of_source(cfg: Config, model: GPT) -> Config:
+    """`cfg`, or where model.init_from brought the architecture (another run's, HF GPT-2's), a new frozen
+    config whose ARCH_KEYS say what the model is; fresh and resumed alike, so every checkpoint agrees."""
+    arch = {k: getattr(model.config, k) for k in ARCH_KEYS}
+    if cfg.model.init_from == "scratch" or all(getattr(cfg.model, k) == v for k, v in arch.items()):
+        return cfg
+    d = cfg.to_dict()
+    return Config.from_dict(d | {"model": d["model"] | arch}).freeze()
+
+
+Loaders = Callable[[int], tuple[Any, dict[str, Any]]]  # micro-batch -> (train batches, eval batches by split)
+
+
+def data_loaders(cfg: Config, data_dir: Path, par: Parallel, device: torch.device) -> Loaders:
+    """loaders(micro): this rank's training batches and the fixed eval batches of each split (on the
+    ranks that evaluate: rank 0, or every rank under FSDP), `micro` sequences each."""
     t, block = cfg.train, cfg.model.block_size
-    train = BatchLoader(data_dir, "train", block_size=block, batch_size=batch_size, seed=t.seed,
-                        rank=dist.rank, world_size=dist.world_size, device=device)
-    evaluates = dist.is_main or sharded_ranks(t, dist) > 1
-    evals = {split: BatchLoader(data_dir, split, block_size=block, batch_size=batch_size, seed=t.eval_seed,
-                                device=device) for split in ("train", "val")} if evaluates else {}
-    return train, evals
+
+    def loaders(micro: int) -> tuple[BatchLoader, dict[str, BatchLoader]]:
+        train = BatchLoader(data_dir, "train", block_size=block, batch_size=micro, seed=t.seed,
+                            rank=par.rank, world_size=par.world_size, device=device)
+        evals = {split: BatchLoader(data_dir, split, block_size=block, batch_size=micro, seed=t.eval_seed,
+                                    device=device) for split in ("train", "val")} if par.evaluates else {}
+        return train, evals
+    return loaders
 
 
-def dtype_shape(model: GPT, batch_size: int, dist: DistInfo) -> dict[str, Any]:
-    """What an `auto` dtype decision depends on besides the machine: the model, the batch it was timed
-    at, the ranks."""
-    return {"model": model_config_dict(model), "batch_size": batch_size, "world_size": dist.world_size}
+# ------------------------------------------------------------------------------------ the chain
+
+@dataclass
+class Trainer:
+    """The model joined to its training step, and the batches it steps on."""
+    model: GPT  # the plain module: saved and evaluated
+    step: "Stepper"  # one optimizer step on this rank's micro-batches
+    amp: Callable[[], Any]  # the run's autocast context (evals use it too)
+    accum: int  # micro-steps per rank per optimizer step
+    train_loader: Any
+    eval_loaders: dict[str, Any]
+    float8_layers: int = 0
 
 
-def choose_dtype(name: str, resume: Resume | None, device: torch.device, probe: Callable[[torch.dtype], None], *,
-                 run_steps: int = 0, shape: dict | None = None) -> tuple[str, str]:
-    """(dtype name, note). A resumed run keeps the dtype it chose unless train.dtype names one, so a
-    resume under another load never flips it (bitwise resume needs the same dtype). A fresh `auto` run
-    decides once per (machine, `shape`: dtype_shape's model, batch, world size) and reuses that
-    (runtime/choices.py); without a shape (the benchmark) it is measured now and not kept."""
-    saved = resume.dtype if resume is not None else ""
-    if name == "auto" and saved in DTYPE_BY_NAME:
-        return saved, f"dtype {saved} (chosen when this run started; --train.dtype overrides)"
-    decide = lambda: training_dtype(name, device, forward_backward=probe, run_steps=run_steps)  # noqa: E731
-    dtype, note = auto_dtype("train", shape, decide, device) if name == "auto" and shape is not None else decide()
+def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, plan: RunPlan, loaders: Loaders,
+                  say: Callable[[str], None] = print,
+                  memory_limit: Callable[[torch.device], int | None] | None = None) -> Trainer:
+    """The chain from the plain model to its training step, each start-up decision settled into `plan`
+    by its one rule (training/plan.py) on the way. `memory_limit` replaces what batch_size auto reads
+    of the device (a benchmark emulating a smaller card on a CPU)."""
+    t, block = cfg.train, cfg.model.block_size
+    plan.settle("loss_chunk_rows", par, measure=lambda: loss_chunk_rows_for(t, device, model))
+    use_loss_path(model, device, compiled=t.compile, rows=plan.loss_chunk_rows)
+    if device.type == "cpu":
+        keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
+    first = 1 if t.batch_size == AUTO_BATCH else t.batch_size  # the dtype is timed at this micro-batch
+    first_loaders = loaders(first)
+    plan.settle("dtype", par, override=None if t.dtype == "auto" else lambda: explicit_dtype(t.dtype, device),
+                measure=lambda: measure_dtype(model, first_loaders[0].get_batch(0, 0), device, t, first, par))
+    dtype = DTYPE_BY_NAME[plan.dtype]
+    allow_tf32(device)
+    float8_layers = convert_to_float8(model, t.float8)  # before FSDP and the optimizers: it swaps modules
+    model = shard_model(model, t, par, device, dtype)  # activation checkpointing, FSDP: before the optimizers
+    batch = plan.settle("batch", par, override=None if t.batch_size == AUTO_BATCH else lambda: fixed_batch(t, par),
+                        measure=lambda: measure_batch(t, model, device, par, dtype=dtype, block_size=block,
+                                                      vocab_size=model.config.vocab_size, rows=plan.loss_chunk_rows,
+                                                      limit=memory_limit),
+                        every_rank=True, reapply=lambda saved, note: reapply_batch(t, saved[0], note, par))
+    settle_loss_product(plan, par, device, model, batch[0] * block)
+    train_loader, eval_loaders = first_loaders if batch[0] == first else loaders(batch[0])
+    optimizers = build_optimizers(model, t, device, par)
+    scaler = make_scaler(device, dtype)
+    amp = lambda: autocast(device, dtype)  # noqa: E731
+    step = Stepper(model, optimizers, scaler, t, par, device, amp, say, plan)  # compile, DDP
+    return Trainer(model, step, amp, batch[1] // par.world_size, train_loader, eval_loaders, float8_layers)
+
+
+# ----------------------------------------------------------------------- each decision's measure
+
+def loss_chunk_rows_for(t: TrainSection, device: torch.device, model: GPT) -> tuple[int | None, str]:
+    rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=model.config.vocab_size)
+    return rows, f"fused LM-head loss in chunks of {rows} rows" if rows else ""
+
+
+def explicit_dtype(name: str, device: torch.device) -> tuple[str, str]:
+    return dtype_name(training_dtype(name, device)[0]), f"dtype {name} (from config)"
+
+
+def measure_dtype(model: GPT, batch, device: torch.device, t: TrainSection, rows: int, par: Parallel) -> tuple[str, str]:
+    """train.dtype auto, by runtime/precision.py's rule: on a CPU the faster of fp32 and bf16 for this model's
+    forward and backward at `rows` sequences, decided once per (machine, model, batch, ranks) and reused."""
+    probe = forward_backward_probe(model, batch, lambda dt: autocast(device, dt))
+    shape = {"model": model_config_dict(model), "batch_size": rows, "world_size": par.world_size}
+    dtype, note = auto_dtype("train", shape, lambda: training_dtype("auto", device, forward_backward=probe,
+                                                                    run_steps=t.max_iters), device)
     return dtype_name(dtype), note
 
 
-def set_loss_product(model: GPT, resume: Resume | None, device: torch.device, tokens: int, dist: DistInfo,
-                     group=None) -> tuple[str, str]:
-    """choose_loss_product on rank 0, every rank taking its choice, set on `model` (use_weight_grad_product).
-    `tokens`: a micro-batch's tokens on one rank. -> (name, note)."""
-    name, note = on_rank0(lambda: choose_loss_product(resume, device, model, tokens), dist, group)
-    use_weight_grad_product(model, name)
-    return name, note
+def fixed_batch(t: TrainSection, par: Parallel) -> tuple[tuple[int, int], str]:
+    """train.batch_size sequences per micro-step and train.grad_accum_steps (global) micro-steps, where the
+    ranks divide the micro-steps; else each rank's share of the global batch in the largest micro-batches
+    up to train.batch_size that divide it (e.g. 12 x 1 on 2 ranks: 6 x 1 each): the same sequences, the
+    same step (train.py's check_world_size refuses ranks that do not divide the global batch)."""
+    if t.grad_accum_steps % par.world_size == 0:
+        return (t.batch_size, t.grad_accum_steps), ""
+    total = t.batch_size * t.grad_accum_steps
+    micro = max(d for d in divisors(total // par.world_size) if d <= t.batch_size)
+    return (micro, total // micro), (
+        f"train.batch_size={t.batch_size} x grad_accum_steps={t.grad_accum_steps} over {par.world_size} ranks: "
+        f"{micro} sequences per micro-step, {total // micro // par.world_size} micro-step(s) each, the global batch "
+        f"of {total} sequences kept")
 
 
-def choose_loss_product(resume: Resume | None, device: torch.device, model: GPT, tokens: int) -> tuple[str, str]:
-    """(WEIGHT_GRAD_PRODUCTS name, note) for the fused loss's weight gradient, set on the model with
-    use_weight_grad_product. A resumed run keeps the one it chose (older checkpoints: torch.mm, what they
-    ran), so a resume is bitwise the uninterrupted run whatever the machine's timing says now; a fresh run
-    takes the measured choice for this machine and the chunks its micro-batch makes (`tokens`, a
-    micro-batch's tokens on one rank)."""
-    if model.loss_chunk_rows is None:  # the full logits: no fused loss, nothing to choose
+def settle_loss_product(plan: RunPlan, par: Parallel, device: torch.device, model: GPT, tokens: int) -> str:
+    """The plan's weight-gradient product for a micro-batch of `tokens` tokens on one rank, set on `model`."""
+    plan.settle("loss_product", par, measure=lambda: measure_loss_product(device, model, tokens),
+                reapply=lambda saved, note: reapply_loss_product(saved, note, device))
+    use_weight_grad_product(model, plan.loss_product)
+    return plan.loss_product
+
+
+def measure_loss_product(device: torch.device, model: GPT, tokens: int) -> tuple[str, str]:
+    """The fused loss's weight-gradient product measured for this machine and the chunks a micro-batch of
+    `tokens` tokens (on one rank) makes; torch.mm (nothing to choose) with the full logits."""
+    if model.loss_chunk_rows is None:
         return DEFAULT_PRODUCT, ""
-    if resume is not None:
-        saved = resume.train.get("loss_product", DEFAULT_PRODUCT)
-        saved = saved if isinstance(saved, str) else ""  # damaged: restoring the train state reports it, in one line
-        if saved in WEIGHT_GRAD_PRODUCTS and (saved == DEFAULT_PRODUCT or weight_grad_product_available(device)):
-            return saved, f"LM head's weight gradient by {saved} (chosen when this run started)"
-        return DEFAULT_PRODUCT, (f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when it "
-                                 "started, which this machine does not have (the last bits will differ)")
     rows = min(model.loss_chunk_rows, tokens)
-    chunks = -(-tokens // rows)
-    return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows, n_embd=model.config.n_embd,
-                                      chunks=chunks)
+    return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows,
+                                      n_embd=model.config.n_embd, chunks=-(-tokens // rows))
 
 
-def build_optimizers(model: GPT, t: TrainSection, device: torch.device) -> list[torch.optim.Optimizer]:
-    optimizers = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                 device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
-                                 muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
-                                 muon_split_qkv=t.muon_split_qkv)
-    if t.parallel == "fsdp":  # sharded (shard_model): Muon orthogonalises whole matrices, gathered for its step
-        from .sharding import ShardedMuon
-
-        for opt in optimizers:
-            if type(opt) is Muon:
-                opt.__class__ = ShardedMuon
-    return optimizers
+def reapply_loss_product(saved: str, note: str, device: torch.device) -> tuple[str, str]:
+    """The product a resumed run chose, where this machine has it: a resume is then bitwise the
+    uninterrupted run whatever the timing says now. Else torch.mm, and the last bits will differ."""
+    if saved in WEIGHT_GRAD_PRODUCTS and (saved == DEFAULT_PRODUCT or weight_grad_product_available(device)):
+        return saved, f"LM head's weight gradient by {saved} (decided when this run started)" if note else ""
+    return DEFAULT_PRODUCT, (f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when it "
+                             "started, which this machine does not have (the last bits will differ)")
 
 
-def shard_model(model: GPT, t: TrainSection, dist: DistInfo, device: torch.device, dtype: torch.dtype) -> GPT:
-    """Activation checkpointing per block (train.activation_checkpointing), then FSDP (train.parallel=fsdp,
-    several ranks): in place, before the optimizers are built, which must see the sharded parameters.
-    The parameters are gathered in bf16 where the run trains in bf16 on a device that has it natively.
+# ------------------------------------------------------------------------- hardware switches
+
+def shard_model(model: GPT, t: TrainSection, par: Parallel, device: torch.device, dtype: torch.dtype) -> GPT:
+    """Activation checkpointing per block (train.activation_checkpointing), then FSDP (sharded, several
+    ranks): in place, before the optimizers are built, which must see the sharded parameters. The
+    parameters are gathered in bf16 where the run trains in bf16 on a device that has it natively.
     training/sharding.py is imported only where it is used: FSDP, DTensor and DCP cost ~1 s of a start-up."""
-    if t.parallel == "fsdp":
+    if par.sharded:
         from .sharding import apply_fsdp
 
-        return apply_fsdp(model, dist, device, param_dtype=sharded_param_dtype(device, dtype),
+        return apply_fsdp(model, par, device, param_dtype=sharded_param_dtype(device, dtype),
                           activation_checkpointing=t.activation_checkpointing)
     if t.activation_checkpointing:
         from .sharding import checkpoint_blocks
@@ -187,35 +250,78 @@ def shard_model(model: GPT, t: TrainSection, dist: DistInfo, device: torch.devic
     return model
 
 
-def parallelize(model: GPT, t: TrainSection, dist: DistInfo, device: torch.device, *,
-                compile: bool | None = None, loss_chunk_rows: int | None | str = "auto") -> nn.Module:
-    """What the training step runs: `model` with the loss path for this device, compiled (train.compile),
-    wrapped in DDP (several ranks). `model` itself stays the plain module, which is saved and evaluated.
-    `compile` overrides train.compile (False: the eager fallback); `loss_chunk_rows` overrides the loss
-    path's choice (the benchmark compares both)."""
+def build_optimizers(model: GPT, t: TrainSection, device: torch.device,
+                     par: Parallel | None = None) -> list[torch.optim.Optimizer]:
+    optimizers = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                                 device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
+                                 muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
+                                 muon_split_qkv=t.muon_split_qkv)
+    if par is not None and par.sharded:  # sharded (shard_model): Muon orthogonalises whole matrices, gathered
+        from .sharding import ShardedMuon
+
+        for opt in optimizers:
+            if type(opt) is Muon:
+                opt.__class__ = ShardedMuon
+    return optimizers
+
+
+def parallelize(model: GPT, t: TrainSection, par: Parallel, device: torch.device, *,
+                compile: bool | None = None) -> torch.nn.Module:
+    """What the training step runs: `model` compiled (train.compile) and wrapped in DDP where the ranks
+    each hold the whole model. `model` itself stays the plain module, which is saved and evaluated.
+    `compile` overrides train.compile (False: the eager fallback)."""
     compile = t.compile if compile is None else compile
-    use_loss_path(model, device, compiled=compile, rows=loss_chunk_rows)
-    step_model = torch.compile(model) if compile else model
-    return step_model if t.parallel == "fsdp" else apply_ddp(step_model, dist, device)  # FSDP: shard_model
+    return par.wrap(torch.compile(model) if compile else model, device)
 
 
-def build_checkpointer(out_dir: Path, dist: DistInfo, group, *, model: GPT, optimizers: list, scaler,
-                       loader: BatchLoader, state: TrainState, cfg: Config,
-                       tokenizer: dict[str, Any]) -> tuple[Checkpointer, RNGState]:
+class Stepper:
+    """train_step on the parallelized model; if torch.compile fails (no C++ compiler for Inductor on a
+    CPU, an unsupported GPU) the step is redone from the same state without compile, and the run goes on
+    eager (runtime/device.py's with_compile_fallback, the policy sample.py follows too)."""
+
+    def __init__(self, model: GPT, optimizers, scaler, t: TrainSection, par: Parallel, device, amp, say,
+                 plan: RunPlan | None = None):
+        self.raw, self.optimizers, self.scaler, self.amp, self.say = model, optimizers, scaler, amp, say
+        self.t, self.par, self.device, self.plan = t, par, device, plan
+        self.model = parallelize(model, t, par, device)
+        self.compiled = t.compile
+
+    def __call__(self, batches) -> StepOutput:
+        return with_compile_fallback(
+            lambda: train_step(self.model, self.optimizers, self.scaler, batches, amp=self.amp,
+                               grad_clip=self.t.grad_clip),
+            compiled=self.compiled, go_eager=self.go_eager, say=self.say)
+
+    def go_eager(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)  # a failed backward may have left partial gradients
+        # compiled, a GPU's loss used the full logits; eager, the chunks this device takes (the plan says so)
+        use_loss_path(self.raw, self.device, compiled=False)
+        rows = self.raw.loss_chunk_rows
+        if self.plan is not None and self.plan.loss_chunk_rows != rows:
+            self.plan.revise("loss_chunk_rows", rows, f"fused LM-head loss in chunks of {rows} rows (eager: compile failed)")
+            self.say(self.plan.shown["loss_chunk_rows"])
+        self.model = parallelize(self.raw, self.t, self.par, self.device, compile=False)
+        self.compiled = False
+
+
+def build_checkpointer(out_dir: Path, par: Parallel, *, trainer: Trainer, plan: RunPlan, state: TrainState,
+                       cfg: Config, tokenizer: dict[str, Any]) -> tuple[Checkpointer, RNGState]:
     """Every stateful part, registered once: the same mapping is saved and restored. The RNG streams
     come last, so that restoring nothing after them consumes a random number."""
-    sharded = cfg.train.parallel == "fsdp"  # the layout follows train.parallel, on any number of ranks
-    if sharded:
+    if par.sharded:  # the layout follows train.parallel, on any number of ranks
         from .sharding import ShardedModelState, ShardedOptimizerState
-    ckpt = Checkpointer(out_dir, is_main=dist.is_main, sharded=sharded)
+    model, optimizers = trainer.model, trainer.step.optimizers
+    ckpt = Checkpointer(out_dir, is_main=par.is_main, sharded=par.sharded)
     ckpt.register_static("model_config", model_config_dict(model))
     ckpt.register_static("config", cfg.to_dict())
     ckpt.register_static("tokenizer", tokenizer)
-    ckpt.register("model", ShardedModelState(model) if sharded else model)
-    ckpt.register("optimizer", ShardedOptimizerState(model, optimizers) if sharded else OptimizerState(optimizers))
-    ckpt.register("scaler", ScalerState(scaler))
-    ckpt.register("loader", loader)
+    ckpt.register("model", ShardedModelState(model) if par.sharded else model)
+    ckpt.register("optimizer", ShardedOptimizerState(model, optimizers) if par.sharded else OptimizerState(optimizers))
+    ckpt.register("scaler", ScalerState(trainer.step.scaler))
+    ckpt.register("loader", trainer.train_loader)
     ckpt.register("train", state)
-    rng = RNGState(dist, group)
+    ckpt.register("plan", plan)
+    rng = RNGState(par)
     ckpt.register("rng", rng)
     return ckpt, rng

@@ -9,6 +9,7 @@ one-line UserError. Reading YAML and argv is training/config_io.py.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +21,30 @@ from data.config import DataConfig
 from errors import UserError
 from model.gpt import GPTConfig
 from runtime.precision import DTYPE_NAMES
-from settings import (at_least, check_fields, help_of, in_range, may_change_on_resume, not_blank, one_of, setting,
-                      value_before)
+from settings import (Freezable, all_of, at_least, at_most, check_fields, help_of, in_range, may_change_on_resume,
+                      not_blank, one_of, setting, value_before)
 
 from . import config_io
-from .budget import parse_duration
 from .float8 import RECIPES as FLOAT8_RECIPES
 from .optim import OPTIMIZERS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+MAX_DURATION_S = 1e9
+_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, name: str = "train.time_budget") -> float:
+    """'90s', '8m', '1.5h', '600' (seconds) -> seconds; '0' or '' -> 0 (off). Anything else: UserError."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(s|sec|m|min|h)?\s*", str(text).strip().lower() or "0")
+    if not m:
+        raise UserError(f"{name} must be a duration like 90s, 8m or 1h (0 = off), got {text!r}")
+    seconds = float(m.group(1)) * _UNITS[m.group(2) or ""]
+    if not seconds <= MAX_DURATION_S:  # (a 400-digit number reads as inf) a timer or timedelta can't hold it
+        raise UserError(f"{name} must be at most {MAX_DURATION_S:.0e} s (about 30 years), got {text!r:.80}; e.g. 8m or 1h")
+    return seconds
+
 
 
 def _device(name: str) -> str | None:
@@ -47,11 +63,47 @@ def _batch_size(v: int | str) -> str | None:
     return f"must be >= 1, got {v}" if isinstance(v, int) else f"must be a positive integer or auto, got {v!r}"
 
 
+# far past any rate that trains (a diverging run stops at the non-finite guard), and low enough that the
+# schedule's lr * (step + 1) stays a finite float for every step < 2**63
+MAX_LR = 1e30
+LR_HINT = "; a typical value is 1e-3 for small models, 6e-4 for GPT-2"
 SEED = in_range(0, 2**63, "[0, 2**63)", "; e.g. 1337")
+# a sampling round during training: at most this many prompts x tokens (16 x 1024 tokens, a few seconds)
+MAX_SAMPLE_PROMPTS, MAX_SAMPLE_TOKENS, MAX_PROMPT_CHARS = 16, 1024, 1000
+
+
+def _sample_prompts(prompts: list) -> str | None:
+    if not isinstance(prompts, list):
+        return f"must be a list of strings, got {prompts!r:.80}"
+    if len(prompts) > MAX_SAMPLE_PROMPTS:
+        return f"holds {len(prompts)} prompts, over the {MAX_SAMPLE_PROMPTS} a sampling round may take; keep fewer"
+    for i, p in enumerate(prompts, 1):
+        if not isinstance(p, str):
+            return f"prompt {i} must be a string, got {p!r:.80}; quote it"
+        if not p:
+            return f"prompt {i} is empty: a sample starts from its prompt; remove it ([] = the data's default prompts)"
+        if not config_io.utf8(p):  # a command line's bytes that are not UTF-8 (or a \ud800 escape): untokenizable
+            return f"prompt {i} is not valid UTF-8 text, got {p!r:.80}; write it in UTF-8"
+        if len(p) > MAX_PROMPT_CHARS:
+            return f"prompt {i} is {len(p):,} characters, over {MAX_PROMPT_CHARS}; shorten it"
+    return None
+
+
+def _softcap(cap: float) -> str | None:
+    # past float32's range (5e-324 is 0 there, 1e308 inf) the logits are nan from the first step
+    ok = cap == 0 or 1e-6 <= cap <= 1e6
+    return None if ok else f"must be 0 (off) or from 1e-6 to 1e6, got {cap}; e.g. 30 (Gemma 2's final-logit cap)"
+
+
+# what model.init_from (another run, HF GPT-2) brings from its source: every field of the architecture (not
+# block_size, which may be cut; not dropout or attn_backend, which are how it runs; not zero_init_proj, which is
+# only how fresh weights start). The saved config says what was trained; a resume compares none of them.
+ARCH_KEYS = ("n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "layer_norm_eps", "pos_embedding", "rope_base",
+             "norm", "qk_norm", "mlp_act", "tie_embeddings", "logit_softcap")
 
 
 @dataclass
-class ModelSection:
+class ModelSection(Freezable):
     """The `model:` section: GPTConfig's fields under the same names (GPTConfig.validate checks them),
     with smaller defaults, plus where the weights start from. `gpt_config` converts it."""
     block_size: int = setting(128, "the longest context, in tokens")
@@ -77,7 +129,8 @@ class ModelSection:
     tie_embeddings: bool = setting(True, "the LM head shares wte's weight (GPT-2); False gives it its own")
     zero_init_proj: bool = setting(False, "zero-init the residual projections (and an untied head): each block starts "
                                           "as identity")
-    logit_softcap: float = setting(0.0, "> 0: logits = cap * tanh(logits / cap), which keeps them in (-cap, cap)")
+    logit_softcap: float = setting(0.0, "> 0: logits = cap * tanh(logits / cap), which keeps them in (-cap, cap)",
+                                   check=_softcap)
     init_from: str = setting("scratch", '"scratch" | an HF GPT-2 name or directory ("gpt2", "gpt2-medium", ...) | a '
                                         "checkpoint (file or out_dir)", resume=True,
                              check=not_blank("use 'scratch', an HF GPT-2 name/dir, or a checkpoint path"))
@@ -98,7 +151,7 @@ class ModelSection:
 
 
 @dataclass
-class TrainSection:
+class TrainSection(Freezable):
     batch_size: int | str = setting(12, "sequences per micro-step per rank; auto: the largest that fits this device "
                                         "(measured), with the micro-steps that keep train.global_batch_size",
                                     check=_batch_size)
@@ -109,7 +162,7 @@ class TrainSection:
                                      check=at_least(0))
     max_iters: int = setting(2000, "optimizer steps", resume=True, check=at_least(1))
     lr: float = setting(1e-3, "peak learning rate", resume=True,
-                        check=at_least(0, "; a typical value is 1e-3 for small models, 6e-4 for GPT-2"))
+                        check=all_of(at_least(0, LR_HINT), at_most(MAX_LR, LR_HINT)))
     min_lr: float = setting(1e-4, "cosine floor", resume=True)
     warmup_iters: int = setting(100, "linear warmup steps", resume=True, check=at_least(0))
     weight_decay: float = setting(0.1, "on matrices and embeddings only", resume=True, check=at_least(0))
@@ -121,7 +174,7 @@ class TrainSection:
     optimizer: str = setting("adamw", '"adamw", or "muon": Muon for the blocks\' matrices, AdamW (at lr) for the rest',
                              check=one_of(*OPTIMIZERS))
     muon_lr: float = setting(0.02, "Muon's peak learning rate (the schedule scales it like lr)", resume=True,
-                             check=at_least(0, "; e.g. 0.02"))
+                             check=all_of(at_least(0, "; e.g. 0.02"), at_most(MAX_LR, "; e.g. 0.02")))
     muon_momentum: float = setting(0.95, "Muon's (Nesterov) momentum", resume=True, check=in_range(0, 1))
     muon_ns_steps: int = setting(5, "Muon's Newton-Schulz iterations per step (fewer: cheaper, a rougher "
                                     "orthogonalisation)", resume=True, check=in_range(1, 21, "[1, 20]"))
@@ -155,6 +208,10 @@ class TrainSection:
                           resume=True, check=one_of("auto", "never"))
     peak_flops: float = setting(0.0, "device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe (cached per "
                                      "machine)", resume=True, check=at_least(0))
+    collective_timeout: str = setting("10m", "several ranks: the longest any collective waits for the other ranks "
+                                             "(a rank that died or hangs), e.g. 90s, 10m; then each rank stops with "
+                                             "one line; rank 0's long work (data preparation, its eval, a checkpoint "
+                                             "write) is waited for apart", resume=True)
     time_budget: str = setting("0", "wall time the run may take, e.g. 8m, 90s, 1h: the step is timed first, then "
                                     "max_iters (at most the value above) and warmup_iters are fixed to fit, evals and "
                                     "set-up included; 0 = off")
@@ -162,6 +219,9 @@ class TrainSection:
     def validate(self) -> None:
         check_fields(self, "train")
         parse_duration(self.time_budget)  # a UserError naming train.time_budget when it is not a duration
+        if not parse_duration(self.collective_timeout, "train.collective_timeout") > 0:
+            raise UserError(f"train.collective_timeout must be a positive duration like 90s or 10m, got "
+                            f"{self.collective_timeout!r}")
         if self.batch_size == AUTO_BATCH and not self.global_batch_size:
             raise UserError("train.batch_size auto needs train.global_batch_size, the sequences per optimizer step "
                             "over all ranks: e.g. --train.global_batch_size=512 (gpt2_124m's 16 x 32)")
@@ -174,7 +234,7 @@ class TrainSection:
 
 
 @dataclass
-class EvalSection:
+class EvalSection(Freezable):
     hellaswag_interval: int = setting(0, "run HellaSwag every N steps (and at the last one); 0 = never", resume=True,
                                       check=at_least(0, " (0 turns it off)"))
     hellaswag_data: str = setting("", "a local jsonl in HellaSwag's original format; empty = Rowan/hellaswag from the "
@@ -182,13 +242,25 @@ class EvalSection:
     hellaswag_limit: int = setting(0, "score the first N items only; 0 = all 10042", resume=True,
                                    check=at_least(0, " (0 turns it off)"))
     hellaswag_batch_size: int = setting(8, "items per forward (x 4 endings)", resume=True, check=at_least(1))
+    sample_interval: int = setting(0, "every N steps (and at the last one) rank 0 samples eval.sample_tokens tokens "
+                                      "after each prompt, with a fixed seed, to the console, metrics.jsonl and wandb; "
+                                      "0 = never", resume=True, check=at_least(0, " (0 turns it off)"))
+    sample_prompts: list[str] = setting(dataclasses.MISSING, 'the prompts to sample from, e.g. ["ROMEO:", "JULIET:"] '
+                                        "(on the command line a YAML list, or one prompt); [] = the data's default",
+                                        resume=True, default_factory=list, check=_sample_prompts)
+    sample_tokens: int = setting(64, "tokens generated after each prompt", resume=True,
+                                 check=in_range(1, MAX_SAMPLE_TOKENS + 1, f"[1, {MAX_SAMPLE_TOKENS}]",
+                                                "; a sample is read, not trained on: e.g. 64"))
+    inspect_interval: int = setting(0, "every N steps (and at the last one) the attention maps and per-token surprisal "
+                                       "of the val split's first tokens go to wandb and <out_dir>/inspect/step-<N>/; "
+                                       "0 = never", resume=True, check=at_least(0, " (0 turns it off)"))
 
     def validate(self) -> None:
         check_fields(self, "eval")
 
 
 @dataclass
-class WandbSection:
+class WandbSection(Freezable):
     mode: str = setting("online", "online (falls back to offline without an API key) | offline | disabled",
                         resume=True, check=one_of("online", "offline", "disabled"))
     project: str = setting("smallgpt", "the wandb project the run goes to", resume=True,
@@ -200,7 +272,7 @@ class WandbSection:
 
 
 @dataclass
-class Config:
+class Config(Freezable):
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
@@ -220,6 +292,10 @@ class Config:
         """Every section's field checks, then the checks across fields. The messages name the key."""
         for s in dataclasses.fields(self):
             getattr(self, s.name).validate()
+        if self.eval.hellaswag_interval and self.data.tokenizer == "char":  # before anything is claimed or built
+            raise UserError("eval.hellaswag_interval needs a tokenizer that encodes English prose, and data.tokenizer="
+                            "char is a character-level tokenizer (its vocabulary lacks characters HellaSwag uses); use "
+                            "data.tokenizer=gpt2 or bpe:<n>, or eval.hellaswag_interval=0")
         t = self.train
         auto = t.batch_size == AUTO_BATCH
         sequences = t.global_batch_size if auto else t.batch_size * t.grad_accum_steps
@@ -260,6 +336,7 @@ def load_config(argv: list[str] | None) -> Config:
     for key, value in overrides:
         config_io.apply_overrides(cfg, config_io.nest(key, value), source="command line")
     cfg.validate()
+    cfg.freeze()  # from here on every decision goes into the run plan (training/plan.py), never into cfg
     if print_config:
         print(to_yaml(cfg))
         raise SystemExit(0)
@@ -296,25 +373,28 @@ def _saved_fields(saved: dict[str, Any], cfg: Config):
                 yield s.name, obj, f, old_values
 
 
-def keep_what_older_runs_did(saved: dict[str, Any], cfg: Config) -> list[str]:
-    """For a resumed run whose saved config lacks a key added since (a setting with `before`), set the
-    key to the value that reproduces that run, in place; returns one line per key set."""
-    notes = []
+def keep_what_older_runs_did(saved: dict[str, Any], cfg: Config) -> tuple[Config, list[str]]:
+    """For a resumed run whose saved config lacks a key added since (a setting with `before`): (the config
+    with the key set to the value that reproduces that run, a new frozen Config; one line per key set)."""
+    notes, changed = [], cfg.to_dict()
     for section, obj, f, old_values in _saved_fields(saved, cfg):
         before = value_before(f)
         if before is not dataclasses.MISSING and f.name not in old_values and getattr(obj, f.name) != before:
-            setattr(obj, f.name, before)
+            changed[section][f.name] = before
             notes.append(f"{section}.{f.name} = {before!r}: the resumed run was started before this key existed, "
                          "and this value continues it as it was")
-    return notes
+    return (Config.from_dict(changed).freeze() if notes else cfg), notes
 
 
 def resume_conflicts(saved: dict[str, Any], new: Config) -> list[str]:
     """Keys whose saved value differs from the new config and that may not change on resume (a field's
     `resume=False`: it changes what the weights or the data mean)."""
     out = []
+    from_source = new.model.init_from != "scratch"  # the architecture came from the source (ARCH_KEYS): as saved
     for section, obj, f, old_values in _saved_fields(saved, new):
         value = getattr(obj, f.name)
+        if from_source and section == "model" and f.name in ARCH_KEYS:
+            continue
         if not may_change_on_resume(f) and f.name in old_values and old_values[f.name] != value:
             out.append(f"{section}.{f.name}: {old_values[f.name]!r} -> {value!r}")
     return out

@@ -3,9 +3,11 @@ value to its field's type. Generic over the config dataclass (training/config.py
 knows no section or key."""
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -13,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from errors import UserError
-from fileio import read_user_file
+from errors import UserError, short_error
+from fileio import path_kind, read_user_file
 
 
 def section_keys(cfg: Any) -> dict[str, list[str]]:
@@ -69,6 +71,9 @@ def find_config_file(name: str, config_dir: Path) -> Path:
     for c in candidates:
         if c.is_file():
             return c
+    for c in candidates:  # there, but not a file: say what it is (a FIFO, a device, a symlink loop...)
+        if os.path.lexists(c):
+            raise UserError(f"config {str(c)!r} is {path_kind(c)}, not a YAML file; pass a YAML file's path")
     shipped = ", ".join(sorted(p.stem for p in config_dir.glob("*.yaml"))) or "none"
     raise UserError(f"config {name!r} not found as a file or in configs/; pass a YAML path or one of: {shipped}")
 
@@ -84,7 +89,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     - aliases (`*name`) are refused: a config has no use for them, and nested aliases expand
       exponentially (a "billion laughs" file of a few hundred bytes fills the memory);
     - nesting deeper than MAX_YAML_DEPTH is refused (PyYAML recurses once per level);
-    - an integer too long for Python's int() (over 4300 digits) is a one-line error, not a ValueError."""
+    - an integer too long for Python's int() (over 4300 digits) is a one-line error, not a ValueError;
+    - so is a tagged value its constructor can't build (`!!float abc`, `!!timestamp 2001-13-45`), a
+      key that is a sequence, a mapping or a set (`? [a, b]`: unhashable), and a string holding a lone
+      surrogate (`"\\ud800"`, which no encoder takes)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -103,23 +111,54 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node):
         try:
-            return super().construct_yaml_int(node)
+            value = super().construct_yaml_int(node)
+            if value.bit_length() <= 14_000:  # a 0x... of more bits has over 4300 digits: not even printable
+                return value
         except ValueError:
-            raise UserError(f"{self.name}: the number at line {node.start_mark.line + 1} has {len(node.value)} "
-                            "characters, too many for an integer; write a sensible value") from None
+            if len(node.value) <= 4300:  # not a number at all: `!!int abc`
+                raise
+        raise UserError(f"{self.name}: the number at line {node.start_mark.line + 1} has {len(node.value)} "
+                        "characters, too many for an integer; write a sensible value") from None
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as e:  # a constructor's own error: a traceback otherwise
+            tag = node.tag.rsplit(":", 1)[-1]
+            raise UserError(f"{self.name}: the value at line {node.start_mark.line + 1} is not a valid !!{tag} "
+                            f"({short_error(e, 80)}); write a plain value") from None
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, collections.abc.Hashable):  # `? [a, b]`: PyYAML would raise TypeError
+                raise UserError(f"{self.name}: the key at line {key_node.start_mark.line + 1} is a "
+                                f"{type(key).__name__}; keys are names (sections and settings)")
             if key in seen:
                 raise UserError(f"{self.name}: {key!r} appears twice (line {key_node.start_mark.line + 1}); "
                                 "keep one of them")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_str(self, node):
+        value = super().construct_yaml_str(node)
+        if not utf8(value):  # "\ud800": an escape YAML allows, a string that can't be printed, written or encoded
+            raise UserError(f"{self.name}: the string at line {node.start_mark.line + 1} holds a lone surrogate "
+                            "(an escape such as \\ud800); write the character itself")
+        return value
+
+
+def utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:str", _UniqueKeyLoader.construct_yaml_str)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -154,18 +193,18 @@ def apply_overrides(cfg: Any, d: dict[str, Any], *, source: str) -> None:
     sections = section_keys(cfg)
     for section, values in d.items():
         if section not in sections:
-            raise UserError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sections)}")
+            raise UserError(f"{source}: unknown section {_short(section)}; valid sections: {', '.join(sections)}")
         if values is None:
             continue
         if not isinstance(values, dict):
-            raise UserError(f"{source}: section {section!r} must be a mapping of key: value, got {values!r}")
+            raise UserError(f"{source}: section {_short(section)} must be a mapping of key: value, got {_short(values)}")
         obj = getattr(cfg, section)
         hints = typing.get_type_hints(type(obj))
         for key, value in values.items():
             if key not in sections[section]:
                 close = difflib.get_close_matches(str(key), sections[section], n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise UserError(f"{source}: unknown key {section}.{key}{hint}; valid keys: {', '.join(sections[section])}")
+                raise UserError(f"{source}: unknown key {section}.{str(key)[:80]}{hint}; valid keys: {', '.join(sections[section])}")
             setattr(obj, key, coerce(value, hints[key], f"{section}.{key}", source))
 
 
@@ -174,8 +213,8 @@ _FALSE = ("false", "no", "off", "0")
 
 
 def coerce(value: Any, typ: Any, name: str, source: str = "config") -> Any:
-    """Convert a YAML value or a CLI string to `typ` (bool, int, float, str, X | None, or int | str: an
-    integer where the value reads as one, else the string, which the field's check then judges)."""
+    """Convert a YAML value or a CLI string to `typ` (bool, int, float, str, X | None, list[X], or int | str:
+    an integer where the value reads as one, else the string, which the field's check then judges)."""
     args = typing.get_args(typ)
     union = typing.get_origin(typ) in (typing.Union, types.UnionType)
     if union and type(None) in args:
@@ -189,7 +228,9 @@ def coerce(value: Any, typ: Any, name: str, source: str = "config") -> Any:
         except UserError:
             if isinstance(value, str):
                 return value.strip()
-            raise UserError(f"{where} expects an int or a string, got {value!r}") from None
+            raise UserError(f"{where} expects an int or a string, got {_short(value)}") from None
+    if typing.get_origin(typ) is list:
+        return _coerce_list(value, typing.get_args(typ)[0], name, source)
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -197,40 +238,83 @@ def coerce(value: Any, typ: Any, name: str, source: str = "config") -> Any:
             return bool(value)
         if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
             return value.strip().lower() in _TRUE
-        raise UserError(f"{where} expects a bool (true/false), got {value!r}")
+        raise UserError(f"{where} expects a bool (true/false), got {_short(value)}")
     if typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                try:
-                    f = float(value)
-                except ValueError:
-                    f = math.nan
-                if math.isfinite(f) and f.is_integer():
-                    return int(f)  # e.g. 5e3
-        raise UserError(f"{where} expects an int, got {value!r}")
+        n = _int_or_none(value)
+        if n is None:
+            raise UserError(f"{where} expects an int, got {_short(value)}")
+        return n  # (settings.check_fields bounds it to 64 bits)
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            f = float(value)
+            f = float(value) if not isinstance(value, int) or value.bit_length() <= 1024 else math.inf  # (OverflowError)
         elif isinstance(value, str):
             try:
                 f = float(value.strip())
             except ValueError:
-                raise UserError(f"{where} expects a float (e.g. 3e-4), got {value!r}") from None
+                raise UserError(f"{where} expects a float (e.g. 3e-4), got {_short(value)}") from None
         else:
-            raise UserError(f"{where} expects a float (e.g. 3e-4), got {value!r}")
+            raise UserError(f"{where} expects a float (e.g. 3e-4), got {_short(value)}")
         if not math.isfinite(f):
-            raise UserError(f"{where} expects a finite float, got {value!r}")
+            raise UserError(f"{where} expects a finite float, got {_short(value)}")
         return f
     if typ is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # a YAML `run_name: 42`
-        raise UserError(f"{where} expects a string, got {value!r}")
+        raise UserError(f"{where} expects a string, got {_short(value)}")
     raise TypeError(f"config field {name} has unsupported type {typ!r}")  # a bug in this file, not user input
+
+
+def _int_or_none(value: Any) -> int | None:
+    """An int from an int, an integral float or a string that reads as either (e.g. 5e3); else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            try:
+                f = float(value)
+            except ValueError:
+                f = math.nan
+            if math.isfinite(f) and f.is_integer():
+                return int(f)
+    return None
+
+
+def _coerce_list(value: Any, item: Any, name: str, source: str) -> list:
+    """A list[item] from a YAML list, or from a string: a YAML flow list (`["ROMEO:", "JULIET:"]`, how the
+    command line writes one) when it starts with "[" and holds a quote or a comma (so a prompt such as
+    "[Enter ROMEO]" stays one string), "" the empty list (the default), else a list of that one string.
+    Items are coerced one by one, except that a list of strings takes only strings: a YAML `- 42` is
+    refused, not guessed."""
+    where = f"{source}: {name}"
+    if isinstance(value, str) and not value.strip():
+        value = []
+    elif isinstance(value, str) and value.strip().startswith("[") and any(c in value for c in "\"',"):
+        loader = _UniqueKeyLoader(value)
+        loader.name = where
+        try:
+            value = loader.get_single_data()
+        except yaml.YAMLError:
+            raise UserError(f"{where} is not a valid YAML list; write it like [\"a\", \"b\"]") from None
+        finally:
+            loader.dispose()
+    elif isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise UserError(f"{where} expects a list of {item.__name__}s, got {_short(value)}")
+    out = []
+    for i, v in enumerate(value):
+        if item is str and not isinstance(v, str):
+            raise UserError(f"{where}: item {i + 1} expects a string, got {_short(v)}; quote it")
+        out.append(coerce(v, item, f"{name} item {i + 1}", source))
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

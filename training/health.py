@@ -7,7 +7,7 @@ import torch
 
 from errors import UserError
 
-from .distributed import DistInfo, any_rank
+from .distributed import Parallel
 from .metrics import METRICS_NAME
 from .step import StepOutput
 
@@ -27,10 +27,10 @@ class NonFiniteGuard:
         self.first = torch.where(~ok & (self.first < 0), iter_num, self.first)
         self.bad |= ~ok
 
-    def check(self, dist: DistInfo, group, ckpt_path: Path, last_saved: int | None) -> None:
+    def check(self, par: Parallel, ckpt_path: Path, last_saved: int | None) -> None:
         """Raise the one-line error on every rank if any rank has seen a non-finite step."""
-        if any_rank(bool(self.bad.item()), dist, group):
-            fix = "lower train.lr, raise train.warmup_iters or use bfloat16/float32"
+        if par.any(bool(self.bad.item())):
+            fix = "lower train.lr (or train.weight_decay), raise train.warmup_iters or use bfloat16/float32"
             if last_saved is not None:
                 where = f"{ckpt_path} still holds iter {last_saved}; {fix}, then rerun"
             else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run

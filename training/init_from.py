@@ -11,15 +11,14 @@ from errors import UserError
 from model import GPT
 from checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
 
-from .config import ModelSection
-
-ARCH_KEYS = ("n_layer", "n_head", "n_embd", "bias")
+from .config import ARCH_KEYS, ModelSection
 
 
 def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], seed: int,
                   resume: dict[str, Any] | None = None) -> tuple[GPT, list[str]]:
     """(model on CPU in fp32, notes to print). For init_from other than scratch the architecture comes
-    from the source, and `m` is updated to match it (so the saved config says what was trained)."""
+    from the source (training/builders.py's build_model then returns a config that says so: `m` itself is
+    frozen and never changed)."""
     runtime = {"dropout": m.dropout, "attn_backend": m.attn_backend}  # may differ from the source
     if resume is not None:
         return model_from_checkpoint(resume, "being resumed", **runtime), []
@@ -47,8 +46,8 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
     changed = [f"{k} {getattr(m, k)}->{getattr(mc, k)}" for k in ARCH_KEYS if getattr(m, k) != getattr(mc, k)]
     if changed:
         notes.append(f"architecture taken from {loaded.description}: {', '.join(changed)}")
-    for k in ARCH_KEYS:
-        setattr(m, k, getattr(mc, k))
+    # the config is not changed (it is frozen): the architecture is the checkpoint's model_config, saved with
+    # the weights; the config keeps what the user asked for, and resumes compare against that
     if m.block_size > mc.block_size:
         raise UserError(f"model.block_size={m.block_size} exceeds {loaded.description}'s block_size {mc.block_size}; "
                         f"set --model.block_size={mc.block_size} or less")

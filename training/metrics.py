@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -24,9 +23,10 @@ import torch
 from tqdm import tqdm
 
 from errors import UserError, short_error, to_stderr
-from fileio import atomic_write_bytes, point_at_devnull
+from fileio import atomic_write_bytes, json_loads, point_at_devnull
 
 METRICS_NAME = "metrics.jsonl"
+MAX_METRICS_BYTES = 1 << 30  # ~3M logged steps; a larger (or endless: /dev/zero) file is refused, not read
 
 
 def _plain(value: Any) -> Any:
@@ -52,13 +52,16 @@ class MetricsLog:
         kept, records, dropped = [], [], 0
         try:
             with open(self.path, "rb") as f:
-                raw = f.read()
+                raw = f.read(MAX_METRICS_BYTES + 1)
         except OSError as e:
             raise UserError(f"cannot read {self.path} ({short_error(e)}); fix or move the file, then resume") from None
+        if len(raw) > MAX_METRICS_BYTES:
+            raise UserError(f"{self.path} is larger than {MAX_METRICS_BYTES / 2**30:.0f} GiB, far more than a run logs; "
+                            "move it away, then resume")
         for line in raw.splitlines():
             try:
-                record = json.loads(line.decode("utf-8"))
-            except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON
+                record = json_loads(line.decode("utf-8"))
+            except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON (nested too deep too)
                 dropped += bool(line.strip())
                 continue
             if isinstance(record, dict) and isinstance(record.get("iter"), int) and record["iter"] <= iter_num:

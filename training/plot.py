@@ -11,32 +11,41 @@ imported here only, so a partial install still trains, and its absence here is a
 """
 from __future__ import annotations
 
-import json
+import io
 import sys
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import atomic_write, remove_stale_temps
+from fileio import atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, read_user_file
+from locks import remove_stale_temps
 
 from .metrics import METRICS_NAME
 
 
+MAX_METRICS_BYTES = 1 << 30  # ~3M logged steps; a larger (or endless: /dev/zero) file is refused, not read
+
+
+def metrics_file(run: Path) -> Path:
+    """The metrics.jsonl a run argument names: <out_dir>/metrics.jsonl, or the file itself."""
+    return run / METRICS_NAME if run.is_dir() else run
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of `run_dir`/metrics.jsonl (or the file itself); a torn last line is skipped."""
-    path = run_dir / METRICS_NAME if run_dir.is_dir() else run_dir
-    if not path.is_file():
+    path = metrics_file(run_dir)
+    if not path.exists() and not path.is_symlink():
         raise UserError(f"no {METRICS_NAME} in {run_dir}; pass a training out_dir (train.out_dir) or the file itself")
+    # bounded, and refused by its size before any reading (a sparse 100 GB file is no memory problem)
+    data = read_user_file(path, "metrics file", limit=MAX_METRICS_BYTES,
+                          fix="pass a training out_dir (train.out_dir) or its metrics.jsonl")
     records = []
-    try:
-        lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
-    except OSError as e:
-        raise UserError(f"cannot read {path} ({short_error(e)}); check the file") from None
+    lines = data.decode("utf-8", errors="replace").splitlines()
     for number, line in enumerate(lines, 1):
         if "\ufffd" in line:  # a byte that was not UTF-8: the line is damaged, the rest still plots
             print(f"note: {path} line {number} is damaged (not UTF-8); skipped", file=sys.stderr)
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)  # a line nested too deep for the parser is "not JSON" too
         except ValueError:
             if number == len(lines):
                 continue  # the last line of a run killed mid-write
@@ -127,6 +136,8 @@ def resolve_out(out: Path | None, runs: list[Path]) -> Path:
         return runs[0] / "curves.png" if runs[0].is_dir() else runs[0].with_suffix(".png")
     if out.is_dir():
         return out / "curves.png"
+    if output_target(out, "--out")[1]:  # a device or a FIFO: written straight into, as PNG, never renamed
+        return out
     if not out.suffix:
         return out.with_name(out.name + ".png")
     formats = _formats()
@@ -146,13 +157,22 @@ def _formats() -> set[str]:
 
 
 def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
+    # never over a metrics file it reads (`--out run/metrics.svg` when that is the file passed)
+    check_output_not_input(out, [(f"the metrics file {metrics_file(r)}", metrics_file(r)) for r in run_dirs], "--out")
     fig = make_figure(run_dirs, log_scale=log_scale)  # every input is checked before anything is written
     plt = _pyplot()
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
-        remove_stale_temps(out.parent, name=out.name)  # what a plot killed mid-write left
-        with atomic_write(out) as tmp:  # a failure (a full disk) leaves the old PNG, not a torn one
-            fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
+        target, straight = output_target(out, "--out")
+        if not straight:
+            target.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
+            remove_stale_temps(target.parent, name=target.name)  # what a plot killed mid-write left
+        if straight:  # a device or a FIFO: drawn whole first, as a PNG writer seeks, which a FIFO cannot
+            image = io.BytesIO()
+            fig.savefig(image, dpi=110, format="png")
+            atomic_write_bytes(out, image.getvalue(), "--out")
+        else:
+            with atomic_write(out, "--out") as tmp:  # a failure (a full disk) leaves the old PNG, not a torn one
+                fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
     except OSError as e:
         raise UserError(f"cannot write {out} ({short_error(e)}); choose another --out") from None
     finally:

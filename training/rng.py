@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 
 
 def seed_everything(seed: int) -> None:
@@ -50,22 +49,18 @@ class RNGState:
     ranks, each rank starts from rank 0's streams reseeded by its rank (not bitwise comparable then).
     """
 
-    def __init__(self, dist=None, group=None):
-        self.dist, self.group = dist, group
+    def __init__(self, par=None):
+        self.par = par  # training.distributed.Parallel (None: one process)
         self.note = ""
 
     def state_dict(self) -> dict[str, Any]:
         mine = get_rng_state()
-        if self.dist is None or not self.dist.enabled:
-            return {"ranks": [mine]}
-        gathered: list[Any] = [None] * self.dist.world_size
-        tdist.all_gather_object(gathered, mine, group=self.group)
-        return {"ranks": gathered}
+        return {"ranks": self.par.gather(mine) if self.par is not None else [mine]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ranks = state["ranks"]
-        rank = self.dist.rank if self.dist is not None else 0
-        world = self.dist.world_size if self.dist is not None else 1
+        rank = self.par.rank if self.par is not None else 0
+        world = self.par.world_size if self.par is not None else 1
         if len(ranks) == world:
             set_rng_state(ranks[rank])
             return

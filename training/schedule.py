@@ -1,5 +1,5 @@
 """When things happen: the learning rate of each step (linear warmup, then cosine decay to min_lr), and
-what is due after each step (log, eval, checkpoint)."""
+what is due after each step (log, eval, checkpoint, HellaSwag, samples, the attention maps)."""
 from __future__ import annotations
 
 import math
@@ -39,17 +39,23 @@ class Due:
     eval: bool
     checkpoint: bool
     hellaswag: bool = False
+    sample: bool = False  # eval.sample_interval: text from the fixed prompts (training/showcase.py)
+    inspect: bool = False  # eval.inspect_interval: the attention maps and surprisal of the fixed val snippet
 
 
 def due_after(step: int, *, max_iters: int, log_interval: int, eval_interval: int, checkpoint_interval: int,
-              stopping: bool, hellaswag_interval: int = 0) -> Due:
+              stopping: bool, hellaswag_interval: int = 0, sample_interval: int = 0, inspect_interval: int = 0) -> Due:
     """After optimizer step number `step` (1-based: `step` steps are done). The last step and a stop
-    always log and checkpoint, and the last one evaluates (HellaSwag too, when it is on);
-    checkpoint_interval 0 means at each eval. Every rank computes the same answer, since `stopping` is
+    always log and checkpoint, and the last one evaluates (HellaSwag, samples and the attention maps
+    too, each when it is on: an interval of 0 is off), and a step that evaluates, samples or draws also
+    logs; checkpoint_interval 0 means at each eval. So a run of n steps samples ceil(n / sample_interval)
+    times (training/budget.py counts on it). Every rank computes the same answer, since `stopping` is
     agreed between ranks."""
     last = step == max_iters
     eval_now = step % eval_interval == 0 or last
     checkpoint = step % (checkpoint_interval or eval_interval) == 0 or last or stopping
-    hellaswag = hellaswag_interval > 0 and (step % hellaswag_interval == 0 or last)
-    log = step % log_interval == 0 or last or stopping or eval_now or hellaswag
-    return Due(log=log, eval=eval_now, checkpoint=checkpoint, hellaswag=hellaswag)
+    hellaswag, sample, inspect = (n > 0 and (step % n == 0 or last) for n in (hellaswag_interval, sample_interval,
+                                                                             inspect_interval))
+    # whatever runs the model logs too: the loop checks for non-finite weights before it logs
+    log = step % log_interval == 0 or last or stopping or eval_now or hellaswag or sample or inspect
+    return Due(log=log, eval=eval_now, checkpoint=checkpoint, hellaswag=hellaswag, sample=sample, inspect=inspect)

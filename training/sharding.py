@@ -10,25 +10,25 @@ gradients are reduce-scattered, so the memory per rank falls with the number of 
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.distributed._composable import checkpoint
+import torch.utils.checkpoint
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from model import GPT
 
-from .distributed import DistInfo
+from .distributed import Parallel
 from .optim import Muon
 
 
-def apply_fsdp(model: GPT, info: DistInfo, device: torch.device, *, param_dtype: torch.dtype | None,
+def apply_fsdp(model: GPT, par: Parallel, device: torch.device, *, param_dtype: torch.dtype | None,
                activation_checkpointing: bool) -> GPT:
     """Shard `model` in place over the ranks: each block is one FSDP unit (gathered for its own forward
     and backward only), then the root takes what is left (embeddings, final norm, head). Parameters are
@@ -36,9 +36,9 @@ def apply_fsdp(model: GPT, info: DistInfo, device: torch.device, *, param_dtype:
     nothing is sharded (activation checkpointing still applies)."""
     if activation_checkpointing:
         checkpoint_blocks(model)
-    if not info.enabled:
+    if not par.enabled:
         return model
-    mesh = init_device_mesh(device.type, (info.world_size,))
+    mesh = par.mesh(device)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh, mp_policy=policy)
@@ -49,10 +49,13 @@ def apply_fsdp(model: GPT, info: DistInfo, device: torch.device, *, param_dtype:
 def checkpoint_blocks(model: GPT) -> None:
     """Activation checkpointing per block: a block keeps only its input for the backward, which
     recomputes its forward (with the same dropout masks: the RNG state is saved with the input). About
-    a third more compute for activations of one block instead of all of them. The composable form keeps
-    the parameter names (a wrapper module would add a prefix to every saved name)."""
+    a third more compute for activations of one block instead of all of them. Each block's forward
+    becomes torch.utils.checkpoint's: the parameter names stay (a wrapper module would add a prefix to
+    every saved name), and torch.compile traces it (torch.distributed._composable's hook-based checkpoint
+    recomputes eagerly what the compiled forward saved differently: CheckpointError on the first backward)."""
     for block in model.transformer.h:
-        checkpoint(block)
+        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, type(block).forward.__get__(block),
+                                          use_reentrant=False)
 
 
 # ------------------------------------------------------------------------------------------ Muon
@@ -110,7 +113,18 @@ class ShardedOptimizerState:
         self.model, self.optimizers = model, optimizers
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizers)
+        # torch gives optimizers without state a step at lr 0 to create it (the template a sharded load fills
+        # in), and counts it: AdamW's step becomes 1, so a state taken before the first step (the time
+        # budget's snapshot) changed the run. Counted back, zero moments at step 0 are a fresh optimizer's.
+        fresh = not any(opt.state for opt in self.optimizers)
+        state = get_optimizer_state_dict(self.model, self.optimizers)
+        if fresh:
+            for entry in [*(s for opt in self.optimizers for s in opt.state.values()), *state["state"].values()]:
+                if isinstance(entry.get("step"), torch.Tensor):
+                    entry["step"].zero_()
+                elif "step" in entry:
+                    entry["step"] = 0
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in self.optimizers]

@@ -19,26 +19,12 @@ def new_run_id() -> str:
 
 @dataclass
 class TrainState:
+    """The run's counters. What the run decided at start-up is its plan (training/plan.py), saved apart."""
     iter: int = 0  # optimizer steps done
     best_val_loss: float = math.inf
     tokens_seen: int = 0
     elapsed_s: float = 0.0  # wall seconds of the run so far (set-up, steps, evals, checkpoints), across resumes
     run_id: str = field(default_factory=new_run_id)  # one id per run, kept across resumes (also wandb's)
-    dtype: str = ""  # the training dtype this run chose, kept on resume (train.dtype may override it)
-    # train.time_budget's decision (training/budget.py), made once when the run started; 0 = none
-    budget_iters: int = 0
-    budget_warmup: int = 0
-    budget_note: str = ""
-    # train.batch_size auto's decision (training/batch_size.py), made once when the run started; 0 = none
-    micro_batch: int = 0
-    batch_note: str = ""
-    # how the fused loss makes the LM head's weight gradient (runtime/loss_path.py's WEIGHT_GRAD_PRODUCTS),
-    # measured once when the run started: a resume that made the other choice would differ in the last bits
-    loss_product: str = ""
-
-    # absent from older checkpoints (which all made their weight gradient with torch.mm)
-    ADDED_LATER = {"budget_iters": 0, "budget_warmup": 0, "budget_note": "", "micro_batch": 0, "batch_note": "",
-                   "loss_product": "torch.mm"}
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,7 +32,7 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Every field must be there with its type; an int where a float is expected is fine."""
         for f in fields(self):
-            value = state[f.name] if f.name in state or f.name not in self.ADDED_LATER else self.ADDED_LATER[f.name]
+            value = state[f.name]
             kind = {"int": int, "float": (int, float), "str": str}[f.type]
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise TypeError(f"{f.name} should be {f.type}, got {value!r}")

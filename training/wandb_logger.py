@@ -15,6 +15,9 @@
   checkpoint (`history`), and from there on logs only the steps past what wandb has: the steps it
   replays from the checkpoint that wandb already holds are skipped (with a bitwise resume their values
   are the same anyway; metrics.jsonl holds the resumed ones);
+- text and pictures (training/showcase.py's samples and attention maps) go as a table (`log_table`: the
+  whole table again each time, as wandb keeps only a table's last version) and as media (`log_media`);
+  metrics.jsonl's copy of the samples (a list) is left out of the charts' history (`log`);
 - offline, every process writes its own folder `<out_dir>/wandb/offline-run-<time>-<run id>`, and
   `wandb sync --id <run id> <those folders>` uploads them into one run in the order they started:
   that command is printed when an offline run ends.
@@ -26,6 +29,7 @@ import netrc
 import os
 import struct
 import sys
+import threading
 import time
 import zlib
 from contextlib import contextmanager
@@ -149,6 +153,7 @@ def last_offline_step(out_dir: str, run_id: str, *, wait_s: float = 60.0, printe
 
 PROBE_TIMEOUT_S = network.PROBE_TIMEOUT_S  # an unreachable server is known within this, not after wandb's 90 s
 INIT_TIMEOUT_S = 30.0  # a server that answers the probe but not the init
+START_LIMIT_S = INIT_TIMEOUT_S + 30.0  # wandb.init as a whole, its service's start included (_bounded)
 
 
 def unreachable(env: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S) -> str:
@@ -178,6 +183,28 @@ def unusable_dir_variable(env: dict[str, str] | None = None) -> str:
         if not ok:
             return f"{name}={value} {why}; fix or unset {name}"
     return ""
+
+
+def _bounded(fn, limit_s: float, what: str):
+    """fn() in a helper thread, at most `limit_s` seconds: wandb.init can wait forever for its service (its
+    own init_timeout does not cover connecting to it; seen once in 1335 tests, its asyncio thread stuck on
+    the logging lock), and wandb must never hang the training run. Past the limit: TimeoutError, and the
+    thread is left behind (a daemon: it does not keep the process alive)."""
+    box: dict[str, Any] = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+    thread = threading.Thread(target=run, daemon=True, name=f"{what}-start")
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not return within {limit_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 @contextmanager
@@ -246,11 +273,11 @@ class WandbLogger:
                 self.logged_through = last_offline_step(out_dir, run_id, printer=printer)
             os.makedirs(os.path.join(out_dir, "wandb"), exist_ok=True)
             with _stderr_to(os.path.join(out_dir, "wandb", "wandb-core-stderr.log")):
-                self.run = wandb.init(
+                self.run = _bounded(lambda: wandb.init(
                     project=project, name=run_name or None, id=self.run_id, resume="allow", dir=out_dir,
                     config=config, mode=self.mode,
                     settings=wandb.Settings(console="off", silent=True, init_timeout=INIT_TIMEOUT_S),
-                )
+                ), START_LIMIT_S, "wandb.init")
             if self.mode == "online":  # the server knows the run's history: steps below run.step are in it
                 self.logged_through = int(self.run.step) - 1
         except Exception as e:  # wandb must never take the training run down
@@ -275,11 +302,31 @@ class WandbLogger:
     def enabled(self) -> bool:
         return self.run is not None
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.run is None or step <= self.logged_through:  # a replayed step, in the run already
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """The numbers of `metrics` at `step`; lists and dicts (metrics.jsonl's samples) are not charted."""
+        self._log(lambda wandb: {k: v for k, v in metrics.items() if v is not None and not isinstance(v, (list, dict))},
+                  step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """The table `rows` (every row so far: wandb shows a table's last version) under `key` at `step`."""
+        self._log(lambda wandb: {key: wandb.Table(columns=columns, data=rows)}, step)
+
+    def log_media(self, step: int, *, images: dict[str, str], html: dict[str, str], values: dict[str, float]) -> None:
+        """PNG files (key -> path), HTML pages (key -> text) and numbers, at `step`."""
+        self._log(lambda wandb: {k: wandb.Image(path) for k, path in images.items()}
+                  | {k: wandb.Html(text) for k, text in html.items()} | values, step)
+
+    def _log(self, payload, step: int) -> None:
+        """run.log(payload(the wandb module), step): nothing for a replayed step, which the run has already;
+        wandb's failure turns logging off, never the run."""
+        if self.run is None or step <= self.logged_through:
             return
         try:
-            self.run.log({k: v for k, v in metrics.items() if v is not None}, step=step)
+            import wandb
+
+            data = payload(wandb)
+            if data:
+                self.run.log(data, step=step)
         except Exception as e:
             self._disable(f"wandb.log failed ({short_error(e)}); continuing without wandb")
 

@@ -1,0 +1,327 @@
+"""Reading local source files, told apart by name: text (a file is one document), JSON Lines, a JSON array and
+parquet (a document per row), each plain or .gz/.zst; and the one-line errors for a file that cannot be read."""
+from __future__ import annotations
+
+import codecs
+import io
+import lzma
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from errors import UserError, short_error
+from fileio import json_loads
+
+from .config import DataConfig
+from .pieces import Piece, Source, doc_pieces, first_cut_after, split_off
+
+READ_BYTES = 1 << 20
+# JSON Lines are read a line at a time with the json module, not pyarrow: pyarrow's streaming JSON reader
+# held 60-70 MB above its 25 MB import whatever the block size (a 128 MB corpus: the whole prepare peaked at
+# 181 MB PSS, against 103 MB line by line, and ran no faster: json's C scanner parses ~150 MB/s on one
+# core, 30x what tiktoken encodes). A row is one document; one over this bound is refused, not read.
+ROW_MAX_BYTES = 128 << 20
+PARQUET_ROWS = 4096
+JSON_ARRAY_MAX = 1 << 30  # a .json file holding one array is parsed whole: refuse larger ones
+
+ROW_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+COMPRESSED = {".gz": "gzip", ".zst": "zstd"}
+# what a damaged compressed file is checked with (named in read_error's fix)
+TESTERS = {"gzip": "gzip -t", "zstd": "zstd -t"}
+# compressions and archives that are not read: refused by name, never read as (garbled) text
+NOT_READ = {".bz2": "bzip2-compressed", ".xz": "xz-compressed", ".lzma": "lzma-compressed", ".lz4": "lz4-compressed",
+            ".br": "brotli-compressed", ".zip": "a zip archive", ".7z": "a 7z archive", ".tar": "a tar archive",
+            ".tgz": "a tar archive"}
+# the first bytes of compressed data, to name it when a file so named is not UTF-8 text
+MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
+# what reading a file raises when the file (or its compressed data, or its disk) is damaged or cut short:
+# the decompressors' errors (pyarrow's are OSError or ArrowException), and the standard library's
+READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
+FOLDER_SUFFIXES = (".txt", *ROW_SUFFIXES, *PARQUET_SUFFIXES)  # what a folder source takes
+
+
+def file_kind(path: Path) -> tuple[str, str | None]:
+    """("text" | "rows" | "parquet", compression or None) from the file name."""
+    name = path.name.lower()
+    compression = next((c for s, c in COMPRESSED.items() if name.endswith(s)), None)
+    if compression:
+        name = name[: name.rfind(".")]
+    if name.endswith(ROW_SUFFIXES):
+        return "rows", compression
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet", compression
+    return "text", compression
+
+
+def _open_bytes(path: Path, compression: str | None):
+    if compression is None:
+        return open(path, "rb")
+    import pyarrow as pa  # decompresses gzip and zstd streams, so no extra package is needed
+
+    try:  # buffered: readline(limit) for JSON Lines, which pyarrow's stream lacks
+        return io.BufferedReader(pa.input_stream(str(path), compression=compression))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot open {path} as {compression} ({e}); check the file") from None
+
+
+def files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | None, source: Source | None = None) -> Iterator[Piece]:
+    """The documents of `paths` from position `pos` = [file index, row] on. With `tail` (a single text
+    file), the last `tail` of its bytes are val."""
+    start_file, start_row = pos if pos is not None else (0, 0)
+    for index in range(start_file, len(paths)):
+        path = paths[index]
+        compression = file_kind(path)[1]
+        try:
+            yield from _file_pieces(path, index, start_row if index == start_file else 0, cfg, tail, source)
+        except Exception as e:
+            # Raised while reading, a read error is the SOURCE's: the build would blame the disk it writes to.
+            # Any other (a UserError, a bug) goes on up as it is.
+            if not is_read_error(e):
+                raise
+            raise read_error(path, e, compression) from None
+
+
+def _file_pieces(path: Path, index: int, first: int, cfg: DataConfig, tail: float | None,
+                 source: Source | None) -> Iterator[Piece]:
+    kind, compression = file_kind(path)
+    if kind == "text":
+        cut = path.stat().st_size - int(path.stat().st_size * tail) if tail is not None and compression is None else None
+        yield from _text_pieces(path, compression, [index, 0], cut)
+    else:
+        reader = _rows_pieces if kind == "rows" else _parquet_pieces
+        moved = [0]  # bytes of this file the progress bar has been moved by so far
+        yield from reader(path, compression, index, first, cfg, source, moved)
+        yield Piece(False, "", max(0, path.stat().st_size - moved[0]), None, None)  # the rest of the file
+
+
+def is_read_error(e: BaseException) -> bool:
+    """Whether `e`, raised while reading a file, means the file could not be read (READ_ERRORS, or one of
+    pyarrow's errors: its decompressors and parquet reader raise ArrowException as well as OSError)."""
+    return isinstance(e, READ_ERRORS) or any(c.__name__ == "ArrowException" for c in type(e).__mro__)
+
+
+def read_error(path: Path, e: BaseException, compression: str | None = None) -> UserError:
+    """The one-line error for a source file that reading failed on: the file's problem and its fix. Not the
+    prepared data's disk (a failed write says that), and not "free some space", which would not help."""
+    why = short_error(e)
+    if isinstance(e, PermissionError):
+        return UserError(f"cannot read {path} ({why}); fix its permissions, or leave it out of data.dataset")
+    if isinstance(e, FileNotFoundError):
+        return UserError(f"{path} went away while it was read ({why}); put it back, or leave it out of data.dataset")
+    if compression:
+        return UserError(f"{path} is damaged: its {compression} data is cut short or corrupt ({why}); download it "
+                         f"or compress it again from the original (`{TESTERS[compression]} {path}` checks it)")
+    return UserError(f"cannot read {path} ({why}): the file (or its disk) is damaged; copy or download it again, "
+                     f"or leave it out of data.dataset")
+
+
+def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int | None) -> Iterator[Piece]:
+    """The file is one document, decoded as UTF-8 incrementally and cut into pieces. With `cut_byte`,
+    the pieces from the first safe cut point at or after that byte on are val (split 1)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending, new_doc, offset, emitted = "", True, 0, 0
+    split = None if cut_byte is None else 0
+
+    def emit(text: str) -> Iterator[Piece]:
+        nonlocal new_doc, emitted, split
+        if split == 0:
+            raw = text.encode("utf-8")
+            if emitted + len(raw) > cut_byte:
+                at = first_cut_after(text, len(raw[: cut_byte - emitted].decode("utf-8", errors="ignore")))
+                if at > 0:
+                    yield Piece(new_doc, text[:at], 0, pos if new_doc else None, 0)
+                    new_doc = False
+                text, split = text[at:], 1
+            emitted += len(raw)
+        yield Piece(new_doc, text, 0, pos if new_doc else None, split)
+        new_doc = False
+
+    with _open_bytes(path, compression) as f:
+        while True:
+            raw = f.read(READ_BYTES)
+            try:
+                pending += decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise _misnamed(path, compression) or UserError(
+                    f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); convert it to UTF-8 "
+                    f"(e.g. iconv -t UTF-8) or leave it out of data.dataset"
+                ) from None
+            offset += len(raw)
+            # Keep the tail (the next read may continue it); emit the pieces before it.
+            pieces, pending = split_off(pending)
+            for piece in pieces:
+                yield from emit(piece)
+            if not raw:
+                break
+            yield Piece(False, "", len(raw), None, split)  # progress only
+    yield from emit(pending)
+
+
+def _misnamed(path: Path, compression: str | None) -> UserError | None:
+    """The error for compressed data in a file not named for it ("converting it to UTF-8" would be the
+    wrong fix), or None when it does not start like compressed data."""
+    if compression:
+        return None
+    with open(path, "rb") as f:
+        head = f.read(8)
+    fmt = next((name for magic, name in MAGIC.items() if head.startswith(magic)), None)
+    if fmt is None:
+        return None
+    suffix = next((s for s, c in COMPRESSED.items() if c == fmt), None)
+    fix = f"name it with {suffix} at the end (it is read as it is)" if suffix else "decompress it"
+    return UserError(f"{path} holds {fmt}-compressed data, not text; {fix}, or leave it out of data.dataset")
+
+
+def _bad_row(path: Path, row: int, why: str, source: Source | None, cfg: DataConfig) -> None:
+    """Raise the one-line error for a bad row, or count it when data.skip_bad_rows is set."""
+    if cfg.skip_bad_rows and source is not None:
+        source.skipped.append([str(path), row, why])
+        return
+    raise UserError(f"{path}, row {row}: {why}; fix that row, or set data.skip_bad_rows: true to skip bad rows "
+                    f"(they are counted)")
+
+
+def _why(value: Any, fld: str, present: bool) -> str:
+    if not present or value is None:
+        return f"it has no {fld!r} field (set data.text_field to the field holding the text)"
+    return f"its {fld!r} field is a {type(value).__name__}, not text"
+
+
+def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
+                 source: Source | None, moved: list[int]) -> Iterator[Piece]:
+    """A JSON Lines file (or a .json file holding one array of objects): one document per row, the
+    text in cfg.text_field. Each line is parsed by the standard library's json (its C scanner), which
+    names a bad row's line directly and holds one row at a time; see ROW_MAX_BYTES for why not pyarrow."""
+    with _open_bytes(path, compression) as f:
+        head = f.read(64).lstrip()
+    if head.startswith(b"["):
+        yield from _json_array_pieces(path, compression, index, first, cfg, source)
+        return
+    fld = cfg.text_field
+    row, line_no, unreported = 0, 0, 0
+    with _open_bytes(path, compression) as f:
+        while line := f.readline(ROW_MAX_BYTES + 1):
+            line_no += 1
+            unreported += len(line)
+            if compression is None and unreported >= READ_BYTES:  # progress, in the file's own bytes
+                moved[0] += unreported
+                yield Piece(False, "", unreported, None, None)
+                unreported = 0
+            if len(line) > ROW_MAX_BYTES and not line.endswith(b"\n"):
+                raise UserError(f"{path}, row {line_no}: it is over {ROW_MAX_BYTES:,} bytes on one line, too big to "
+                                f"read as one document; split that document into several rows")
+            if not line.strip():
+                continue
+            row += 1
+            if row <= first:
+                continue
+            try:
+                obj = json_loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                _bad_row(path, line_no, f"it is not UTF-8 (bad byte at column {e.start + 1})", source, cfg)
+                continue
+            except ValueError as e:
+                _bad_row(path, line_no, f"it is not valid JSON ({e})", source, cfg)
+                continue
+            if not isinstance(obj, dict):
+                _bad_row(path, line_no, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)
+                continue
+            value = obj.get(fld)
+            if not isinstance(value, str):
+                _bad_row(path, line_no, _why(value, fld, fld in obj), source, cfg)
+                continue
+            yield from doc_pieces(value, 0, [index, row - 1], None)
+
+
+def _json_array_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
+                       source: Source | None) -> Iterator[Piece]:
+    if compression is None and path.stat().st_size > JSON_ARRAY_MAX:
+        raise UserError(f"{path} is one JSON array of {path.stat().st_size >> 20} MB, too big to read at once; "
+                        f"convert it to JSON Lines (one object per line, e.g. jq -c '.[]')")
+    with _open_bytes(path, compression) as f:
+        raw = f.read(JSON_ARRAY_MAX + 1)
+    try:
+        rows = json_loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); fix it, or write it as JSON Lines") from None
+    fld = cfg.text_field
+    for i, obj in enumerate(rows[first:], first):
+        value = obj.get(fld) if isinstance(obj, dict) else None
+        if not isinstance(value, str):
+            _bad_row(path, i + 1, _why(value, fld, isinstance(obj, dict) and fld in obj), source, cfg)
+            continue
+        yield from doc_pieces(value, 0, [index, i], None)
+
+
+def _parquet_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
+                    source: Source | None, moved: list[int]) -> Iterator[Piece]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if compression:
+        raise UserError(f"{path} is a compressed parquet file; parquet compresses inside the file: decompress it "
+                        f"(e.g. gunzip or zstd -d) and name the .parquet file")
+    fld = cfg.text_field
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path} is not a readable parquet file ({e}); check the file") from None
+    names = pf.schema_arrow.names
+    if fld not in names:
+        raise UserError(f"{path} has no column {fld!r} (columns: {', '.join(names)}); set data.text_field to the "
+                        f"one holding the text")
+    col_type = pf.schema_arrow.field(fld).type
+    if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
+        raise UserError(f"{path}'s column {fld!r} holds {col_type}, not text; set data.text_field to a text column")
+    done = 0
+    groups = []
+    for g in range(pf.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if done + n > first:
+            groups.append(g)
+        else:
+            done += n
+    if not groups:
+        return
+    for batch in pf.iter_batches(batch_size=PARQUET_ROWS, row_groups=groups, columns=[fld]):
+        column = batch.column(0)
+        try:
+            texts = column.to_pylist()
+        except UnicodeDecodeError:
+            texts = []
+            for i in range(len(column)):
+                try:
+                    texts.append(column[i].as_py())
+                except UnicodeDecodeError:
+                    texts.append(b"")  # marks a bad row below
+        for i, text in enumerate(texts):
+            row = done + i
+            if row < first:
+                continue
+            if not isinstance(text, str):
+                why = "its text is not UTF-8" if text == b"" else _why(text, fld, True)
+                _bad_row(path, row + 1, why, source, cfg)
+                continue
+            yield from doc_pieces(text, 0, [index, row], None)
+        done += len(texts)
+        step = path.stat().st_size * len(texts) // max(pf.metadata.num_rows, 1)  # progress: the rows' share
+        moved[0] += step
+        yield Piece(False, "", step, None, None)
+
+
+def check_readable_kind(path: Path) -> None:
+    """Refuse a file compressed (or archived) in a way this code does not read: read as text it would be
+    garbage, and "convert it to UTF-8" the wrong fix."""
+    suffix = next((s for s in NOT_READ if path.name.lower().endswith(s)), None)
+    if suffix:
+        raise UserError(f"{path} is {NOT_READ[suffix]}, which data.dataset does not read; decompress or extract it "
+                        f"(.gz and .zst files are read as they are)")
+
+
+def folder_takes(path: Path) -> bool:
+    name = path.name.lower()
+    for suffix in COMPRESSED:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name.endswith(FOLDER_SUFFIXES) and not path.name.startswith(".")

@@ -1,0 +1,204 @@
+"""One folder, one owner: every folder this project writes says what it is, and no command writes into a
+folder of another kind, inside one, or around one.
+
+    mark(out_dir, OUT_DIR)                              # a marker file: {"kind": ..., "owner": ...}
+    kind_of(path)                                       # OUT_DIR, DATA, EXPORT, CHECKPOINT or None
+    check_target(path, DATA, "data.root")               # a one-line UserError naming both folders and the fix
+
+Why: each command knew only its own rules, so two of them could share a folder, and one deleted what the
+other wrote (a prepare's rebuild removed the checkpoints of a run whose out_dir was the prepared folder).
+
+A folder says what it is by a marker (MARKER, written by the command that owns it), else by what the
+command that owns it has always left there (folders written before the marker existed, and the kinds that
+carry no marker): a prepared data folder by its manifest, meta.json (or a build in progress); an export by
+config.json and model.safetensors (a marker would travel into every hub upload of it); a sharded checkpoint
+by DCP's .metadata; an out_dir by its checkpoints, metrics.jsonl or its lock.
+
+The one nesting allowed: an out_dir holds its own sharded checkpoints (ckpt.dcp/, best.dcp/) directly.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from errors import UserError
+from fileio import atomic_write_bytes, json_loads
+
+MARKER = ".smallgpt-owner.json"
+OUT_DIR, DATA, EXPORT, CHECKPOINT = "out_dir", "data", "export", "checkpoint"
+# what each kind is, and who writes it (named in every refusal, so the user knows which setting to move)
+WHAT = {OUT_DIR: "a training out_dir", DATA: "a prepared data folder", EXPORT: "an HF export",
+        CHECKPOINT: "a sharded checkpoint"}
+OWNER = {OUT_DIR: "train.py", DATA: "python -m data.prepare", EXPORT: "python -m checkpoint.export",
+         CHECKPOINT: "train.py"}
+# what today's code leaves in a folder of each kind without a marker (ownership may import neither data/
+# nor checkpoint/, which import it: the names are spelled here, each beside the kind that writes it)
+CKPT_NAME, BEST_NAME = "ckpt.pt", "best.pt"  # checkpoint/format.py's names (their one home: light enough for data/)
+OUT_DIR_FILES, OUT_DIR_DIRS = (CKPT_NAME, BEST_NAME, "metrics.jsonl", ".train.lock"), ("ckpt.dcp", "best.dcp")
+OUT_DIR_NAMES = OUT_DIR_FILES + OUT_DIR_DIRS
+DATA_MANIFEST, DATA_LOCK, DATA_BUILD_PREFIX = "meta.json", ".prepare.lock", ".prepare-"
+EXPORT_NAMES = ("config.json", "model.safetensors")
+DCP_METADATA = ".metadata"
+OWN_PARTS = {OUT_DIR: {CHECKPOINT}}  # managed folders a kind holds directly as its own parts
+SCAN_DIRS = 2000  # folders looked into below a target: an out_dir set to a home directory is not walked whole
+
+
+def mark(path: str | os.PathLike, kind: str) -> None:
+    """Write `path`'s marker saying it is a `kind` folder (not again when it already says so)."""
+    marker = Path(path) / MARKER
+    if _marked(Path(path)) == kind:
+        return
+    atomic_write_bytes(marker, (json.dumps({"kind": kind, "owner": OWNER[kind]}) + "\n").encode())
+
+
+def _marked(path: Path) -> str | None:
+    try:
+        info = json_loads((path / MARKER).read_bytes()[:4096])  # (4096 '[' are past the parser's depth)
+    except (OSError, ValueError):  # none, unreadable or damaged: recognised by its contents instead
+        return None
+    kind = info.get("kind") if isinstance(info, dict) else None
+    return kind if kind in WHAT else None
+
+
+def kind_of(path: str | os.PathLike, *, around: bool = False) -> str | None:
+    """What `path` is: its marker's kind, else the kind whose files it holds, else None (not ours, or not a
+    folder). `around`: `path` is a folder above or below the one a command writes, where a stray file must not
+    make a folder "managed" (a downloaded ckpt.pt in a home directory, any meta.json): an unmarked out_dir is
+    then known by a run's log beside its checkpoints (or its lock), a data folder by a meta.json that is a
+    manifest; exports and sharded checkpoints by their files, which are specific enough."""
+    path = Path(path)
+    try:
+        if not path.is_dir():
+            return None
+        marked = _marked(path)
+        if marked:
+            return marked
+        if (path / DCP_METADATA).is_file():
+            return CHECKPOINT
+        if all((path / name).is_file() for name in EXPORT_NAMES):
+            return EXPORT
+        if (_is_manifest(path / DATA_MANIFEST) if around else (path / DATA_MANIFEST).is_file()) \
+                or (path / DATA_LOCK).exists() \
+                or any(p.name.startswith(DATA_BUILD_PREFIX) for p in path.glob(f"{DATA_BUILD_PREFIX}*.json")):
+            return DATA  # (a manifest first: a folder that holds both is the issue's mixed case, owned by its data)
+        checkpoints = any((path / n).is_file() for n in (CKPT_NAME, BEST_NAME)) or \
+            any((path / n).is_dir() for n in OUT_DIR_DIRS)
+        if around:  # a run's log beside its checkpoints, or its lock: not one stray file
+            ran = (path / "metrics.jsonl").is_file() and checkpoints or (path / ".train.lock").is_file()
+            return OUT_DIR if ran else None
+        if checkpoints or any((path / name).is_file() for name in OUT_DIR_FILES):
+            return OUT_DIR
+    except OSError:  # unreadable: nothing says it is ours
+        return None
+    return None
+
+
+def _is_manifest(path: Path) -> bool:
+    """A meta.json that python -m data.prepare wrote (its keys), not any file of that name."""
+    try:
+        info = json_loads(path.read_bytes()[:1 << 20])
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and {"tokenizer", "vocab_size"} <= info.keys()
+
+
+def unmark_if_unused(path: str | os.PathLike) -> None:
+    """Remove `path`'s out_dir marker where the run that claimed it stopped before writing anything (refused
+    at start): else the stray marker would make a later run refuse this folder, for a hidden reason."""
+    path = Path(path)
+    try:
+        left = {p.name for p in path.iterdir()} - {MARKER, ".train.lock"}
+        if not left and _marked(path) == OUT_DIR:
+            (path / MARKER).unlink()
+    except OSError:
+        pass
+
+
+def check_target(path: str | os.PathLike, kind: str, option: str, *, reading: Iterable[str | os.PathLike] = (),
+                 home: str | os.PathLike | None = None) -> None:
+    """Refuse, in one UserError line naming both folders and the fix, a command about to write its `kind`
+    folder `path` (chosen by the setting `option`) where it would mix with another: `path` is a managed
+    folder of another kind, lies inside a managed folder, holds one (other than its own parts), or is, holds
+    or lies inside a folder the command reads (`reading`). kind None: `path` is a single file; it may lie in
+    the managed folder `home` (consolidate's output beside the checkpoint it reads), in no other."""
+    path = _absolute(path)
+    mine = f"{WHAT[kind] if kind is not None else 'the output file'} {path} (from {option})"
+    found = kind_of(path)
+    if found is not None and found != kind:
+        raise UserError(f"{path} (from {option}) is {WHAT[found]} (written by {OWNER[found]}), not "
+                        f"{WHAT[kind] if kind is not None else 'a file'}; {_fix(kind, option)}: a folder has one owner")
+    home = _absolute(home) if home is not None else None
+    if kind is None and home is not None and path.parent == home and path.name in (*OUT_DIR_NAMES, MARKER):
+        raise UserError(f"{mine} is a name {OWNER[OUT_DIR]} writes in its out_dir {home}; {_fix(kind, option)}: "
+                        f"a folder has one owner")
+    for parent in path.parents:
+        found = kind_of(parent, around=True)
+        if found is None or parent == home:
+            continue
+        if parent == path.parent and kind in OWN_PARTS.get(found, ()):
+            continue
+        raise UserError(f"{mine} would lie inside {parent}, {WHAT[found]} (written by {OWNER[found]}); "
+                        f"{_fix(kind, option, 'outside it')}: a folder has one owner")
+    if kind is not None:
+        for inner, found in _managed_below(path):
+            if inner.parent == path and found in OWN_PARTS.get(kind, ()):
+                continue
+            raise UserError(f"{mine} holds {inner}, {WHAT[found]} (written by {OWNER[found]}); move {inner} out of "
+                            f"it, or {_fix(kind, option)}: a folder has one owner")
+    for read in reading:
+        if not os.path.lexists(read):  # a hub name, not a path: nothing on disk to overwrite
+            continue
+        read = _absolute(read)
+        if read == path or read in path.parents or path in read.parents:
+            how = "is" if read == path else "lies inside" if read in path.parents else "holds"
+            raise UserError(f"{mine} {how} {read}, which this command reads; {_fix(kind, option, 'apart from it')}")
+
+
+def check_parent(folder: str | os.PathLike, kind: str, option: str) -> None:
+    """Refuse, in one UserError line, making `kind` folders in `folder` (data.root: each prepared folder goes
+    in it) when `folder` is, or lies inside, a managed folder: they would lie inside that one. Checked before
+    `folder` is created."""
+    folder = _absolute(folder)
+    for p in (folder, *folder.parents):
+        found = kind_of(p, around=p != folder)
+        if found is not None:
+            where = "is" if p == folder else "lies inside"
+            raise UserError(f"{option}={folder} {where} {p}, {WHAT[found]} (written by {OWNER[found]}), so "
+                            f"{WHAT[kind]} made there would lie inside it; {_fix(kind, option, 'outside it')}: "
+                            f"a folder has one owner")
+
+
+def _fix(kind: str | None, option: str, where: str = "") -> str:
+    if kind == DATA:
+        return f"set {option} to {'a' if where else 'another'} directory{' ' + where if where else ''}"
+    article = "an" if option.startswith("-") else "a"
+    return f"choose {article} {option} {where}" if where else f"choose another {option}"
+
+
+def _absolute(path: str | os.PathLike) -> Path:
+    # resolved: a folder reached through a link is the folder itself
+    return Path(os.path.realpath(os.path.expanduser(path)))
+
+
+def _managed_below(path: Path) -> Iterable[tuple[Path, str]]:
+    """The managed folders under `path` (not looking inside them), top-down, at most SCAN_DIRS folders."""
+    if not path.is_dir():
+        return
+    seen = 0
+    for top, dirs, _ in os.walk(path, onerror=lambda e: None):
+        keep = []
+        for name in sorted(dirs):
+            inner = Path(top) / name
+            if inner.is_symlink():
+                continue
+            found = kind_of(inner, around=True)
+            if found is not None:
+                yield inner, found
+            else:
+                keep.append(name)
+        dirs[:] = keep
+        seen += 1
+        if seen >= SCAN_DIRS:
+            return

@@ -1,0 +1,136 @@
+"""Every number option of sample.py and bench.py, given any value (zero, negative, subnormal, tiny, huge,
+inf, nan, and the text argparse gets: "1e23", "²"): refused in one line naming the option before anything
+is built, or within an arithmetic bound on the work it asks for, written here as plain numbers (not the
+code's constants): at most 10**5 samples and 10**6 new tokens a sample, at most 10**6 steps of any
+benchmark loop, 10**5 shard files. sample.py's accepted values that are cheap to run are run, and give
+finite text.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+from hypothesis import example, given, settings, strategies as st
+
+import bench
+import sample
+from errors import UserError
+
+from test_hostile_kinds import SAMPLE_FAST, assert_one_line, run_entry
+
+
+SPECIAL_INTS = [0, -1, 1, 2, 10**5, 10**6 + 1, 2**31, 2**63, 2**64, 10**23, -(2**63) - 1]
+SPECIAL_FLOATS = [0.0, -0.0, -1.0, 5e-324, 1e-300, 1e-45, 1.17e-38, 1e-6, 0.5, 1.0, 1.5, 1e6, 1e308, math.inf,
+                  -math.inf, math.nan]
+TEXTS = ["1e23", "1e-300", "nan", "inf", "²", "0x10", "1_000", " 7 ", "-0", ""]
+
+
+def int_values():
+    return st.one_of(st.sampled_from(SPECIAL_INTS), st.integers()).map(str) | st.sampled_from(TEXTS)
+
+
+def float_values():
+    return st.one_of(st.sampled_from(SPECIAL_FLOATS), st.floats()).map(repr) | st.sampled_from(TEXTS)
+
+
+class Built(BaseException):
+    """Raised where sample.py would start loading: the values were accepted."""
+
+
+# ------------------------------------------------------------------------------------------ sample.py
+
+SAMPLE_INTS = ["--num-samples", "--max-new-tokens", "--top-k", "--seed"]
+SAMPLE_FLOATS = ["--temperature", "--top-p", "--min-p", "--repetition-penalty"]
+
+
+def sample_work_is_bounded(option: str, text: str) -> bool:
+    """Within the bound on what one run may ask for: at most 10**5 samples, 10**6 new tokens each."""
+    value = float(text)
+    return {"--num-samples": value <= 10**5, "--max-new-tokens": value <= 10**6}.get(option, True)
+
+
+def cheap(option: str, text: str) -> bool:
+    return option not in ("--num-samples", "--max-new-tokens") or float(text) <= 8
+
+
+# each accepted example may run sample.py whole: half the profile's examples per option
+@pytest.mark.parametrize("option", SAMPLE_INTS + SAMPLE_FLOATS)
+@settings(max_examples=max(5, settings().max_examples // 2))
+@given(data=st.data())
+@example(data=None)
+def test_sample_number_options_are_bounded_and_refused_before_loading(world, capsys, monkeypatch, option, data):
+    values = int_values() if option in SAMPLE_INTS else float_values()
+    text = SPECIAL_VALUE[option] if data is None else data.draw(values)
+    argv = ["--checkpoint", world.ckpt, *SAMPLE_FAST, option, text]
+
+    def built(*a, **k):
+        raise Built
+    monkeypatch.setattr(sample, "load_model", built)
+    try:
+        code, _, err = run_entry(sample.main, argv, capsys)
+    except Built:  # accepted: its work is bounded, and a cheap one runs to finite text
+        assert sample_work_is_bounded(option, text), (option, text)
+        monkeypatch.undo()
+        if cheap(option, text):
+            code, out, err = run_entry(sample.main, argv, capsys)
+            # the default prompt "\n", then text (several samples: each under its separator line)
+            assert code == 0 and out.startswith(("\n", "---------- sample 1/")) and "nan" not in out, (code, err)
+        return
+    assert_one_line(code, err, option if text.strip() else "")
+
+
+# an example of each option hypothesis may not draw in CI: the issue's own values
+SPECIAL_VALUE = {"--num-samples": "100000000000000000000000", "--max-new-tokens": "1e23", "--top-k": str(10**23),
+                 "--seed": str(2**64), "--temperature": "5e-324", "--top-p": "1e-300", "--min-p": "nan",
+                 "--repetition-penalty": "1e-300"}
+
+
+# ------------------------------------------------------------------------------------------ bench.py
+
+BENCH_INTS = ["--warmup", "--iters", "--rounds", "--repeats", "--new-tokens", "--prompt-len", "--loss-steps",
+              "--prepare-rss-mb", "--corpus-mb", "--corpus-shard-tokens", "--corpus-procs", "--threads"]
+BENCH_FLOATS = ["--loss-tol", "--budget-s"]
+BENCH_LISTS = ["--batch-sizes", "--vocabs", "--loss-chunks"]
+
+
+def bench_work_is_bounded(args) -> bool:
+    """Every loop of every row ends: at most 10**6 steps of each, 10**5 corpus shard files, finite times."""
+    steps = (args.warmup + args.iters, args.rounds, args.repeats * (args.prompt_len + args.new_tokens),
+             args.loss_steps, args.corpus_procs, args.prepare_rss_mb)
+    files = args.corpus_mb * 2**20 / args.corpus_shard_tokens  # a token is at least a byte
+    lists = [n for n in (*args.batch_size_list, *args.vocab_list, *args.loss_chunk_sizes) if n != "max"]
+    return (all(0 <= n <= 10**6 for n in steps) and files <= 10**5 and all(0 < n <= 10**7 for n in lists)
+            and math.isfinite(args.loss_tol) and args.loss_tol > 0
+            and (args.budget_s is None or 0 < args.budget_s <= 10**7) and 0 <= args.threads <= (os.cpu_count() or 1))
+
+
+def int_lists():
+    item = st.one_of(st.sampled_from(SPECIAL_INTS).map(str), st.sampled_from(TEXTS), st.just("max"))
+    return st.lists(item, min_size=1, max_size=3).map(",".join)
+
+
+@pytest.mark.parametrize("option", BENCH_INTS + BENCH_FLOATS + BENCH_LISTS)
+@given(data=st.data())
+def test_bench_number_options_are_bounded_and_refused_before_measuring(option, data):
+    values = int_values() if option in BENCH_INTS else float_values() if option in BENCH_FLOATS else int_lists()
+    text = data.draw(values)
+    try:
+        args = bench.parse_args(["--device", "cpu", f"{option}={text}"])
+    except UserError as e:
+        assert "\n" not in str(e) and (option in str(e) or "argument" in str(e)), str(e)
+        return
+    assert bench_work_is_bounded(args), (option, text)
+
+
+def test_the_issues_counts_are_refused_in_one_line(world, capsys):
+    """The reported cases themselves: sample.py --num-samples 1e23 (written out: argparse refuses the
+    float text), bench.py --new-tokens 1e14."""
+    code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--num-samples", str(10**23)], capsys)
+    assert_one_line(code, err, "--num-samples", "at most")
+    with pytest.raises(UserError, match="--new-tokens must be at most"):
+        bench.parse_args(["--new-tokens", str(10**14)])
+    with pytest.raises(UserError, match="--batch-sizes takes positive integers or 'max'"):
+        bench.parse_args(["--batch-sizes", "16,²"])  # "²".isdigit(), but int("²") raised ValueError
+
+

@@ -1,0 +1,374 @@
+"""Every path option of every entry point, given every kind of path: a regular file (junk, or for an output
+one with old bytes), an empty file, a directory, a FIFO (for an output also one being read), character
+devices behaving as /dev/null and /dev/full, a socket, a symlink loop, a symlink to a file, a dangling
+symlink and a missing path. Each either works (the output loads) or ends within seconds with one line
+naming the path; never a traceback, never a hang, and the path is what it was (an input unchanged, an
+output still of its kind: a device, a FIFO or a symlink is written into, never replaced).
+
+The whole class, exhaustively: (option) x (kind) is small enough to run every pair instead of sampling
+it. An unreadable file (chmod 000) is no kind here when the tests run as root, who reads it anyway:
+test_unreadable_inputs_are_one_line says so when it skips.
+
+The devices are made with mknod where the tests run as root (the real /dev/null must never be at stake:
+the defect this guards against replaced it with a regular file); elsewhere /dev/null itself is safe,
+as no other user can replace it.
+
+Also the shared world of the hostile tests: a 1-rank FSDP run (ckpt.dcp/, metrics.jsonl), a tiny GPT-2
+tokenizer checkpoint, a HellaSwag item, a prompt, a corpus.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+import bench
+import eval.hellaswag as hellaswag
+import sample
+import train
+from checkpoint import load_checkpoint, save_checkpoint
+from checkpoint.__main__ import main as checkpoint_main
+from checkpoint.export import main as export_main
+from data.prepare import main as prepare_main
+from errors import run_cli
+from model import GPT, GPTConfig
+from training import plot
+
+from test_multirank import argv as tiny_train_argv
+
+HANG_S = 30  # "within seconds": a case that takes longer is a hang
+
+
+class Hang(BaseException):
+    """Raised by the alarm: not an Exception, so no `except Exception` of the code under test swallows it."""
+
+
+def run_entry(main: Callable[[list[str]], int | None], argv: list[str], capsys) -> tuple[int, str, str]:
+    """An entry point in-process through errors.run_cli -> (exit code, stdout, stderr). A traceback is
+    raised through (the test fails with it); a case that runs past HANG_S raises Hang."""
+    fired = []
+
+    def alarm(signum, frame):
+        fired.append(True)
+        raise Hang(f"{argv} ran past {HANG_S} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(HANG_S)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            run_cli(lambda: main([str(a) for a in argv]))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        # an exception raised in the middle of any code may be swallowed there (seen: inside logging's lock
+        # release, which then stayed held and hung wandb later in this process): a fired alarm fails anyway
+        if fired:
+            pytest.fail(f"{argv} ran past {HANG_S} s")
+    out, err = capsys.readouterr()
+    return exc.value.code or 0, out, err
+
+
+def assert_one_line(code: int, err: str, *words: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------ the kinds
+
+INPUT_KINDS = ("regular", "empty", "directory", "fifo", "null_device", "full_device", "socket", "symlink_loop",
+               "symlink", "dangling_symlink", "missing")
+OUTPUT_KINDS = INPUT_KINDS + ("fifo_read",)
+OLD = b"old bytes\n"
+
+
+def char_device(path: Path, which: str) -> Path:
+    """A character device behaving as /dev/null or /dev/full at `path` (mknod, as root), else the real one."""
+    if os.geteuid() != 0:
+        return Path(f"/dev/{which}")
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, {"null": 3, "full": 7}[which]))
+    return path
+
+
+def make_kind(kind: str, path: Path, content: bytes = OLD) -> Path:
+    """`path` made into `kind`; returns the path to pass (the device's, where it cannot be made here)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "regular":
+        path.write_bytes(content)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind in ("fifo", "fifo_read"):
+        os.mkfifo(path)
+    elif kind in ("null_device", "full_device"):
+        return char_device(path, kind.split("_")[0])
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))
+    elif kind == "symlink_loop":
+        path.symlink_to(path.name)
+    elif kind == "symlink":
+        (path.parent / f"target-of-{path.name}").write_bytes(content)
+        path.symlink_to(f"target-of-{path.name}")
+    elif kind == "dangling_symlink":
+        path.symlink_to(f"target-of-{path.name}")
+    else:
+        assert kind == "missing"
+    return path
+
+
+def snapshot(path: Path):
+    """What a path is: its kind, and a regular file's bytes, a directory's names, a symlink's target."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ("missing",)
+    if stat.S_ISLNK(st.st_mode):
+        return ("symlink", os.readlink(path))
+    if stat.S_ISREG(st.st_mode):
+        return ("regular", path.read_bytes())
+    if stat.S_ISDIR(st.st_mode):
+        return ("directory", sorted(p.name for p in path.iterdir()))
+    return (stat.S_IFMT(st.st_mode), st.st_rdev)
+
+
+@contextlib.contextmanager
+def fifo_reader(path: Path):
+    """A reader of the FIFO `path` for the block, open before the block starts (non-blocking, so it is
+    open at once): a thread collecting what is written until the block ends."""
+    got = bytearray()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    done = threading.Event()
+
+    def read():
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer, nothing yet
+                chunk = None
+            if chunk:
+                got.extend(chunk)
+            elif done.is_set():
+                return
+            else:
+                done.wait(0.01)
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        yield got
+    finally:
+        done.set()
+        t.join(5)
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------ the world
+
+@dataclasses.dataclass
+class World:
+    root: Path  # short: a socket's path must fit in 108 bytes
+    data_root: Path
+    run: Path  # a 1-rank FSDP run: ckpt.dcp/, best.dcp/, metrics.jsonl
+    ckpt: Path  # a single-file char checkpoint
+    gpt2: Path  # a tiny checkpoint with GPT-2's tokenizer (HellaSwag, the export)
+    hellaswag: Path
+    prompt: Path
+    corpus: Path
+
+
+TRAIN_TINY = ("--model.dropout=0.0", "--model.n_layer=1", "--model.n_embd=16", "--model.block_size=16",
+              "--train.max_iters=2", "--train.eval_interval=2", "--train.eval_iters=1", "--train.batch_size=2",
+              "--train.grad_accum_steps=1")
+
+
+def train_argv(out: Path, data_root: Path, *extra: str) -> list[str]:
+    return tiny_train_argv(out, data_root, *TRAIN_TINY, *extra)
+
+
+def tiny_gpt2_checkpoint(path: Path) -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50257, block_size=16, n_layer=1, n_head=1, n_embd=8)
+    save_checkpoint(path, {"model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config),
+                           "config": {}, "tokenizer": {"tokenizer": "gpt2", "chars": None}})
+
+
+def build_world(data_root: Path):
+    """The hostile tests' world (a generator: the folder goes after the session); tests/conftest.py's
+    `world` fixture, shared by every test_hostile_* file."""
+    root = Path(tempfile.mkdtemp(prefix="hx-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    run = root / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        train.train(train.load_config(train_argv(run, data_root, "--train.parallel=fsdp")))
+        single = root / "single"
+        train.train(train.load_config(train_argv(single, data_root)))
+    gpt2 = root / "gpt2" / "ckpt.pt"
+    tiny_gpt2_checkpoint(gpt2)
+    item = {"ctx": "A man sits down.", "endings": ["He eats.", "He runs.", "It rains.", "She sings."], "label": 0}
+    (root / "hs.jsonl").write_text(json.dumps(item) + "\n")
+    (root / "prompt.txt").write_text("hear")
+    (root / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    yield World(root, data_root, run, single / "ckpt.pt", gpt2, root / "hs.jsonl", root / "prompt.txt",
+                root / "corpus.txt")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ the options
+
+SAMPLE_FAST = ["--max-new-tokens", "2", "--seed", "1", "--dtype", "float32", "--no-stream"]
+
+
+def _png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _loads(path: Path) -> bool:
+    return "model" in load_checkpoint(path, needed=("model",))
+
+
+@dataclasses.dataclass
+class Option:
+    main: Callable
+    argv: Callable[[Path, World, Path], list[str]]  # (the path, the world, a scratch folder) -> argv
+    output: bool = False
+    loads: Callable[[Path], bool] | None = None  # an output written whole: does it load?
+    name: str = "x"  # the path's file name (a suffix decides some readers)
+
+
+OPTIONS: dict[str, Option] = {
+    "sample --checkpoint": Option(sample.main, lambda p, w, t: ["--checkpoint", p, *SAMPLE_FAST], name="ckpt.pt"),
+    "sample --prompt-file": Option(sample.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--prompt-file", p,
+                                                                 *SAMPLE_FAST]),
+    "sample --out": Option(sample.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--out", p, *SAMPLE_FAST],
+                           output=True, loads=lambda f: f.read_text().startswith("\n"), name="samples.txt"),
+    "consolidate SOURCE": Option(checkpoint_main, lambda p, w, t: ["consolidate", p, "--out", t / "one.pt"]),
+    "consolidate --out": Option(checkpoint_main, lambda p, w, t: ["consolidate", w.run / "ckpt.dcp", "--out", p],
+                                output=True, loads=_loads, name="one.pt"),
+    "export --checkpoint": Option(export_main, lambda p, w, t: ["--checkpoint", p, "--out", t / "hf"], name="ckpt.pt"),
+    "export --out": Option(export_main, lambda p, w, t: ["--checkpoint", w.gpt2, "--out", p], output=True,
+                           loads=lambda d: (d / "config.json").is_file(), name="hf"),
+    "training.plot RUN": Option(plot.main, lambda p, w, t: [p, "--out", t / "c.png"], name="metrics.jsonl"),
+    "training.plot --out": Option(plot.main, lambda p, w, t: [w.run, "--out", p], output=True, loads=_png,
+                                  name="curves.png"),
+    "hellaswag --checkpoint": Option(hellaswag.main, lambda p, w, t: ["--checkpoint", p, "--data", w.hellaswag,
+                                                                      "--device", "cpu"], name="ckpt.pt"),
+    "hellaswag --data": Option(hellaswag.main, lambda p, w, t: ["--checkpoint", w.gpt2, "--data", p, "--device", "cpu"],
+                               name="hs.jsonl"),
+    "data.prepare --dataset": Option(prepare_main, lambda p, w, t: ["--dataset", p, "--tokenizer", "char", "--root",
+                                                                    t / "prepared", "--no-progress"], name="in.txt"),
+    "data.prepare --val-dataset": Option(prepare_main, lambda p, w, t: [
+        "--dataset", w.corpus, "--val-dataset", p, "--tokenizer", "char", "--root", t / "prepared", "--no-progress"],
+        name="val.txt"),
+    "data.prepare --root": Option(prepare_main, lambda p, w, t: ["--dataset", w.corpus, "--tokenizer", "char", "--root",
+                                                                 p, "--no-progress"], output=True,
+                                  loads=lambda d: any(d.glob("*/meta.json")), name="prepared"),
+    "data.prepare --local-path": Option(prepare_main, lambda p, w, t: ["--local-path", p, "--tokenizer", "char",
+                                                                       "--root", t / "prepared", "--no-progress"],
+                                        name="input.txt"),
+    "train.py --config": Option(train.main, lambda p, w, t: ["--config", p, *train_argv(t / "out", w.data_root)],
+                                name="cfg.yaml"),
+    "train.py train.out_dir": Option(train.main, lambda p, w, t: train_argv(p, w.data_root), output=True,
+                                     loads=lambda d: (d / "ckpt.pt").is_file(), name="out"),
+    "train.py data.root": Option(train.main, lambda p, w, t: [*train_argv(t / "out", w.data_root), f"--data.root={p}"],
+                                 output=True, loads=lambda d: any(d.glob("*/meta.json")), name="prepared"),
+    "train.py model.init_from": Option(train.main, lambda p, w, t: [*train_argv(t / "out", w.data_root),
+                                                                    f"--model.init_from={p}"], name="init/ckpt.pt"),
+    "bench.py --json": Option(None, None, output=True, loads=lambda f: isinstance(json.loads(f.read_text()), dict),
+                              name="bench.json"),
+    "bench.py --budget-configs": Option(lambda a: bench.parse_args(a) and 0, lambda p, w, t: [
+        "--device", "cpu", "--budget-configs", p], name="cfg.yaml"),
+    "bench.py --nanogpt-dir": Option(lambda a: bench.parse_args(a) and 0, lambda p, w, t: [
+        "--device", "cpu", "--only", "train", "--nanogpt-dir", p], name="nanogpt"),
+}
+DIR_OUTPUTS = ("export --out", "data.prepare --root", "train.py train.out_dir", "train.py data.root")
+# The choice per kind (fileio.output_target): a file output is written into a regular file (replaced
+# atomically), a symlink's target, a character device, a FIFO being read; refused for a FIFO nobody reads
+# (writing would hang), a socket, a symlink loop and a directory (training.plot puts curves.png inside
+# it). A full device is a write error, one line. A folder output: a new or existing folder, nothing else.
+WRITTEN = {"regular", "empty", "missing", "symlink", "dangling_symlink", "null_device", "fifo_read"}
+FOLDER_WRITTEN = {"directory", "missing"}
+
+
+def expected_to_work(option: str, kind: str) -> bool:
+    if option in DIR_OUTPUTS:
+        return kind in FOLDER_WRITTEN
+    return kind in WRITTEN or (option == "training.plot --out" and kind == "directory")
+
+
+def bench_json(argv: list[str]) -> int:
+    """bench.py --json: its check before measuring (parse_args), then the very write its main ends with;
+    the minutes of measuring between them read no path."""
+    args = bench.parse_args(argv)
+    try:
+        bench.atomic_write_bytes(Path(args.json), (json.dumps({"rows": []}) + "\n").encode(), "--json")
+    except OSError as e:
+        raise bench.UserError(f"cannot write --json {args.json} ({bench.short_error(e)}); the report is printed above")
+    return 0
+
+
+OPTIONS["bench.py --json"] = dataclasses.replace(OPTIONS["bench.py --json"], main=bench_json,
+                                                 argv=lambda p, w, t: ["--json", p])
+
+CASES = [(o, k) for o in OPTIONS for k in (OUTPUT_KINDS if OPTIONS[o].output else INPUT_KINDS)]
+
+
+@pytest.mark.parametrize("option,kind", CASES, ids=[f"{o}-{k}" for o, k in CASES])
+def test_every_path_option_takes_every_kind_of_path(world, option, kind, capsys, monkeypatch):
+    opt = OPTIONS[option]
+    case = Path(tempfile.mkdtemp(dir=world.root))
+    monkeypatch.chdir(case)
+    path = make_kind(kind, case / opt.name)
+    before = snapshot(path)
+    target_before = snapshot(path.parent / f"target-of-{path.name}")
+    with fifo_reader(path) if kind == "fifo_read" else contextlib.nullcontext(bytearray()) as got:
+        code, out, err = run_entry(opt.main, opt.argv(path, world, case), capsys)
+    assert "Traceback" not in err, err
+    if opt.output:
+        assert (code == 0) == expected_to_work(option, kind), (code, err)
+    if code != 0:
+        assert_one_line(code, err, path.name)
+    after = snapshot(path)
+    if not opt.output or code != 0:  # an input, or a refused output: untouched
+        assert after == before, (before, after)
+        assert snapshot(path.parent / f"target-of-{path.name}") == target_before
+    if opt.output and code == 0:
+        if kind in ("symlink", "dangling_symlink"):  # the link stays; its target got the output
+            assert after == before
+            written = path.parent / f"target-of-{path.name}"
+        elif kind in ("null_device", "full_device", "fifo", "fifo_read", "socket"):  # written into, kept
+            assert after[0] == before[0] and after == before, (before, after)
+            written = None
+        elif kind == "directory" and option not in DIR_OUTPUTS:  # a file output given a folder: the file goes inside
+            written = next(p for p in path.iterdir())
+        else:
+            written = path
+        if written is not None:
+            assert opt.loads(written), written
+        if kind == "fifo_read" and option not in DIR_OUTPUTS:
+            assert len(got) > 0  # the reader got the output
+
+
+def test_unreadable_inputs_are_one_line(world, tmp_path, capsys):
+    if os.geteuid() == 0:
+        pytest.skip("running as root: chmod 000 does not stop root from reading, so an unreadable file is no "
+                    "kind of path here")
+    path = tmp_path / "prompt.txt"
+    path.write_text("hear")
+    path.chmod(0)
+    code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--prompt-file", path, *SAMPLE_FAST], capsys)
+    assert_one_line(code, err, str(path))

@@ -1,0 +1,78 @@
+"""tests/matrix.py's rows, without training anything: every two values of two factors meet in a row
+that runs (or, for a combination that must be refused, in its refusal row), and the constraints hold."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import matrix
+
+SEEDS = range(5)
+
+
+def every_pair() -> list[tuple[str, str, str, str]]:
+    """All (factor a, value, factor b, value) with a before b, from the factor table alone."""
+    names = list(matrix.FACTORS)
+    return [(a, va, b, vb) for i, a in enumerate(names) for b in names[i + 1:]
+            for va in matrix.FACTORS[a] for vb in matrix.FACTORS[b]]
+
+
+def must_refuse(row: dict[str, str]) -> bool:
+    # written out here, not read from matrix.refusal: HellaSwag's prose can't be encoded by a char vocabulary
+    return row["hswag"] == "on" and row["tok"] == "char"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_pair_of_values_meets_in_a_row_that_runs_or_in_its_refusal_row(seed):
+    rows = matrix.rows(seed)
+    running = [r for r in rows if not must_refuse(r)]
+    refused = [r for r in rows if must_refuse(r)]
+    missing = []
+    for a, va, b, vb in every_pair():
+        pair_refused = (a, va, b, vb) == ("hswag", "on", "tok", "char")
+        pool = refused if pair_refused else running
+        if not any(r[a] == va and r[b] == vb for r in pool):
+            missing.append((a, va, b, vb))
+    assert not missing, missing
+    assert len(rows) <= 16  # the matrix's time budget in CI: ~30 s a row on 2 cores, 2 rows at once
+
+
+def test_the_pair_count_is_the_hand_computed_one():
+    # ranks and tok have 3 values, the other 10 factors 2: C(10,2)*4 + 10*2*(3+3) + 3*3 = 180 + 120 + 9
+    assert len(every_pair()) == 180 + 120 + 9
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rows_hold_the_constraints_and_refusal_rows_say_why(seed):
+    for row in matrix.rows(seed):
+        assert list(row) == list(matrix.FACTORS)
+        assert all(row[f] in values for f, values in matrix.FACTORS.items()), row
+        expected = matrix.refusal(row)
+        assert (expected is not None) == must_refuse(row), row
+        if expected is not None:  # only the refused pair differs from the defaults: nothing else is exercised
+            others = {f: v for f, v in row.items() if f not in ("hswag", "tok")}
+            assert others == {f: values[0] for f, values in matrix.FACTORS.items() if f not in ("hswag", "tok")}
+
+
+def test_the_rows_and_the_stop_steps_are_the_same_for_a_seed():
+    assert matrix.rows(0) == matrix.rows(0)
+    assert matrix.rows(0) != matrix.rows(1)
+
+
+def test_bf16_collapses_to_float32_where_the_cpu_has_no_native_bf16(tmp_path: Path):
+    row = next(r for r in matrix.rows(0) if r["dtype"] == "bf16")
+    assert "--train.dtype=bfloat16" in matrix.row_args(row, tmp_path, native_bf16=True)
+    assert "--train.dtype=float32" in matrix.row_args(row, tmp_path, native_bf16=False)
+
+
+def test_each_factor_value_reaches_the_command_line(tmp_path: Path):
+    """A factor that changed nothing on the command line would cover its pairs in name only."""
+    for factor, values in matrix.FACTORS.items():
+        for value in values:
+            row = next(r for r in matrix.rows(0) if r[factor] == value and not must_refuse(r))
+            other = {**row, factor: next(v for v in values if v != value)}
+            if must_refuse(other):
+                continue
+            assert ((matrix.row_args(row, tmp_path, True), matrix.processes(row))
+                    != (matrix.row_args(other, tmp_path, True), matrix.processes(other))), (factor, value)

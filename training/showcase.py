@@ -1,0 +1,209 @@
+"""What a run shows of itself while it trains, so that it can be watched learning:
+
+- samples (eval.sample_interval): the model continues each of eval.sample_prompts (empty: the data's
+  default, `default_prompts`) by eval.sample_tokens tokens, drawn with a private generator seeded with
+  train.seed afresh each round. The run's own random streams never move, so a run with samples trains
+  bit for bit like one without, and two rounds differ only by what the model learned between them. The
+  text goes to the console, to metrics.jsonl (the step's record, under "samples") and to wandb (the
+  table "samples": step, prompt, text; every row so far, since wandb shows a table's last version);
+- the inside of the model (eval.inspect_interval): eval/inspect.py's attention maps of every layer and
+  head and the per-token surprisal, on a fixed snippet: the first INSPECT_TOKENS tokens of the val split
+  (block_size if smaller). To wandb (two images, the HTML page, the snippet's bits per token) and to
+  <out_dir>/inspect/step-<N>/ (attention.png, surprisal.png, surprisal.html).
+
+Both are forwards of the model: every rank that takes part in a forward runs them (Parallel.evaluates:
+under FSDP every rank, which gathers each block's weights), each rank the same number of forwards (the
+samples never stop early at an end of text: the text is cut there afterwards), and rank 0 reports.
+A resumed run's table starts with the rows metrics.jsonl holds of the steps before it resumed, so it
+logs the same table at the same steps as the run that was never interrupted.
+
+    showcase = build_showcase(cfg, tokenizer)   # set-up: prompts checked, before the model is built
+    record |= r.showcase.after_step(r, due)           # the loop: whatever is due; the record for metrics.jsonl
+
+training/budget.py times one round of each (`samples`, `inspect`) into a time budget's plan.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data import Tokenizer, tokenizer_from_meta
+from data.config import SHAKESPEARE
+from errors import UserError, short_error, write_fix
+from eval.figures import Inspection, attention_figure, figure_png, surprisal_figure, surprisal_html
+from eval.inspect import inspect_tokens
+from fileio import atomic_write_bytes
+from model.generate import generate
+from sample import DEFAULT_PROMPT
+
+from .config import Config
+from .schedule import Due
+
+SAMPLES = "samples"  # the metrics.jsonl record's key and the wandb table's
+COLUMNS = ["step", "prompt", "text"]
+TEMPERATURE, TOP_K = 0.8, 200  # sample.py's defaults
+DEFAULT_PROMPTS = {SHAKESPEARE: ["ROMEO:", "JULIET:"]}  # by data.dataset; other data: sample.py's (a new line)
+INSPECT_TOKENS = 64  # the attention grid stays readable (eval/figures.py labels at most 64 tokens an axis)
+INSPECT_DIR = "inspect"
+
+
+def default_prompts(dataset: str) -> list[str]:
+    return DEFAULT_PROMPTS.get(dataset, [DEFAULT_PROMPT])
+
+
+def prompt_ids(tok: Tokenizer, prompts: list[str], given: bool) -> list[tuple[str, list[int]]]:
+    """(text, ids) of each prompt; a prompt the tokenizer can't encode is one line naming it. A default
+    prompt the vocabulary lacks (a char vocabulary without a new line) starts from the end-of-text token."""
+    out = []
+    for i, text in enumerate(prompts, 1):
+        try:
+            ids = tok.encode(text)
+        except UserError as e:
+            if not given:
+                ids = []
+            else:
+                shown = repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+                raise UserError(f"eval.sample_prompts: prompt {i} ({shown}) cannot be encoded by the {tok.name} "
+                                f"tokenizer: {e}") from None
+        out.append((text, ids) if ids else (tok.decode([tok.eot]), [tok.eot]))
+    return out
+
+
+@dataclass
+class Showcase:
+    """Built once by build_showcase; the loop calls after_step. Off (nothing due) without a tokenizer."""
+    tok: Tokenizer | None = None
+    prompts: list[tuple[str, list[int]]] = field(default_factory=list)  # (text, token ids)
+    tokens: int = 0  # generated after each prompt
+    seed: int = 0
+    rows: list[list[Any]] | None = None  # rank 0: the table so far (None: not yet read back from metrics.jsonl)
+    snippet: list[int] | None = None  # the val tokens inspected, read at the first inspection
+
+    def after_step(self, r, due: Due) -> dict[str, Any]:
+        """Whatever of the two is due after this step (r: the Run), logged; returns the metrics.jsonl record."""
+        record: dict[str, Any] = {}
+        if not (due.sample or due.inspect):
+            return record
+        with r.par.waiting("the samples' and maps' forwards", patient=True, grace_s=math.inf):  # FSDP: every rank's
+            if due.sample:
+                record |= self._log_samples(r)
+            if due.inspect:
+                record |= self._log_inspection(r)
+        if not r.par.joint_forward:  # rank 0 alone drew them: the others wait for it here, patiently
+            r.par.broadcast(None, "rank 0's samples and maps", patient=True)
+        return record
+
+    # ---------------------------------------------------------------------------------- samples
+    def samples(self, r) -> list[tuple[str, str]] | None:
+        """One round: (prompt, generated text) per prompt on rank 0, None elsewhere. In eval mode (no
+        dropout), under the run's autocast, every prompt in one batch, without the KV cache (the same plain
+        forwards as the evals, whatever the sharding), a fixed number of forwards on every rank."""
+        if not r.par.evaluates:
+            return None
+        model, tok = r.model, self.tok
+        generator = torch.Generator(device=r.device).manual_seed(self.seed)  # private: no run stream moves
+        was_training = model.training
+        model.eval()
+        try:
+            with r.amp():
+                out = generate(model, [ids for _, ids in self.prompts], self.tokens, temperature=TEMPERATURE,
+                               top_k=TOP_K, generator=generator, eot=tok.eot, stop_at_eot=False, use_cache=False,
+                               vocab_size=tok.vocab_size)
+        finally:
+            model.train(was_training)
+        if not r.par.is_main:
+            return None
+        return [(text, tok.decode(ids[: ids.index(tok.eot)] if tok.eot in ids else ids))
+                for (text, _), ids in zip(self.prompts, out)]
+
+    def _log_samples(self, r) -> dict[str, Any]:
+        pairs = self.samples(r)
+        if pairs is None:
+            return {}
+        step = r.state.iter
+        if self.rows is None:
+            self.rows = earlier_rows(r.log.metrics.path, step)
+        self.rows += [[step, prompt, text] for prompt, text in pairs]
+        for i, (prompt, text) in enumerate(pairs, 1):
+            r.log.say(f"iter {step}: sample {i}/{len(pairs)}:\n{prompt}{text}")
+        r.log.wandb.log_table(SAMPLES, COLUMNS, self.rows, step)
+        return {SAMPLES: [{"prompt": prompt, "text": text} for prompt, text in pairs]}
+
+    # ------------------------------------------------------------------------------- inspection
+    def inspect(self, r) -> tuple[Inspection, dict[str, bytes]] | None:
+        """The fixed val snippet's inspection (one forward, no random draw) and its pictures by file name,
+        on rank 0; None elsewhere."""
+        if not r.par.evaluates:
+            return None
+        if self.snippet is None:
+            x, _ = r.trainer.eval_loaders["val"].sequential_batch(0)  # windows in order: row 0 starts the split
+            self.snippet = x[0, :INSPECT_TOKENS].tolist()
+        insp = inspect_tokens(r.model, self.tok, self.snippet, description=f"iter {r.state.iter}")
+        if not r.par.is_main:
+            return None
+        return insp, {"attention.png": figure_png(attention_figure(insp)),
+                      "surprisal.png": figure_png(surprisal_figure(insp)),
+                      "surprisal.html": surprisal_html(insp, f"Surprisal at iter {r.state.iter}").encode("utf-8")}
+
+    def _log_inspection(self, r) -> dict[str, Any]:
+        made = self.inspect(r)
+        if made is None:
+            return {}
+        insp, pictures = made
+        step, bits = r.state.iter, insp.mean_bits()
+        folder = Path(r.cfg.train.out_dir) / INSPECT_DIR / f"step-{step}"
+        for name, data in pictures.items():
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(folder / name, data, what="eval.inspect_interval's picture")
+            except OSError as e:
+                raise UserError(f"cannot write {folder / name} ({short_error(e)}); "
+                                f"{write_fix(e, 'set eval.inspect_interval=0')}, then rerun the same command to "
+                                "resume") from None
+        r.log.wandb.log_media(step, images={"inspect/attention": str(folder / "attention.png"),
+                                            "inspect/surprisal": str(folder / "surprisal.png")},
+                              html={"inspect/surprisal_html": pictures["surprisal.html"].decode("utf-8")},
+                              values={"inspect/bits_per_token": bits})
+        r.log.say(f"iter {step}: attention maps and surprisal of the val split's first {len(insp.ids)} tokens "
+                  f"({bits:.3f} bits/token) in {folder}")
+        return {"inspect/bits_per_token": bits}
+
+
+def earlier_rows(metrics_path: Path, before: int) -> list[list[Any]]:
+    """The table's rows from metrics.jsonl's sample records of the steps before `before`: a resumed run's
+    earlier sessions (a fresh run has no metrics.jsonl yet; a damaged line is skipped)."""
+    try:
+        lines = metrics_path.read_bytes().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(record, dict) and isinstance(record.get("iter"), int) and record["iter"] < before
+                and isinstance(record.get(SAMPLES), list)):
+            rows += [[record["iter"], s.get("prompt"), s.get("text")] for s in record[SAMPLES] if isinstance(s, dict)]
+    return rows
+
+
+def build_showcase(cfg: Config, tokenizer: dict) -> Showcase:
+    """The run's Showcase: the prompts encoded with the run's tokenizer (a prompt it can't encode is one
+    line, before the model is built) and matplotlib present for the pictures. Off when both intervals are."""
+    e = cfg.eval
+    if not (e.sample_interval or e.inspect_interval):
+        return Showcase()
+    if e.inspect_interval and importlib.util.find_spec("matplotlib") is None:
+        raise UserError("eval.inspect_interval draws its pictures with matplotlib, which is not installed; "
+                        "pip install matplotlib, or set eval.inspect_interval=0")
+    tok = tokenizer_from_meta(tokenizer)
+    given = bool(e.sample_prompts)
+    prompts = prompt_ids(tok, e.sample_prompts or default_prompts(cfg.data.dataset), given) if e.sample_interval else []
+    return Showcase(tok=tok, prompts=prompts, tokens=e.sample_tokens, seed=cfg.train.seed)
