@@ -39,6 +39,7 @@ class MetricsLog:
     def __init__(self, out_dir: str | Path, *, active: bool = True):
         self.path = Path(out_dir) / METRICS_NAME
         self.active = active
+        self.kept: list[dict[str, Any]] = []  # the records a resumed run kept (resume_at): its earlier sessions
         if active and self.path.exists() and not self.path.is_file():
             raise UserError(f"{self.path} is not a file; move it away (train.py writes its metrics there)")
 
@@ -71,6 +72,7 @@ class MetricsLog:
             print(f"note: {self.path}: dropped {dropped} damaged line(s) (not UTF-8 JSON); the other records are kept",
                   flush=True)
         atomic_write_bytes(self.path, "".join(kept).encode("utf-8"))
+        self.kept = records
         return records
 
     def append(self, iter_num: int, values: dict[str, Any]) -> None:

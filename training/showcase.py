@@ -25,7 +25,6 @@ training/budget.py times one round of each (`samples`, `inspect`) into a time bu
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +127,7 @@ class Showcase:
             return {}
         step = r.state.iter
         if self.rows is None:
-            self.rows = earlier_rows(r.log.metrics.path, step)
+            self.rows = earlier_rows(r.log.metrics.kept, step)
         self.rows += [[step, prompt, text] for prompt, text in pairs]
         for i, (prompt, text) in enumerate(pairs, 1):
             r.log.say(f"iter {step}: sample {i}/{len(pairs)}:\n{prompt}{text}")
@@ -175,21 +174,12 @@ class Showcase:
         return {"inspect/bits_per_token": bits}
 
 
-def earlier_rows(metrics_path: Path, before: int) -> list[list[Any]]:
-    """The table's rows from metrics.jsonl's sample records of the steps before `before`: a resumed run's
-    earlier sessions (a fresh run has no metrics.jsonl yet; a damaged line is skipped)."""
-    try:
-        lines = metrics_path.read_bytes().splitlines()
-    except OSError:
-        return []
+def earlier_rows(records: list[dict[str, Any]], before: int) -> list[list[Any]]:
+    """The table's rows from the sample records of the steps before `before`: a resumed run's earlier
+    sessions, as metrics.jsonl held them (MetricsLog.resume_at read them, bounded and checked, once)."""
     rows = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if (isinstance(record, dict) and isinstance(record.get("iter"), int) and record["iter"] < before
-                and isinstance(record.get(SAMPLES), list)):
+    for record in records:
+        if record["iter"] < before and isinstance(record.get(SAMPLES), list):
             rows += [[record["iter"], s.get("prompt"), s.get("text")] for s in record[SAMPLES] if isinstance(s, dict)]
     return rows
 
