@@ -24,7 +24,7 @@ from data import DataConfig, hold_data, prepare_data
 from errors import UserError
 from prepared_files import first_file
 from training import distributed
-from training.distributed import Parallel, dist_from_env, init_distributed
+from training.distributed import Parallel, dist_from_env
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -224,7 +224,7 @@ def test_good_launch_variables_still_give_the_ranks(launch_env):
 def test_a_missing_rendezvous_is_one_line_before_any_process_group(launch_env, monkeypatch, env, words):
     launch_env(RANK=0, WORLD_SIZE=2, **env)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: pytest.fail("tried to join a group"))
-    one_line(lambda: init_distributed(dist_from_env(), torch.device("cpu")), *words, "torchrun")
+    one_line(lambda: dist_from_env().join(torch.device("cpu")), *words, "torchrun")
 
 
 def test_train_refuses_bad_launch_variables_before_anything_is_written(launch_env, tmp_path):

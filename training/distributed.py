@@ -288,11 +288,6 @@ def check_rendezvous(par: Parallel) -> None:
         raise UserError(f"MASTER_PORT={port!r} is not a port number (1..65535); {LAUNCH_FIX}")
 
 
-def init_distributed(par: Parallel, device: torch.device) -> None:
-    """par.join(device): kept as a function for the callers that only launch (benchmarks, tests)."""
-    par.join(device)
-
-
 def destroy_distributed(healthy: bool = True, par: Parallel | None = None) -> None:
     """Leave the process group. After a clean run every rank first waits at a barrier (on `par`'s patient
     group: rank 0 may still be finishing wandb), so that no collective is still in flight when the group is
