@@ -49,6 +49,7 @@ FACTORS: dict[str, tuple[str, ...]] = {
     "tok": ("char", "gpt2", "bpe:512"),
     "init": ("scratch", "ckpt"),
     "modern": ("off", "on"),
+    "show": ("off", "on"),  # eval.sample_interval and eval.inspect_interval: samples and attention maps while training
 }
 MAX_ITERS = 6
 
@@ -146,6 +147,8 @@ def row_args(row: dict[str, str], work: Path, native_bf16: bool) -> list[str]:
         a.append(f"--model.init_from={source_dir(work, row)}")
     if row["modern"] == "on":
         a += list(MODERN)
+    if row["show"] == "on":
+        a += ["--eval.sample_interval=3", "--eval.sample_tokens=8", "--eval.inspect_interval=3"]
     return a
 
 
@@ -397,7 +400,7 @@ def print_table(table: list[dict[str, str]], numbers: list[int], results: dict, 
           "train.time_budget large enough to keep max_iters; compile on = torch.compile with backend aot_eager "
           "(tests/faults.py's SMALLGPT_TEST_COMPILE_BACKEND: Dynamo + AOTAutograd, no Inductor C++ builds); "
           "init ckpt = model.init_from a 2-step run of the same tokenizer and model options; modern = rope, rmsnorm, "
-          "qk_norm, swiglu, untied head; weights: the resumed run's final weights against the uninterrupted run's, bitwise, "
+          "qk_norm, swiglu, untied head; show on = samples (8 tokens) and attention maps every 3 steps; weights: the resumed run's final weights against the uninterrupted run's, bitwise, "
           "but for fsdp2 rows within twice the difference of the same run on 1 process (FSDP's numerics differ across "
           "world sizes by design); greedy text: sample.py --temperature 0, 32 tokens, float32" + ("" if native else "; bf16>f32: this CPU has no native bf16, so the "
                                             "row ran float32"))
