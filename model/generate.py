@@ -207,7 +207,8 @@ def generate_stream(
     mode; it runs on the device and dtype of its weights, and so does the cache. use_cache=False runs
     the plain uncached loop under the same crop rule (for comparison). vocab_size: sample only ids below
     it (a model whose embedding is padded past the tokenizer's vocabulary). decode_fn replaces
-    `decode_one_token` (e.g. a torch.compile'd version of it). min_p, repetition_penalty: see
+    `decode_one_token` (e.g. a torch.compile'd version of it); one that has `new_cache(B, S, padded)` and
+    `set_pad(pad)` also owns the KV cache (runtime/static_decode.py: static buffers for a CUDA graph). min_p, repetition_penalty: see
     logits_to_probs; the penalty applies to every token of the row so far (the whole prompt and all it
     generated, not only the window), as in HF transformers.
     """
@@ -247,8 +248,12 @@ def generate_stream(
     if use_cache and P <= block_size:
         # slots for everything that fits before the first crop; after that the cache is not used
         S = min(total, block_size)
-        cache = model.new_kv_cache(B, S)
-        cache_pad = None if pad is None else pad[:, :S].clone()
+        if hasattr(decode_fn, "new_cache"):  # a step over static buffers (runtime/static_decode.py) owns its cache
+            cache = decode_fn.new_cache(B, S, padded=pad is not None)
+            cache_pad = None if pad is None else decode_fn.set_pad(pad[:, :S])
+        else:
+            cache = model.new_kv_cache(B, S)
+            cache_pad = None if pad is None else pad[:, :S].clone()
         logits = prefill(model, prompt_idx, cache, cache_pad)
     else:
         logits = window_logits(P)
@@ -260,6 +265,7 @@ def generate_stream(
             seen[row, torch.as_tensor(list(p), dtype=torch.long)] = True
         seen = seen.to(device)
 
+    input_pos = torch.zeros(1, dtype=torch.long, device=device)  # the slot of the token being decoded
     done = [False] * B  # on the host: the step's one sync (tok.tolist) tells everything
     check_eot = stop_at_eot and eot is not None
     for step in range(max_new_tokens):
@@ -290,7 +296,7 @@ def generate_stream(
             return
         width += 1
         if cache is not None and width <= block_size:
-            input_pos = torch.tensor([width - 1], device=device)
+            input_pos.fill_(width - 1)  # in place on the device: no host-to-device copy per token
             logits = decode_fn(model, tok.view(B, 1), input_pos, cache, cache_pad)
         else:
             logits = window_logits(width)
