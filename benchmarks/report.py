@@ -116,7 +116,7 @@ def print_report(report: dict, print=print) -> None:
               + (f" (two runs of the baseline itself: {lc['noise']:.4f})" if lc.get("noise") is not None else "")
               + f"; largest difference of the per-step train losses over the first {lc['early_steps']} steps: "
               f"{lc['early_max_diff']:.4f}; verdict on the {lc['verdict_on']}: "
-              f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}); mean train loss of the last "
+              f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}; lr {lc.get('schedule', 'constant')}); mean train loss of the last "
               f"{min(20, lc['steps'])} steps: {lc['base_train_loss_last']:.4f} vs {lc['ours_train_loss_last']:.4f} "
               f"(start {lc['initial_train_loss']:.3f})")
     budget = report.get("budget")

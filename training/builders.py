@@ -6,7 +6,7 @@ so what a benchmark times is what train.py runs.
     model, cfg, notes = build_model(cfg, ...)            # fresh, resumed, another run's or HF weights
     trainer = build_trainer(cfg, par, device, model, plan, loaders)  # the chain: each decision into the plan
         loss path -> dtype -> float8 -> shard (activation checkpointing, FSDP) -> micro-batch -> weight-gradient
-        product -> loaders -> optimizers -> scaler -> step (compile, DDP)
+        product -> attention kernel -> loaders -> optimizers -> scaler -> step (compile, DDP)
     checkpointer, rng = build_checkpointer(out_dir, par, ...)   # every stateful part, registered once
 
 Hardware switches are applied here from outside the model, one line each; which ranks take part is
@@ -24,6 +24,7 @@ from checkpoint import Checkpointer, Resume, model_config_dict
 from data import BatchLoader
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
+from runtime.attention import fastest_kernel, use_kernel
 from runtime.device import with_compile_fallback
 from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, choose_loss_chunk_rows, choose_weight_grad_product,
                                use_loss_path, use_weight_grad_product, weight_grad_product_available)
@@ -160,6 +161,11 @@ def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, 
                                                       limit=memory_limit),
                         every_rank=True, reapply=lambda saved, note: reapply_batch(t, saved[0], note, par))
     settle_loss_product(plan, par, device, model, batch[0] * block)
+    if cfg.model.attn_backend == "sdpa":
+        m = cfg.model
+        plan.settle("attention", par, measure=lambda: fastest_kernel(
+            device, batch=batch[0], n_head=m.n_head, seq=block, head_dim=m.n_embd // m.n_head, dtype=dtype))
+        use_kernel(plan.attention)
     train_loader, eval_loaders = first_loaders if batch[0] == first else loaders(batch[0])
     optimizers = build_optimizers(model, t, device, par)
     scaler = make_scaler(device, dtype)
