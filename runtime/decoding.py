@@ -79,13 +79,15 @@ class CompiledDecode:
 
 
 # sample.py's default for --compile. On a GPU the default step is the CUDA graph of runtime/static_decode.py:
-# no compile, a capture well under a second. torch.compile (mode="reduce-overhead": CUDA graphs of fused
-# kernels) is faster per token still, but its first call costs COMPILE_COST_S, so it is taken by default only
-# where the decoding is long enough to win that back. Measured on one H100 for GPT-2 124M, batch 1, bf16
-# (benchmarks/results/results-h100-gpu.txt): per layer and token, the graphed step and the compiled one.
-GRAPH_S_PER_LAYER_STEP = 1 / 1100 / 12
-COMPILED_S_PER_LAYER_STEP = 1 / 1203 / 12
-COMPILE_COST_S = 14.7  # the compiled step's first call, cold cache (was a 40 s guess before it was measured)
+# no compile, its capture within the first call. Measured on one H100 for GPT-2 124M, batch 1, bf16, 128 new
+# tokens (benchmarks/results/h100-2026-11-27/decode.log, 2026-11-27): the graphed step 0.852 ms a token
+# (first call, capture included, 1.24 s), torch.compile's mode="reduce-overhead" step 0.945 ms (first call
+# 16.8 s: the compile), eager 6.82 ms. The graph of the unfused kernels beat the compiled graph of fused
+# ones, so on this model the default never compiles; the rule stays, per layer, for a model where
+# compiling wins (--compile still asks for it).
+GRAPH_S_PER_LAYER_STEP = 0.852e-3 / 12
+COMPILED_S_PER_LAYER_STEP = 0.945e-3 / 12
+COMPILE_COST_S = 16.7  # the compiled step's first call less a graphed call's (was a 40 s guess before it was measured)
 
 
 def decode_compile(flag: bool | None, device: torch.device, *, steps: int, n_layer: int) -> tuple[bool, str | None]:

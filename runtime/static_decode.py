@@ -14,7 +14,7 @@ step reads and writes only buffers that never move:
 On a CPU (and in the CPU tests) the very same static step runs uncaptured: the same buffers and the
 same calls, so the greedy text of the graph can be checked against eager decoding without a GPU.
 Capture takes a few warm-up steps and the recording (well under a second for GPT-2 124M), against
-~15 s for torch.compile's first call (benchmarks/results/results-h100-gpu.txt).
+~15 s for torch.compile's first call (benchmarks/results/h100-2026-11-27/).
 """
 from __future__ import annotations
 
