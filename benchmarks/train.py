@@ -29,7 +29,7 @@ from training.evaluate import evaluate
 from training.mfu import mfu
 from training.plan import RunPlan
 
-from .baseline import BETAS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
+from .baseline import BETAS, FULL_LOGITS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
 from .timing import Variant, median, run_interleaved
 
 
@@ -123,7 +123,7 @@ def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, c
 
     def step(i: int) -> torch.Tensor:
         return trainer.step([get_batch(i)]).loss
-    step.model = trainer.model  # for the loss check's evaluation
+    step.model, step.loss = trainer.model, trainer.step.loss  # for the loss check's evaluation
     return step
 
 
@@ -134,7 +134,7 @@ def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callab
     def step(i: int) -> torch.Tensor:
         x, y = get_batch(i)
         return nanogpt_step(model, optimizer, x, y, dtype)
-    step.model = raw
+    step.model, step.loss = raw, FULL_LOGITS
     step.dtype = dtype
     return step
 
@@ -271,7 +271,7 @@ def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_
         again = baseline_step(shape, weights, device, get_train)
         torch.stack([again(i) for i in range(steps)])
         steps_run.append(("again", again))
-    vals = {name: evaluate(step.model, {"val": val}, eval_batches, lambda: autocast(device, torch.float32))["val"]
+    vals = {name: evaluate(step.model, step.loss, {"val": val}, eval_batches, lambda: autocast(device, torch.float32))["val"]
             for name, step in steps_run}
     noise = abs(vals["again"] - vals["base"]) if noise_reference else 0.0
     tail = min(20, steps)

@@ -17,6 +17,7 @@ from model.gpt import GPT, GPTConfig
 
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
 from .hf import from_pretrained
+from .model_config import model_config_problem
 
 GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
 
@@ -29,9 +30,12 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
             raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
     try:
         config = GPTConfig(**{**ckpt["model_config"], **overrides})
-    except (TypeError, ValueError) as e:
-        raise UserError(f"checkpoint {where} has an invalid model_config ({short_error(e, 120)}); "
-                        "use a ckpt.pt written by this version of train.py") from None
+        problem = model_config_problem(config)
+    except TypeError as e:  # a field GPTConfig does not have; a dict that is not one
+        problem = short_error(e, 120)
+    if problem:
+        raise UserError(f"checkpoint {where} has an invalid model_config ({problem}); "
+                        "use a ckpt.pt written by this version of train.py")
     with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
         model = GPT(config)
     try:
