@@ -10,8 +10,9 @@ so what a benchmark times is what train.py runs.
     checkpointer, rng = build_checkpointer(out_dir, par, ...)   # every stateful part, registered once
 
 Hardware switches are applied here from outside the model, one line each, and the loss is an object of
-its own (runtime/loss_path.py's LMLoss) that the step and the evals call: nothing is set on the model. Which ranks take part is
-the parallel context's (training/distributed.py) answer, never a test of train.parallel here.
+its own (runtime/loss_path.py's LMLoss) that the step and the evals call: nothing is set on the model.
+Which ranks take part is the parallel context's (training/distributed.py) answer, never a test of
+train.parallel here.
 """
 from __future__ import annotations
 
@@ -180,7 +181,8 @@ def explicit_dtype(name: str, device: torch.device) -> tuple[str, str]:
     return dtype_name(training_dtype(name, device)[0]), f"dtype {name} (from config)"
 
 
-def measure_dtype(model: GPT, loss: LMLoss, batch, device: torch.device, t: TrainSection, rows: int, par: Parallel) -> tuple[str, str]:
+def measure_dtype(model: GPT, loss: LMLoss, batch, device: torch.device, t: TrainSection, rows: int,
+                  par: Parallel) -> tuple[str, str]:
     """train.dtype auto, by runtime/precision.py's rule: on a CPU the faster of fp32 and bf16 for this model's
     forward and backward at `rows` sequences, decided once per (machine, model, batch, ranks) and reused."""
     probe = forward_backward_probe(model, loss, batch, lambda dt: autocast(device, dt))

@@ -49,8 +49,10 @@ def train_step(model: nn.Module, loss_fn: Callable[[nn.Module, torch.Tensor, tor
     world = 1
     if par is not None and par.enabled:
         total, world = par.step_sum_(total), par.world_size
-    # a micro-batch with no counted target has mean 0 and divisor inf: it adds 0 to the loss and the gradients
-    divisors = total.clamp(min=1).float() / (counts * world).float()
+    # a micro-batch with no counted target has mean 0 and divisor inf: it adds 0 to the loss and the gradients.
+    # In fp64 (fp32 on MPS, which has none), then cast to the loss's dtype: exact where it is a whole number
+    exact = torch.float32 if total.device.type == "mps" else torch.float64
+    divisors = total.clamp(min=1).to(exact) / (counts * world).to(exact)
     loss_sum = torch.zeros((), device=batches[0][0].device)
     for i, (x, y) in enumerate(batches):
         # DDP all-reduces in backward; skipping that on all but the last micro-step sums locally first
@@ -58,7 +60,7 @@ def train_step(model: nn.Module, loss_fn: Callable[[nn.Module, torch.Tensor, tor
         with sync:
             with amp():
                 loss = loss_fn(model, x, y)  # fused head + loss: no (B, T, V) logits
-            loss = loss / divisors[i]
+            loss = loss / divisors[i].to(loss.dtype)
             scaler.scale(loss).backward()
         loss_sum += loss.detach()
     for opt in optimizers:
