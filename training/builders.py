@@ -23,7 +23,9 @@ from typing import Any, Callable
 import torch
 
 from checkpoint import Checkpointer, Resume, model_config_dict
+from checkpoint.load import checked_model_config
 from data import BatchLoader
+from errors import UserError
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
 from runtime.device import with_compile_fallback
@@ -48,10 +50,10 @@ def planned_model(cfg: Config, vocab_size: int, resume: Resume | None) -> GPTCon
     """The model this run will build, known before building it (None for another run's or HF weights)."""
     try:
         if resume is not None:
-            return GPTConfig(**resume.payload["model_config"])
+            return checked_model_config(resume.payload["model_config"], resume.path)
         if cfg.model.init_from == "scratch":
             return cfg.model.gpt_config(max(cfg.model.vocab_size, vocab_size))
-    except (KeyError, TypeError, ValueError):  # a damaged checkpoint: model_from_checkpoint says so
+    except (KeyError, TypeError, ValueError, UserError):  # a damaged checkpoint: model_from_checkpoint says so
         pass
     return None
 
@@ -86,7 +88,7 @@ def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resu
     if resume is not None and resume.sharded:  # its weights are loaded in place, shard by shard (restore)
         runtime = {"dropout": cfg.model.dropout, "attn_backend": cfg.model.attn_backend}
         with torch.device("meta"):
-            model = GPT(GPTConfig(**{**resume.payload["model_config"], **runtime}))
+            model = GPT(checked_model_config(resume.payload["model_config"], resume.path, **runtime))
         model = model.to_empty(device="cpu")
         model.tie_weights()
         notes = []
