@@ -30,7 +30,7 @@ from training.mfu import mfu
 from training.plan import RunPlan
 from training.schedule import apply_lr, lr_at
 
-from .baseline import BETAS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
+from .baseline import BETAS, FULL_LOGITS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
 from .timing import Variant, median, run_interleaved
 
 
@@ -126,7 +126,7 @@ def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, c
         if lr is not None:
             apply_lr(trainer.step.optimizers, lr, LR)  # what train.py's loop does before each step
         return trainer.step([get_batch(i)]).loss
-    step.model = trainer.model  # for the loss check's evaluation
+    step.model, step.loss = trainer.model, trainer.step.loss  # for the loss check's evaluation
     return step
 
 
@@ -140,7 +140,7 @@ def baseline_step(shape: Shape, weights, device: torch.device, get_batch: Callab
                 group["lr"] = lr
         x, y = get_batch(i)
         return nanogpt_step(model, optimizer, x, y, dtype)
-    step.model = raw
+    step.model, step.loss = raw, FULL_LOGITS
     step.dtype = dtype
     return step
 
@@ -281,7 +281,7 @@ def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_
         again = baseline_step(shape, weights, device, get_train)
         torch.stack([again(i, lrs[i]) for i in range(steps)])
         steps_run.append(("again", again))
-    vals = {name: evaluate(step.model, {"val": val}, eval_batches, lambda: autocast(device, torch.float32))["val"]
+    vals = {name: evaluate(step.model, step.loss, {"val": val}, eval_batches, lambda: autocast(device, torch.float32))["val"]
             for name, step in steps_run}
     noise = abs(vals["again"] - vals["base"]) if noise_reference else 0.0
     tail = min(20, steps)

@@ -17,6 +17,7 @@ from model.gpt import GPT, GPTConfig
 
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
 from .hf import from_pretrained
+from .model_config import model_config_problem
 
 GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
 
@@ -27,11 +28,7 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
     for key in ("model", "model_config"):
         if key not in ckpt:
             raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
-    try:
-        config = GPTConfig(**{**ckpt["model_config"], **overrides})
-    except (TypeError, ValueError) as e:
-        raise UserError(f"checkpoint {where} has an invalid model_config ({short_error(e, 120)}); "
-                        "use a ckpt.pt written by this version of train.py") from None
+    config = checked_model_config(ckpt["model_config"], where, **overrides)
     with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
         model = GPT(config)
     try:
@@ -43,6 +40,20 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
                         "use an intact ckpt.pt") from None
     model.tie_weights()  # assign=True replaced the tied tensor; tie again
     return model
+
+
+def checked_model_config(saved: Any, where: str | os.PathLike, **overrides: Any) -> GPTConfig:
+    """The GPTConfig of a checkpoint's model_config entry (fields in `overrides` replaced), checked
+    (checkpoint/model_config.py); one line if it is not one."""
+    try:
+        config = GPTConfig(**{**saved, **overrides})
+        problem = model_config_problem(config)
+    except TypeError as e:  # a field GPTConfig does not have; an entry that is not a dict
+        problem = short_error(e, 120)
+    if problem:
+        raise UserError(f"checkpoint {where} has an invalid model_config ({problem}); "
+                        "use a ckpt.pt written by this version of train.py")
+    return config
 
 
 def model_config_dict(model: GPT) -> dict[str, Any]:

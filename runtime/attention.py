@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 DEFAULT = "default"  # SDPA's own priority (every device but CUDA, and a GPU where nothing beat it)
 KERNELS = ("flash", "cudnn", "efficient")
@@ -22,8 +23,7 @@ MARGIN = 0.03  # another kernel is taken only where it is faster than SDPA's own
 _active = None  # the sdpa_kernel context this process runs under, once one is chosen
 
 
-def _backend(name: str):
-    from torch.nn.attention import SDPBackend
+def _backend(name: str) -> SDPBackend:
     return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
 
@@ -31,7 +31,6 @@ def _backend(name: str):
 def _time_kernel(name: str | None, q, k, v) -> float | None:
     """ms per causal forward + backward with kernel `name` alone (None: SDPA's own choice); None where
     this build or shape has no such kernel."""
-    from torch.nn.attention import sdpa_kernel
 
     def run():
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -80,7 +79,6 @@ def use_kernel(name: str) -> None:
     global _active
     if name == DEFAULT or name == getattr(_active, "smallgpt_kernel", None):
         return
-    from torch.nn.attention import sdpa_kernel
     if _active is not None:
         _active.__exit__(None, None, None)
     order = [_backend(name)] + [_backend(n) for n in (*KERNELS, "math") if n != name]
