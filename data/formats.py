@@ -13,7 +13,7 @@ from errors import UserError, short_error
 from fileio import json_loads
 
 from .config import CHAT, DataConfig
-from .conversations import RowAt, take_conversation
+from .messages import RowAt, take_conversation
 from .pieces import Piece, Source, doc_pieces, first_cut_after, split_off
 
 READ_BYTES = 1 << 20

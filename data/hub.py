@@ -11,7 +11,7 @@ from errors import UserError, short_error
 from network import hub_offline_unless_reachable
 
 from .config import DataConfig
-from .conversations import RowAt
+from .messages import RowAt
 from .formats import row_kind
 from .pieces import Piece, Source, safe_slug
 
