@@ -39,7 +39,8 @@ def message_fault(messages: Any, prompt: bool = False) -> Fault | None:
     (prompt=True) is [system] (user assistant)* user. Keys other than role and content (OpenAI's "name",
     a dataset's ids) are ignored: they do not change the text the model sees."""
     if not isinstance(messages, (list, tuple)):
-        return Fault(f"its messages are a {type(messages).__name__}, not a list of "
+        what = "null" if messages is None else f"a {type(messages).__name__}"
+        return Fault(f"its messages are {what}, not a list of "
                      f"{{\"role\", \"content\"}} objects", NOT_A_LIST)
     for k, m in enumerate(messages, 1):
         if not isinstance(m, dict):
