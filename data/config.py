@@ -10,6 +10,7 @@ from .tokenizer import check_tokenizer_name
 
 SHAKESPEARE = "shakespeare"
 HF_PREFIX = "hf:"
+FORMATS = ("text", "chat")  # data.format: documents, or conversations (data/chat_prep.py)
 MAX_PROCS = 1024  # tokenizer processes: each is started, so 10**30 of them would never finish starting
 
 
@@ -29,6 +30,8 @@ class DataConfig(Freezable):
     hf_subset: str = setting("", "HF datasets: the config (subset) name, if the dataset has several")
     hf_split: str = setting("train", "HF datasets: the split to read")
     text_field: str = setting("text", "jsonl, parquet and HF datasets: the field holding the text")
+    format: str = setting("text", '"text": documents for pretraining | "chat": conversations, rows of '
+                                  '{"messages": [{"role", "content"}, ...]} in text_field (see docs/chat.md)')
     skip_bad_rows: bool = setting(False, "skip (and count) rows without text in text_field instead of stopping")
     streaming: bool = setting(False, "HF datasets: stream the rows instead of downloading the dataset first",
                               resume=True)
@@ -54,6 +57,9 @@ class DataConfig(Freezable):
             if not self.text_field:
                 raise UserError("data.text_field is empty; set it to the dataset column that holds the text, e.g. 'text'")
         check_tokenizer_name(self.tokenizer)
+        if self.format not in FORMATS:
+            raise UserError(f"data.format must be one of {', '.join(map(repr, FORMATS))}, got {self.format!r:.40}; "
+                            "'chat' for conversations (fine-tuning), 'text' for documents")
         if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) or not 0 < self.val_fraction < 1:
             raise UserError(f"data.val_fraction must be a number strictly between 0 and 1, got {self.val_fraction!r}; e.g. 0.1")
         if not self.root:

@@ -13,7 +13,8 @@ from errors import UserError, short_error
 from fileio import json_loads
 
 from .config import DataConfig
-from .pieces import Piece, Source, doc_pieces, first_cut_after, split_off
+from .chat_prep import row_text
+from .pieces import CHUNK_CHARS, Piece, Source, doc_pieces, first_cut_after, split_off
 
 READ_BYTES = 1 << 20
 # JSON Lines are read a line at a time with the json module, not pyarrow: pyarrow's streaming JSON reader
@@ -85,6 +86,9 @@ def files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | Non
 def _file_pieces(path: Path, index: int, first: int, cfg: DataConfig, tail: float | None,
                  source: Source | None) -> Iterator[Piece]:
     kind, compression = file_kind(path)
+    if kind != "rows" and cfg.format == "chat":  # parquet and hf: chatdata's data/conversations.py
+        raise UserError(f"{path} is {'plain text' if kind == 'text' else kind}, not conversations; data.format chat "
+                        "reads rows of {\"messages\": [...]} from .jsonl or .json files")
     if kind == "text":
         cut = path.stat().st_size - int(path.stat().st_size * tail) if tail is not None and compression is None else None
         yield from _text_pieces(path, compression, [index, 0], cut)
@@ -188,6 +192,31 @@ def _why(value: Any, fld: str, present: bool) -> str:
     return f"its {fld!r} field is a {type(value).__name__}, not text"
 
 
+def _row_value(obj: dict, fld: str, path: Path, row: int, source: Source | None, cfg: DataConfig) -> str | None:
+    """The document text of a row: its text field, or (data.format chat) its conversation, checked and carried as
+    JSON (chat_prep.row_text); None for a bad row that data.skip_bad_rows skips."""
+    value = obj.get(fld)
+    if cfg.format == "chat":
+        if fld not in obj:
+            _bad_row(path, row, f"it has no {fld!r} field (set data.text_field to the field holding the messages)",
+                     source, cfg)
+            return None
+        try:
+            text = row_text(value, f"{path}, row {row}")
+        except UserError as e:
+            where = f"{path}, row {row}: "
+            _bad_row(path, row, str(e).removeprefix(where).split("; ")[0], source, cfg)
+            return None
+        if len(text) > CHUNK_CHARS:  # a document this long is cut into pieces: a conversation must stay whole
+            _bad_row(path, row, f"its conversation is over {CHUNK_CHARS:,} characters", source, cfg)
+            return None
+        return text
+    if not isinstance(value, str):
+        _bad_row(path, row, _why(value, fld, fld in obj), source, cfg)
+        return None
+    return value
+
+
 def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
                  source: Source | None, moved: list[int]) -> Iterator[Piece]:
     """A JSON Lines file (or a .json file holding one array of objects): one document per row, the
@@ -227,11 +256,9 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
             if not isinstance(obj, dict):
                 _bad_row(path, line_no, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)
                 continue
-            value = obj.get(fld)
-            if not isinstance(value, str):
-                _bad_row(path, line_no, _why(value, fld, fld in obj), source, cfg)
-                continue
-            yield from doc_pieces(value, 0, [index, row - 1], None)
+            value = _row_value(obj, fld, path, line_no, source, cfg)
+            if value is not None:
+                yield from doc_pieces(value, 0, [index, row - 1], None)
 
 
 def _json_array_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
@@ -247,11 +274,12 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
         raise UserError(f"{path} is not valid JSON ({e}); fix it, or write it as JSON Lines") from None
     fld = cfg.text_field
     for i, obj in enumerate(rows[first:], first):
-        value = obj.get(fld) if isinstance(obj, dict) else None
-        if not isinstance(value, str):
-            _bad_row(path, i + 1, _why(value, fld, isinstance(obj, dict) and fld in obj), source, cfg)
+        if not isinstance(obj, dict):
+            _bad_row(path, i + 1, _why(None, fld, False), source, cfg)
             continue
-        yield from doc_pieces(value, 0, [index, i], None)
+        value = _row_value(obj, fld, path, i + 1, source, cfg)
+        if value is not None:
+            yield from doc_pieces(value, 0, [index, i], None)
 
 
 def _parquet_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,

@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=defaults.tokenizer, help="'char', a tiktoken encoding name, or 'bpe:<vocab_size>'")
     p.add_argument("--val-fraction", type=float, default=defaults.val_fraction)
     p.add_argument("--val-dataset", default=defaults.val_dataset, help="a separate val source (then all of --dataset is train)")
+    p.add_argument("--format", default=defaults.format, choices=("text", "chat"),
+                   help="'chat': conversations, rows of {\"messages\": [...]} in --text-field")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) rows without text instead of stopping")
     p.add_argument("--shard-tokens", type=int, default=defaults.shard_tokens)
     p.add_argument("--tokenizer-sample-mb", type=int, default=defaults.tokenizer_sample_mb)
