@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import data.prepare
 from data import DataConfig
 from data.conversations import (EMPTY, NO_ASSISTANT, NO_MESSAGES, NO_ROLE_OR_CONTENT, NOT_A_LIST, NOT_ALTERNATING,
-                                NOT_AN_OBJECT, NOT_TEXT, SYSTEM_NOT_FIRST, UNKNOWN_ROLE, chat_rows, fault_kind,
+                                NOT_AN_OBJECT, NOT_TEXT, SYSTEM_NOT_FIRST, TOO_LONG, UNKNOWN_ROLE, chat_rows, fault_kind,
                                 message_fault, skip_report)
 from errors import UserError
 
@@ -121,6 +121,18 @@ ONE_OF_EACH = {NO_MESSAGES: {"text": "hi"}, NOT_A_LIST: {"messages": "hi"}, NOT_
                NOT_TEXT: {"messages": [U, {"role": "assistant", "content": None}]},
                EMPTY: {"messages": [U, {"role": "assistant", "content": " "}]}, SYSTEM_NOT_FIRST: {"messages": [U, S, A]},
                NOT_ALTERNATING: {"messages": [U, A, A]}, NO_ASSISTANT: {"messages": [S, U]}}
+
+
+def test_a_conversation_too_long_to_travel_whole_is_a_bad_row(tmp_path, monkeypatch):
+    import data.messages
+
+    monkeypatch.setattr(data.messages, "CHUNK_CHARS", 200)  # documents longer than this are cut into pieces
+    long = {"messages": [{"role": "user", "content": "a" * 100}, {"role": "assistant", "content": "b" * 100}]}
+    path = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVS[0]}, long])
+    with pytest.raises(UserError, match=r"c\.jsonl, row 2: its conversation is over 200 characters"):
+        prepare_cli("--dataset", str(path), "--root", str(tmp_path / "p"))
+    chats = chat_rows(DataConfig(dataset=str(path), format="chat", skip_bad_rows=True))
+    assert [c.messages for c in chats.read()] == [CONVS[0]] and chats.skipped() == {TOO_LONG: 1}
 
 
 def test_skip_bad_rows_skips_each_class_and_prints_the_count_per_fault(tmp_path, capsys):
