@@ -40,7 +40,7 @@ KINDS = [(k, re.compile(p)) for k, p in (
     (NOT_TEXT, r"message \d+ \(\w+\) has (null|a \w+) as content, not text$"),
     (EMPTY, r"message \d+ \(\w+\) has empty content$"),
     (SYSTEM_NOT_FIRST, r"message \d+ is a system turn;"),
-    (NOT_ALTERNATING, r"message \d+ is a (user|assistant) turn |its last message \(\d+\) is a user turn|"
+    (NOT_ALTERNATING, r"message \d+ is an? (user|assistant) turn |its last message \(\d+\) is a user turn|"
                       r"it does not end with a user turn"),
     (NO_ASSISTANT, r"it has no (assistant turn|messages)$"),
     (TOO_LONG, r"its conversation is over [\d,]+ characters"),
@@ -82,8 +82,8 @@ def message_fault(messages: Any, prompt: bool = False) -> str | None:
             return f"message {k + offset + 1} is a system turn; only the first message may be"
         want = ("user", "assistant")[k % 2]
         if m["role"] != want:
-            after = f"after a {turns[k - 1]['role']} turn" if k else "first (after an optional system turn)"
-            return (f"message {k + offset + 1} is a {m['role']} turn {after}; turns alternate user, assistant, "
+            after = f"after {_a(turns[k - 1]['role'])} turn" if k else "first (after an optional system turn)"
+            return (f"message {k + offset + 1} is {_a(m['role'])} turn {after}; turns alternate user, assistant, "
                     f"user, ...")
     if prompt:
         if not turns or turns[-1]["role"] != "user":
@@ -94,6 +94,10 @@ def message_fault(messages: Any, prompt: bool = False) -> str | None:
     if turns[-1]["role"] != "assistant":
         return f"its last message ({len(messages)}) is a user turn with no reply"
     return None
+
+
+def _a(role: str) -> str:
+    return f"an {role}" if role == "assistant" else f"a {role}"
 
 
 def check_messages(messages: Any, where: str, prompt: bool = False) -> list[dict]:

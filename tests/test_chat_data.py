@@ -20,7 +20,7 @@ from data import DataConfig
 from data.conversations import (EMPTY, NO_ASSISTANT, NO_MESSAGES, NO_ROLE_OR_CONTENT, NOT_A_LIST, NOT_ALTERNATING,
                                 NOT_AN_OBJECT, NOT_TEXT, SYSTEM_NOT_FIRST, TOO_LONG, UNKNOWN_ROLE, chat_rows, fault_kind,
                                 message_fault, skip_report)
-from errors import UserError
+from errors import UserError, run_cli
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12).filter(str.strip)
 not_str = st.one_of(st.none(), st.integers(), st.booleans(), st.floats(allow_nan=False), st.lists(st.integers(), max_size=2),
@@ -70,10 +70,11 @@ def bad_row(draw, kind: str) -> tuple[dict, list[str]]:
         if how == "repeat":
             at = draw(st.integers(first, len(msgs) - 1))
             msgs.insert(at, dict(msgs[at]))
-            return {"messages": msgs}, [f"message {at + 2} is a {msgs[at]['role']} turn after a {msgs[at]['role']} turn"]
+            role = ("an " if msgs[at]["role"] == "assistant" else "a ") + msgs[at]["role"]
+            return {"messages": msgs}, [f"message {at + 2} is {role} turn after {role} turn"]
         if how == "assistant first":
             del msgs[first]
-            return {"messages": msgs}, [f"message {first + 1} is a assistant turn first", "turns alternate"]
+            return {"messages": msgs}, [f"message {first + 1} is an assistant turn first", "turns alternate"]
         msgs.append({"role": "user", "content": draw(text)})
         return {"messages": msgs}, [f"its last message ({len(msgs)}) is a user turn with no reply"]
     assert kind == NO_ASSISTANT
@@ -105,8 +106,8 @@ def test_each_class_of_bad_row_is_one_line_naming_file_row_and_fault(tmp_path_fa
     good = [{"messages": data.draw(good_messages())} for _ in range(data.draw(st.integers(0, 3)))]
     at = data.draw(st.integers(0, len(good)))
     path = write_jsonl(tmp_path_factory.mktemp("bad") / "chats.jsonl", good[:at] + [row] + good[at:])
-    with pytest.raises(UserError) as e:
-        prepare_cli("--dataset", str(path), "--root", str(path.parent / "p"))
+    with pytest.raises(UserError) as e:  # the reader every entry point's prepare reads through (fsync-free)
+        list(chat_rows(DataConfig(dataset=str(path), format="chat")).read())
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{path}, row {at + 1}: "), msg
     assert "data.skip_bad_rows: true" in msg, msg
@@ -121,6 +122,16 @@ ONE_OF_EACH = {NO_MESSAGES: {"text": "hi"}, NOT_A_LIST: {"messages": "hi"}, NOT_
                NOT_TEXT: {"messages": [U, {"role": "assistant", "content": None}]},
                EMPTY: {"messages": [U, {"role": "assistant", "content": " "}]}, SYSTEM_NOT_FIRST: {"messages": [U, S, A]},
                NOT_ALTERNATING: {"messages": [U, A, A]}, NO_ASSISTANT: {"messages": [S, U]}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_class_of_bad_row_is_the_same_line_through_python_m_data_prepare(tmp_path, capsys, kind):
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVS[0]}, ONE_OF_EACH[kind]])
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: prepare_cli("--dataset", str(path), "--root", str(tmp_path / "p")))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {path}, row 2: "), err
+    assert fault_kind(err[len(f"error: {path}, row 2: "):].split("; fix that row")[0]) == kind, err
 
 
 def test_a_conversation_too_long_to_travel_whole_is_a_bad_row(tmp_path, monkeypatch):
