@@ -1,0 +1,100 @@
+"""`python serve.py`: load one checkpoint, start the engine's decode thread, serve HTTP with uvicorn.
+
+    python serve.py --checkpoint out/sft                # http://127.0.0.1:8000, the page at /
+    python serve.py --checkpoint out/small --port 8080  # a plain model: /v1/completions only
+
+Every bad option or checkpoint is one `error: ...` line and exit status 2 (errors.run_cli), before the
+port is taken. --host defaults to loopback: the server has no authentication, so exposing it is a choice
+the user makes by name (--host 0.0.0.0).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import uvicorn
+
+from checkpoint import load_model
+from data import tokenizer_from_meta
+from errors import ArgumentParser, UserError, to_stderr
+from runtime.decoding import setup_decoding
+from runtime.device import resolve_device
+from runtime.precision import DTYPE_NAMES, dtype_name
+
+from .app import Served, create_app
+from .engine import Engine
+from .schema import Limits
+
+MAX_SLOTS, MAX_QUEUE = 1024, 100_000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python serve.py", description="An OpenAI-compatible server and a chat page for one checkpoint.")
+    p.add_argument("--checkpoint", required=True, help="ckpt.pt, a training out_dir, an HF GPT-2 directory or hub name")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help="as sample.py's --dtype")
+    p.add_argument("--slots", type=int, default=8, help="requests decoded together in one batch (default 8)")
+    p.add_argument("--queue", type=int, default=32, help="requests that may wait for a slot; more get 429 (default 32)")
+    p.add_argument("--max-tokens", type=int, default=None, help="the most new tokens a request may ask for "
+                   "(default: the model's block_size)")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take, queue included")
+    p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request's body")
+    p.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default 256)")
+    p.add_argument("--model-name", default=None, help="the id /v1/models shows and requests name "
+                   "(default: the checkpoint's folder or file name)")
+    return p
+
+
+def check_args(args) -> None:
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {args.port}")
+    for name, value, high in (("--slots", args.slots, MAX_SLOTS), ("--queue", args.queue, MAX_QUEUE),
+                              ("--max-connections", args.max_connections, MAX_QUEUE)):
+        if not 1 <= value <= high:
+            raise UserError(f"{name} must be in 1..{high}, got {value}")
+    for name, value in (("--request-timeout", args.request_timeout), ("--read-timeout", args.read_timeout)):
+        if not 0 < value <= 86400:  # (also refuses nan)
+            raise UserError(f"{name} must be > 0 and at most 86400 seconds, got {value}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+
+
+def model_id(spec: str) -> str:
+    path = Path(spec)
+    return (path.parent.name if path.suffix == ".pt" and path.parent.name else path.stem or path.name) or "smallgpt"
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    device = resolve_device(args.device, option="--device")
+    loaded = load_model(args.checkpoint, dropout=0.0)
+    tok = tokenizer_from_meta(loaded.tokenizer)
+    template = chat_template_of(loaded)
+    ready = setup_decoding(loaded.model, device, args.dtype, say=to_stderr)
+    block = ready.model.config.block_size
+    limits = Limits(max_tokens=min(args.max_tokens or block, block), request_timeout_s=args.request_timeout,
+                    read_timeout_s=args.read_timeout)
+    engine = Engine(ready.model, slots=args.slots, queue_size=args.queue)
+    name = args.model_name or model_id(args.checkpoint)
+    app = create_app(Served(engine, tok, template, name, limits, int(time.time())))
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                            limit_concurrency=args.max_connections, timeout_keep_alive=5, lifespan="off")
+    server = uvicorn.Server(config)
+    to_stderr(f"{loaded.description}: {'chat' if template else 'plain completion (no chat template)'}, "
+              f"{tok.name} tokenizer, {device} {dtype_name(ready.dtype)}, {args.slots} slots; "
+              f"serving {name!r} on http://{args.host}:{args.port}")
+    engine.start()
+    try:
+        server.run()
+    finally:
+        engine.stop()
+    return 0
+
+
+def chat_template_of(loaded):
+    """The checkpoint's chat template, or None for a model that was not taught to chat."""
+    return getattr(loaded, "chat_template", None)
