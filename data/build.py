@@ -16,7 +16,8 @@ from locks import DirLock, remove_stale_temps
 from ownership import DATA, check_parent, check_target
 
 from .build_writer import write_build
-from .config import HF_PREFIX, SHAKESPEARE, DataConfig
+from .chat_prepare import prepare_chat
+from .config import CHAT, HF_PREFIX, SHAKESPEARE, DataConfig
 from .fingerprint import SOURCE_RECORDS, build_fingerprint, previous_records, v1_fingerprint
 from .holds import PREPARE_LOCK, READERS, check_readers_dir, live_readers, wait_for_lock
 from .manifest import META_NAME, load_meta, read_meta_json, verify_tokens
@@ -33,6 +34,8 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
     run reads (hold_data).
     """
     cfg.validate()
+    if cfg.format == CHAT:  # conversations: token shards with a loss mask
+        return prepare_chat(cfg, progress=progress)
     missing = [p for p in [Path(cfg.root), *Path(cfg.root).parents] if not os.path.lexists(p)]
     try:
         return _prepare_data(cfg, progress)
