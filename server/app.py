@@ -27,7 +27,7 @@ from fileio import json_loads
 
 from .engine import Engine, QueueFull, Request, Sampling
 from .schema import ApiError, Limits, Params, check_messages, check_model, check_params, check_prompt, error_body
-from .text import TextStream
+from .text import StopText
 
 PAGE = Path(__file__).with_name("page.html")
 GRACE_S = 5.0  # past a request's deadline the engine has ended it; waiting longer means a stuck step
@@ -171,7 +171,7 @@ async def respond(request: HttpRequest, served: Served, prompt: list[int], param
     except QueueFull:
         raise ApiError(429, "the server is busy: every slot is decoding and the queue is full; retry shortly",
                        type="rate_limit_error", code="rate_limit_exceeded") from None
-    text = TextStream(decode, params.stop)
+    text = StopText(decode, params.stop)
     reply = Reply(chat, served.model_id, len(prompt))
     if params.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -185,7 +185,7 @@ async def respond(request: HttpRequest, served: Served, prompt: list[int], param
             reason = finish or reason
     finally:
         watcher.cancel()
-    reply.tokens = len(text.ids)
+    reply.tokens = text.tokens
     return JSONResponse(reply.whole("".join(parts), reason))
 
 
@@ -199,7 +199,7 @@ async def _watch_disconnect(request: HttpRequest, req: Request) -> None:
             return
 
 
-async def _pieces(req: Request, text: TextStream) -> AsyncIterator[tuple[str, str | None]]:
+async def _pieces(req: Request, text: StopText) -> AsyncIterator[tuple[str, str | None]]:
     """(text, None) as tokens arrive, then (the rest, finish_reason) once. Ends the request however it ends."""
     try:
         while True:
@@ -264,7 +264,7 @@ def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def _sse(req: Request, text: TextStream, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+async def _sse(req: Request, text: StopText, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events: a first chunk (the role), one per piece of text, the finish, [DONE]. A client
     that disconnects cancels this generator (Starlette), and _pieces' finally frees the row."""
     try:
@@ -274,7 +274,7 @@ async def _sse(req: Request, text: TextStream, reply: Reply, include_usage: bool
             if piece:
                 yield _event(reply.chunk(piece))
             if finish:
-                reply.tokens = len(text.ids)
+                reply.tokens = text.tokens
                 yield _event(reply.chunk(None, finish))
         if include_usage:
             yield _event({**reply._base(True), "choices": [], "usage": reply.usage()})

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
-from checkpoint import load_model
-from data import tokenizer_from_meta
+from checkpoint import default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, to_stderr
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
@@ -31,7 +30,8 @@ MAX_SLOTS, MAX_QUEUE = 1024, 100_000
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python serve.py", description="An OpenAI-compatible server and a chat page for one checkpoint.")
-    p.add_argument("--checkpoint", required=True, help="ckpt.pt, a training out_dir, an HF GPT-2 directory or hub name")
+    p.add_argument("--checkpoint", default=None, help="ckpt.pt, a training out_dir, an HF GPT-2 directory or hub name "
+                   "(default: the run under out/ trained last)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
@@ -71,15 +71,15 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     check_args(args)
     device = resolve_device(args.device, option="--device")
-    loaded = load_model(args.checkpoint, dropout=0.0)
-    tok = tokenizer_from_meta(loaded.tokenizer)
-    template = chat_template_of(loaded)
+    spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
+    loaded = load_for_inference(spec)
+    tok, template = loaded.tok, loaded.chat_template
     ready = setup_decoding(loaded.model, device, args.dtype, say=to_stderr)
     block = ready.model.config.block_size
     limits = Limits(max_tokens=min(args.max_tokens or block, block), request_timeout_s=args.request_timeout,
                     read_timeout_s=args.read_timeout)
     engine = Engine(ready.model, slots=args.slots, queue_size=args.queue)
-    name = args.model_name or model_id(args.checkpoint)
+    name = args.model_name or model_id(spec)
     app = create_app(Served(engine, tok, template, name, limits, int(time.time())))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             limit_concurrency=args.max_connections, timeout_keep_alive=5, lifespan="off")
@@ -94,7 +94,3 @@ def main(argv=None) -> int:
         engine.stop()
     return 0
 
-
-def chat_template_of(loaded):
-    """The checkpoint's chat template, or None for a model that was not taught to chat."""
-    return getattr(loaded, "chat_template", None)

@@ -113,7 +113,7 @@ class Engine:
     def load(self) -> dict:
         with self.cond:
             return {"active": len(self.active), "waiting": len(self.waiting), "slots": self.slots,
-                    "queue_size": self.queue_size}
+                    "queue_size": self.queue_size, "decode_steps": self.steps, "max_batch": self.max_batch}
 
     # ------------------------------------------------------------------ the engine thread
     def _run(self) -> None:

@@ -1,40 +1,48 @@
-"""Token ids to text as they arrive: only whole characters, and never past a stop string.
+"""A reply's text as its tokens arrive, cut before the first stop string.
 
-A byte-level BPE token can end inside a UTF-8 character (the decoded prefix then ends in U+FFFD): that
-tail is held until the character completes. With stop strings the last (longest stop - 1) characters are
-held too, so no part of a stop string is ever sent before the stop is recognised.
+runtime/text.py's TextStream (the one shared with chat.py and sample.py) turns tokens into whole
+characters; on top of it the last (longest stop - 1) characters are held back, so that no part of a stop
+string is ever sent before the stop is recognised.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from runtime.text import TextStream
 
-class TextStream:
+
+class StopText:
     def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str] = ()):
-        self.decode, self.stops = decode, tuple(stops)
+        self.chars = TextStream(decode)
+        self.stops = tuple(stops)
         self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.ids: list[int] = []
-        self.sent = 0  # characters of the decoded text already handed out
+        self.text = ""  # everything the tokens so far decode to (whole characters)
+        self.sent = 0  # characters of it already handed out
+        self.tokens = 0
         self.stopped = False  # a stop string was found: nothing more is handed out
 
     def push(self, token: int) -> str:
         """The new text that is safe to send after `token` ("" while held)."""
         if self.stopped:
             return ""
-        self.ids.append(token)
-        text = self.decode(self.ids)
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.stopped = True
-            return self._take(text, max(min(hits), self.sent))
-        safe = len(text.rstrip("\ufffd")) - self.hold
-        return self._take(text, safe) if safe > self.sent else ""
+        self.tokens += 1
+        return self._more(self.chars.add(token), final=False)
 
     def flush(self) -> str:
         """What was held back, once the reply has ended."""
-        return "" if self.stopped else self._take(self.decode(self.ids), None)
+        return "" if self.stopped else self._more(self.chars.finish(), final=True)
 
-    def _take(self, text: str, end: int | None) -> str:
-        end = len(text) if end is None else end
-        new, self.sent = text[self.sent:end], max(self.sent, end)
+    def _more(self, piece: str, final: bool) -> str:
+        self.text += piece
+        # a stop can only end in the new piece: search from where a stop ending there could begin
+        start = max(0, len(self.text) - len(piece) - self.hold)
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            end = max(min(hits), self.sent)
+        else:
+            end = len(self.text) if final else len(self.text) - self.hold
+        if end <= self.sent:
+            return ""
+        new, self.sent = self.text[self.sent:end], end
         return new

@@ -15,7 +15,7 @@ from faults import inject
 from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval")
+PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval", "server")
 ENTRY_SCRIPTS = ("train", "sample", "bench", "chat", "serve")  # thin; run, never imported
 TOP_MODULES = (*ENTRY_SCRIPTS, "errors", "fileio", "locks", "settings", "network", "ownership")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
@@ -97,7 +97,8 @@ def test_import_graph_sees_the_known_edges():
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
-@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "serve"])
+@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "serve",
+                                  "server"])
 def test_inference_and_lower_layers_never_import_training(root):
     g = graph()
     starts = [m for m in g if m == root or m.startswith(root + ".")]
