@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 import uvicorn
 
 from checkpoint import default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, to_stderr
+from errors import ArgumentParser, UserError, short_error, to_stderr
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name
@@ -97,17 +98,39 @@ def main(argv=None) -> int:
     engine = Engine(ready.model, slots=args.slots, queue_size=args.queue)
     name = args.model_name or model_id(spec)
     app = create_app(Served(engine, tok, template, name, limits, int(time.time())))
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            limit_concurrency=args.max_connections, timeout_keep_alive=5, lifespan="off")
-    server = uvicorn.Server(config)
+    sock = listen(args.host, args.port)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=args.max_connections,
+                            timeout_keep_alive=5, lifespan="off")
+    host, port = sock.getsockname()[:2]
     to_stderr(f"{loaded.description}: {'chat' if template else 'plain completion (no chat template)'}, "
               f"{tok.name} tokenizer, {device} {dtype_name(ready.dtype)}, {torch.get_num_threads()} thread(s), "
-              f"{args.slots} slots; "
-              f"serving {name!r} on http://{args.host}:{args.port}")
+              f"{args.slots} slots; serving {name!r} on http://{host if ':' not in host else f'[{host}]'}:{port}")
     engine.start()
     try:
-        server.run()
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.stop()
+        sock.close()
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here rather than by uvicorn: a taken port or a bad address is then one
+    line before anything is served (uvicorn would log it after start-up), and --port 0 picks a free port."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise UserError(f"cannot listen on {host!r} ({short_error(e)}); pass an address of this machine to --host, "
+                        "e.g. 127.0.0.1") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port} ({short_error(e)}); pass another --port (or stop what "
+                        "uses it)") from None
+    sock.set_inheritable(True)
+    return sock
 

@@ -1,9 +1,11 @@
 """The server's engine in-process: continuous batching gives every request what it gets alone (references:
 model.generate.generate on each prompt by itself), per-request settings, rows leaving and joining, the
-bounded queue; the stop strings of the text layer; 429 from the app when the queue is full."""
+bounded queue; the stop strings of the text layer; the app in-process (429 when the queue is full, a model
+that was not taught to chat); serve.py's bad options."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import httpx
@@ -13,11 +15,14 @@ import torch
 from data import get_tokenizer
 from data.chat_template import template_for
 from model import GPT, GPTConfig
+from errors import run_cli
 from model.generate import generate
+from server import cli
 from server.app import Served, create_app
 from server.engine import Engine, QueueFull, Request, Sampling
 from server.schema import Limits
 from server.text import StopText
+from serving import make_chat_checkpoint
 
 VOCAB = 40
 
@@ -182,3 +187,49 @@ def test_text_waits_for_whole_characters():
     raw = "é!".encode()
     s = StopText(lambda ids: bytes(raw[i] for i in ids).decode("utf-8", errors="replace"))
     assert [s.push(i) for i in range(len(raw))] == ["", "é", "!"]
+
+
+def test_a_model_without_a_chat_template_completes_text_and_refuses_chat(model):
+    tok = get_tokenizer("char", " abc")
+    e = Engine(model, slots=2)
+    e.start()
+    app = create_app(Served(e, tok, None, "m", Limits(), 0))
+
+    async def talk():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            chat = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "ab"}]})
+            done = await client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 6, "temperature": 0})
+            return chat, done
+
+    try:
+        chat, done = asyncio.run(talk())
+    finally:
+        e.stop()
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_not_chat"
+    want = generate(model, [tok.encode("ab")], 6, temperature=0, eot=tok.eot, vocab_size=tok.vocab_size)[0]
+    assert done.status_code == 200 and done.json()["choices"][0]["text"] == tok.decode(want)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "70000"], "--port"), (["--slots", "0"], "--slots"), (["--queue", "-1"], "--queue"),
+    (["--request-timeout", "nan"], "--request-timeout"), (["--threads", "0"], "--threads"),
+    (["--max-tokens", "0"], "--max-tokens"), (["--bogus"], "unrecognized"),
+    (["--checkpoint", "/nonexistent/ckpt.pt"], "does not exist"),
+])
+def test_bad_options_are_one_error_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_cli(lambda: cli.main(argv))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+
+
+def test_a_taken_port_is_one_error_line(tmp_path, capsys):
+    make_chat_checkpoint(tmp_path / "ckpt.pt")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exc:
+            run_cli(lambda: cli.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--port", str(port), "--dtype", "float32"]))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err, err
