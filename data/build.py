@@ -16,8 +16,7 @@ from locks import DirLock, remove_stale_temps
 from ownership import DATA, check_parent, check_target
 
 from .build_writer import write_build
-from .chat_prepare import prepare_chat
-from .config import CHAT, HF_PREFIX, SHAKESPEARE, DataConfig
+from .config import HF_PREFIX, SHAKESPEARE, DataConfig
 from .fingerprint import SOURCE_RECORDS, build_fingerprint, previous_records, v1_fingerprint
 from .holds import PREPARE_LOCK, READERS, check_readers_dir, live_readers, wait_for_lock
 from .manifest import META_NAME, load_meta, read_meta_json, verify_tokens
@@ -34,8 +33,6 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
     run reads (hold_data).
     """
     cfg.validate()
-    if cfg.format == CHAT:  # conversations: token shards with a loss mask
-        return prepare_chat(cfg, progress=progress)
     missing = [p for p in [Path(cfg.root), *Path(cfg.root).parents] if not os.path.lexists(p)]
     try:
         return _prepare_data(cfg, progress)
@@ -118,7 +115,7 @@ def dir_name(cfg: DataConfig, source: Source, val_source: Source | None) -> str:
     """The prepared dir's name: source, tokenizer, and the split when it is not the default, so two
     splits of one source are two dirs (a prepare with another val_fraction never rebuilds the dir a
     run is reading)."""
-    name = f"{source.slug}-{cfg.tokenizer.replace(':', '')}"
+    name = f"{source.slug}-{cfg.tokenizer.replace(':', '')}" + ("-chat" if cfg.format == "chat" else "")
     if val_source is not None:
         return f"{name}-val-{val_source.slug}"
     if cfg.val_fraction != DEFAULT_VAL_FRACTION:

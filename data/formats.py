@@ -13,7 +13,7 @@ from errors import UserError, short_error
 from fileio import json_loads
 
 from .config import CHAT, DataConfig
-from .conversations import RowAt, take_conversation
+from .messages import take_conversation
 from .pieces import Piece, Source, doc_pieces, first_cut_after, split_off
 
 READ_BYTES = 1 << 20
@@ -44,23 +44,24 @@ FOLDER_SUFFIXES = (".txt", *ROW_SUFFIXES, *PARQUET_SUFFIXES)  # what a folder so
 
 class RowKind(NamedTuple):
     """What a row of a jsonl, json, parquet or HF source becomes: `take(value of field, whether the row has the
-    field, RowAt)` gives the items to yield (text: the document's pieces; chat: one Conversation) or, for a bad
-    row, the one-line fault."""
+    field, pos, advance)` gives its document's pieces (text: the field's text; chat: the checked conversation
+    as one piece of JSON, messages.py) or, for a bad row, the one-line fault."""
     field: str
-    take: Callable[[Any, bool, RowAt], Any]
+    take: Callable[[Any, bool, Any, int], Iterator[Piece] | str]
     chat: bool
 
 
 def row_kind(cfg: DataConfig) -> RowKind:
     if cfg.format == CHAT:
         fld = cfg.messages_field
-        return RowKind(fld, lambda value, present, at: take_conversation(value, present, at, fld), True)
+        return RowKind(fld, lambda value, present, pos, advance: take_conversation(value, present, pos, advance, fld),
+                       True)
     fld = cfg.text_field
 
-    def take(value: Any, present: bool, at: RowAt):
+    def take(value: Any, present: bool, pos: Any, advance: int) -> Iterator[Piece] | str:
         if not isinstance(value, str):
             return _why(value, fld, present)
-        return doc_pieces(value, at.advance, at.pos, None)
+        return doc_pieces(value, advance, pos, None)
 
     return RowKind(fld, take, False)
 
@@ -251,7 +252,7 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
             if not isinstance(obj, dict):
                 _bad_row(path, line_no, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)
                 continue
-            out = kind.take(obj.get(kind.field), kind.field in obj, RowAt([index, row - 1], str(path), line_no, 0))
+            out = kind.take(obj.get(kind.field), kind.field in obj, [index, row - 1], 0)
             if isinstance(out, str):
                 _bad_row(path, line_no, out, source, cfg)
                 continue
@@ -274,7 +275,7 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
         if not isinstance(obj, dict):
             _bad_row(path, i + 1, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)
             continue
-        out = kind.take(obj.get(kind.field), kind.field in obj, RowAt([index, i], str(path), i + 1, 0))
+        out = kind.take(obj.get(kind.field), kind.field in obj, [index, i], 0)
         if isinstance(out, str):
             _bad_row(path, i + 1, out, source, cfg)
             continue
@@ -334,7 +335,7 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
             if isinstance(text, bytes):
                 _bad_row(path, row + 1, "its text is not UTF-8", source, cfg)
                 continue
-            out = kind.take(text, True, RowAt([index, row], str(path), row + 1, 0))
+            out = kind.take(text, True, [index, row], 0)
             if isinstance(out, str):
                 _bad_row(path, row + 1, out, source, cfg)
                 continue

@@ -11,7 +11,6 @@ from errors import UserError, short_error
 from network import hub_offline_unless_reachable
 
 from .config import DataConfig
-from .conversations import RowAt
 from .formats import row_kind
 from .pieces import Piece, Source, safe_slug
 
@@ -98,7 +97,7 @@ def hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
                 if value is None and not kind.chat:  # a null text: an empty document
                     yield Piece(True, "", 1, [0, row - 1], None)
                     continue
-                out = kind.take(value, True, RowAt([0, row - 1], name, row, 1))
+                out = kind.take(value, True, [0, row - 1], 1)
                 if isinstance(out, str):
                     if cfg.skip_bad_rows:
                         source.skipped.append([name, row, out])
