@@ -20,19 +20,24 @@ def char_tok():
     return get_tokenizer("char", CHARS)
 
 
-def tiny_chat_model(seed: int = 0, block_size: int = 64, end_bias: float = 0.0) -> GPT:
-    """fp32, eval mode. end_bias > 0 makes <|end|> likelier (replies that end on their own)."""
+def tiny_chat_model(seed: int = 0, block_size: int = 64, end_bias: float = 0.0, favour: str | None = None,
+                    n_embd: int = 32, n_layer: int = 2) -> GPT:
+    """fp32, eval mode. end_bias > 0 makes <|end|> likelier (replies that end on their own); `favour`: a
+    character the model then writes every time (a reply that runs until the context is full)."""
     tok = char_tok()
     template = template_for(tok)
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=template.vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=32))
+    model = GPT(GPTConfig(vocab_size=template.vocab_size, block_size=block_size, n_layer=n_layer, n_head=2,
+                          n_embd=n_embd))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.4)
-        if end_bias:  # a final-norm bias along <|end|>'s row adds about end_bias to its logit everywhere
-            row = model.lm_head.weight[template.end]
-            model.transformer.ln_f.bias.copy_(end_bias * row / row.square().sum())
+        # a final-norm bias along a token's row adds about `amount` to its logit everywhere
+        target, amount = (tok.encode(favour)[0], 100.0) if favour else (template.end, end_bias)
+        if amount:
+            row = model.lm_head.weight[target]
+            model.transformer.ln_f.bias.copy_(amount * row / row.square().sum())
     return model.eval()
 
 
