@@ -115,7 +115,7 @@ def dir_name(cfg: DataConfig, source: Source, val_source: Source | None) -> str:
     """The prepared dir's name: source, tokenizer, and the split when it is not the default, so two
     splits of one source are two dirs (a prepare with another val_fraction never rebuilds the dir a
     run is reading)."""
-    name = f"{source.slug}-{cfg.tokenizer.replace(':', '')}"
+    name = f"{source.slug}-{cfg.tokenizer.replace(':', '')}" + ("-chat" if cfg.format == "chat" else "")
     if val_source is not None:
         return f"{name}-val-{val_source.slug}"
     if cfg.val_fraction != DEFAULT_VAL_FRACTION:

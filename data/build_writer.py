@@ -14,7 +14,9 @@ import numpy as np
 from errors import UserError, short_error, to_stderr, write_fix
 from fileio import atomic_write_bytes, fsync_dir
 
-from .config import DataConfig
+from .chat_prep import ChatWriterTokenizer, chat_record, contents
+from .config import CHAT, DataConfig
+from .conversations import skip_counts, skip_report
 from .fingerprint import SOURCE_RECORDS
 from .holds import PREPARE_LOCK, READERS
 from .manifest import META_NAME, manifest, read_meta_quietly
@@ -43,12 +45,13 @@ def _progress_bar(total: int | None, unit: str, desc: str, enabled: bool):
                 mininterval=0.5)
 
 
-def _char_vocab(source: Source, val_source: Source | None, progress: bool) -> str:
-    """First pass for the char tokenizer: every character of the sources (both splits), sorted."""
+def _char_vocab(source: Source, val_source: Source | None, progress: bool, chat: bool = False) -> str:
+    """First pass for the char tokenizer: every character of the sources (both splits), sorted (of
+    conversations, of their contents only)."""
     seen: set[str] = set()
     with _progress_bar(source.total, source.unit, "scanning characters", progress) as bar:
         for piece in _chained(source, val_source, None):
-            seen.update(piece.text)
+            seen.update(contents(piece.text) if chat and piece.text else piece.text)
             bar.update(piece.advance)
     return "".join(sorted(seen))
 
@@ -67,15 +70,16 @@ def _bpe_sample(source: Source, val_source: Source | None, cfg: DataConfig) -> I
             # a second hash (of the reversed text) picks the sample, independently of the split's
             keep = not in_val and (rate >= 1.0 or doc_in_val(piece.text[::-1], rate))
         if keep and piece.split != 1:  # never the val tail of a single text file
-            taken += len(piece.text)
-            yield piece.text
+            text = contents(piece.text, "\n") if cfg.format == "chat" and piece.text else piece.text
+            taken += len(text)
+            yield text
 
 
 def _tokenizer_for(out: Path, build: str, cfg: DataConfig, source: Source, val_source: Source | None,
                    resume: dict | None, progress: bool) -> tuple[Tokenizer, dict]:
     """The tokenizer and what the manifest records of it ({"chars"} / {"tokenizer_file", ...})."""
     if cfg.tokenizer == CHAR:
-        chars = resume["chars"] if resume else _char_vocab(source, val_source, progress)
+        chars = resume["chars"] if resume else _char_vocab(source, val_source, progress, cfg.format == "chat")
         if not chars:
             raise _empty(cfg)
         return CharTokenizer(chars), {"chars": chars}
@@ -142,7 +146,9 @@ def _write_build(out: Path, build: str, cfg: DataConfig, source: Source, val_sou
     if files:  # removed with the other build files once the manifest (which holds them too) is written
         atomic_write_bytes(out / SOURCE_RECORDS, json.dumps(files).encode())
     tok, tok_record = _tokenizer_for(out, build, cfg, source, val_source, resume, progress)
-    dtype = dtype_of(tok)
+    # conversations: ids and loss mask stored together, 2 * id + counted (chat_prep.py)
+    writer_tok = ChatWriterTokenizer(tok) if cfg.format == "chat" else tok
+    dtype = dtype_of(writer_tok)
     skipped = list(resume.get("skipped", [])) if resume else []
     for src in (source, val_source):
         if src is not None:
@@ -164,7 +170,7 @@ def _write_build(out: Path, build: str, cfg: DataConfig, source: Source, val_sou
     with _progress_bar(total, source.unit, f"tokenizing ({tok.name}, {workers} process{'es' if workers > 1 else ''})",
                        progress) as bar:
         result = write_shards(
-            out, build, fingerprint, _chained(source, val_source, resume["pos"] if resume else None), tok,
+            out, build, fingerprint, _chained(source, val_source, resume["pos"] if resume else None), writer_tok,
             shard_tokens=cfg.shard_tokens, val_fraction=cfg.val_fraction, workers=workers, resume=resume,
             extra_state=extra_state, bar=bar, say=to_stderr)
     n_tokens = sum(result[s]["tokens"] for s in SPLITS)
@@ -177,7 +183,11 @@ def _write_build(out: Path, build: str, cfg: DataConfig, source: Source, val_sou
     if skipped_rows:
         first = skipped_rows[0]
         to_stderr(f"skipped {len(skipped_rows)} bad row(s) (data.skip_bad_rows); the first: {first[0]}, row {first[1]}: {first[2]}")
+        if cfg.format == CHAT:  # and how many of each fault
+            to_stderr(skip_report(skip_counts(skipped_rows)))
     meta = manifest(cfg, tok, dtype, fingerprint, files, result, tok_record, skipped_rows)
+    if cfg.format == "chat":
+        meta["chat"] = chat_record(tok)
     # Everything new is complete and synced: switch the manifest over, then remove the old data.
     atomic_write_bytes(out / META_NAME, (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
     _remove_previous(out, meta, previous)

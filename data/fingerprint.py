@@ -83,6 +83,8 @@ def build_fingerprint(cfg: DataConfig, source: Source, val_source: Source | None
         "shard_tokens": cfg.shard_tokens,
         "tokenizer_sample_mb": cfg.tokenizer_sample_mb if bpe_vocab_size(cfg.tokenizer) else None,
     }
+    if cfg.format != "text":  # only then: a text dir's fingerprint stays what it was before data.format existed
+        settings["format"] = cfg.format
     return json_sha256(settings), files
 
 

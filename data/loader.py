@@ -62,6 +62,9 @@ class BatchLoader:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
             raise UserError(f"rank must be a whole number in [0, {world_size}), got {rank!r}; check the launcher's RANK and WORLD_SIZE")
         self.meta = load_meta(data_dir)
+        if self.meta.get("chat") is not None:
+            raise UserError(f"{data_dir} holds conversations (data.format chat), not documents; set data.format: chat "
+                            "to fine-tune on them (ChatBatchLoader), or prepare documents for pretraining")
         info = self.meta["splits"][split]
         if info["tokens"] < block_size + 1:
             raise UserError(
