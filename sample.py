@@ -56,6 +56,7 @@ from runtime.device import resolve_device
 from runtime.decoding import decode_compile, setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
+from runtime.sampling import check_repetition_penalty, check_temperature, check_top_k, check_top_p
 from runtime.text import DEFAULT_PROMPT, StreamPrinter
 
 if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
@@ -63,12 +64,6 @@ if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrup
 
 MAX_PROMPT_BYTES = 16 * 2**20  # far past any block_size; /dev/zero is refused, not read forever
 MAX_NEW_TOKENS = 1_000_000  # hours of text at any speed; a typo of a few zeros more is refused
-# The logits (fp32) are divided by --temperature and by --repetition-penalty: below 1e-4 a logit of
-# 3.4e34 overflows to inf (the probabilities become nan), and less already changes nothing (greedy, or a
-# token never repeated); above 1e4 nothing changes any more either. Top-p's kept mass is compared in fp32,
-# where a top-p under 1.2e-38 rounds to 0 and keeps nothing; under 1e-6 it keeps the top token anyway.
-MIN_SCALE = 1e-4
-MIN_TOP_P = 1e-6
 MAX_ROWS = 65_536  # samples in all (--num-samples times the prompts), one batch: far past any memory's batch
 
 
@@ -126,19 +121,12 @@ def validate_args(args: argparse.Namespace) -> None:
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got {args.max_new_tokens}; an "
                         "interrupted run (Ctrl-C) keeps the text generated so far")
-    if not (args.temperature == 0 or MIN_SCALE <= args.temperature <= 1 / MIN_SCALE):  # also rejects nan
-        raise UserError(f"--temperature must be >= 0: 0 (greedy) or in [{MIN_SCALE:g}, {1 / MIN_SCALE:g}], got "
-                        f"{args.temperature}; e.g. 0.8")
-    if args.top_k < 1:
-        raise UserError(f"--top-k must be >= 1, got {args.top_k}; use a large value (e.g. 50257) to keep every token")
-    if not (MIN_TOP_P <= args.top_p <= 1.0):  # also rejects nan
-        raise UserError(f"--top-p must be in (0, 1], at least {MIN_TOP_P:g}, got {args.top_p}; e.g. 0.9, or 1 to turn "
-                        "nucleus sampling off")
+    check_temperature(args.temperature)
+    check_top_k(args.top_k)
+    check_top_p(args.top_p)
     if not 0.0 <= args.min_p < 1.0:  # also rejects nan
         raise UserError(f"--min-p must be in [0, 1), got {args.min_p}; e.g. 0.05, or 0 to turn it off")
-    if not (MIN_SCALE <= args.repetition_penalty <= 1 / MIN_SCALE):  # also rejects nan
-        raise UserError(f"--repetition-penalty must be > 0, in [{MIN_SCALE:g}, {1 / MIN_SCALE:g}], got "
-                        f"{args.repetition_penalty}; e.g. 1.2, or 1 to turn it off")
+    check_repetition_penalty(args.repetition_penalty)
     if args.out is not None:
         check_out_file(args.out)
     elif sys.stdout is None:  # started with stdout closed (`>&-`): the samples would go nowhere
