@@ -88,7 +88,8 @@ def create_app(served: Served) -> FastAPI:
                            "use POST /v1/completions, or serve a checkpoint trained with sft.yaml",
                            param="model", code="model_not_chat")
         prompt = _encode(lambda: t.encode_prompt(served.tokenizer, messages, add_generation_prompt=True), "messages")
-        stop_ids = frozenset({t.end, served.tokenizer.eot})
+        # every marker ends the reply (chat.py's rule too): <|end|>, or a model that starts a turn of its own
+        stop_ids = frozenset(range(t.base, t.vocab_size)) | {served.tokenizer.eot}
         decode = lambda ids: t.decode(served.tokenizer, ids)  # noqa: E731
         return await respond(request, served, prompt, params, stop_ids, t.vocab_size, decode, chat=True)
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHARS = "".join(sorted(set(" !',.?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n")))
 
 
-def make_chat_checkpoint(path: Path, block_size: int = 64, seed: int = 0):
+def make_chat_checkpoint(path: Path, block_size: int = 128, seed: int = 0):
     """A random tiny chat model (char tokenizer, the chat template's markers in its vocabulary), saved as
     train.py saves one. Peaky weights: greedy choices are far from float ties. -> (model, tok, template)"""
     tok = get_tokenizer("char", CHARS)

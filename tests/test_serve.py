@@ -1,13 +1,16 @@
 """The server from outside: `python serve.py` started for real on a loopback port, talked to with the
-official `openai` client, with httpx for bad requests, raw sockets for slow and disconnecting clients, and
+official `openai` client (its greedy reply equal to `python chat.py`'s, piped), with httpx for bad requests, raw sockets for slow and disconnecting clients, and
 headless Chromium for the page. One server process for the module (a tiny chat checkpoint made here)."""
 from __future__ import annotations
 
 import concurrent.futures as futures
 import io
 import json
+import os
+import re
 import socket
-import time
+import subprocess
+import sys
 
 import httpx
 import openai
@@ -15,7 +18,7 @@ import psutil
 import pytest
 
 from model.generate import generate
-from serving import Browser, Server, chromium, make_chat_checkpoint
+from serving import ROOT, Browser, Server, chromium, make_chat_checkpoint
 
 MODEL = "tinychat"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, who are you?"}]
@@ -47,17 +50,28 @@ def client(served):
 
 
 def reference_reply(model, tok, template, messages, max_tokens: int) -> str:
-    """The greedy reply by the generation path itself, not through the server: stops at <|end|> (and at
-    the tokenizer's end-of-text, which the server stops at too)."""
+    """The greedy reply by the generation path itself, not through the server: it ends at the first marker
+    or end-of-text, as the server's and chat.py's replies do."""
     ids = generate(model, [template.encode_prompt(tok, messages)], max_tokens, temperature=0, eot=template.end,
                    vocab_size=template.vocab_size)[0]
-    if tok.eot in ids:
-        ids = ids[: ids.index(tok.eot)]
-    return template.decode(tok, ids)
+    ends = [i for i, t in enumerate(ids) if t >= template.base or t == tok.eot]
+    return template.decode(tok, ids[: ends[0]] if ends else ids)
+
+
+def chat_py_reply(checkpoint, system: str, message: str, max_tokens: int) -> str:
+    """`python chat.py` with the message piped on stdin (greedy): its one stdout line, unescaped."""
+    r = subprocess.run([sys.executable, "chat.py", "--checkpoint", str(checkpoint), "--system", system,
+                        "--max-new-tokens", str(max_tokens), "--dtype", "float32", "--device", "cpu"],
+                       input=message + "\n", capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.removesuffix("\n")
+    assert "\n" not in line, r.stdout
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r", "\\": "\\"}[m.group(1)], line)
 
 
 def test_openai_client_streams_a_reply_and_gets_the_same_greedy_text_whole(served, client):
-    server, model, tok, template, _ = served
+    server, model, tok, template, path = served
     stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30, stream=True)
     chunks = list(stream)
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
@@ -67,10 +81,8 @@ def test_openai_client_streams_a_reply_and_gets_the_same_greedy_text_whole(serve
     text = whole.choices[0].message.content
     assert "".join(pieces) == text and text
     assert whole.usage.completion_tokens >= len(pieces)
-    # TODO(lead): once chatcli's chat.py lands, also compare with `python chat.py --checkpoint PATH` fed MESSAGES'
-    # user line on stdin (greedy), as issue 42's "The server from outside" asks; until then the reference is the
-    # generation path called directly, which chat.py uses too.
     assert text == reference_reply(model, tok, template, MESSAGES, 30)
+    assert text == chat_py_reply(path, MESSAGES[0]["content"], MESSAGES[1]["content"], 30)
 
 
 def test_completions_continue_plain_text_and_models_lists_the_model(served, client):
@@ -129,14 +141,14 @@ BAD = [  # (path, body, status, code or param the error names)
     (CHAT, {"messages": USER, "stop": [1]}, 400, "stop"),
     (CHAT, {"messages": USER, "model": "gpt-4o"}, 404, "model_not_found"),
     (CHAT, {"messages": USER, "model": ["x"]}, 400, "model"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi " * 40}]}, 400, "context_length_exceeded"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi " * 60}]}, 400, "context_length_exceeded"),
     (CHAT, {"messages": [{"role": "user", "content": "\u00e9\u00e8"}]}, 400, "messages"),  # not in the char vocabulary
     (CHAT, {"messages": USER * 300}, 400, "messages"),
     (CHAT, {"messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, "request_too_large"),
     ("/v1/completions", {"prompt": 5}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, -1]}, 400, "prompt"),
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
-    ("/v1/completions", {"prompt": "a b " * 40}, 400, "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "a b " * 60}, 400, "context_length_exceeded"),
     ("/nowhere", {}, 404, "404"),
 ]
 
