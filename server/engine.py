@@ -127,22 +127,28 @@ class Engine:
                     joining = []
                     while self.waiting and len(self.active) + len(joining) < self.slots:
                         joining.append(self.waiting.popleft())
+                for request in joining:
+                    try:
+                        self._join(request)
+                    except Exception as e:  # noqa: BLE001 - one request's prefill failed: only it ends
+                        self._fail([request], "a prefill", e)
+                        if self.active and self.active[-1] is request:
+                            self.active.pop()
                 try:
                     self._drop_finished()
-                    for request in joining:
-                        self._join(request)
                     if self.active:
                         self._step()
                 except Exception as e:  # noqa: BLE001 - one bad step must not kill the server
-                    self._fail_all(e)
+                    self._fail(self.active, "a decoding step", e)
+                    self.active.clear()
         for request in self.active + list(self.waiting):
             request._emit(("error", "the server is shutting down"))
 
-    def _fail_all(self, e: Exception) -> None:
-        to_stderr(f"error: a decoding step failed ({short_error(e)}); its requests were ended")
-        for request in self.active:
+    @staticmethod
+    def _fail(requests: list[Request], what: str, e: Exception) -> None:
+        to_stderr(f"error: {what} failed ({short_error(e)}); its requests were ended, the server goes on")
+        for request in requests:
             request._emit(("error", f"generation failed ({short_error(e)})"))
-        self.active.clear()
 
     def _join(self, request: Request) -> None:
         """Prefill the request's prompt alone into the next free row, then sample its first token."""

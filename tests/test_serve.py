@@ -96,6 +96,18 @@ def test_completions_continue_plain_text_and_models_lists_the_model(served, clie
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+def test_stop_strings_cut_the_reply_before_them(served, client):
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30)
+    text = whole.choices[0].message.content
+    assert len(text) >= 4
+    stop = text[2:4]
+    cut = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30,
+                                              stop=stop, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text[: text.index(stop)]
+
+
 def test_concurrent_requests_decode_together_and_each_gets_its_own_reply(served, client):
     server, model, tok, template, _ = served
     questions = [[{"role": "user", "content": q}] for q in ("Hi!", "What is this?", "Tell me a story.", "Why?",

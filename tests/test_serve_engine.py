@@ -233,3 +233,29 @@ def test_a_taken_port_is_one_error_line(tmp_path, capsys):
             run_cli(lambda: cli.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--port", str(port), "--dtype", "float32"]))
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err, err
+
+
+def test_a_failing_prefill_or_step_ends_its_requests_and_the_engine_goes_on(model, engine, capsys):
+    real = engine.model
+    calls = {"steps": 0}
+
+    def flaky(idx, **kw):
+        if idx.size(1) > 1 and int(idx[0, 0]) == 39:  # this prompt's prefill fails
+            raise RuntimeError("boom in prefill")
+        if idx.size(1) == 1:
+            calls["steps"] += 1
+            if calls["steps"] == 3:  # and one decoding step
+                raise RuntimeError("boom in a step")
+        return real(idx, **kw)
+
+    engine.model = flaky
+    try:
+        results = run_all(engine, [([39, 1], Sampling(temperature=0.0, max_tokens=5)),
+                                   ([1, 2], Sampling(temperature=0.0, max_tokens=5))])
+    finally:
+        engine.model = real
+    assert results[0] == ([], "generation failed (RuntimeError: boom in prefill)")
+    assert results[1][1] == "generation failed (RuntimeError: boom in a step)"
+    assert "boom" in capsys.readouterr().err
+    (tokens, reason), = run_all(engine, [([1, 2], Sampling(temperature=0.0, max_tokens=5))])
+    assert tokens == alone(model, [1, 2], 5) and reason == "length"
