@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from checkpoint import save_checkpoint
+from checkpoint import CKPT_NAME, save_checkpoint
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def bench_serve(*, device: torch.device, quick: bool, repeats: int, threads: int
     shape = QUICK if quick else SMALL
     new = 8 if quick else NEW
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = Path(tmp) / "ckpt.pt"
+        ckpt = Path(tmp) / CKPT_NAME
         _checkpoint(ckpt, shape)
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
