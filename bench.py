@@ -87,7 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
-                   help="run only these sections (repeatable); 'budget', 'profile' and 'fsdp' run only when named here")
+                   help="run only these sections (repeatable); 'budget', 'profile', 'corpus', 'fsdp' and 'serve' run "
+                   "only when named here")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, a few steps; the figures mean nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
