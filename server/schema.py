@@ -22,6 +22,11 @@ from dataclasses import dataclass
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP = 4
+# As sample.py's bounds: the logits (fp32) are divided by the temperature, and below 1e-4 a large logit
+# overflows to inf (nan probabilities: a failed step for every row of the batch), while such a temperature
+# is greedy already; a top_p under 1e-6 keeps the top token only, as 1e-6 does (under 1.2e-38 it would keep
+# nothing). So both are moved to the value that gives the same tokens.
+MIN_TEMPERATURE, MIN_TOP_P = 1e-4, 1e-6
 # fields this server does not implement, and the values that ask for nothing (accepted)
 UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None,), "tools": (None, []), "functions": (None, []),
                "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1), "logit_bias": (None, {})}
@@ -129,14 +134,18 @@ def check_params(body: dict, limits: Limits) -> Params:
     if options is not None and not isinstance(options, dict):
         raise _bad("stream_options", f"must be an object, got {type(options).__name__}", "invalid_type")
     return Params(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        temperature=_greedy_below(_number(body, "temperature", 1.0, 0.0, 2.0)),
+        top_p=max(_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), MIN_TOP_P),
         max_tokens=max_tokens,
         stream=_flag(body, "stream"),
         include_usage=_flag(options or {}, "include_usage"),
         seed=_integer(body, "seed", -(2**63), 2**63 - 1),
         stop=_stops(body.get("stop")),
     )
+
+
+def _greedy_below(temperature: float) -> float:
+    return 0.0 if temperature < MIN_TEMPERATURE else temperature
 
 
 def _stops(value) -> tuple[str, ...]:

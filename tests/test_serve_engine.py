@@ -20,7 +20,7 @@ from model.generate import generate
 from server import cli
 from server.app import Served, create_app
 from server.engine import Engine, QueueFull, Request, Sampling
-from server.schema import Limits
+from server.schema import Limits, check_params
 from server.text import StopText
 from serving import make_chat_checkpoint
 
@@ -259,3 +259,16 @@ def test_a_failing_prefill_or_step_ends_its_requests_and_the_engine_goes_on(mode
     assert "boom" in capsys.readouterr().err
     (tokens, reason), = run_all(engine, [([1, 2], Sampling(temperature=0.0, max_tokens=5))])
     assert tokens == alone(model, [1, 2], 5) and reason == "length"
+
+
+def test_extreme_sampling_values_give_tokens_not_a_failed_batch(model, engine):
+    # temperature 1e-38 overflows the logits to inf (nan probabilities, a failed step for every row) unless
+    # the schema moves it to greedy; a top_p of 1e-40 keeps the top token only
+    params = check_params({"temperature": 1e-38, "top_p": 0.5}, Limits())
+    extreme = Sampling(temperature=params.temperature, top_p=params.top_p, max_tokens=8)
+    results = run_all(engine, [([1, 2], extreme), ([3, 4], Sampling(temperature=0.0, max_tokens=8))])
+    assert results[0] == (alone(model, [1, 2], 8), "length")  # the same tokens as greedy
+    assert results[1] == (alone(model, [3, 4], 8), "length")
+    params = check_params({"temperature": 0.5, "top_p": 1e-40}, Limits())
+    (tokens, _), = run_all(engine, [([1, 2], Sampling(temperature=0.5, top_p=params.top_p, max_tokens=8))])
+    assert tokens == alone(model, [1, 2], 8)  # only the top token is ever kept
