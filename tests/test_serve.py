@@ -302,23 +302,31 @@ def test_the_page_in_headless_chromium_streams_a_typed_reply(served, client, tmp
     from PIL import Image
 
     server = served[0]
+    turns = ["Hello there, who are you?", "Say more."]
+    reply_of = ("(n) => { const b = document.querySelectorAll('.msg.assistant')[n];"
+                " return b && b.dataset.state !== 'streaming' && "
+                "{state: b.dataset.state, text: b.textContent, chunks: Number(b.dataset.chunks)}; }")
     browser = Browser(server.url + "/", tmp_path / "profile")
     try:
         browser.wait_for("document.readyState === 'complete' && document.getElementById('status').textContent "
                          "!== 'connecting…'")
         browser.eval("document.getElementById('temperature').value = '0';"
                      "document.getElementById('max_tokens').value = '30'; document.getElementById('input').focus()")
-        browser.type_text("Hello there, who are you?")
-        browser.press_enter()
-        state = browser.wait_for("(() => { const b = document.querySelector('.msg.assistant');"
-                                 " return b && b.dataset.state !== 'streaming' && "
-                                 "{state: b.dataset.state, text: b.textContent, chunks: Number(b.dataset.chunks)}; })()")
+        states = []
+        for n, message in enumerate(turns):  # typed, then Enter; the second turn sends the conversation so far
+            browser.type_text(message)
+            browser.press_enter()
+            states.append(browser.wait_for(f"({reply_of})({n})"))
         png = browser.screenshot()
     finally:
         browser.close()
-    want = client.chat.completions.create(model=MODEL, messages=MESSAGES[1:], temperature=0, max_tokens=30)
-    assert state["state"] == "done" and state["text"] == want.choices[0].message.content
-    assert state["chunks"] > 1  # it arrived piece by piece
+    conversation = []
+    for message, state in zip(turns, states):
+        conversation.append({"role": "user", "content": message})
+        want = client.chat.completions.create(model=MODEL, messages=conversation, temperature=0, max_tokens=30)
+        assert state["state"] == "done" and state["text"] == want.choices[0].message.content
+        conversation.append({"role": "assistant", "content": state["text"]})
+    assert states[0]["chunks"] > 1  # it arrived piece by piece
     image = Image.open(io.BytesIO(png)).convert("L")
     (tmp_path / "page.png").write_bytes(png)
     low, high = image.getextrema()
