@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     template, tok = loaded.chat_template, loaded.tok
     if template is None:
         raise UserError(f"{loaded.description} is not a chat model (its checkpoint has no chat template); fine-tune it "
-                        f"first: `python train.py --config sft.yaml --model.init_from={spec}`, then chat with that run")
+                        f"on conversations first: `python train.py --config sft.yaml --model.init_from={spec} "
+                        "--data.dataset=YOUR.jsonl` (docs/chat.md), then chat with that run's out_dir")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     ready = setup_decoding(loaded.model, device, args.dtype, say=note)
     session = ChatSession(ready.model, tok, template, system=args.system, max_new_tokens=args.max_new_tokens,
