@@ -88,7 +88,8 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UserError(f"--seed must be an integer in [0, 2**63), got {args.seed}")
     if sys.stdin is None:
-        raise UserError("stdin is closed, so there is nobody to chat with; run chat.py at a terminal or pipe messages in")
+        raise UserError("stdin is closed, so there is nobody to chat with; run chat.py at a terminal or pipe "
+                        "messages in")
     if sys.stdout is None:
         raise UserError("stdout is closed, so the replies have nowhere to go; run with stdout open")
 

@@ -164,7 +164,8 @@ def sample(
     return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
 
 
-def prefill(model, idx: torch.Tensor, kv_cache, pad_mask: torch.Tensor | None = None, *, start: int = 0) -> torch.Tensor:
+def prefill(model, idx: torch.Tensor, kv_cache, pad_mask: torch.Tensor | None = None, *,
+            start: int = 0) -> torch.Tensor:
     """Run the prompt idx (B, P) through the model, filling cache slots start..start+P-1 (the slots before
     `start` already hold the keys and values of what came before); last logits (B, V)."""
     input_pos = torch.arange(start, start + idx.size(1), device=idx.device)
