@@ -143,7 +143,7 @@ def test_bad_checkpoints_and_options_are_one_line(chat_ckpt, tmp_path, case, cap
         else:
             ckpt["chat_template"] = {"name": "smallgpt-chat-v1", "markers": {"<|system|>": 3}}
         save_checkpoint(tmp_path / "ckpt.pt", ckpt)
-    else:
+    elif case != "missing":
         args = ["--checkpoint", path] + {"top_k": ["--top-k", 0], "temperature": ["--temperature", "nan"],
                                          "unknown": ["--bogus"]}[case]
     code, out, err = run_in_process(args, b"hi\n", capsys, monkeypatch)
