@@ -3,6 +3,7 @@ argmax loop written here), every bad input as one line, and a session under a ps
 stops a reply and the chat goes on."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import io
 import os
@@ -255,3 +256,21 @@ def test_end_of_input_at_the_prompt_quits_cleanly(chat_ckpt):
     finally:
         term.kill()
     assert code == 0 and b"Traceback" not in term.seen
+
+
+def test_loading_gives_a_chat_checkpoints_template_and_none_for_a_plain_one(chat_ckpt, tmp_path):
+    from checkpoint import load_checkpoint, load_for_inference, save_checkpoint
+    from errors import UserError
+    from model import GPT, GPTConfig
+
+    path, model = chat_ckpt
+    loaded = load_for_inference(str(path))
+    assert loaded.chat_template == TEMPLATE and loaded.chat_template.base == len(TOK.chars) + 1
+    assert loaded.tok.vocab_size == TOK.vocab_size and not loaded.model.training
+    assert load_for_inference(str(save_chat_checkpoint(tmp_path / "plain.pt", model, chat=False))).chat_template is None
+    small = GPT(GPTConfig(vocab_size=TOK.vocab_size + 2, block_size=16, n_layer=1, n_head=1, n_embd=8))
+    ckpt = load_checkpoint(path)  # a template whose markers the model has no rows for
+    ckpt.update(model=small.state_dict(), model_config=dataclasses.asdict(small.config))
+    save_checkpoint(tmp_path / "short.pt", ckpt)
+    with pytest.raises(UserError, match="rows"):
+        load_for_inference(str(tmp_path / "short.pt"))
