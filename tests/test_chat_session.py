@@ -150,3 +150,19 @@ def test_clear_and_system_rebuild_the_conversation():
     s.set_system("")
     assert s.messages == [] and s.seq.ids == []
     assert "".join(s.reply("hi")) == "".join(session(model).reply("hi"))
+
+
+def test_the_cache_grows_with_the_conversation_and_keeps_the_logits_of_a_full_prefill(monkeypatch):
+    from model.generate import CachedSequence
+
+    monkeypatch.setattr(CachedSequence, "FIRST_SLOTS", 8)
+    model = tiny_chat_model(block_size=100)
+    seq = CachedSequence(model)
+    ids = torch.randint(0, TOK.vocab_size, (100,), generator=torch.Generator().manual_seed(0)).tolist()
+    sizes, at = [], 0
+    for n in (5, 1, 1, 20, 1, 40, 1, 31):  # 100 ids: past 8, 16, 32 and 64 slots, then capped at block_size
+        seq.append(ids[at:at + n])
+        at += n
+        torch.testing.assert_close(seq.logits()[0], full_logits(model, seq.ids), rtol=0, atol=1e-5)
+        sizes.append(seq.cache[0].k.size(2))
+    assert sizes == [8, 8, 8, 32, 32, 100, 100, 100]  # 68 ids: 128 slots, capped at block_size
