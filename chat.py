@@ -88,7 +88,8 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UserError(f"--seed must be an integer in [0, 2**63), got {args.seed}")
     if sys.stdin is None:
-        raise UserError("stdin is closed, so there is nobody to chat with; run chat.py at a terminal or pipe messages in")
+        raise UserError("stdin is closed, so there is nobody to chat with; run chat.py at a terminal or pipe "
+                        "messages in")
     if sys.stdout is None:
         raise UserError("stdout is closed, so the replies have nowhere to go; run with stdout open")
 
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     template, tok = loaded.chat_template, loaded.tok
     if template is None:
         raise UserError(f"{loaded.description} is not a chat model (its checkpoint has no chat template); fine-tune it "
-                        f"first: `python train.py --config sft.yaml --model.init_from={spec}`, then chat with that run")
+                        f"on conversations first: `python train.py --config sft.yaml --model.init_from={spec} "
+                        "--data.dataset=YOUR.jsonl` (docs/chat.md), then chat with that run's out_dir")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     ready = setup_decoding(loaded.model, device, args.dtype, say=note)
     session = ChatSession(ready.model, tok, template, system=args.system, max_new_tokens=args.max_new_tokens,

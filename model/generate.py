@@ -164,7 +164,8 @@ def sample(
     return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
 
 
-def prefill(model, idx: torch.Tensor, kv_cache, pad_mask: torch.Tensor | None = None, *, start: int = 0) -> torch.Tensor:
+def prefill(model, idx: torch.Tensor, kv_cache, pad_mask: torch.Tensor | None = None, *,
+            start: int = 0) -> torch.Tensor:
     """Run the prompt idx (B, P) through the model, filling cache slots start..start+P-1 (the slots before
     `start` already hold the keys and values of what came before); last logits (B, V)."""
     input_pos = torch.arange(start, start + idx.size(1), device=idx.device)
@@ -182,12 +183,18 @@ class CachedSequence:
     every id not yet run (a prefill from the first of them, or one decode step for a single id) and gives
     the next-token logits (1, V). Holds at most block_size ids: the caller makes room (`reset` with fewer
     ids starts a new cache). An interrupt inside `logits` leaves it consistent: `cached` moves only once
-    the forward is done, so the next call runs those ids again and rewrites their slots."""
+    the forward is done, so the next call runs those ids again and rewrites their slots.
+
+    The cache starts small and doubles as the ids grow (up to block_size): every decode step attends over
+    all its slots (those not written yet are masked), so a short conversation should not pay for a long
+    context."""
+
+    FIRST_SLOTS = 256
 
     def __init__(self, model, decode_fn=None):
         self.model, self.decode_fn = model, decode_fn or decode_one_token
         self.block_size = model.config.block_size
-        self.cache = model.new_kv_cache(1, self.block_size)
+        self.cache = model.new_kv_cache(1, min(self.FIRST_SLOTS, self.block_size))
         self.ids: list[int] = []
         self.cached = 0  # the first `cached` ids have their keys and values in the cache
 
@@ -210,6 +217,7 @@ class CachedSequence:
         new = self.ids[self.cached:]
         if not new:
             raise ValueError("no new ids to run: append the last sampled id first")
+        self._fit(len(self.ids))
         device = self.model.transformer.wte.weight.device
         idx = torch.tensor([new], dtype=torch.long, device=device)
         if len(new) == 1:
@@ -218,6 +226,19 @@ class CachedSequence:
             logits = prefill(self.model, idx, self.cache, start=self.cached)
         self.cached = len(self.ids)
         return logits
+
+    def _fit(self, n: int) -> None:
+        """A cache of at least n slots, the cached ones copied over."""
+        slots = self.cache[0].k.size(2)
+        if n <= slots:
+            return
+        while slots < n:
+            slots *= 2
+        bigger = self.model.new_kv_cache(1, min(slots, self.block_size))
+        for old, new in zip(self.cache, bigger):
+            new.k[:, :, :self.cached] = old.k[:, :, :self.cached]
+            new.v[:, :, :self.cached] = old.v[:, :, :self.cached]
+        self.cache = bigger
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:

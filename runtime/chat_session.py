@@ -15,7 +15,7 @@ A reply ends at <|end|> (or at any other marker, or the tokenizer's end-of-text:
 them), after `max_new_tokens`, or when the caller stops it (closing the generator, e.g. on Ctrl-C); in
 every case the turn is closed with <|end|> and the reply so far is the assistant's message.
 
-The context (block_size) is kept full-safe: before a user turn the oldest exchanges (a user turn and its
+The context (block_size) never overflows: before a user turn the oldest exchanges (a user turn and its
 reply) are dropped until the new turn and `reply_room` tokens fit; the system message always stays. A
 reply that fills the context drops older exchanges too, and is cut when none is left. Dropping rebuilds
 the cache (the positions change) and says so through `notice`.

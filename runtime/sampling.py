@@ -23,16 +23,6 @@ class Sampling:
     top_k: int | None = 200
     top_p: float | None = None
 
-    def check(self, names: dict[str, str] | None = None) -> "Sampling":
-        """Self, after every field's check; `names` spells the fields as the user gave them (options)."""
-        names = names or {}
-        check_temperature(self.temperature, names.get("temperature", "temperature"))
-        if self.top_k is not None:
-            check_top_k(self.top_k, names.get("top_k", "top_k"))
-        if self.top_p is not None:
-            check_top_p(self.top_p, names.get("top_p", "top_p"))
-        return self
-
 
 def check_temperature(value: float, name: str = "--temperature") -> float:
     if not (value == 0 or MIN_SCALE <= value <= 1 / MIN_SCALE):  # also rejects nan

@@ -49,3 +49,11 @@ def save_chat_checkpoint(path: Path, model: GPT, chat: bool = True) -> Path:
         payload["chat_template"] = template_for(tok).to_dict()
     save_checkpoint(path, payload)
     return path
+
+
+def layout(template, tok, messages, add_generation_prompt: bool = True) -> list[int]:
+    """The chat layout written out by hand: <|role|> content <|end|> per message, then <|assistant|>. What
+    template.encode_prompt gives, also for a conversation it refuses (an empty reply the model wrote)."""
+    role = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+    ids = [i for m in messages for i in (template.id(role[m["role"]]), *tok.encode(m["content"]), template.end)]
+    return ids + [template.id("<|assistant|>")] * add_generation_prompt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chat_models import char_tok, tiny_chat_model
+from chat_models import char_tok, layout, tiny_chat_model
 from data.chat_template import template_for
 from errors import UserError
 from runtime.chat_session import ChatSession
@@ -57,7 +57,11 @@ def test_a_new_turn_prefills_only_its_tokens_and_gets_the_logits_of_a_full_prefi
     expected = full_logits(model, s.seq.ids)
     assert cached.dtype == torch.float32
     torch.testing.assert_close(cached, expected, rtol=0, atol=1e-5)
+    # the session's ids are the template's (a conversation with no empty reply: encode_prompt takes it)
+    assert all(m["content"] for m in s.messages)
     assert s.seq.ids[:-len(new)] == TEMPLATE.encode_prompt(TOK, s.messages, add_generation_prompt=False)
+    asked = s.messages + [{"role": "user", "content": "and 3+3?"}]
+    assert layout(TEMPLATE, TOK, asked) == TEMPLATE.encode_prompt(TOK, asked) == s.seq.ids  # the tests' hand layout too
 
 
 def test_greedy_replies_equal_the_uncached_argmax_loop_and_ignore_the_seed():
@@ -66,7 +70,7 @@ def test_greedy_replies_equal_the_uncached_argmax_loop_and_ignore_the_seed():
     for seed in (0, 1):
         s = session(model, seed=seed, system="you add")
         replies.append(["".join(s.reply(t)) for t in ("hi", "1+1?", "bye")])
-        ids = TEMPLATE.encode_prompt(TOK, s.messages[:-1])
+        ids = layout(TEMPLATE, TOK, s.messages[:-1])
         assert TOK.encode(s.messages[-1]["content"]) == reference_greedy(model, ids, 10)
     assert replies[0] == replies[1]
     assert any(0 < len(r) < 10 for r in replies[0]), "some reply should end at <|end|> before max_new_tokens"
@@ -140,9 +144,25 @@ def test_clear_and_system_rebuild_the_conversation():
     "".join(s.reply("hi"))
     s.set_system("two")
     assert s.messages[0]["content"] == "two" and len(s.messages) == 3
-    assert s.seq.ids == TEMPLATE.encode_prompt(TOK, s.messages, add_generation_prompt=False)
+    assert s.seq.ids == layout(TEMPLATE, TOK, s.messages, add_generation_prompt=False)
     s.clear()
     assert s.messages == [{"role": "system", "content": "two"}]
     s.set_system("")
     assert s.messages == [] and s.seq.ids == []
     assert "".join(s.reply("hi")) == "".join(session(model).reply("hi"))
+
+
+def test_the_cache_grows_with_the_conversation_and_keeps_the_logits_of_a_full_prefill(monkeypatch):
+    from model.generate import CachedSequence
+
+    monkeypatch.setattr(CachedSequence, "FIRST_SLOTS", 8)
+    model = tiny_chat_model(block_size=100)
+    seq = CachedSequence(model)
+    ids = torch.randint(0, TOK.vocab_size, (100,), generator=torch.Generator().manual_seed(0)).tolist()
+    sizes, at = [], 0
+    for n in (5, 1, 1, 20, 1, 40, 1, 31):  # 100 ids: past 8, 16, 32 and 64 slots, then capped at block_size
+        seq.append(ids[at:at + n])
+        at += n
+        torch.testing.assert_close(seq.logits()[0], full_logits(model, seq.ids), rtol=0, atol=1e-5)
+        sizes.append(seq.cache[0].k.size(2))
+    assert sizes == [8, 8, 8, 32, 32, 100, 100, 100]  # 68 ids: 128 slots, capped at block_size
