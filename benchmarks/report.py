@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .fsdp import format_fsdp
+from .serve import format_serve
 from .profile import format_profile
 
 
@@ -139,6 +140,8 @@ def print_report(report: dict, print=print) -> None:
             print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
     if report.get("fsdp"):
         print("\n" + format_fsdp(report["fsdp"]))
+    if report.get("serve"):
+        print("\n" + format_serve(report["serve"]))
     for label, prof in report.get("profile", {}).items():
         print("\nwhere the time goes, " + format_profile(label, prof["dtype"], prof))
     c = report.get("corpus")

@@ -1,17 +1,21 @@
 """Inference asks here for a model: from one of our checkpoints (a file or a training out_dir), an HF
-GPT-2 directory, or an HF hub name. sample.py, eval/, the HF export and training's init_from all load
-through `load_model`, so inference never needs the training package."""
+GPT-2 directory, or an HF hub name. sample.py, chat.py, serve.py, eval/, the HF export and training's
+init_from all load through `load_model` (the scripts through `load_for_inference`: no dropout, the
+tokenizer built and checked against the model), so inference never needs the training package."""
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from data import Tokenizer, tokenizer_from_meta
+from data.chat_template import ChatTemplate
 from errors import UserError, short_error
 from model.gpt import GPT, GPTConfig
 
@@ -68,6 +72,11 @@ class LoadedModel:
     tokenizer: dict[str, Any]  # {"tokenizer", "chars"}: data.tokenizer_from_meta(...) builds it
     description: str  # one line for the user: where it came from
     checkpoint: dict[str, Any] | None = None  # the whole checkpoint, for our own files
+    chat_template: ChatTemplate | None = None  # a fine-tuned chat model's (ckpt["chat_template"]); None otherwise
+
+    @cached_property
+    def tok(self) -> Tokenizer:
+        return tokenizer_from_meta(self.tokenizer)
 
 
 def is_hub_name(spec: str) -> bool:
@@ -99,7 +108,33 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     require(ckpt, where, ("tokenizer",))
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
-    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt)
+    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))
+
+
+def chat_template_of(ckpt: dict[str, Any], where: Path, model: GPT) -> ChatTemplate | None:
+    """The template a fine-tuned chat model was trained with, None for a model that only continues text.
+    A damaged entry, or marker ids the model has no rows for, is a one-line UserError."""
+    if ckpt.get("chat_template") is None:
+        return None
+    try:
+        template = ChatTemplate.from_dict(ckpt["chat_template"])
+    except UserError as e:
+        raise UserError(f"checkpoint {where}: {e}") from None
+    if template.vocab_size > model.config.vocab_size:
+        raise UserError(f"checkpoint {where}: its chat template's markers take ids up to {template.vocab_size - 1} but "
+                        f"the model has only {model.config.vocab_size} rows; re-run the fine-tuning (sft.yaml)")
+    return template
+
+
+def load_for_inference(spec: str) -> LoadedModel:
+    """What sample.py, chat.py, serve.py and eval/inspect.py load: `load_model` without dropout, with the
+    tokenizer (`.tok`) built and known to fit the model's vocabulary."""
+    loaded = load_model(spec, dropout=0.0)
+    tok = loaded.tok
+    if tok.vocab_size > loaded.model.config.vocab_size:
+        raise UserError(f"{loaded.description}: the tokenizer has {tok.vocab_size} ids but the model only "
+                        f"{loaded.model.config.vocab_size}; use a model trained with this tokenizer")
+    return loaded
 
 
 def _load_hf(spec: str, **overrides: Any) -> LoadedModel:

@@ -5,7 +5,9 @@ weights to and from HF's format is a transpose of the Conv1D matrices and nothin
 
 Conventions for the optional arguments of `GPT.forward`:
 - `input_pos` (T,) long: the sequence slots the T new tokens occupy. Without a KV cache it defaults to
-  0..T-1; with a cache it says where to write the new keys and values.
+  0..T-1; with a cache it says where to write the new keys and values. (B, T): each row's own slots, so
+  that rows at different lengths decode in one batch (the server's continuous batching); a row's
+  position ids are then its slots.
 - `pad_mask` (B, S) bool, True for real tokens, over all S slots the keys live in (S = T without a
   cache, the cache length with one). Left padding lets prompts of different lengths share a batch: each
   row's position ids count only its real tokens, and no real query ever attends to a pad.
@@ -125,7 +127,13 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     def update(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, nh, T, hs) at slots `pos` (T,); return the whole cache (B, nh, S, hs)."""
+        """Write k, v (B, nh, T, hs) at slots `pos`, (T,) for every row or (B, T) per row; return the whole
+        cache (B, nh, S, hs)."""
+        if pos.dim() == 2:  # advanced indices around a slice put their (B, T) dims first: (B, T, nh, hs)
+            rows = torch.arange(k.size(0), device=pos.device).unsqueeze(1)
+            self.k[rows, :, pos] = k.transpose(1, 2).to(self.k.dtype)
+            self.v[rows, :, pos] = v.transpose(1, 2).to(self.v.dtype)
+            return self.k, self.v
         self.k[:, :, pos] = k.to(self.k.dtype)
         self.v[:, :, pos] = v.to(self.v.dtype)
         return self.k, self.v
@@ -309,17 +317,17 @@ class GPT(nn.Module):
 
         mask = None
         if pad_mask is None:
-            pos = input_pos.unsqueeze(0)  # (1, T)
+            pos = input_pos if input_pos.dim() == 2 else input_pos.unsqueeze(0)  # (B or 1, T)
             if kv_cache is not None:
                 # query at slot p may see key slots <= p; slots past the written ones are masked too
-                mask = (torch.arange(S, device=device) <= input_pos.unsqueeze(1)).view(1, 1, T, S)
+                mask = (torch.arange(S, device=device) <= input_pos.unsqueeze(-1)).view(-1, 1, T, S)
         else:
             # each row's positions count its real tokens only, so a left-padded prompt gets the same
             # position embeddings as when it runs alone
             pos = (pad_mask.long().cumsum(1) - 1).clamp(min=0).gather(1, input_pos.expand(B, T))  # (B, T)
-            causal = torch.arange(S, device=device) <= input_pos.unsqueeze(1)  # (T, S)
+            causal = torch.arange(S, device=device) <= input_pos.unsqueeze(-1)  # (T, S) or (B, T, S)
             # a pad query sees itself too, so that its softmax row is never all -inf (that would be NaN)
-            own_slot = torch.arange(S, device=device) == input_pos.unsqueeze(1)  # (T, S)
+            own_slot = torch.arange(S, device=device) == input_pos.unsqueeze(-1)  # (T, S) or (B, T, S)
             mask = (causal & pad_mask[:, None, :]) | own_slot  # (B, T, S)
             mask = mask.unsqueeze(1)  # (B, 1, T, S), broadcast over heads
 

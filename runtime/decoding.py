@@ -1,7 +1,8 @@
-"""Sampling's set-up, shared by sample.py and the benchmark: choose the dtype (runtime/precision.py's
-inference_dtype, which on a CPU times this model's decoding in fp32 and in prepacked bf16) and get the
-model ready for it (`prepare_for_decoding`: device, dtype, then the compiled decode step or, on a CPU in
-bf16, the Linear weights prepacked in oneDNN's layout). The model itself knows nothing of this."""
+"""Sampling's set-up, shared by sample.py, chat.py, serve.py and the benchmark: choose the dtype
+(runtime/precision.py's inference_dtype, which on a CPU times this model's decoding in fp32 and in
+prepacked bf16) and get the model ready for it (`prepare_for_decoding`: device, dtype, then the compiled
+decode step or, on a CPU in bf16, the Linear weights prepacked in oneDNN's layout). The model itself
+knows nothing of this."""
 from __future__ import annotations
 
 import copy

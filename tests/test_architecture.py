@@ -15,8 +15,9 @@ from faults import inject
 from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval")
-TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "locks", "settings", "network", "ownership")
+PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval", "server")
+ENTRY_SCRIPTS = ("train", "sample", "bench", "chat", "serve")  # thin; run, never imported
+TOP_MODULES = (*ENTRY_SCRIPTS, "errors", "fileio", "locks", "settings", "network", "ownership")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
 OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel",
             "pyarrow", "tokenizers", "psutil", "torchao"}  # pyarrow: jsonl/parquet/.gz/.zst sources only; tokenizers: bpe:<n>
@@ -96,7 +97,8 @@ def test_import_graph_sees_the_known_edges():
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
-@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample"])
+@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "serve",
+                                  "server"])
 def test_inference_and_lower_layers_never_import_training(root):
     g = graph()
     starts = [m for m in g if m == root or m.startswith(root + ".")]
@@ -105,6 +107,22 @@ def test_inference_and_lower_layers_never_import_training(root):
     bad = {s: sorted(t for t in reachable(s, g) | {s} if t == "training" or t.startswith("training."))
            for s in starts}
     assert not any(bad.values()), bad
+
+
+def test_no_module_imports_an_entry_script():
+    """train.py, sample.py, bench.py, chat.py and serve.py are entry points: what two of them share (loading a
+    model, generating, the default prompt) lives in a package they import, never in one of them."""
+    g = graph()
+    offenders = {m: sorted(t for t in targets if t in ENTRY_SCRIPTS) for m, targets in g.items()}
+    assert not {m: t for m, t in offenders.items() if t}, offenders
+
+
+def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
+    """The check above must be able to fail: the walker finds both spellings of importing a script."""
+    f = tmp_path / "showcase.py"
+    f.write_text("import chat\nfrom sample import DEFAULT_PROMPT\n\ndef f():\n    import serve\n")
+    found = imports_of("training.showcase", f, {"chat": f, "sample": f, "serve": f})
+    assert {name for name, _ in found} == {"chat", "sample", "serve"}
 
 
 def test_model_imports_nothing_from_data_and_data_nothing_from_model():

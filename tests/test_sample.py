@@ -25,7 +25,7 @@ from data import get_tokenizer
 from errors import run_cli
 from model import GPT, GPTConfig
 from model.generate import generate
-from checkpoint import save_checkpoint
+from checkpoint import load_for_inference, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
@@ -98,7 +98,8 @@ def hf_greedy(hf, ids, n, eot=50256):
 
 def test_hf_directory_loads_and_greedy_equals_transformers_generate(hf_dir):
     path, hf = hf_dir
-    model, tok, _ = sample.load_model(str(path))  # the --checkpoint code path
+    loaded = load_for_inference(str(path))  # the --checkpoint code path
+    model, tok = loaded.model, loaded.tok
     ids = tok.encode("The quick brown fox")
     n = 64 - len(ids)  # up to the block size
     expected = hf_greedy(hf.double(), ids, n)
