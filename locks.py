@@ -109,7 +109,10 @@ class DirLock:
         self._me: dict = {}
 
     def holder(self) -> dict | None:
-        """Who holds the lock ({"pid", "host", "started", "since"}), or None when it is free or stale."""
+        """Who holds the lock ({"pid", "host", "started", "since"}), or None when it is free or stale. A lock
+        file that is a symlink is refused (fileio.link_refusal): it is neither read nor written through."""
+        if self.path.is_symlink():
+            raise fileio.link_refusal(self.path)
         try:
             raw = self.path.read_bytes()
             age = time.time() - self.path.stat().st_mtime
@@ -167,7 +170,10 @@ class DirLock:
     def release(self) -> None:
         """Remove the lock file, if it is still ours (never another process's that took over meanwhile)."""
         if self.held:
-            info = self.holder() or {}
+            try:
+                info = self.holder() or {}
+            except UserError:  # the lock file was swapped for a link meanwhile: not ours to remove
+                info = {}
             if (info.get("pid"), info.get("started")) == (self._me["pid"], self._me["started"]):
                 self.path.unlink(missing_ok=True)
             self.held = False
