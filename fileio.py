@@ -340,7 +340,7 @@ def path_problem(value: str | os.PathLike) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        return f"is not valid UTF-8 (byte 0x{os.fsencode(text[e.start])[0]:02x} at character {e.start}); rename it"
+        return f"is not valid UTF-8 (byte 0x{os.fsencode(text[e.start])[0]:02x} at character {e.start})"
     raw = os.fsencode(text)
     longest = max(raw.split(b"/"), key=len)
     if len(longest) > NAME_MAX:
