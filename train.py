@@ -54,7 +54,7 @@ from training.rng import seed_everything
 from training.run import Run, RunLog, evaluate_splits, lr_of_plan, step_at
 from training.schedule import due_after
 from training.showcase import build_showcase
-from training.signals import StopFlag
+from training.signals import StopFlag, launched_by_torchrun
 from training.state import TrainState
 from training.state_size import shard_counts, state_bytes
 from training.step import StepOutput
@@ -206,12 +206,12 @@ def load_hellaswag(cfg: Config, tokenizer: dict, par: Parallel) -> tuple | None:
 
 
 def install_stop_flag(par: Parallel, checkpointer, cleanup: ExitStack) -> StopFlag:
-    """SIGTERM / Ctrl-C: stop after the step, with a checkpoint; while waiting on a rank that stopped
-    answering, at once (training/signals.py)."""
+    """SIGTERM / SIGHUP / Ctrl-C, or the death of torchrun: stop after the step, with a checkpoint; while
+    waiting on a rank that stopped answering, at once (training/signals.py)."""
     def saved() -> str:
         it = checkpointer.last_saved_iter
         return f"{checkpointer.latest} holds iter {it}" if it is not None else "no checkpoint was written yet"
-    stop = StopFlag(par, saved).install()
+    stop = StopFlag(par, saved, watch_parent=launched_by_torchrun()).install()
     cleanup.callback(stop.restore)
     return stop
 
