@@ -39,6 +39,7 @@ from runtime.device import resolve_device
 from runtime.precision import DTYPE_BY_NAME
 from ownership import unmark_if_unused
 from training.budget import settle_schedule
+from training.init_from import resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
 from training.batch_size import divisors
 from training.config import (AUTO_BATCH, Config, TrainSection, keep_what_older_runs_did, load_config, parse_duration,
@@ -165,7 +166,8 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
     if resume is None:
         return None, cfg
     cfg, notes = keep_what_older_runs_did(resume.config, cfg)
-    for note in notes:
+    cfg, applied = resumed_init_from(resume.config, cfg, str(resume.path))
+    for note in notes + applied:
         say(note)
     return resume, cfg
 

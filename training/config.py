@@ -390,10 +390,13 @@ def resume_conflicts(saved: dict[str, Any], new: Config) -> list[str]:
     """Keys whose saved value differs from the new config and that may not change on resume (a field's
     `resume=False`: it changes what the weights or the data mean)."""
     out = []
-    from_source = new.model.init_from != "scratch"  # the architecture came from the source (ARCH_KEYS): as saved
+    # where the saved run's weights came from decides (a new init_from does not apply on resume): from a source,
+    # the architecture and vocabulary are the source's (ARCH_KEYS, vocab_size), as saved
+    model = saved.get("model") if isinstance(saved, dict) else None
+    from_source = (model.get("init_from") if isinstance(model, dict) else "scratch") not in ("scratch", None)
     for section, obj, f, old_values in _saved_fields(saved, new):
         value = getattr(obj, f.name)
-        if from_source and section == "model" and f.name in ARCH_KEYS:
+        if from_source and section == "model" and f.name in (*ARCH_KEYS, "vocab_size"):
             continue
         if not may_change_on_resume(f) and f.name in old_values and old_values[f.name] != value:
             out.append(f"{section}.{f.name}: {old_values[f.name]!r} -> {value!r}")
