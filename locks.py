@@ -103,8 +103,9 @@ class DirLock:
 
     TORN_GRACE_S = 10.0
 
-    def __init__(self, directory: str | os.PathLike, name: str = ".lock"):
+    def __init__(self, directory: str | os.PathLike, name: str = ".lock", what: str = ""):
         self.path = Path(directory) / name
+        self.what = what  # what the holder does under it, in words (recorded: a waiter's line says it)
         self.held = False
         self._me: dict = {}
 
@@ -132,7 +133,7 @@ class DirLock:
     def try_acquire(self) -> dict | None:
         """Take the lock: None on success, else the live holder's info."""
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
-              "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "since": time.strftime("%Y-%m-%d %H:%M:%S"), **({"what": self.what} if self.what else {})}
         data = json.dumps(me).encode()
         tmp = temp_name(self.path)
         try:

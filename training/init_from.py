@@ -50,10 +50,14 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
                         f"(got {tokenizer.get('tokenizer')!r}); set --data.tokenizer=gpt2")
     loaded = load_model(m.init_from, **runtime)  # a checkpoint, an out_dir, an HF directory or hub name
     notes = []
-    if loaded.tokenizer.get("tokenizer") != tokenizer.get("tokenizer") or (
-            loaded.tokenizer.get("chars") != tokenizer.get("chars")):
+    if loaded.tokenizer.get("tokenizer") != tokenizer.get("tokenizer"):
         raise UserError(f"model.init_from={m.init_from} was trained with tokenizer {_tok(loaded.tokenizer)}, "
                         f"but this data uses {_tok(tokenizer)}; set data.tokenizer (and dataset) to match")
+    if loaded.tokenizer.get("chars") != tokenizer.get("chars"):  # the same tokenizer, other characters
+        raise UserError(f"model.init_from={m.init_from} was trained with the char tokenizer on other characters than "
+                        f"this data's: {_chars_differ(loaded.tokenizer.get('chars'), tokenizer.get('chars'))}, so its "
+                        "ids would mean other characters; prepare the data the source was trained on (data.dataset), "
+                        "or train from scratch")
     model, mc = loaded.model, loaded.model.config
     if m.vocab_size not in (0, mc.vocab_size):  # the weights bring their vocabulary (config_of_source records it)
         notes.append(f"model.vocab_size={m.vocab_size} is not applied: {loaded.description} has a vocabulary of "
@@ -71,6 +75,19 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
                         f"set --model.block_size={mc.block_size} or less")
     notes.append(f"initialised from {loaded.description} ({model.num_params() / 1e6:.2f}M non-embedding params)")
     return model.train(), notes
+
+
+def _chars_differ(source: Any, data: Any) -> str:
+    """How two char vocabularies differ, in words: the characters only one has (a few), or their order."""
+    source, data = (c if isinstance(c, str) else "" for c in (source, data))
+    if set(source) == set(data):
+        return f"the same {len(set(data))} characters, numbered in another order"
+    def few(chars: set[str]) -> str:
+        shown = ", ".join(repr(c) for c in sorted(chars)[:5])
+        return shown + (f" and {len(chars) - 5} more" if len(chars) > 5 else "")
+    parts = [f"only the data has {few(set(data) - set(source))}" if set(data) - set(source) else "",
+             f"only the source has {few(set(source) - set(data))}" if set(source) - set(data) else ""]
+    return f"{len(set(source))} characters against {len(set(data))} ({'; '.join(p for p in parts if p)})"
 
 
 def _tok(t: Any) -> str:
