@@ -1,7 +1,7 @@
 """See inside a model on one text: the attention weights of every layer and head, and how surprised the
 model is by each token, with its top-5 guesses.
 
-    python -m eval.inspect --checkpoint out/shakespeare_char --text "ROMEO:\nBut soft" --out inspect/
+    python -m eval.inspect --checkpoint out/shakespeare_char --text $'ROMEO:\nBut soft' --out inspect/  # $'' makes \n a newline
     python -m eval.inspect --checkpoint gpt2 --text-file snippet.txt --out inspect/ --layer 5 --head 1
 
 writes into --out (created if needed; files there of the same names are replaced):
