@@ -4,6 +4,7 @@ it: the new line says what is really the matter (and the old wording is gone). T
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 
 import torch
@@ -44,13 +45,22 @@ def test_class7_a_v2_checkpoint_with_a_damaged_train_entry_names_train_not_plan(
     assert "'plan'" not in line and "'train' entry is malformed" in line, line
 
 
-def test_class7_a_rank_registering_as_a_reader_is_no_wait_for_a_preparation(tmp_path, capsys):
+def test_class7_a_rank_registering_as_a_reader_is_no_wait_for_a_preparation(tmp_path, capsys, monkeypatch):
     """Was: "waiting for pid N, which is preparing ..." on every 2-rank start, data up to date: the other
-    rank held the prepare lock for the moment it took to register as a reader."""
-    other = DirLock(tmp_path, holds.PREPARE_LOCK, what="registering as a reader of")
-    assert other.try_acquire() is None
-    threading.Timer(0.3, other.release).start()
-    holds.wait_for_lock(DirLock(tmp_path, holds.PREPARE_LOCK), tmp_path).release()
+    rank held the prepare lock for the moment it took to register as a reader (hold_data; here that moment
+    is stretched to 0.6 s, so that the two always meet)."""
+    real = holds.atomic_write_bytes
+
+    def slow(*args, **kw):
+        time.sleep(0.6)
+        return real(*args, **kw)
+    monkeypatch.setattr(holds, "atomic_write_bytes", slow)
+    other = threading.Thread(target=holds.hold_data, args=(tmp_path, "rank 1"))
+    other.start()
+    time.sleep(0.2)  # rank 1 holds the lock, registering
+    holds.hold_data(tmp_path, "rank 0")
+    other.join()
+    assert len(list((tmp_path / holds.READERS).glob("*.json"))) == 1  # (both wrote this process's record)
     assert "waiting" not in capsys.readouterr().err
 
 
