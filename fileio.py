@@ -148,8 +148,10 @@ def check_no_links(folder: str | os.PathLike, names: Iterable[str]) -> None:
             raise link_refusal(Path(folder) / name)
 
 
-def write_synced(path: str | os.PathLike, data: bytes) -> None:
-    with open_own(path, "wb") as f:
+def write_synced(path: str | os.PathLike, data: bytes, *, own: bool = True) -> None:
+    """Write `data` to `path` and fsync it. `own`: a file of ours (a temp, a lock), never through a link;
+    False for a file the user named that is written straight into (/dev/stdout is a link to a pipe)."""
+    with (open_own(path, "wb") if own else open(path, "wb")) as f:
         f.write(data)
         f.flush()
         if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a device or a FIFO (output_target) has nothing to sync
@@ -290,7 +292,7 @@ def recover_replaced_dir(final: str | os.PathLike, *, repair: bool = True) -> Pa
 
 def atomic_write_bytes(final: str | os.PathLike, data: bytes, what: str = "the output", *, follow: bool = False) -> None:
     with atomic_write(final, what, follow=follow) as tmp:
-        write_synced(tmp, data)
+        write_synced(tmp, data, own=not follow)
 
 
 def check_output_not_input(out: str | os.PathLike, inputs: Iterable[tuple[str, str | os.PathLike]], what: str) -> None:

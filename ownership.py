@@ -12,8 +12,8 @@ It refuses in one UserError line (never a traceback) a path value no system call
 check_path_value: empty, NUL, a name over 255 bytes, not UTF-8), an output inside a folder another command
 manages (a training out_dir, an HF export, a prepared data folder, a sharded checkpoint), and a managed
 folder whose own files are symlinks (they are never written through: fileio.atomic_write / open_own). It
-returns the Path to write. tests/test_reliability_classes.py's ENTRY_POINTS lists every writer; a new one
-adds its row there.
+returns the Path to write. tests/entry_points.py lists every entry point (PARSERS) and writer (WRITERS):
+a new one adds its row there, and the tests of each class (docs/reliability.md) cover it.
 
     mark(out_dir, OUT_DIR)                              # a marker file: {"kind": ..., "owner": ...}
     kind_of(path)                                       # OUT_DIR, DATA, EXPORT, CHECKPOINT or None
@@ -158,8 +158,9 @@ def check_target(path: str | os.PathLike, kind: str, option: str, *, reading: It
     mine = f"{WHAT[kind] if kind is not None else 'the output'} {shown} (from {option})"
     found = kind_of(path)
     if found is not None and found != kind:
-        raise UserError(f"{path} (from {option}) is {WHAT[found]} (written by {OWNER[found]}), not "
-                        f"{WHAT[kind] if kind is not None else 'a file'}; {_fix(kind, option)}: a folder has one owner")
+        raise UserError(f"{path} (from {option}) is {WHAT[found]} (written by {OWNER[found]})"
+                        f"{', not ' + WHAT[kind] if kind is not None else ''}; {_fix(kind, option)}: a folder has one "
+                        "owner")
     home = _absolute(home) if home is not None else None
     if kind is None and home is not None and path.parent == home and path.name in (*OUT_DIR_NAMES, MARKER):
         raise UserError(f"{mine} is a name {OWNER[OUT_DIR]} writes in its out_dir {home}; {_fix(kind, option)}: "

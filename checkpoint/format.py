@@ -166,7 +166,8 @@ class TorchFile:
 
     def write(self, path: Path, payload: dict[str, Any], *, follow: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path, follow=follow) as tmp, open_own(tmp, "wb") as f:
+        # (follow: a file the user named, maybe a device written straight into through a link, /dev/stdout)
+        with atomic_write(path, follow=follow) as tmp, (open(tmp, "wb") if follow else open_own(tmp, "wb")) as f:
             try:
                 torch.save(payload, f)
             except RuntimeError as e:

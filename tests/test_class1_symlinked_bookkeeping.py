@@ -120,3 +120,17 @@ def test_class1_a_symlinked_lock_names_the_link_not_pid_question_marks(tmp_path)
     with pytest.raises(UserError) as e:
         claim_out_dir(out, say=lambda line: None)
     assert "pid ?" not in str(e.value) and "symlink" in str(e.value)
+
+
+def test_class1_a_file_the_user_named_is_still_followed(tmp_path):
+    """The other side of the rule: `--out link` (on purpose) writes the link's target; /dev/stdout, a link
+    to the process's stdout, is written straight into."""
+    import subprocess
+    import sys
+
+    target = plant_link(tmp_path / "mine", "samples.txt")
+    fileio.atomic_write_bytes(tmp_path / "mine" / "samples.txt", b"new", "--out", follow=True)
+    assert target.read_bytes() == b"new" and (tmp_path / "mine" / "samples.txt").is_symlink()
+    code = "import fileio; fileio.atomic_write_bytes('/dev/stdout', b'through the link', '--out', follow=True)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=Path(fileio.__file__).parent)
+    assert run.returncode == 0 and run.stdout == b"through the link", run
