@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import ownership
@@ -39,21 +39,30 @@ def test_class3_the_table_lists_every_path_option():
         assert expected in names, (expected, sorted(names))
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("option", OPTIONS, ids=str)
-@settings(max_examples=3)
-@given(a=SAFE, b=SAFE)
-def test_class3_path_edge_values_are_one_line_in_every_path_option(option, fault, a, b, capsys, tmp_path,
-                                                                   monkeypatch):
+def check_one_line(option, fault: str, a: str, b: str, capsys, folder: Path) -> None:
     if fault == "empty" and option.empty_ok:
         return  # '' is this option's "none" (its default), not a fault
-    monkeypatch.chdir(tmp_path)  # `--out ''` must not be the current folder: nothing may appear here
-    value = FAULTS[fault](a, b)
-    code, out, err = run_entry(option.main, option.argv(value), capsys)
+    before = set(folder.iterdir())
+    code, out, err = run_entry(option.main, option.argv(FAULTS[fault](a, b)), capsys)
     lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
     assert option.option.lstrip("-") in lines[0], lines[0]
-    assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())
+    assert set(folder.iterdir()) == before  # (`--out ''` wrote into the current folder)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("option", OPTIONS, ids=str)
+def test_class3_path_edge_values_are_one_line_in_every_path_option(option, fault, capsys, tmp_path, monkeypatch):
+    """The table: every (path option, fault) pair, once."""
+    monkeypatch.chdir(tmp_path)
+    check_one_line(option, fault, "out", "x", capsys, tmp_path)
+
+
+@given(option=st.sampled_from(OPTIONS), fault=st.sampled_from(sorted(FAULTS)), a=SAFE, b=SAFE)
+def test_class3_path_edge_values_property(option, fault, a, b, capsys, tmp_path, monkeypatch):
+    """The property: any option, any fault, around any harmless text (the profile's max_examples)."""
+    monkeypatch.chdir(tmp_path)
+    check_one_line(option, fault, a, b, capsys, tmp_path)
 
 
 @pytest.mark.parametrize("value, words", [
