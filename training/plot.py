@@ -163,7 +163,7 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
     # never over a metrics file it reads (`--out run/metrics.svg` when that is the file passed)
     check_output_not_input(out, [(f"the metrics file {metrics_file(r)}", metrics_file(r)) for r in run_dirs], "--out")
     # the gate: in no folder another command manages, but the out_dir of a run it plots (curves.png, the default)
-    runs = {Path(os.path.realpath(r)) for r in run_dirs if Path(r).is_dir()}
+    runs = {Path(os.path.realpath(r if Path(r).is_dir() else Path(r).parent)) for r in run_dirs}
     parent = Path(os.path.realpath(out)).parent
     check_output(out, "--out", home=parent if parent in runs else None)
     fig = make_figure(run_dirs, log_scale=log_scale)  # every input is checked before anything is written
