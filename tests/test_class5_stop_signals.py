@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from checkpoint import load_checkpoint
 from training.signals import STOP_SIGNALS
