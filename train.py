@@ -36,19 +36,17 @@ from data import hold_data, load_meta, prepare_data, tokenizer_entry, tokenizer_
 from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from runtime.device import resolve_device
-from runtime.precision import DTYPE_BY_NAME
 from ownership import unmark_if_unused
-from training.budget import settle_schedule
+from training.budget import schedule_for
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
-from training.batch_size import divisors
-from training.config import (AUTO_BATCH, Config, TrainSection, keep_what_older_runs_did, load_config, parse_duration,
-                             resume_conflicts, to_yaml)
+from training.batch_size import check_world_size
+from training.config import Config, keep_what_older_runs_did, load_config, parse_duration, resume_conflicts, to_yaml
 from training.distributed import Parallel, destroy_distributed, dist_from_env
 from training.evaluate import bits_per_byte
 from training.float8 import check_float8
 from training.health import NonFiniteGuard
 from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress, console_guard
-from training.mfu import mfu, peak_flops
+from training.mfu import mfu
 from training.plan import RunPlan
 from training.rng import seed_everything
 from training.run import Run, RunLog, evaluate_splits, lr_of_plan, step_at
@@ -97,29 +95,6 @@ def train(cfg: Config) -> dict[str, Any]:
         destroy_distributed(healthy=not failed, par=par)
 
 
-def check_world_size(t: TrainSection, world_size: int) -> None:
-    """The global batch (train.grad_accum_steps micro-batches of train.batch_size) is split evenly over
-    the ranks, whatever their number: a run saved on N ranks resumes on M by giving each rank accum / M
-    micro-steps (or, where M does not divide them, smaller micro-batches: the plan's batch decision). An M
-    that does not divide the global batch's sequences cannot keep it: one line with the options. With
-    batch_size auto, the ranks share train.global_batch_size's sequences the same way."""
-    if t.batch_size == AUTO_BATCH:
-        n = t.global_batch_size
-        if n % world_size:
-            raise UserError(f"train.global_batch_size={n} is not divisible by the {world_size} ranks, so they cannot "
-                            f"share it; run on {', '.join(map(str, divisors(n)))} rank(s), or (a new run) set "
-                            f"train.global_batch_size to a multiple of {world_size}")
-        return
-    total = t.batch_size * t.grad_accum_steps
-    if total % world_size:
-        smaller = [d for d in divisors(total) if d not in divisors(t.grad_accum_steps)]
-        raise UserError(f"the global batch, train.batch_size x train.grad_accum_steps = {t.batch_size} x "
-                        f"{t.grad_accum_steps} = {total} sequences, is not divisible by the {world_size} ranks, so they "
-                        f"cannot share it; run on {', '.join(map(str, divisors(t.grad_accum_steps)))} rank(s)"
-                        + (f" (or {', '.join(map(str, smaller))} with smaller micro-batches)" if smaller else "")
-                        + f", or (a new run) set train.grad_accum_steps to a multiple of {world_size}")
-
-
 # ---------------------------------------------------------------------------------------- set-up
 
 def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack, started: float) -> Run:
@@ -139,14 +114,13 @@ def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack,
     checkpointer, rng = build_checkpointer(Path(cfg.train.out_dir), par, trainer=trainer, plan=plan, state=state,
                                            cfg=cfg, tokenizer=tokenizer)
     restore_or_start(checkpointer, resume, cfg.train.seed, par)
-    plan.settle("peak_flops", par, measure=lambda: peak_flops(device, DTYPE_BY_NAME[plan.dtype],
-                                                              override=cfg.train.peak_flops))
     hellaswag = load_hellaswag(cfg, tokenizer, par)
     log = open_log(cfg, par, trainer, plan, state, resume, cleanup, say)
     stop = install_stop_flag(par, checkpointer, cleanup)
     run = Run(cfg=cfg, par=par, device=device, trainer=trainer, plan=plan, state=state, checkpointer=checkpointer,
               log=log, stop=stop, hellaswag=hellaswag, clock=(started, state.elapsed_s), showcase=showcase)
-    settle_schedule(run)  # train.time_budget: the schedule sized to this machine, by timing the loop's own work
+    plan.settle("schedule", schedule_for(run))  # train.time_budget: sized to this machine by timing the loop's work
+    run.log.progress.total(plan.max_iters)
     say_start(run, notes + ([rng.note] if rng.note else []), resume)
     return run
 

@@ -163,7 +163,7 @@ def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monk
     def resumed(train: dict, m=model) -> tuple[str, str]:  # a checkpoint of format 2, upgraded as it is read
         plan = RunPlan.start(Resume(Path("ckpt.pt"), upgrade({"version": 2, "train": train})))
         name = settle_loss_product(plan, Parallel(), cpu, m, 64)
-        return name, plan.shown["loss_product"]
+        return name, plan.decisions["loss_product"].line()
 
     saved = lambda name: {"loss_product": name}  # noqa: E731
     assert resumed(saved("oneDNN")) == ("oneDNN", "LM head's weight gradient by oneDNN (decided when this run started)")
@@ -175,7 +175,7 @@ def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monk
     assert resumed(saved("something new"))[0] == "torch.mm"
     char = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65)), cpu, compiled=False)
     fresh = RunPlan()
-    assert settle_loss_product(fresh, Parallel(), cpu, char, 64) == "torch.mm" and fresh.notes["loss_product"] == ""
+    assert settle_loss_product(fresh, Parallel(), cpu, char, 64) == "torch.mm" and fresh.decisions["loss_product"].note == ""
 
 
 

@@ -32,6 +32,7 @@ import torch
 from errors import UserError
 
 from .config import parse_duration
+from .plan import Decision, Schedule
 from .run import Run, evaluate_splits, step_at
 from .schedule import lr_at
 
@@ -108,7 +109,8 @@ def measure(r: Run) -> Timing:
         final_s = eval_s / (2 * t.eval_iters) * math.ceil(val.num_windows() / val.batch_size)
     sample_s = _timed(lambda: r.showcase.samples(r)) if r.cfg.eval.sample_interval else 0.0
     inspect_s = _timed(lambda: r.showcase.inspect(r)) if r.cfg.eval.inspect_interval else 0.0
-    r.checkpointer.restore_states(snapshot, "the state before the budget's timing")
+    for name, obj in r.checkpointer.states.items():  # every part back as it was: the timing leaves no trace
+        obj.load_state_dict(snapshot[name])
     size = sum(v.numel() * v.element_size() for v in _tensors(snapshot))
     return Timing(setup_s=time.perf_counter() - r.clock[0], step_s=statistics.median(times), eval_s=eval_s,
                   checkpoint_s=size / CKPT_BYTES_PER_S, final_s=final_s, timed_steps=len(times), sample_s=sample_s,
@@ -132,38 +134,36 @@ def _tensors(obj: Any):
             yield from _tensors(v)
 
 
-def settle_schedule(r: Run) -> None:
+def schedule_for(r: Run) -> Decision[Schedule]:
     """The plan's schedule (max_iters, warmup_iters): the config's without train.time_budget; with it,
     what a resumed run decided, or (a fresh run) rank 0's plan from timings every rank takes part in."""
-    t, state = r.cfg.train, r.state
+    t = r.cfg.train
     budget = parse_duration(t.time_budget)
-
-    def fixed() -> tuple[tuple[int, int], str]:
+    # a run that resumes past step 0 without a saved decision (it began without a budget) keeps the config's
+    if not budget or (r.state.iter > 0 and "schedule" not in r.plan.saved):
         note = ("" if not budget else f"train.time_budget={t.time_budget} is not applied: this run started without a "
                 "budget decision")
-        return (t.max_iters, t.warmup_iters), note
+        return Decision(Schedule(t.max_iters, t.warmup_iters), note)
+    return r.plan.kept("schedule") or timed_schedule(r, budget)
 
-    def timed() -> tuple[tuple[int, int], str]:
-        timing = measure(r)  # every rank steps and evaluates; rank 0 plans
 
-        def decide():
-            e = r.cfg.eval
-            iters, warmup = plan(budget, timing, max_iters=t.max_iters, warmup_iters=t.warmup_iters,
-                                 eval_interval=t.eval_interval, sample_interval=e.sample_interval,
-                                 inspect_interval=e.inspect_interval)
-            return (iters, warmup), (
-                f"time budget {t.time_budget}: set-up {timing.setup_s:.1f} s, a step {timing.step_s * 1e3:.1f} ms "
-                f"(median of {timing.timed_steps}), an eval {timing.eval_s:.1f} s + checkpoints "
-                f"{2 * timing.checkpoint_s:.1f} s every {t.eval_interval} steps"
-                + (f", the whole val split {timing.final_s:.1f} s at the end" if timing.final_s else "")
-                + (f", samples {timing.sample_s:.1f} s every {e.sample_interval} steps" if e.sample_interval else "")
-                + (f", attention maps {timing.inspect_s:.1f} s every {e.inspect_interval} steps"
-                   if e.inspect_interval else "")
-                + f" -> max_iters {iters} (config: {t.max_iters}), warmup_iters {warmup}, lr decays to min_lr at "
-                f"step {iters}")
-        return r.par.decide(decide)
-    # a run that resumes past step 0 without a saved decision (it began without a budget) keeps the config's
-    untimed = not budget or (state.iter > 0 and "schedule" not in r.plan.saved.get("notes", {}))
-    r.plan.settle("schedule", r.par, override=fixed if untimed else None, measure=timed, every_rank=True)
-    if r.log.progress.bar is not None:
-        r.log.progress.bar.total = r.plan.max_iters
+def timed_schedule(r: Run, budget: float) -> Decision[Schedule]:
+    """Every rank steps and evaluates (measure); rank 0 plans, and every rank gets its plan."""
+    t, e = r.cfg.train, r.cfg.eval
+    timing = measure(r)
+
+    def decide() -> Decision[Schedule]:
+        iters, warmup = plan(budget, timing, max_iters=t.max_iters, warmup_iters=t.warmup_iters,
+                             eval_interval=t.eval_interval, sample_interval=e.sample_interval,
+                             inspect_interval=e.inspect_interval)
+        return Decision(Schedule(iters, warmup), (
+            f"time budget {t.time_budget}: set-up {timing.setup_s:.1f} s, a step {timing.step_s * 1e3:.1f} ms "
+            f"(median of {timing.timed_steps}), an eval {timing.eval_s:.1f} s + checkpoints "
+            f"{2 * timing.checkpoint_s:.1f} s every {t.eval_interval} steps"
+            + (f", the whole val split {timing.final_s:.1f} s at the end" if timing.final_s else "")
+            + (f", samples {timing.sample_s:.1f} s every {e.sample_interval} steps" if e.sample_interval else "")
+            + (f", attention maps {timing.inspect_s:.1f} s every {e.inspect_interval} steps"
+               if e.inspect_interval else "")
+            + f" -> max_iters {iters} (config: {t.max_iters}), warmup_iters {warmup}, lr decays to min_lr at "
+            f"step {iters}"))
+    return r.par.decide(decide)
