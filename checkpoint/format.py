@@ -232,7 +232,11 @@ class TorchFile:
                 warnings.simplefilter("ignore")
                 return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
-            if "weights_only" in str(e) or "Weights only load failed" in str(e):
+            if head != b"PK\x03\x04":  # a plain pickle: whether it is refused or corrupt, only the message says
+                raise UserError(f"checkpoint {path} is a plain pickle that could not be read safely: one holding objects "
+                                "that would run code when loaded is refused, and so is a corrupt one "
+                                f"({short_error(e, 80)}); use a checkpoint written by train.py") from None
+            if _unsafe_globals(path):
                 raise UserError(f"checkpoint {path} contains objects that would run code when loaded, so it was "
                                 "refused; use a checkpoint written by train.py") from None
             raise UserError(f"checkpoint {path} is corrupt or not a PyTorch file ({short_error(e, 120)}); "
@@ -241,6 +245,14 @@ class TorchFile:
                 TypeError, IndexError) as e:
             raise UserError(f"checkpoint {path} is corrupt or truncated ({short_error(e, 120)}); "
                             "use another checkpoint, e.g. best.pt, or retrain") from None
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """What torch.save's zip at `path` would import beyond what weights_only allows (read, never run)."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError, pickle.UnpicklingError, zipfile.BadZipFile):
+        return []
 
 
 BACKEND: Backend = TorchFile()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import checkpoint.run
+import checkpoint.resume
 from faults import inject
 from checkpoint import load_checkpoint
 
@@ -194,7 +194,7 @@ def test_saving_and_restoring_cover_the_same_states(tmp_path, monkeypatch):
         run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
     saved = load_checkpoint(out)
     recorded = RecordingDict(saved)
-    monkeypatch.setattr(checkpoint.run, "load_checkpoint", lambda path: recorded)
+    monkeypatch.setattr(checkpoint.resume, "load_checkpoint", lambda path: recorded)
     res = run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
     assert res["iter"] == 4
     written = set(saved) - {"format", "version"}  # the file format's stamp, checked by load_checkpoint

@@ -150,7 +150,7 @@ def test_use_loss_path_gives_the_model_its_devices_chunks_and_blocks():
 def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monkeypatch):
     import training.builders
     from checkpoint.format import upgrade
-    from checkpoint.run import Resume
+    from checkpoint import Resume
     from training.builders import settle_loss_product
     from training.distributed import Parallel
     from training.plan import RunPlan

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from checkpoint.run import Resume
+from checkpoint import Resume
 from errors import UserError
 from runtime.precision import DTYPE_BY_NAME
 from training.plan import Decision, RunPlan, Schedule

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from errors import UserError
+from errors import WENT_AWAY, UserError, lost_peer
 
 T = TypeVar("T")
 DDP_MODE, FSDP_MODE = "ddp", "fsdp"
@@ -144,10 +144,11 @@ class Parallel:
         self.waiting_in = (what, time.monotonic(), grace_s)
         try:
             yield
-        except RuntimeError as e:  # gloo: "Timed out waiting ...", "Connection closed by peer", ...; nccl: watchdog
-            if not _is_lost_peer(e):
+        except RuntimeError as e:  # gloo and NCCL raise no type of their own: errors.lost_peer tells
+            why = lost_peer(e)
+            if why is None:
                 raise
-            if _went_away(e):
+            if why == WENT_AWAY:
                 how = "went away"
             else:
                 limit = "the patient group's 12 h" if patient else f"train.collective_timeout={self.timeout_s:g}s"
@@ -231,18 +232,6 @@ class Parallel:
                 dist.all_reduce(t, op=dist.ReduceOp.SUM)
             t /= self.world_size
         return t
-
-
-def _went_away(e: RuntimeError) -> bool:
-    text = str(e).lower()
-    return any(w in text for w in ("connection closed", "connection reset", "broken pipe", "socket closed"))
-
-
-def _is_lost_peer(e: RuntimeError) -> bool:
-    """A collective that failed because another rank did not answer (a timeout) or went away."""
-    text = str(e).lower()
-    return any(w in text for w in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
-                                   "socket closed", "watchdog"))
 
 
 def dist_from_env(mode: str = DDP_MODE, timeout_s: float = DEFAULT_TIMEOUT_S) -> Parallel:
