@@ -112,7 +112,7 @@ def measure(r: Run) -> Timing:
     for name, obj in r.checkpointer.states.items():  # every part back as it was: the timing leaves no trace
         obj.load_state_dict(snapshot[name])
     size = sum(v.numel() * v.element_size() for v in _tensors(snapshot))
-    return Timing(setup_s=time.perf_counter() - r.clock[0], step_s=statistics.median(times), eval_s=eval_s,
+    return Timing(setup_s=time.perf_counter() - r.clock.started, step_s=statistics.median(times), eval_s=eval_s,
                   checkpoint_s=size / CKPT_BYTES_PER_S, final_s=final_s, timed_steps=len(times), sample_s=sample_s,
                   inspect_s=inspect_s)
 

@@ -270,17 +270,13 @@ def shard_model(model: GPT, t: TrainSection, par: Parallel, device: torch.device
 
 def build_optimizers(model: GPT, t: TrainSection, device: torch.device,
                      par: Parallel | None = None) -> list[torch.optim.Optimizer]:
-    optimizers = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                 device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
-                                 muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
-                                 muon_split_qkv=t.muon_split_qkv)
+    muon_class = Muon
     if par is not None and par.sharded:  # sharded (shard_model): Muon orthogonalises whole matrices, gathered
-        from .sharding import ShardedMuon
-
-        for opt in optimizers:
-            if type(opt) is Muon:
-                opt.__class__ = ShardedMuon
-    return optimizers
+        from .sharding import ShardedMuon as muon_class
+    return make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                           device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
+                           muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
+                           muon_split_qkv=t.muon_split_qkv, muon_class=muon_class)
 
 
 def parallelize(model: GPT, t: TrainSection, par: Parallel, device: torch.device, *,

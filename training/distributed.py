@@ -5,6 +5,7 @@ whole model; FSDP, each rank 1/N of it), and the CPU control group. Every questi
 ranks run this" is answered here, once:
 
     par.decide(fn)      rank 0 runs fn, every rank gets its result (or its one-line error)
+    par.on_main(fn)     rank 0 runs fn and keeps its result; the others wait (and get its one-line error)
     par.broadcast(x)    rank 0's value everywhere;   par.gather(x): every rank's, in rank order
     par.any(flag)       true everywhere if true on any rank
     par.sum_(t)         in place, over the control group;   par.mean_(t): over the default (device) group
@@ -199,6 +200,20 @@ class Parallel:
         if outcome[0] == "error":
             raise UserError(outcome[1])
         return outcome[1]
+
+    def on_main(self, fn: Callable[[], T], what: str = "rank 0's work") -> T | None:
+        """fn() on rank 0, its result there and None on the others, which wait for it. A UserError on rank 0
+        is raised on every rank. (What only rank 0 holds, such as the out_dir's lock.)"""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = fn()
+            except UserError as e:
+                error = str(e)
+        error = self.broadcast(error, what)
+        if error is not None:
+            raise UserError(error)
+        return result
 
     def gather(self, obj: T, what: str = "a gather of every rank's value") -> list[T]:
         """Every rank's value, on every rank, in rank order."""
