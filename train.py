@@ -64,7 +64,7 @@ if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrup
 
 def main(argv: list[str] | None = None) -> int:
     cfg = load_config(sys.argv[1:] if argv is None else argv)
-    with console_guard():  # a closed or full stdout never stops a run (training/metrics.py's Console)
+    with console_guard():  # a closed or full stdout never stops a run
         train(cfg)
     return 0
 

@@ -55,8 +55,8 @@ SCHEMA: dict[str, Entry] = {
     "tokenizer": Entry(dict, '{"tokenizer": name, "chars": str | None}: data.tokenizer_from_meta builds it',
                        inference=True),
     "config": Entry(dict, "the resolved training config, section by section"),
-    "train": Entry(dict, "the run's counters: training/state.py's TrainState"),
-    "plan": Entry(dict, "every decision the run made at start-up, and how: training/plan.py's RunPlan"),
+    "train": Entry(dict, "the run's counters (iter, best_val_loss, tokens_seen, elapsed_s, run_id)"),
+    "plan": Entry(dict, "every decision the run made at start-up, and how: PLAN_FIELDS and their notes"),
     "optimizer": Entry(dict, '{"optimizers": [state_dict, ...]}, one per optimizer'),
     "scaler": Entry(dict, "the GradScaler's state ({} when disabled)"),
     "loader": Entry(dict, "the batch loader's position and the tokens' fingerprint"),
@@ -141,7 +141,7 @@ def plan_of_version_2(train: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 _V2_DECISIONS = ("dtype", "loss_product", "micro_batch", "batch_note", "budget_iters", "budget_warmup", "budget_note")
 
-# the "plan" entry's fields, by type (training/plan.py's RunPlan.state_dict writes them), and their bounds
+# the "plan" entry's fields, by type, and their bounds (check_plan)
 PLAN_FIELDS = {"dtype": str, "loss_product": str, "micro_batch": int, "accum": int, "max_iters": int,
                "warmup_iters": int}
 

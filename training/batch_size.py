@@ -11,11 +11,11 @@ moments per parameter; with several DDP ranks, DDP's fp32 gradient buckets), is 
 the limit (`memory_limit`: on CUDA the smaller of free + already reserved and the per-process fraction
 of the total, which `torch.cuda.set_per_process_memory_fraction` sets). On CUDA the peak is measured:
 one real forward+backward of the run's model at that micro-batch (random tokens of the run's block
-size, under the run's autocast, RNG forked and gradients dropped: training/step.py's probe), on the
+size, under the run's autocast, RNG forked and gradients dropped: forward_backward_probe), on the
 plain module (eager: a compiled step usually needs less), each rank alone; running out of memory means
 "does not fit", never a crash. Where no real peak can be measured (a CPU: glibc keeps no peak
 statistics; FSDP on several ranks: an OOM inside a collective would hang the other ranks) the peak is
-runtime/memory.py's arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
+training_bytes' arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
 on the smallest of their choices.
 
 The choice is one decision of the run plan (training/plan.py: printed, saved, and applied again by a
@@ -63,7 +63,7 @@ def largest_fitting(candidates: list[int], fits: Callable[[int], bool]) -> int |
 
 def memory_limit(device: torch.device) -> int | None:
     """What this process may use: on CUDA the smaller of (free + what torch already reserved) and the
-    total times the per-process fraction; elsewhere runtime/memory.py's available_bytes (None: unknown)."""
+    total times the per-process fraction; elsewhere available_bytes (None: unknown)."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         capped = int(total * torch.cuda.get_per_process_memory_fraction(device))
@@ -117,7 +117,7 @@ def measured_bytes(model: torch.nn.Module, device: torch.device, dtype: torch.dt
 
 def estimated_bytes(model: torch.nn.Module, t: TrainSection, par: Parallel, *, block_size: int,
                     rows: int | None, extra: int) -> Callable[[int], int]:
-    """measure(m): runtime/memory.py's arithmetic estimate of a training process at micro-batch m (its
+    """measure(m): training_bytes' arithmetic estimate of a training process at micro-batch m (its
     weights, gradients and AdamW state included, the loss in chunks of `rows`), plus `extra`."""
     config = model.config
     return lambda m: sum(training_bytes(config, batch_size=m, block_size=block_size, loss_chunk_rows=rows,

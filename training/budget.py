@@ -11,11 +11,11 @@ every eval_interval steps, and the last step evaluates as always. One round of s
 attention maps (training/showcase.py, when eval.sample_interval / eval.inspect_interval are on) are
 timed too, and counted ceil(n / interval) times, as the loop runs them.
 
-The timing runs the loop's own units of work (training/run.py's step_at and evaluate_splits), so every
+The timing runs the loop's own units of work (step_at and evaluate_splits), so every
 rank takes part in what it takes part in during the run (under FSDP, every rank in each eval forward).
 The decision is the run plan's "schedule" (training/plan.py): printed, saved, and applied again by a
 resumed run, which never re-decides, so an interrupted run resumes bit for bit. Changing
-train.time_budget on resume is refused (training/config.py's resume rules), since the plan would no
+train.time_budget on resume is refused (the config's resume rules), since the plan would no
 longer be the one saved.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ CKPT_BYTES_PER_S = 100e6  # a conservative write speed for the checkpoint estima
 
 @dataclass
 class Timing:
-    setup_s: float  # wall seconds from train.py's start to the decision (data, dtype choice, the timing itself)
+    setup_s: float  # wall seconds from the run's start to the decision (data, dtype choice, the timing itself)
     step_s: float  # one optimizer step (the median of the timed steps)
     eval_s: float  # one eval (eval_iters batches of each split)
     checkpoint_s: float  # one checkpoint write (estimated from its size)

@@ -180,7 +180,7 @@ def config_dtype(name: str, device: torch.device) -> Decision[str] | None:
 
 
 def measure_dtype(model: GPT, batch, device: torch.device, t: TrainSection, rows: int, par: Parallel) -> Decision[str]:
-    """train.dtype auto, by runtime/precision.py's rule: on a CPU the faster of fp32 and bf16 for this model's
+    """train.dtype auto, by training_dtype's rule: on a CPU the faster of fp32 and bf16 for this model's
     forward and backward at `rows` sequences, decided once per (machine, model, batch, ranks) and reused."""
     probe = forward_backward_probe(model, batch, lambda dt: autocast(device, dt))
     shape = {"model": model_config_dict(model), "batch_size": rows, "world_size": par.world_size}
@@ -291,7 +291,7 @@ def parallelize(model: GPT, t: TrainSection, par: Parallel, device: torch.device
 class Stepper:
     """train_step on the parallelized model; if torch.compile fails (no C++ compiler for Inductor on a
     CPU, an unsupported GPU) the step is redone from the same state without compile, and the run goes on
-    eager (runtime/device.py's with_compile_fallback, the policy sample.py follows too)."""
+    eager (with_compile_fallback)."""
 
     def __init__(self, model: GPT, optimizers, scaler, t: TrainSection, par: Parallel, device, amp, say,
                  plan: RunPlan | None = None):

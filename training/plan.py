@@ -21,7 +21,7 @@ A decision that describes this machine rather than the run (loss_chunk_rows, pea
 `kept` has none for it. The config itself is never changed: the loop reads the schedule from here.
 
 The plan is saved as one checkpoint entry and printed as one block. Its saved form is checked where
-the checkpoint format lives (checkpoint/format.py's check_plan), which also moves the decisions of
+the checkpoint format lives (check_plan), which also moves the decisions of
 checkpoints written before the plan had an entry into it.
 """
 from __future__ import annotations
@@ -118,7 +118,7 @@ class RunPlan:
     # ------------------------------------------------------------------------------- saved / restored
     def state_dict(self) -> dict[str, Any]:
         """The decisions made so far, one field each (a decision not yet made is absent), and how each was
-        made: the layout checkpoint/format.py's check_plan reads."""
+        made: the layout check_plan reads."""
         out: dict[str, Any] = {}
         for name, d in self.decisions.items():
             if name not in NOT_KEPT:

@@ -1,4 +1,4 @@
-"""A training run as the loop sees it (`Run`, built once by train.py's set_up), and the loop's two units of
+"""A training run as the loop sees it (`Run`, built once at set-up), and the loop's two units of
 work, which the time budget (training/budget.py) times too, so that nothing about ranks or batches can
 differ between what is timed and what runs:
 
