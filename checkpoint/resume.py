@@ -91,8 +91,8 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
 
 
 def check_counters(resume: Resume) -> None:
-    """The saved step and token counts are counts (>= 0): a damaged one would be refused later, deep in the
-    loop and without naming the checkpoint (the loader's "step must be >= 0")."""
+    """The saved step and token counts are counts (>= 0), checked here, where the checkpoint is read: a damaged
+    one would otherwise reach the loop, whose batches trust their step."""
     for key in ("iter", "tokens_seen"):
         value = resume.train.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

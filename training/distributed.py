@@ -190,18 +190,9 @@ class Parallel:
     def decide(self, fn: Callable[[], T], what: str = "rank 0's decision", patient: bool = False) -> T:
         """fn() on rank 0 and its result on every rank, the others waiting meanwhile (`patient` for what may
         take long: preparing data, a download). A UserError on rank 0 is raised on every rank."""
-        outcome = None
-        if self.is_main:
-            try:
-                outcome = ("ok", fn())
-            except UserError as e:
-                outcome = ("error", str(e))
-        outcome = self.broadcast(outcome, what, patient)
-        if outcome[0] == "error":
-            raise UserError(outcome[1])
-        return outcome[1]
+        return self.broadcast(self.on_main(fn, what, patient), what, patient)
 
-    def on_main(self, fn: Callable[[], T], what: str = "rank 0's work") -> T | None:
+    def on_main(self, fn: Callable[[], T], what: str = "rank 0's work", patient: bool = False) -> T | None:
         """fn() on rank 0, its result there and None on the others, which wait for it. A UserError on rank 0
         is raised on every rank. (What only rank 0 holds, such as the out_dir's lock.)"""
         result, error = None, None
@@ -210,7 +201,7 @@ class Parallel:
                 result = fn()
             except UserError as e:
                 error = str(e)
-        error = self.broadcast(error, what)
+        error = self.broadcast(error, what, patient)
         if error is not None:
             raise UserError(error)
         return result
