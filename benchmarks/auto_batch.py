@@ -10,7 +10,8 @@ reached against the cap (a step that runs out of memory is reported, not a crash
 
     python -m benchmarks.auto_batch --memory-gb 16 --json benchmarks/results/results-auto-batch-16gb-h100.json
     python -m benchmarks.auto_batch --memory-gb 24 --json benchmarks/results/results-auto-batch-24gb-h100.json
-    python -m benchmarks.auto_batch --quick --device cpu --memory-gb 1   # smoke test: tiny model, no timing that means anything
+    python -m benchmarks.auto_batch --quick --device cpu --memory-gb 1   # smoke test: tiny model; on a CPU the limit
+                                                                          # is the free memory, --memory-gb a label
 
 One size per process: the cap, the allocator's cache and compile's graphs are per process.
 """
