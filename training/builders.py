@@ -141,7 +141,7 @@ def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, 
     """The chain from the plain model to its training step, each start-up decision settled into `plan`
     on the way by its one rule (training/plan.py): the config's, else the resumed run's, else measured."""
     t, block = cfg.train, cfg.model.block_size
-    rows = plan.settle("loss_chunk_rows", loss_chunk_rows_for(t, device, model))
+    rows = plan.settle("loss_chunk_rows", par.decide(lambda: loss_chunk_rows_for(t, device, model)))  # rank 0's GPU
     use_loss_path(model, device, compiled=t.compile, rows=rows)
     if device.type == "cpu":
         keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
@@ -161,7 +161,7 @@ def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, 
     scaler = make_scaler(device, dtype)
     amp = lambda: autocast(device, dtype)  # noqa: E731
     step = Stepper(model, optimizers, scaler, t, par, device, amp, say, plan)  # compile, DDP
-    plan.settle("peak_flops", peak_flops_for(t, device, dtype))  # for MFU
+    plan.settle("peak_flops", par.decide(lambda: peak_flops_for(t, device, dtype)))  # for MFU: one probe, on rank 0
     return Trainer(model, step, amp, batch.accum // par.world_size, train_loader, eval_loaders, float8_layers)
 
 
