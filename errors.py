@@ -1,5 +1,7 @@
-"""One error type for bad user input, the wrapper that turns it into a one-line message, and the one
-way to shorten a library's exception into a clause of such a message.
+"""One error type for bad user input, the wrapper that turns it into a one-line message, the one
+way to shorten a library's exception into a clause of such a message, and the one place that reads a
+library's message to tell what went wrong, where the library raises no type that says it (torch's CPU
+allocator and its collectives raise plain RuntimeErrors): is_out_of_memory, lost_peer.
 
 Anything the user can fix (a config value, a path, a prompt, a checkpoint) raises `UserError` with a
 message that names the problem and the fix. The CLIs run their `main` through `run_cli`, which prints
@@ -95,3 +97,17 @@ def is_out_of_memory(e: BaseException) -> bool:
     text = str(e)
     return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
             or "out of memory" in text or "can't allocate memory" in text)
+
+
+WENT_AWAY, NO_ANSWER = "went away", "did not answer"
+
+
+def lost_peer(e: BaseException) -> str | None:
+    """Why a collective failed when another rank is the cause: WENT_AWAY (its connection closed) or
+    NO_ANSWER (the wait timed out, or NCCL's watchdog fired); None for any other failure."""
+    text = str(e).lower()
+    if any(w in text for w in ("connection closed", "connection reset", "broken pipe", "socket closed")):
+        return WENT_AWAY
+    if any(w in text for w in ("timed out", "timeout", "watchdog")):
+        return NO_ANSWER
+    return None

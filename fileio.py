@@ -25,6 +25,7 @@ The gate an output goes through before anything is written is ownership.check_ou
 """
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -366,8 +367,6 @@ def path_arg(value: str) -> str:
     """argparse `type=` of a path option: path_problem's fault is argparse's one line naming the option."""
     problem = path_problem(value)
     if problem:
-        import argparse
-
         raise argparse.ArgumentTypeError(f"{ascii(value) if len(value) <= 80 else ascii(value[:40]) + '...'} {problem}; "
                                          "give a usable path")
     return value

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Callable
 
 from errors import UserError
+from fileio import path_problem
 
 Check = Callable[[Any], "str | None"]
 
@@ -78,8 +79,6 @@ def path_fields(obj: Any) -> list[dataclasses.Field]:
 
 def check_path_fields(obj: Any, section: str) -> None:
     """Every path field's value as a path (fileio.path_problem): the first fault is a one-line UserError."""
-    from fileio import path_problem
-
     for f in path_fields(obj):
         value = getattr(obj, f.name)
         if not isinstance(value, str) or value == "":

@@ -36,24 +36,22 @@ from data import hold_data, load_meta, prepare_data, tokenizer_entry, tokenizer_
 from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from runtime.device import resolve_device
-from runtime.precision import DTYPE_BY_NAME
 from ownership import unmark_if_unused
-from training.budget import settle_schedule
+from training.budget import schedule_for
 from training.init_from import resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
-from training.batch_size import divisors
-from training.config import (AUTO_BATCH, Config, TrainSection, keep_what_older_runs_did, load_config, parse_duration,
-                             resume_conflicts, to_yaml)
+from training.batch_size import check_world_size
+from training.config import Config, keep_what_older_runs_did, load_config, parse_duration, resume_conflicts, to_yaml
 from training.distributed import Parallel, destroy_distributed, dist_from_env
 from training.evaluate import bits_per_byte
 from training.float8 import check_float8
 from training.health import NonFiniteGuard
 from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress, console_guard
-from training.mfu import mfu, peak_flops
+from training.mfu import mfu
 from training.plan import RunPlan
 from training.rng import seed_everything
-from training.run import Run, RunLog, evaluate_splits, lr_of_plan, step_at
-from training.schedule import due_after
+from training.run import Clock, HellaSwag, Run, RunLog, evaluate_splits, lr_of_plan, step_at
+from training.schedule import Cadence
 from training.showcase import build_showcase
 from training.signals import StopFlag, launched_by_torchrun
 from training.state import TrainState
@@ -67,7 +65,7 @@ if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrup
 
 def main(argv: list[str] | None = None) -> int:
     cfg = load_config(sys.argv[1:] if argv is None else argv)
-    with console_guard():  # a closed or full stdout never stops a run (training/metrics.py's Console)
+    with console_guard():  # a closed or full stdout never stops a run
         train(cfg)
     return 0
 
@@ -98,29 +96,6 @@ def train(cfg: Config) -> dict[str, Any]:
         destroy_distributed(healthy=not failed, par=par)
 
 
-def check_world_size(t: TrainSection, world_size: int) -> None:
-    """The global batch (train.grad_accum_steps micro-batches of train.batch_size) is split evenly over
-    the ranks, whatever their number: a run saved on N ranks resumes on M by giving each rank accum / M
-    micro-steps (or, where M does not divide them, smaller micro-batches: the plan's batch decision). An M
-    that does not divide the global batch's sequences cannot keep it: one line with the options. With
-    batch_size auto, the ranks share train.global_batch_size's sequences the same way."""
-    if t.batch_size == AUTO_BATCH:
-        n = t.global_batch_size
-        if n % world_size:
-            raise UserError(f"train.global_batch_size={n} is not divisible by the {world_size} ranks, so they cannot "
-                            f"share it; run on {', '.join(map(str, divisors(n)))} rank(s), or (a new run) set "
-                            f"train.global_batch_size to a multiple of {world_size}")
-        return
-    total = t.batch_size * t.grad_accum_steps
-    if total % world_size:
-        smaller = [d for d in divisors(total) if d not in divisors(t.grad_accum_steps)]
-        raise UserError(f"the global batch, train.batch_size x train.grad_accum_steps = {t.batch_size} x "
-                        f"{t.grad_accum_steps} = {total} sequences, is not divisible by the {world_size} ranks, so they "
-                        f"cannot share it; run on {', '.join(map(str, divisors(t.grad_accum_steps)))} rank(s)"
-                        + (f" (or {', '.join(map(str, smaller))} with smaller micro-batches)" if smaller else "")
-                        + f", or (a new run) set train.grad_accum_steps to a multiple of {world_size}")
-
-
 # ---------------------------------------------------------------------------------------- set-up
 
 def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack, started: float) -> Run:
@@ -140,14 +115,13 @@ def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack,
     checkpointer, rng = build_checkpointer(Path(cfg.train.out_dir), par, trainer=trainer, plan=plan, state=state,
                                            cfg=cfg, tokenizer=tokenizer)
     restore_or_start(checkpointer, resume, cfg.train.seed, par)
-    plan.settle("peak_flops", par, measure=lambda: peak_flops(device, DTYPE_BY_NAME[plan.dtype],
-                                                              override=cfg.train.peak_flops))
     hellaswag = load_hellaswag(cfg, tokenizer, par)
     log = open_log(cfg, par, trainer, plan, state, resume, cleanup, say)
     stop = install_stop_flag(par, checkpointer, cleanup)
     run = Run(cfg=cfg, par=par, device=device, trainer=trainer, plan=plan, state=state, checkpointer=checkpointer,
-              log=log, stop=stop, hellaswag=hellaswag, clock=(started, state.elapsed_s), showcase=showcase)
-    settle_schedule(run)  # train.time_budget: the schedule sized to this machine, by timing the loop's own work
+              log=log, stop=stop, hellaswag=hellaswag, clock=Clock(started, state.elapsed_s), showcase=showcase)
+    plan.settle("schedule", schedule_for(run))  # train.time_budget: sized to this machine by timing the loop's work
+    run.log.progress.total(plan.max_iters)
     say_start(run, notes + ([rng.note] if rng.note else []), resume)
     return run
 
@@ -157,10 +131,10 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
     checkpoint to resume, or none. A resumed run whose config lacks keys added since gets the values
     that continue it as it ran (a new frozen config; the one loaded is never changed)."""
     out_dir = Path(cfg.train.out_dir)
-    locks: list = []
-    par.decide(lambda: locks.append(claim_out_dir(out_dir, say)))
-    cleanup.callback(lambda: [lock.release() for lock in locks])
-    cleanup.callback(lambda: [unmark_if_unused(out_dir) for _ in locks])  # before the release: a refused start
+    lock = par.on_main(lambda: claim_out_dir(out_dir, say), "rank 0's claim of the out_dir")  # None off rank 0
+    if lock is not None:
+        cleanup.callback(lock.release)
+        cleanup.callback(unmark_if_unused, out_dir)  # before the release: a refused start leaves no marker
     resume = decide_resume(out_dir, mode=cfg.train.resume, config_conflicts=lambda saved: resume_conflicts(saved, cfg),
                            gather=par.gather, other_files=(METRICS_NAME,))
     if resume is None:
@@ -196,15 +170,16 @@ def restore_or_start(checkpointer, resume: Resume | None, seed: int, par: Parall
         torch.manual_seed(seed + par.rank)
 
 
-def load_hellaswag(cfg: Config, tokenizer: dict, par: Parallel) -> tuple | None:
-    """(tokenizer, items) when eval.hellaswag_interval is set: the items loaded once, by rank 0 (a download
-    for the HF copy)."""
+def load_hellaswag(cfg: Config, tokenizer: dict, par: Parallel) -> HellaSwag | None:
+    """The items and their tokenizer when eval.hellaswag_interval is set: the items loaded once, by rank 0 (a
+    download for the HF copy)."""
     if not cfg.eval.hellaswag_interval:
         return None
     tok = tokenizer_from_meta(tokenizer)
     check_tokenizer(tok)
-    return tok, par.decide(lambda: load_items(cfg.eval.hellaswag_data or None, cfg.eval.hellaswag_limit or None),
-                           "rank 0's loading of HellaSwag", patient=True)
+    return HellaSwag(tok, par.decide(lambda: load_items(cfg.eval.hellaswag_data or None,
+                                                        cfg.eval.hellaswag_limit or None),
+                                     "rank 0's loading of HellaSwag", patient=True))
 
 
 def install_stop_flag(par: Parallel, checkpointer, cleanup: ExitStack) -> StopFlag:
@@ -245,8 +220,8 @@ def say_start(r: Run, notes: list[str], resume: Resume | None) -> None:
     if r.trainer.float8_layers:
         say(f"float8 ({cfg.train.float8} scaling) in {r.trainer.float8_layers} Linear layers of the blocks"
             + ("" if cfg.train.compile else "; eager float8 is slower than bf16: set train.compile=true for its speed"))
-    say(memory_line(r.par, r.model, r.step.optimizers))
-    say(f"device {r.device}, {r.par.world_size} rank(s), {r.model.num_params() / 1e6:.2f}M non-embedding params, "
+    say(memory_line(r.par, r.trainer.model, r.trainer.step.optimizers))
+    say(f"device {r.device}, {r.par.world_size} rank(s), {r.trainer.model.num_params() / 1e6:.2f}M non-embedding params, "
         f"{r.log.tokens_per_step} tokens/step ({plan.micro_batch} x {cfg.model.block_size} x {plan.accum} micro-steps), "
         + (f"resuming {resume.path} at iter {r.state.iter}" if resume is not None else f"fresh run into {cfg.train.out_dir}"))
 
@@ -264,17 +239,22 @@ def memory_line(par: Parallel, model, optimizers: list) -> str:
 # ------------------------------------------------------------------------------------------ loop
 
 def loop(r: Run) -> dict[str, Any]:
-    """One optimizer step per iteration, then whatever is due after it."""
+    """One optimizer step per iteration, then whatever is due after it. Returns the run's summary."""
     t, state, plan = r.cfg.train, r.state, r.plan
-    summary: dict[str, Any] = {"losses": {}, "eval": {}, "stopped": None}
     if state.iter >= plan.max_iters:
         fix = ("its time budget fixed max_iters when it started" if r.cfg.train.time_budget not in ("0", "")
                else "raise --train.max_iters to train further")
         r.log.say(f"{r.checkpointer.latest} is already at iter {state.iter} >= max_iters={plan.max_iters}; nothing to do "
                   f"({fix})")
+    e = r.cfg.eval
+    cadence = Cadence(plan.max_iters, log=t.log_interval, eval=t.eval_interval, checkpoint=t.checkpoint_interval,
+                      hellaswag=e.hellaswag_interval, sample=e.sample_interval, inspect=e.inspect_interval)
+    losses: dict[int, float] = {}  # the logged train losses, by iteration
+    last_eval: dict[str, Any] = {}
+    stopped = None
     window = LossWindow(r.device)
-    guard = NonFiniteGuard(r.device, fp16=r.step.scaler.is_enabled())
-    r.model.train()
+    guard = NonFiniteGuard(r.device, fp16=r.trainer.step.scaler.is_enabled())
+    r.trainer.model.train()
     while state.iter < plan.max_iters:
         r.par.at = f"iter {state.iter + 1}"  # for the line a rank that stops answering makes the others print
         lr = lr_of_plan(plan, t, state.iter)
@@ -286,66 +266,67 @@ def loop(r: Run) -> dict[str, Any]:
         r.log.progress.update()
 
         stopping = r.par.any(r.stop.requested)  # every rank stops after the same step
-        due = due_after(state.iter, max_iters=plan.max_iters, log_interval=t.log_interval,
-                        eval_interval=t.eval_interval, checkpoint_interval=t.checkpoint_interval, stopping=stopping,
-                        hellaswag_interval=r.cfg.eval.hellaswag_interval, sample_interval=r.cfg.eval.sample_interval,
-                        inspect_interval=r.cfg.eval.inspect_interval)
+        due = cadence.after(state.iter, stopping)
         if due.log or due.checkpoint:  # never log, evaluate or save poisoned weights
             guard.check(r.par, r.checkpointer.latest, r.checkpointer.last_saved_iter)
-        record = log_step(r, out, lr, window, summary) if due.log else {}
+        record = log_step(r, out, lr, window) if due.log else {}
+        if record:
+            losses[state.iter] = record["train/loss"]
         window.pause()  # evals and checkpoints don't count against tokens/s
         if due.eval:
-            record |= evaluate_and_keep_best(r, summary, full=t.eval_full and state.iter == plan.max_iters)
+            evaluated = evaluate_and_keep_best(r, full=t.eval_full and state.iter == plan.max_iters)
+            if evaluated:  # rank 0
+                last_eval = {"iter": state.iter, "train/loss": evaluated["eval/train_loss"],
+                             **{k: v for k, v in evaluated.items() if k.startswith("val/")}}
+            record |= evaluated
         if due.hellaswag:
             record |= hellaswag_step(r)
-        record |= r.showcase.after_step(r, due)  # samples, attention maps (training/showcase.py)
-        state.elapsed_s = r.clock[1] + time.perf_counter() - r.clock[0]  # evals included, for time budgets
+        record |= r.showcase.after_step(r, due)  # samples, attention maps
+        state.elapsed_s = r.clock.elapsed()  # evals included, for time budgets
         r.log.metrics.append(state.iter, record | {"elapsed_s": state.elapsed_s} if record else record)
         if due.checkpoint:
             save(r)
         window.resume()
         if stopping:
-            summary["stopped"] = r.stop.reason
+            stopped = r.stop.reason
             r.log.say(f"stopped by {r.stop.reason} after iter {state.iter}; {r.checkpointer.latest} written; "
-                  "rerun the same command to resume")
+                      "rerun the same command to resume")
             break
 
-    summary.update(iter=state.iter, best_val_loss=state.best_val_loss, tokens_seen=state.tokens_seen,
-                   out_dir=str(r.checkpointer.out_dir), wandb_run_id=r.log.wandb.run_id, dtype=plan.dtype)
-    if summary["eval"]:
-        r.log.wandb.summary({k: v for k, v in summary["eval"].items() if k.startswith("val/")}
+    if last_eval:
+        r.log.wandb.summary({k: v for k, v in last_eval.items() if k.startswith("val/")}
                             | {"best_val_loss": state.best_val_loss})
-    return summary
+    return {"losses": losses, "eval": last_eval, "stopped": stopped, "iter": state.iter,
+            "best_val_loss": state.best_val_loss, "tokens_seen": state.tokens_seen,
+            "out_dir": str(r.checkpointer.out_dir), "wandb_run_id": r.log.wandb.run_id, "dtype": plan.dtype}
 
 
-def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow, summary: dict) -> dict[str, Any]:
+def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow) -> dict[str, Any]:
     """Average the window's loss over its steps and the ranks (the window's one host sync), then show
     it (bar or line) and send it to wandb. Returns the record for metrics.jsonl."""
     step = r.state.iter
     train_loss = r.par.mean_(window.loss / window.steps).item()
     tok_per_sec = window.steps * r.log.tokens_per_step / window.elapsed()
     util = mfu(r.log.flops_per_token, tok_per_sec, r.plan.peak_flops, r.par.world_size)
-    summary["losses"][step] = train_loss
     record = {"train/loss": train_loss, "lr": lr, "grad_norm": out.grad_norm.item(), "tokens_per_sec": tok_per_sec,
               "mfu": util, "tokens_seen": r.state.tokens_seen}
     r.log.progress.show(step, f"loss {train_loss:.4f}, lr {lr:.2e}, tok/s {tok_per_sec:,.0f}"
-                    + (f", mfu {util:.1%}" if util is not None else ""))
+                        + (f", mfu {util:.1%}" if util is not None else ""))
     r.log.wandb.log(record, step)
     window.reset()
     return record
 
 
-def evaluate_and_keep_best(r: Run, summary: dict, full: bool = False) -> dict[str, Any]:
-    """The evals (training/run.py's evaluate_splits: every rank that takes part runs them, rank 0 reports),
-    and with `full` the whole val split; when val loss improves every rank joins in writing best.pt (the
-    checkpoint gathers every rank's RNG streams). Returns the record for metrics.jsonl."""
+def evaluate_and_keep_best(r: Run, full: bool = False) -> dict[str, Any]:
+    """The evals (every rank that takes part runs them, rank 0 reports), and with `full` the whole val
+    split; when val loss improves every rank joins in writing best.pt (the checkpoint gathers every rank's
+    RNG streams). Returns the record for metrics.jsonl: {} on the ranks that do not report."""
     record: dict[str, Any] = {}
     improved = False
     result = evaluate_splits(r, r.cfg.train.eval_iters, full)
     if result is not None:  # rank 0
         losses, whole = result
         bpb = bits_per_byte(losses["val"], r.trainer.eval_loaders["val"].bytes_per_token)
-        summary["eval"] = {"iter": r.state.iter, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb}
         r.log.say(f"iter {r.state.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val bpb {bpb:.4f}")
         record = {"val/loss": losses["val"], "val/bpb": bpb, "eval/train_loss": losses["train"]}
         if whole is not None:
@@ -354,7 +335,6 @@ def evaluate_and_keep_best(r: Run, summary: dict, full: bool = False) -> dict[st
             r.log.say(f"iter {r.state.iter}: the whole val split ({val.num_windows() * val.block_size:,} tokens): "
                       f"val loss {whole:.4f}, val bpb {full_bpb:.4f}")
             record |= {"val/loss_full": whole, "val/bpb_full": full_bpb}
-            summary["eval"] |= {"val/loss_full": whole, "val/bpb_full": full_bpb}
         r.log.wandb.log(record, r.state.iter)
         improved = losses["val"] < r.state.best_val_loss
         if improved:
@@ -375,9 +355,10 @@ def save(r: Run, best: bool = False) -> None:
 def hellaswag_step(r: Run) -> dict[str, Any]:
     """HellaSwag's accuracy: each rank scores its share of the items and the counts are summed over the
     ranks, or (Parallel.scores_share false) every rank scores every item."""
-    tok, items = r.hellaswag
+    tok, items = r.hellaswag.tok, r.hellaswag.items
     share = r.par.scores_share  # else every rank scores every item (Parallel.scores_share says why)
-    counts = evaluate_hellaswag(r.model, items, tok, batch_size=r.cfg.eval.hellaswag_batch_size, autocast_ctx=r.amp,
+    counts = evaluate_hellaswag(r.trainer.model, items, tok, batch_size=r.cfg.eval.hellaswag_batch_size,
+                                autocast_ctx=r.trainer.amp,
                                 rank=r.par.rank if share else 0, world_size=r.par.world_size if share else 1)
     total = torch.tensor([counts["correct"], counts["correct_norm"], counts["total"]], dtype=torch.int64)
     if share:

@@ -10,7 +10,8 @@ reached against the cap (a step that runs out of memory is reported, not a crash
 
     python -m benchmarks.auto_batch --memory-gb 16 --json benchmarks/results/results-auto-batch-16gb-h100.json
     python -m benchmarks.auto_batch --memory-gb 24 --json benchmarks/results/results-auto-batch-24gb-h100.json
-    python -m benchmarks.auto_batch --quick --device cpu --memory-gb 1   # smoke test: tiny model, no timing that means anything
+    python -m benchmarks.auto_batch --quick --device cpu --memory-gb 1   # smoke test: tiny model; on a CPU the limit
+                                                                          # is the free memory, --memory-gb a label
 
 One size per process: the cap, the allocator's cache and compile's graphs are per process.
 """
@@ -59,13 +60,12 @@ def main(argv: list[str] | None = None) -> dict:
     t, block = cfg.train, cfg.model.block_size
     data_vocab = cfg.model.vocab_size if args.quick else GPT2_VOCAB
     cap = int(args.memory_gb * 2**30)
-    limit = None  # CUDA: training/batch_size.py's memory_limit reads the fraction set here
-    if device.type == "cuda":
+    if device.type == "cuda":  # the emulated card: the per-process fraction, which the chain reads as its limit
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
         allow_tf32(device)
-    else:
-        limit = lambda d: cap  # noqa: E731  (a CPU has no per-process cap to set)
+    else:  # a CPU has no per-process cap to set: the machine's free memory is the limit (--memory-gb is the label)
+        print(f"[auto batch] on {device.type} the limit is this machine's free memory, not --memory-gb", flush=True)
 
     torch.manual_seed(t.seed)
     model = GPT(cfg.model.gpt_config(cfg.model.vocab_size)).to(device)
@@ -79,10 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
             return tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous()
 
     t0 = time.perf_counter()  # train.py's chain: auto's choice, then the loss product for it, optimizers, compile
-    trainer = build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}), say=lambda line: None,
-                            memory_limit=limit)
+    trainer = build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}), say=lambda line: None)
     chain_s = time.perf_counter() - t0  # the whole chain, the batch decision in it (before 2026-11-26: the decision)
-    print(f"[auto batch {args.memory_gb:g} GiB] {plan.notes['batch']}; set up in {chain_s:.1f} s", flush=True)
+    print(f"[auto batch {args.memory_gb:g} GiB] {plan.decisions['batch'].note}; set up in {chain_s:.1f} s", flush=True)
     batches = [Batches().get_batch(0, k) for k in range(plan.accum)]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     row = {"row": f"batch_size auto, {args.memory_gb:g} GiB", "device": torch.cuda.get_device_name(device)
            if device.type == "cuda" else "cpu", "memory_gb": args.memory_gb, "micro_batch": plan.micro_batch,
            "micro_steps": plan.accum, "global_batch": t.global_batch_size, "block_size": block,
-           "note": plan.notes["batch"],
+           "note": plan.decisions["batch"].note,
            "chain_s": round(chain_s, 2), "step_s": step_s, "compiled": t.compile, "dtype": t.dtype,
            "tok_per_s": t.global_batch_size * block / step_s if step_s else None,
            "steps_peak_gib": round(peak / 2**30, 2) if peak is not None else None, "error": error}

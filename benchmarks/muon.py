@@ -54,7 +54,7 @@ def muon_vs_adamw(device: torch.device, *, warmup: int, iters: int, rounds: int,
         return trainer, plan
 
     _, plan = build("adamw", "auto")  # the dtype train.py's auto picks here
-    dtype, note = plan.dtype, plan.notes["dtype"]
+    dtype, note = plan.dtype, plan.decisions["dtype"].note
 
     def stepper(kind: str):
         trainer = build(kind, dtype)[0]

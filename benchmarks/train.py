@@ -22,7 +22,7 @@ from model import GPT, GPTConfig
 from runtime.loss_path import choose_loss_chunk_rows
 from runtime.memory import param_count
 from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name
-from training.builders import Trainer, build_trainer
+from training.builders import Trainer, build_trainer, use_other_loss_path
 from training.config import Config, ModelSection, TrainSection
 from training.distributed import Parallel
 from training.evaluate import evaluate
@@ -101,12 +101,16 @@ def trainer_for(shape: Shape, weights, device: torch.device, dtype: str, compile
                 get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO,
                 float8: str = "off", par: Parallel | None = None) -> tuple[Trainer, RunPlan]:
     """train.py's chain (training.builders.build_trainer) on the reference weights: the plan decides what
-    train.py's would (the loss path unless `loss_chunk_rows` is given, to compare), then float8, compile,
-    fused AdamW, GradScaler (fp16 only)."""
-    plan = RunPlan(forced={} if loss_chunk_rows == AUTO else {"loss_chunk_rows": loss_chunk_rows})
+    train.py's would, then float8, compile, fused AdamW, GradScaler (fp16 only). A `loss_chunk_rows` given
+    (to compare loss paths) replaces the chain's loss path afterwards, with the weight-gradient product
+    measured for it, before the first step compiles."""
+    plan = RunPlan()
     trainer = build_trainer(bench_config(shape, compiled, dtype, float8), par or Parallel(), device,
                             _model(shape, weights, "sdpa", device), plan, lambda micro: (GivenBatches(get_batch), {}),
                             say=no_fallback)
+    if loss_chunk_rows != AUTO:
+        use_other_loss_path(trainer, device, compiled=compiled, rows=loss_chunk_rows,
+                            tokens=shape.batch_size * shape.block_size)
     return trainer, plan
 
 
@@ -149,7 +153,7 @@ def auto_dtype_for(shape: Shape, weights, device: torch.device, batch) -> tuple[
     """What train.py's dtype=auto picks for this shape: its chain's decision (the same probe of the real
     forward + backward, kept per machine as train.py keeps it)."""
     _, plan = trainer_for(shape, weights, device, "auto", False, lambda i: batch)
-    return DTYPE_BY_NAME[plan.dtype], plan.notes["dtype"]
+    return DTYPE_BY_NAME[plan.dtype], plan.decisions["dtype"].note
 
 
 def bench_shape(shape: Shape, *, device, dtypes: list[torch.dtype], compiled: list[bool], peaks: dict, warmup: int,

@@ -2,8 +2,9 @@
 
 - format.py: the file names, the payload's schema and version, the storage backends (one file written
   atomically, or a sharded directory: sharded.py, torch.distributed.checkpoint), safe reading;
-- run.py: a training run's side: claiming the out_dir, the resume decision, the best-checkpoint rule,
-  and the Checkpointer that saves and restores every registered stateful part;
+- a training run's side: out_dir.py claims the out_dir (one trainer, leftovers removed); resume.py decides
+  whether and from what to resume (the best-checkpoint rule among it); checkpointer.py saves and restores
+  every registered stateful part;
 - load.py: inference's side: a model from a checkpoint, an out_dir, an HF directory or a hub name;
 - locate.py: which checkpoint a script means by default, and the files it is made of;
 - __main__.py: `python -m checkpoint consolidate <out_dir>`: a sharded checkpoint as one file.
@@ -19,7 +20,9 @@ from .load import (
     LoadedModel, is_hf_dir, is_hub_name, load_for_inference, load_model, model_config_dict, model_from_checkpoint,
 )
 from .locate import checkpoint_dirs, checkpoint_files, default_checkpoint
-from .run import Checkpointer, Resume, claim_out_dir, decide_resume
+from .checkpointer import Checkpointer
+from .out_dir import claim_out_dir
+from .resume import Resume, decide_resume
 
 __all__ = [
     "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "SHARDED_BEST_NAME", "SHARDED_CKPT_NAME", "VERSION", "Checkpointer",

@@ -24,6 +24,7 @@ import torch
 from errors import UserError, short_error
 from fileio import atomic_write, open_own, path_kind, recover_replaced_dir
 from ownership import BEST_NAME, CKPT_NAME
+from runtime.precision import DTYPE_BY_NAME
 
 from .sharded import ShardedDir, is_sharded_checkpoint, sharded_name
 
@@ -54,8 +55,8 @@ SCHEMA: dict[str, Entry] = {
     "tokenizer": Entry(dict, '{"tokenizer": name, "chars": str | None}: data.tokenizer_from_meta builds it',
                        inference=True),
     "config": Entry(dict, "the resolved training config, section by section"),
-    "train": Entry(dict, "the run's counters: training/state.py's TrainState"),
-    "plan": Entry(dict, "every decision the run made at start-up, and how: training/plan.py's RunPlan"),
+    "train": Entry(dict, "the run's counters (iter, best_val_loss, tokens_seen, elapsed_s, run_id)"),
+    "plan": Entry(dict, "every decision the run made at start-up, and how: PLAN_FIELDS and their notes"),
     "optimizer": Entry(dict, '{"optimizers": [state_dict, ...]}, one per optimizer'),
     "scaler": Entry(dict, "the GradScaler's state ({} when disabled)"),
     "loader": Entry(dict, "the batch loader's position and the tokens' fingerprint"),
@@ -140,6 +141,41 @@ def plan_of_version_2(train: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 _V2_DECISIONS = ("dtype", "loss_product", "micro_batch", "batch_note", "budget_iters", "budget_warmup", "budget_note")
 
+# the "plan" entry's fields, by type, and their bounds (check_plan)
+PLAN_FIELDS = {"dtype": str, "loss_product": str, "attention": str, "micro_batch": int, "accum": int, "max_iters": int,
+               "warmup_iters": int}
+
+
+def check_plan(state: Any) -> dict[str, Any]:
+    """A saved plan, checked: a dict, its notes a dict of str, each field of its type and in its bounds
+    (a TypeError or ValueError naming the field otherwise). Returned as it is."""
+    if not isinstance(state, dict) or not isinstance(state.get("notes", {}), dict):
+        raise TypeError(f"the plan should be a dict with a dict of notes, got {state!r:.80}")
+    for name, note in state.get("notes", {}).items():
+        if not isinstance(note, str):
+            raise TypeError(f"the note of {name} should be str, got {note!r:.80}")
+    for name, value in state.items():
+        kind = PLAN_FIELDS.get(name)
+        if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise TypeError(f"{name} should be {kind.__name__}, got {value!r}")
+    if state.get("dtype", "float32") not in DTYPE_BY_NAME:
+        raise ValueError(f"dtype should be one of {', '.join(DTYPE_BY_NAME)}, got {state['dtype']!r}")
+    for name in ("micro_batch", "accum", "max_iters"):
+        if state.get(name, 1) < 1:
+            raise ValueError(f"{name} should be at least 1, got {state[name]}")
+    if state.get("warmup_iters", 0) < 0:  # a config's warmup may exceed its max_iters: lr_at handles it
+        raise ValueError(f"warmup_iters should be at least 0, got {state['warmup_iters']}")
+    return state
+
+
+def plan_entry(payload: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:
+    """A resumed checkpoint's "plan" entry, checked ({} when it has none); one line naming it if damaged."""
+    try:
+        return check_plan(payload.get("plan", {}))
+    except (TypeError, ValueError) as e:
+        raise UserError(f"checkpoint {where}: its 'plan' entry is malformed ({short_error(e, 120)}); "
+                        "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None
+
 
 class Backend(Protocol):
     """Where a checkpoint's bytes go. `path` names the checkpoint (ckpt.pt, best.pt) in an out_dir."""
@@ -197,7 +233,11 @@ class TorchFile:
                 warnings.simplefilter("ignore")
                 return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
-            if "weights_only" in str(e) or "Weights only load failed" in str(e):
+            if head != b"PK\x03\x04":  # a plain pickle: whether it is refused or corrupt, only the message says
+                raise UserError(f"checkpoint {path} is a plain pickle that could not be read safely: one holding objects "
+                                "that would run code when loaded is refused, and so is a corrupt one "
+                                f"({short_error(e, 80)}); use a checkpoint written by train.py") from None
+            if _unsafe_globals(path):
                 raise UserError(f"checkpoint {path} contains objects that would run code when loaded, so it was "
                                 "refused; use a checkpoint written by train.py") from None
             raise UserError(f"checkpoint {path} is corrupt or not a PyTorch file ({short_error(e, 120)}); "
@@ -206,6 +246,14 @@ class TorchFile:
                 TypeError, IndexError) as e:
             raise UserError(f"checkpoint {path} is corrupt or truncated ({short_error(e, 120)}); "
                             "use another checkpoint, e.g. best.pt, or retrain") from None
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """What torch.save's zip at `path` would import beyond what weights_only allows (read, never run)."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError, pickle.UnpicklingError, zipfile.BadZipFile):
+        return []
 
 
 BACKEND: Backend = TorchFile()

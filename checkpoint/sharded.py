@@ -15,7 +15,7 @@ process with no process group at all (inference, the export, `python -m checkpoi
 Writing: rank 0 makes a temp directory beside the target (fileio.temp_dir), every rank writes its
 shards into it, rank 0 adds state.pt and renames the directory into place (fileio.replace_dir). A
 writer killed at any moment leaves the previous checkpoint intact and a temp directory that the next
-trainer removes (checkpoint.run.claim_out_dir).
+trainer removes (checkpoint/out_dir.py).
 
 Reading never runs code from the files: DCP's .metadata is a pickle, so it is read by an unpickler
 that admits only DCP's own metadata classes and a few plain types; tensors and other values come

@@ -106,9 +106,8 @@ class BatchLoader:
                                 f"the prepared data is damaged: re-run `python -m data.prepare` with the same settings")
 
     def offsets(self, step: int, micro_step: int = 0) -> np.ndarray:
-        """Start of each row's window for this rank at (step, micro_step)."""
-        _check_int("step", step, 0)
-        _check_int("micro_step", micro_step, 0)
+        """Start of each row's window for this rank at (step, micro_step): counts >= 0 from the loop (the
+        loader's own integers were checked once, when it was made)."""
         # One SeedSequence hash per call turns (seed, split, step) into a well-mixed key; the rows then
         # index a SplitMix64 stream with that key by their global sample index.
         key = np.random.SeedSequence([self.seed, self._split_id, step]).generate_state(1, np.uint64)[0]
@@ -136,7 +135,6 @@ class BatchLoader:
         """Batch `index` of the split read in order, windows k * block_size for k in [index * batch_size,
         ...) up to num_windows(): together the batches predict every token of the split once (but the last
         < block_size + 1), which gives its exact mean loss where get_batch's random windows estimate it."""
-        _check_int("index", index, 0)
         first = index * self.batch_size
         rows = range(first, min(first + self.batch_size, self.num_windows()))
         if not rows:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import checkpoint.run
+import checkpoint.resume
 from faults import inject
 from checkpoint import load_checkpoint
 
@@ -212,7 +212,7 @@ def test_saving_and_restoring_cover_the_same_states(tmp_path, monkeypatch):
         run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
     saved = load_checkpoint(out)
     recorded = RecordingDict(saved)
-    monkeypatch.setattr(checkpoint.run, "load_checkpoint", lambda path: recorded)
+    monkeypatch.setattr(checkpoint.resume, "load_checkpoint", lambda path: recorded)
     res = run(out, root, "--train.max_iters=4", "--model.dropout=0.1", "--train.dtype=float16")
     assert res["iter"] == 4
     written = set(saved) - {"format", "version"}  # the file format's stamp, checked by load_checkpoint
@@ -440,3 +440,72 @@ def test_a_loaded_config_is_never_changed():
             with pytest.raises(dataclasses.FrozenInstanceError):
                 setattr(obj, f.name, getattr(obj, f.name))
     assert cfg.train.max_iters == 7
+
+
+# ------------------------------------------------------------------------- errors by type, classes by constructor
+
+# the one place that reads a library's message to tell what went wrong: torch's CPU allocator and its collectives
+# raise plain RuntimeErrors, with no type that says "out of memory" or "another rank went away"
+MESSAGE_READERS = {("errors", "is_out_of_memory"), ("errors", "lost_peer")}
+
+
+def message_comparisons(trees: dict[str, ast.AST]) -> list[str]:
+    """Each comparison of an exception's message text: `... in str(e)`, `str(e) == ...`, or the same on a name
+    that holds str(e) (`text = str(e).lower()`), where e is caught by an except clause or is a parameter
+    typed as an exception; as 'module.function:line'."""
+    found = []
+    for module, tree in trees.items():
+        for f in ast.walk(tree):
+            if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            errors = {h.name for h in ast.walk(f) if isinstance(h, ast.ExceptHandler) and h.name}
+            errors |= {a.arg for a in f.args.args if a.annotation is not None
+                       and re.search(r"Error|Exception", ast.unparse(a.annotation))}
+
+            def message_of(node: ast.AST) -> bool:  # str(e), or a method chain on it: str(e).lower()
+                while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    node = node.func.value
+                return (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "str" and len(node.args) == 1
+                        and isinstance(node.args[0], ast.Name) and node.args[0].id in errors)
+            texts = {t.id for a in ast.walk(f) if isinstance(a, ast.Assign) and message_of(a.value)
+                     for t in a.targets if isinstance(t, ast.Name)}
+            for c in ast.walk(f):
+                if isinstance(c, ast.Compare) and not isinstance(c.ops[0], (ast.Is, ast.IsNot)) and any(
+                        message_of(o) or (isinstance(o, ast.Name) and o.id in texts) for o in [c.left, *c.comparators]):
+                    found.append(f"{module}.{f.name}:{c.lineno}")
+    return sorted(set(found))
+
+
+def test_no_module_decides_what_went_wrong_by_an_errors_words():
+    """Errors are raised and caught by type; only errors.py reads a library's words, where the library gives
+    no type (MESSAGE_READERS)."""
+    found = message_comparisons(_product_trees())
+    readers = {f.split(":")[0].rsplit(".", 1)[1] for f in found if f.startswith("errors.")}
+    assert readers == {name for _, name in MESSAGE_READERS}  # the scan sees the readers themselves
+    offenders = [f for f in found if (f.split(":")[0].rsplit(".", 1)[0], f.split(":")[0].rsplit(".", 1)[1])
+                 not in MESSAGE_READERS]
+    assert not offenders, offenders
+
+
+def test_the_message_check_finds_what_it_looks_for():
+    old = ast.parse("def restore(e: RuntimeError):\n    text = str(e).lower()\n    return 'timed out' in text\n"
+                    "def f():\n    try:\n        g()\n    except UserError as err:\n"
+                    "        if where in str(err):\n            raise\n")
+    assert message_comparisons({"m": old}) == ["m.f:8", "m.restore:3"]
+
+
+def test_no_object_changes_its_class():
+    """`obj.__class__ = Other` hides the type a reader sees at construction; the constructor is chosen instead."""
+    offenders = [f"{m}:{n.lineno}" for m, tree in _product_trees().items() for n in ast.walk(tree)
+                 if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                 and any(isinstance(t, ast.Attribute) and t.attr == "__class__"
+                         for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    assert not offenders, offenders
+
+
+def test_the_model_raises_no_user_errors():
+    """model/ knows nothing of users: it asserts and raises ValueError; the config's rules say it in one line."""
+    offenders = [m for m, tree in _product_trees().items() if m.split(".")[0] == "model"
+                 and any(isinstance(n, (ast.Name, ast.alias)) and getattr(n, "id", getattr(n, "name", None)) == "UserError"
+                         for n in ast.walk(tree))]
+    assert not offenders, offenders

@@ -13,7 +13,8 @@ from checkpoint import load_checkpoint
 from errors import UserError
 from faults import inject
 from runtime.loss_path import LMLoss
-from training.batch_size import choose, divisors, largest_fitting, measure_batch, reapply_batch
+from training.batch_size import check_world_size, choose, divisors, largest_fitting, measure_batch, reapply_batch
+from training.plan import Batch, Decision
 from training.config import load_config
 from training.distributed import Parallel
 
@@ -91,19 +92,20 @@ def _auto(*extra):
 def test_a_resumed_auto_run_reapplies_its_choice_and_refuses_a_world_size_it_cannot_divide():
     note = "batch_size auto: 8 x 32 tokens per micro-step"
     # 16 sequences on 2 ranks: 8 each, 1 micro-step each, 2 global
-    (micro, accum), shown = reapply_batch(_auto(), 8, note, Parallel(world_size=2))
-    assert (micro, accum) == (8, 2) and shown.endswith("(decided when this run started)")
+    kept = Decision(Batch(8, None), note, kept=True)
+    again = reapply_batch(_auto(), kept, Parallel(world_size=2))
+    assert again.value == (8, 2) and again.kept and again.line().endswith("(decided when this run started)")
     with pytest.raises(UserError, match=r"^cannot resume on 4 ranks: this run's micro-batch \(8, chosen by batch_size "
                                         r"auto\) does not divide the 4 sequences per rank of train.global_batch_size=16; "
                                         r"run on 1, 2 rank\(s\)$"):
-        reapply_batch(_auto(), 8, note, Parallel(world_size=4))
+        reapply_batch(_auto(), kept, Parallel(world_size=4))
 
 
 def test_a_fresh_auto_decision_keeps_the_global_batch_on_every_rank():
     # 16 sequences on one process, 4 fit: 4 per micro-step, 4 micro-steps
-    (micro, accum), note = measure_batch(_auto(), torch.nn.Linear(1, 1), torch.device("cpu"), Parallel(),
-                                         dtype=torch.float32, block_size=32, vocab_size=65, loss=LMLoss(),
-                                         limit=lambda d: 10 * GIB, measure=lambda m: 2 * m * GIB)
+    d = measure_batch(_auto(), torch.nn.Linear(1, 1), torch.device("cpu"), Parallel(), dtype=torch.float32,
+                      block_size=32, vocab_size=65, loss=LMLoss(), limit=lambda d: 10 * GIB, measure=lambda m: 2 * m * GIB)
+    (micro, accum), note = d.value, d.note
     assert (micro, accum) == (4, 4) and note.startswith("batch_size auto: 4 x 32 tokens per micro-step, 4 micro-steps")
 
 
@@ -148,7 +150,7 @@ def test_a_global_batch_the_ranks_cannot_share_is_one_line(tmp_path, data_root, 
         train.train(load_config(_argv(tmp_path / "out", data_root, "--train.batch_size=auto",
                                       "--train.global_batch_size=18")))
     assert "\n" not in str(e.value)
-    train.check_world_size(_auto("--train.global_batch_size=16"), 4)  # 4 each
+    check_world_size(_auto("--train.global_batch_size=16"), 4)  # 4 each
 
 
 def test_the_memory_check_of_an_auto_run_is_at_one_sequence(monkeypatch):

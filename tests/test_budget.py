@@ -157,7 +157,7 @@ def _measure_with(monkeypatch, slow, extra):
     seen, real = [], training.budget.measure
 
     def measure(r):
-        r.step = _SlowSteps(r.step, slow, extra)
+        r.trainer.step = _SlowSteps(r.trainer.step, slow, extra)
         seen.append(real(r))
         return seen[-1]
     monkeypatch.setattr(training.budget, "measure", measure)

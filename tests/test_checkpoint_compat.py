@@ -68,3 +68,29 @@ def test_an_old_run_resumes_where_it_stopped(tmp_path):
                                    "--train.max_iters=5", "--train.log_interval=1"]))
     assert sorted(res["losses"]) == [4, 5]  # iters 1-3 came from the old run
     assert res["iter"] == 5
+
+
+FIXTURE_V3 = FIXTURE.with_name("ckpt_v3_char.pt")  # iter 3 of a 6-step run, format 3 (README.md)
+V3_AFTER = FIXTURE.with_name("ckpt_v3_char_iter6.pt")  # that run's weights and losses at iter 6, uninterrupted
+V3_ARGV = ["--config", "shakespeare_char", "--model.n_layer=1", "--model.n_head=2", "--model.n_embd=16",
+           "--model.block_size=16", "--train.batch_size=2", "--train.grad_accum_steps=2", "--train.eval_interval=3",
+           "--train.eval_iters=1", "--train.warmup_iters=2", "--train.dtype=float32", "--wandb.mode=disabled",
+           "--train.max_iters=6", "--train.log_interval=1"]
+
+
+def test_a_format_3_run_resumes_bit_for_bit_as_it_would_have_gone_on(tmp_path):
+    """Its plan (a time budget's schedule among it) is kept, not decided again, and the steps after the
+    resume give the uninterrupted run's losses and weights exactly."""
+    root = tmp_path / "prepared"
+    shutil.copytree(PREPARED_V1, root)
+    out = tmp_path / "v3-run"
+    out.mkdir()
+    shutil.copy(FIXTURE_V3, out / "ckpt.pt")
+    res = train.train(load_config([*V3_ARGV, f"--train.out_dir={out}", f"--data.root={root}"]))
+    after = torch.load(V3_AFTER, map_location="cpu", weights_only=True)
+    assert res["iter"] == after["iter"] == 6
+    assert {i: res["losses"][i] for i in (4, 5, 6)} == {i: after["losses"][i] for i in (4, 5, 6)}
+    weights = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
+    assert set(weights) == set(after["model"])
+    for k, t in after["model"].items():
+        assert torch.equal(weights[k], t), k

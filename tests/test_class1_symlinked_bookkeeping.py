@@ -16,7 +16,7 @@ import pytest
 import fileio
 import ownership
 from checkpoint import save_checkpoint
-from checkpoint.run import claim_out_dir
+from checkpoint.out_dir import claim_out_dir
 from data.shards import _Split, shard_name
 from entry_points import run_entry, train_argv
 from errors import UserError

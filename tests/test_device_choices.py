@@ -149,7 +149,7 @@ def test_the_loss_path_gives_the_devices_chunks_and_blocks():
 def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monkeypatch):
     import training.builders
     from checkpoint.format import upgrade
-    from checkpoint.run import Resume
+    from checkpoint import Resume
     from training.builders import settle_loss_product
     from training.distributed import Parallel
     from training.plan import RunPlan
@@ -162,7 +162,7 @@ def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monk
     def resumed(train: dict, m=model) -> tuple[str, str]:  # a checkpoint of format 2, upgraded as it is read
         plan = RunPlan.start(Resume(Path("ckpt.pt"), upgrade({"version": 2, "train": train})))
         name = settle_loss_product(plan, Parallel(), cpu, m, loss, 64)
-        return name, plan.shown["loss_product"]
+        return name, plan.decisions["loss_product"].line()
 
     saved = lambda name: {"loss_product": name}  # noqa: E731
     assert resumed(saved("oneDNN")) == ("oneDNN", "LM head's weight gradient by oneDNN (decided when this run started)")
@@ -174,7 +174,7 @@ def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monk
     char = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65))
     fresh = RunPlan()
     assert settle_loss_product(fresh, Parallel(), cpu, char, loss_path(cpu, compiled=False, vocab_size=65), 64) == \
-        "torch.mm" and fresh.notes["loss_product"] == ""
+        "torch.mm" and fresh.decisions["loss_product"].note == ""
 
 
 

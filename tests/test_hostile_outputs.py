@@ -25,7 +25,7 @@ import bench
 import sample
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
-from checkpoint.run import claim_out_dir
+from checkpoint import claim_out_dir
 from data.prepare import main as prepare_main
 from fileio import process_start_time
 from training import plot

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import ownership
 from checkpoint.__main__ import consolidate
 from checkpoint.export import export_hf
-from checkpoint.run import claim_out_dir
+from checkpoint import claim_out_dir
 from data import DataConfig, load_meta, prepare_data
 from errors import UserError
 from model.gpt import GPT, GPTConfig

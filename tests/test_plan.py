@@ -1,6 +1,6 @@
-"""The run plan's one rule (training/plan.py): the config's value, else what the resumed run decided, else
-measured by rank 0; a decision is made once; the plan a checkpoint holds is read back as saved, and a
-damaged one, of any shape, is one line naming the checkpoint's 'plan' entry."""
+"""The run plan (training/plan.py): what the resumed run decided is kept and says so; a decision is made once;
+the plan a checkpoint holds is read back as saved, and a damaged one, of any shape, is one line naming the
+checkpoint's 'plan' entry (checkpoint/format.py's check_plan)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,49 +8,40 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from checkpoint.run import Resume
+from checkpoint import Resume
 from errors import UserError
 from runtime.precision import DTYPE_BY_NAME
-from training.distributed import Parallel
-from training.plan import RunPlan
+from training.plan import Decision, RunPlan, Schedule
 
-ONE = Parallel()
-
-
-def measured(value, note="measured"):
-    calls = []
-
-    def measure():
-        calls.append(1)
-        return value, note
-    return measure, calls
-
-
-def test_the_config_wins_then_the_saved_value_then_a_measurement():
+def test_a_kept_decision_says_so_and_a_decision_is_made_once():
     saved = RunPlan()
     saved.load_state_dict({"dtype": "bfloat16", "notes": {"dtype": "dtype auto -> bfloat16"}})
-    measure, calls = measured("float32")
     plan = RunPlan(saved=saved.saved)
-    assert plan.settle("dtype", ONE, measure=measure) == "bfloat16" and not calls  # kept: never measured again
-    assert plan.shown["dtype"] == "dtype auto -> bfloat16 (decided when this run started)"
-    plan = RunPlan(saved=saved.saved)
-    assert plan.settle("dtype", ONE, measure=measure, override=lambda: ("float32", "from config")) == "float32"
+    assert plan.settle("dtype", plan.kept("dtype") or Decision("float32", "measured")) == "bfloat16"
+    assert plan.lines() == ["dtype auto -> bfloat16 (decided when this run started)"]
+    assert plan.state_dict() == {"dtype": "bfloat16", "notes": {"dtype": "dtype auto -> bfloat16"}}  # no suffix saved
     fresh = RunPlan()
-    assert fresh.settle("dtype", ONE, measure=measure) == "float32" and calls == [1]
+    assert fresh.kept("dtype") is None and fresh.settle("dtype", Decision("float32", "measured")) == "float32"
     with pytest.raises(RuntimeError, match="decided once"):
-        fresh.settle("dtype", ONE, measure=measure)
+        fresh.settle("dtype", Decision("float32"))
 
 
 def test_a_group_decision_sets_its_fields_and_what_is_saved_is_read_back():
     plan = RunPlan()
-    plan.settle("schedule", ONE, measure=lambda: ((120, 7), "time budget 1m: ..."))
-    plan.settle("peak_flops", ONE, measure=lambda: (1e12, "peak"))  # a fact of this machine: not saved
+    plan.settle("schedule", Decision(Schedule(120, 7), "time budget 1m: ..."))
+    plan.settle("peak_flops", Decision(1e12, "peak"))  # a fact of this machine: not saved
     assert (plan.max_iters, plan.warmup_iters) == (120, 7)
     state = plan.state_dict()
     assert state == {"max_iters": 120, "warmup_iters": 7, "notes": {"schedule": "time budget 1m: ..."}}
     again = RunPlan.start(Resume(Path("ckpt.pt"), {"plan": state}))
-    assert again.settle("schedule", ONE, measure=lambda: pytest.fail("kept")) == (120, 7)
-    assert again.settle("peak_flops", ONE, measure=lambda: (2e12, "peak now")) == 2e12  # decided again
+    assert again.kept("schedule") == Decision(Schedule(120, 7), "time budget 1m: ...", kept=True)
+    assert again.kept("peak_flops") is None  # decided again
+
+
+def test_a_kept_batch_may_lack_its_micro_steps_a_kept_schedule_may_not():
+    plan = RunPlan.start(Resume(Path("ckpt.pt"), {"plan": {"micro_batch": 4, "max_iters": 9,
+                                                           "notes": {"batch": "b", "schedule": "s"}}}))
+    assert plan.kept("batch").value == (4, None) and plan.kept("schedule") is None
 
 
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
@@ -74,6 +65,6 @@ def test_a_saved_plan_of_any_shape_is_read_or_refused_in_one_line(entry):
     assert saved.get("dtype", "float32") in DTYPE_BY_NAME
     assert all(saved.get(k, 1) >= 1 for k in ("micro_batch", "accum", "max_iters"))
     assert saved.get("warmup_iters", 0) >= 0
-    for name in ("dtype", "schedule"):  # what is kept is what was saved, of its type
-        plan.settle(name, ONE, measure=lambda: ("float32", "") if name == "dtype" else ((5, 1), ""))
+    plan.settle("dtype", plan.kept("dtype") or Decision("float32"))  # what is kept is what was saved, of its type
+    plan.settle("schedule", plan.kept("schedule") or Decision(Schedule(5, 1)))
     assert isinstance(plan.dtype, str) and isinstance(plan.max_iters, int) and isinstance(plan.warmup_iters, int)

@@ -27,7 +27,7 @@ from errors import UserError
 from faults import InjectedCrash, inject
 from model import GPT, GPTConfig
 from training.config import load_config
-from training.schedule import due_after
+from training.schedule import Cadence
 from training.showcase import build_showcase
 
 from test_multirank import argv as multirank_argv, two_ranks
@@ -107,14 +107,13 @@ def char_entry(data_root: Path) -> dict:
 # ------------------------------------------------------------------------------------------ when
 
 def test_samples_and_maps_are_due_at_each_interval_and_at_the_last_step_ceil_n_over_k_times():
-    due = [due_after(s, max_iters=10, log_interval=5, eval_interval=5, checkpoint_interval=0, stopping=False,
-                     sample_interval=4, inspect_interval=3) for s in range(1, 11)]
+    cadence = Cadence(max_iters=10, log=5, eval=5, sample=4, inspect=3)
+    due = [cadence.after(s, stopping=False) for s in range(1, 11)]
     assert [s for s, d in enumerate(due, 1) if d.sample] == [4, 8, 10]  # ceil(10 / 4) = 3 rounds
     assert [s for s, d in enumerate(due, 1) if d.inspect] == [3, 6, 9, 10]  # ceil(10 / 3) = 4
     # each of them logs (the loop checks the weights for NaNs before it logs), besides every 5th step
     assert [s for s, d in enumerate(due, 1) if d.log] == [3, 4, 5, 6, 8, 9, 10]
-    off = [due_after(s, max_iters=10, log_interval=5, eval_interval=5, checkpoint_interval=0, stopping=False)
-           for s in range(1, 11)]
+    off = [Cadence(max_iters=10, log=5, eval=5).after(s, stopping=False) for s in range(1, 11)]
     assert not any(d.sample or d.inspect for d in off)
 
 

@@ -401,7 +401,8 @@ def test_ranks_that_do_not_divide_the_micro_steps_share_the_global_batch_in_smal
     from training.distributed import Parallel
 
     t = load_config([f"--train.batch_size={batch}", f"--train.grad_accum_steps={accum}"]).train
-    (micro, global_steps), note = fixed_batch(t, Parallel(world_size=world))
+    d = fixed_batch(t, Parallel(world_size=world))
+    (micro, global_steps), note = d.value, d.note
     assert (micro, global_steps) == split and micro * global_steps == batch * accum  # the global batch kept
     assert (note == "") == (accum % world == 0)
 

@@ -11,11 +11,11 @@ moments per parameter; with several DDP ranks, DDP's fp32 gradient buckets), is 
 the limit (`memory_limit`: on CUDA the smaller of free + already reserved and the per-process fraction
 of the total, which `torch.cuda.set_per_process_memory_fraction` sets). On CUDA the peak is measured:
 one real forward+backward of the run's model at that micro-batch (random tokens of the run's block
-size, under the run's autocast, RNG forked and gradients dropped: training/step.py's probe), on the
+size, under the run's autocast, RNG forked and gradients dropped: forward_backward_probe), on the
 plain module (eager: a compiled step usually needs less), each rank alone; running out of memory means
 "does not fit", never a crash. Where no real peak can be measured (a CPU: glibc keeps no peak
 statistics; FSDP on several ranks: an OOM inside a collective would hang the other ranks) the peak is
-runtime/memory.py's arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
+training_bytes' arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
 on the smallest of their choices.
 
 The choice is one decision of the run plan (training/plan.py: printed, saved, and applied again by a
@@ -33,8 +33,9 @@ from runtime.loss_path import LMLoss
 from runtime.memory import HEADROOM, available_bytes, training_bytes
 from runtime.precision import autocast
 
-from .config import TrainSection
+from .config import AUTO_BATCH, TrainSection
 from .distributed import Parallel
+from .plan import Batch, Decision
 from .step import forward_backward_probe
 
 
@@ -63,7 +64,7 @@ def largest_fitting(candidates: list[int], fits: Callable[[int], bool]) -> int |
 
 def memory_limit(device: torch.device) -> int | None:
     """What this process may use: on CUDA the smaller of (free + what torch already reserved) and the
-    total times the per-process fraction; elsewhere runtime/memory.py's available_bytes (None: unknown)."""
+    total times the per-process fraction; elsewhere available_bytes (None: unknown)."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         capped = int(total * torch.cuda.get_per_process_memory_fraction(device))
@@ -118,7 +119,7 @@ def measured_bytes(model: torch.nn.Module, loss: LMLoss, device: torch.device, d
 
 def estimated_bytes(model: torch.nn.Module, t: TrainSection, par: Parallel, *, block_size: int,
                     rows: int | None, extra: int) -> Callable[[int], int]:
-    """measure(m): runtime/memory.py's arithmetic estimate of a training process at micro-batch m (its
+    """measure(m): training_bytes' arithmetic estimate of a training process at micro-batch m (its
     weights, gradients and AdamW state included, the loss in chunks of `rows`), plus `extra`."""
     config = model.config
     return lambda m: sum(training_bytes(config, batch_size=m, block_size=block_size, loss_chunk_rows=rows,
@@ -126,23 +127,25 @@ def estimated_bytes(model: torch.nn.Module, t: TrainSection, par: Parallel, *, b
                                         activation_checkpointing=t.activation_checkpointing).values()) + extra
 
 
-def reapply_batch(t: TrainSection, micro: int, note: str, par: Parallel) -> tuple[tuple[int, int], str]:
-    """A resumed auto run's micro-batch, with the micro-steps that keep the global batch on this many
-    ranks; one line where the micro-batch no longer divides each rank's share."""
-    total, world = t.global_batch_size, par.world_size
+def reapply_batch(t: TrainSection, kept: Decision[Batch] | None, par: Parallel) -> Decision[Batch] | None:
+    """A resumed auto run's micro-batch (None: none kept), with the micro-steps that keep the global batch on
+    this many ranks; one line where the micro-batch no longer divides each rank's share."""
+    if kept is None:
+        return None
+    micro, total, world = kept.value.micro_batch, t.global_batch_size, par.world_size
     if (total // world) % micro:
         fits = divisors(total // micro)
         raise UserError(f"cannot resume on {world} ranks: this run's micro-batch ({micro}, chosen by batch_size auto) "
                         f"does not divide the {total // world} sequences per rank of train.global_batch_size={total}; run "
                         f"on {', '.join(map(str, fits))} rank(s)")
-    return (micro, total // micro), f"{note} (decided when this run started)"
+    return Decision(Batch(micro, total // micro), kept.note, kept=True)
 
 
 def measure_batch(t: TrainSection, model: torch.nn.Module, device: torch.device, par: Parallel, *, dtype: torch.dtype,
                   block_size: int, vocab_size: int, loss: LMLoss,
                   limit: Callable[[torch.device], int | None] | None = None, measure: Callable[[int], int] | None = None
-                  ) -> tuple[tuple[int, int], str]:
-    """batch_size auto's fresh decision -> ((micro-batch, global micro-steps), note), made by every rank
+                  ) -> Decision[Batch]:
+    """batch_size auto's fresh decision: Batch(micro-batch, global micro-steps) and its note, made by every rank
     (each measures its own memory) and agreed on (the smallest). `limit` and `measure` replace
     memory_limit and the measure this device gets (tests inject them)."""
     total, world = t.global_batch_size, par.world_size
@@ -174,5 +177,28 @@ def measure_batch(t: TrainSection, model: torch.nn.Module, device: torch.device,
     _, micro, need = min(outcomes, key=lambda o: o[1])  # the ranks agree on the smallest choice
     steps = f"{total // micro} micro-step{'s' * (total > micro)}"  # over all ranks: true after a resume on others
     memory = "no memory limit known" if need is None else f"peak {size(need)} of {size(cap)} {how}"
-    return (micro, total // micro), (f"batch_size auto: {micro} x {block_size} tokens per micro-step, {steps} "
-                                     f"(global {total} sequences), {memory}")
+    return Decision(Batch(micro, total // micro), f"batch_size auto: {micro} x {block_size} tokens per micro-step, "
+                                                  f"{steps} (global {total} sequences), {memory}")
+
+
+def check_world_size(t: TrainSection, world_size: int) -> None:
+    """The global batch (train.grad_accum_steps micro-batches of train.batch_size) is split evenly over
+    the ranks, whatever their number: a run saved on N ranks resumes on M by giving each rank accum / M
+    micro-steps (or, where M does not divide them, smaller micro-batches: the plan's batch decision). An M
+    that does not divide the global batch's sequences cannot keep it: one line with the options. With
+    batch_size auto, the ranks share train.global_batch_size's sequences the same way."""
+    if t.batch_size == AUTO_BATCH:
+        n = t.global_batch_size
+        if n % world_size:
+            raise UserError(f"train.global_batch_size={n} is not divisible by the {world_size} ranks, so they cannot "
+                            f"share it; run on {', '.join(map(str, divisors(n)))} rank(s), or (a new run) set "
+                            f"train.global_batch_size to a multiple of {world_size}")
+        return
+    total = t.batch_size * t.grad_accum_steps
+    if total % world_size:
+        smaller = [d for d in divisors(total) if d not in divisors(t.grad_accum_steps)]
+        raise UserError(f"the global batch, train.batch_size x train.grad_accum_steps = {t.batch_size} x "
+                        f"{t.grad_accum_steps} = {total} sequences, is not divisible by the {world_size} ranks, so they "
+                        f"cannot share it; run on {', '.join(map(str, divisors(t.grad_accum_steps)))} rank(s)"
+                        + (f" (or {', '.join(map(str, smaller))} with smaller micro-batches)" if smaller else "")
+                        + f", or (a new run) set train.grad_accum_steps to a multiple of {world_size}")

@@ -11,11 +11,11 @@ every eval_interval steps, and the last step evaluates as always. One round of s
 attention maps (training/showcase.py, when eval.sample_interval / eval.inspect_interval are on) are
 timed too, and counted ceil(n / interval) times, as the loop runs them.
 
-The timing runs the loop's own units of work (training/run.py's step_at and evaluate_splits), so every
+The timing runs the loop's own units of work (step_at and evaluate_splits), so every
 rank takes part in what it takes part in during the run (under FSDP, every rank in each eval forward).
 The decision is the run plan's "schedule" (training/plan.py): printed, saved, and applied again by a
 resumed run, which never re-decides, so an interrupted run resumes bit for bit. Changing
-train.time_budget on resume is refused (training/config.py's resume rules), since the plan would no
+train.time_budget on resume is refused (the config's resume rules), since the plan would no
 longer be the one saved.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from errors import UserError
 
 from .config import parse_duration
+from .plan import Decision, Schedule
 from .run import Run, evaluate_splits, step_at
 from .schedule import lr_at
 
@@ -44,7 +45,7 @@ CKPT_BYTES_PER_S = 100e6  # a conservative write speed for the checkpoint estima
 
 @dataclass
 class Timing:
-    setup_s: float  # wall seconds from train.py's start to the decision (data, dtype choice, the timing itself)
+    setup_s: float  # wall seconds from the run's start to the decision (data, dtype choice, the timing itself)
     step_s: float  # one optimizer step (the median of the timed steps)
     eval_s: float  # one eval (eval_iters batches of each split)
     checkpoint_s: float  # one checkpoint write (estimated from its size)
@@ -108,9 +109,10 @@ def measure(r: Run) -> Timing:
         final_s = eval_s / (2 * t.eval_iters) * math.ceil(val.num_windows() / val.batch_size)
     sample_s = _timed(lambda: r.showcase.samples(r)) if r.cfg.eval.sample_interval else 0.0
     inspect_s = _timed(lambda: r.showcase.inspect(r)) if r.cfg.eval.inspect_interval else 0.0
-    r.checkpointer.restore_states(snapshot, "the state before the budget's timing")
+    for name, obj in r.checkpointer.states.items():  # every part back as it was: the timing leaves no trace
+        obj.load_state_dict(snapshot[name])
     size = sum(v.numel() * v.element_size() for v in _tensors(snapshot))
-    return Timing(setup_s=time.perf_counter() - r.clock[0], step_s=statistics.median(times), eval_s=eval_s,
+    return Timing(setup_s=time.perf_counter() - r.clock.started, step_s=statistics.median(times), eval_s=eval_s,
                   checkpoint_s=size / CKPT_BYTES_PER_S, final_s=final_s, timed_steps=len(times), sample_s=sample_s,
                   inspect_s=inspect_s)
 
@@ -132,38 +134,36 @@ def _tensors(obj: Any):
             yield from _tensors(v)
 
 
-def settle_schedule(r: Run) -> None:
+def schedule_for(r: Run) -> Decision[Schedule]:
     """The plan's schedule (max_iters, warmup_iters): the config's without train.time_budget; with it,
     what a resumed run decided, or (a fresh run) rank 0's plan from timings every rank takes part in."""
-    t, state = r.cfg.train, r.state
+    t = r.cfg.train
     budget = parse_duration(t.time_budget)
-
-    def fixed() -> tuple[tuple[int, int], str]:
+    # a run that resumes past step 0 without a saved decision (it began without a budget) keeps the config's
+    if not budget or (r.state.iter > 0 and "schedule" not in r.plan.saved):
         note = ("" if not budget else f"train.time_budget={t.time_budget} is not applied: this run started without a "
                 "budget decision")
-        return (t.max_iters, t.warmup_iters), note
+        return Decision(Schedule(t.max_iters, t.warmup_iters), note)
+    return r.plan.kept("schedule") or timed_schedule(r, budget)
 
-    def timed() -> tuple[tuple[int, int], str]:
-        timing = measure(r)  # every rank steps and evaluates; rank 0 plans
 
-        def decide():
-            e = r.cfg.eval
-            iters, warmup = plan(budget, timing, max_iters=t.max_iters, warmup_iters=t.warmup_iters,
-                                 eval_interval=t.eval_interval, sample_interval=e.sample_interval,
-                                 inspect_interval=e.inspect_interval)
-            return (iters, warmup), (
-                f"time budget {t.time_budget}: set-up {timing.setup_s:.1f} s, a step {timing.step_s * 1e3:.1f} ms "
-                f"(median of {timing.timed_steps}), an eval {timing.eval_s:.1f} s + checkpoints "
-                f"{2 * timing.checkpoint_s:.1f} s every {t.eval_interval} steps"
-                + (f", the whole val split {timing.final_s:.1f} s at the end" if timing.final_s else "")
-                + (f", samples {timing.sample_s:.1f} s every {e.sample_interval} steps" if e.sample_interval else "")
-                + (f", attention maps {timing.inspect_s:.1f} s every {e.inspect_interval} steps"
-                   if e.inspect_interval else "")
-                + f" -> max_iters {iters} (config: {t.max_iters}), warmup_iters {warmup}, lr decays to min_lr at "
-                f"step {iters}")
-        return r.par.decide(decide)
-    # a run that resumes past step 0 without a saved decision (it began without a budget) keeps the config's
-    untimed = not budget or (state.iter > 0 and "schedule" not in r.plan.saved.get("notes", {}))
-    r.plan.settle("schedule", r.par, override=fixed if untimed else None, measure=timed, every_rank=True)
-    if r.log.progress.bar is not None:
-        r.log.progress.bar.total = r.plan.max_iters
+def timed_schedule(r: Run, budget: float) -> Decision[Schedule]:
+    """Every rank steps and evaluates (measure); rank 0 plans, and every rank gets its plan."""
+    t, e = r.cfg.train, r.cfg.eval
+    timing = measure(r)
+
+    def decide() -> Decision[Schedule]:
+        iters, warmup = plan(budget, timing, max_iters=t.max_iters, warmup_iters=t.warmup_iters,
+                             eval_interval=t.eval_interval, sample_interval=e.sample_interval,
+                             inspect_interval=e.inspect_interval)
+        return Decision(Schedule(iters, warmup), (
+            f"time budget {t.time_budget}: set-up {timing.setup_s:.1f} s, a step {timing.step_s * 1e3:.1f} ms "
+            f"(median of {timing.timed_steps}), an eval {timing.eval_s:.1f} s + checkpoints "
+            f"{2 * timing.checkpoint_s:.1f} s every {t.eval_interval} steps"
+            + (f", the whole val split {timing.final_s:.1f} s at the end" if timing.final_s else "")
+            + (f", samples {timing.sample_s:.1f} s every {e.sample_interval} steps" if e.sample_interval else "")
+            + (f", attention maps {timing.inspect_s:.1f} s every {e.inspect_interval} steps"
+               if e.inspect_interval else "")
+            + f" -> max_iters {iters} (config: {t.max_iters}), warmup_iters {warmup}, lr decays to min_lr at "
+            f"step {iters}"))
+    return r.par.decide(decide)

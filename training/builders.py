@@ -40,8 +40,9 @@ from .config import ARCH_KEYS, AUTO_BATCH, Config, TrainSection
 from .distributed import Parallel
 from .float8 import convert_to_float8
 from .init_from import initial_model
+from .mfu import peak_flops
 from .optim import Muon, make_optimizers
-from .plan import RunPlan
+from .plan import Batch, Decision, RunPlan
 from .rng import RNGState
 from .state import OptimizerState, ScalerState, TrainState
 from .step import StepOutput, forward_backward_probe, train_step
@@ -142,106 +143,121 @@ class Trainer:
 
 
 def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, plan: RunPlan, loaders: Loaders,
-                  say: Callable[[str], None] = print,
-                  memory_limit: Callable[[torch.device], int | None] | None = None) -> Trainer:
+                  say: Callable[[str], None] = print) -> Trainer:
     """The chain from the plain model to its training step, each start-up decision settled into `plan`
-    by its one rule (training/plan.py) on the way. `memory_limit` replaces what batch_size auto reads
-    of the device (a benchmark emulating a smaller card on a CPU)."""
+    on the way by its one rule (training/plan.py): the config's, else the resumed run's, else measured."""
     t, block = cfg.train, cfg.model.block_size
-    plan.settle("loss_chunk_rows", par, measure=lambda: loss_chunk_rows_for(t, device, model))
-    loss = loss_path(device, compiled=t.compile, vocab_size=model.config.vocab_size, rows=plan.loss_chunk_rows)
+    rows = plan.settle("loss_chunk_rows", par.decide(lambda: loss_chunk_rows_for(t, device, model)))  # rank 0's GPU
+    loss = loss_path(device, compiled=t.compile, vocab_size=model.config.vocab_size, rows=rows)
     if device.type == "cpu":
         keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
     first = 1 if t.batch_size == AUTO_BATCH else t.batch_size  # the dtype is timed at this micro-batch
     first_loaders = loaders(first)
-    plan.settle("dtype", par, override=None if t.dtype == "auto" else lambda: explicit_dtype(t.dtype, device),
-                measure=lambda: measure_dtype(model, loss, first_loaders[0].get_batch(0, 0), device, t, first, par))
-    dtype = DTYPE_BY_NAME[plan.dtype]
+    name = plan.settle("dtype", config_dtype(t.dtype, device) or plan.kept("dtype") or par.decide(
+        lambda: measure_dtype(model, loss, first_loaders[0].get_batch(0, 0), device, t, first, par)))
+    dtype = DTYPE_BY_NAME[name]
     allow_tf32(device)
     float8_layers = convert_to_float8(model, t.float8)  # before FSDP and the optimizers: it swaps modules
     model = shard_model(model, t, par, device, dtype)  # activation checkpointing, FSDP: before the optimizers
-    batch = plan.settle("batch", par, override=None if t.batch_size == AUTO_BATCH else lambda: fixed_batch(t, par),
-                        measure=lambda: measure_batch(t, model, device, par, dtype=dtype, block_size=block,
-                                                      vocab_size=model.config.vocab_size, loss=loss,
-                                                      limit=memory_limit),
-                        every_rank=True, reapply=lambda saved, note: reapply_batch(t, saved[0], note, par))
-    loss = replace(loss, product=settle_loss_product(plan, par, device, model, loss, batch[0] * block))
-    if cfg.model.attn_backend == "sdpa":
+    batch = plan.settle("batch", fixed_batch(t, par) or reapply_batch(t, plan.kept("batch"), par) or measure_batch(
+        t, model, device, par, dtype=dtype, block_size=block, vocab_size=model.config.vocab_size, loss=loss))
+    loss = replace(loss, product=settle_loss_product(plan, par, device, model, loss, batch.micro_batch * block))
+    if cfg.model.attn_backend == "sdpa":  # the SDPA kernel a GPU trains with (nothing to choose elsewhere)
         m = cfg.model
-        plan.settle("attention", par, measure=lambda: fastest_kernel(
-            device, batch=batch[0], n_head=m.n_head, seq=block, head_dim=m.n_embd // m.n_head, dtype=dtype))
-        use_kernel(plan.attention)
-    train_loader, eval_loaders = first_loaders if batch[0] == first else loaders(batch[0])
+        use_kernel(plan.settle("attention", plan.kept("attention") or par.decide(lambda: Decision(*fastest_kernel(
+            device, batch=batch.micro_batch, n_head=m.n_head, seq=block, head_dim=m.n_embd // m.n_head, dtype=dtype)))))
+    train_loader, eval_loaders = first_loaders if batch.micro_batch == first else loaders(batch.micro_batch)
     optimizers = build_optimizers(model, t, device, par)
     scaler = make_scaler(device, dtype)
     amp = lambda: autocast(device, dtype)  # noqa: E731
     step = Stepper(model, loss, optimizers, scaler, t, par, device, amp, say, plan)  # compile, DDP
-    return Trainer(model, step, amp, batch[1] // par.world_size, train_loader, eval_loaders, float8_layers)
+    plan.settle("peak_flops", par.decide(lambda: peak_flops_for(t, device, dtype)))  # for MFU: one probe, on rank 0
+    return Trainer(model, step, amp, batch.accum // par.world_size, train_loader, eval_loaders, float8_layers)
 
 
 # ----------------------------------------------------------------------- each decision's measure
 
-def loss_chunk_rows_for(t: TrainSection, device: torch.device, model: GPT) -> tuple[int | None, str]:
+def loss_chunk_rows_for(t: TrainSection, device: torch.device, model: GPT) -> Decision[int | None]:
     rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=model.config.vocab_size)
-    return rows, f"fused LM-head loss in chunks of {rows} rows" if rows else ""
+    return Decision(rows, f"fused LM-head loss in chunks of {rows} rows" if rows else "")
 
 
-def explicit_dtype(name: str, device: torch.device) -> tuple[str, str]:
-    return dtype_name(training_dtype(name, device)[0]), f"dtype {name} (from config)"
+def config_dtype(name: str, device: torch.device) -> Decision[str] | None:
+    """train.dtype where it names one (None: auto)."""
+    if name == "auto":
+        return None
+    return Decision(dtype_name(training_dtype(name, device)[0]), f"dtype {name} (from config)")
 
 
 def measure_dtype(model: GPT, loss: LMLoss, batch, device: torch.device, t: TrainSection, rows: int,
-                  par: Parallel) -> tuple[str, str]:
-    """train.dtype auto, by runtime/precision.py's rule: on a CPU the faster of fp32 and bf16 for this model's
+                  par: Parallel) -> Decision[str]:
+    """train.dtype auto, by training_dtype's rule: on a CPU the faster of fp32 and bf16 for this model's
     forward and backward at `rows` sequences, decided once per (machine, model, batch, ranks) and reused."""
     probe = forward_backward_probe(model, loss, batch, lambda dt: autocast(device, dt))
     shape = {"model": model_config_dict(model), "batch_size": rows, "world_size": par.world_size}
     dtype, note = auto_dtype("train", shape, lambda: training_dtype("auto", device, forward_backward=probe,
                                                                     run_steps=t.max_iters), device)
-    return dtype_name(dtype), note
+    return Decision(dtype_name(dtype), note)
 
 
-def fixed_batch(t: TrainSection, par: Parallel) -> tuple[tuple[int, int], str]:
+def fixed_batch(t: TrainSection, par: Parallel) -> Decision[Batch] | None:
     """train.batch_size sequences per micro-step and train.grad_accum_steps (global) micro-steps, where the
     ranks divide the micro-steps; else each rank's share of the global batch in the largest micro-batches
     up to train.batch_size that divide it (e.g. 12 x 1 on 2 ranks: 6 x 1 each): the same sequences, the
-    same step (train.py's check_world_size refuses ranks that do not divide the global batch)."""
+    same step. None: batch_size auto."""
+    if t.batch_size == AUTO_BATCH:
+        return None
     if t.grad_accum_steps % par.world_size == 0:
-        return (t.batch_size, t.grad_accum_steps), ""
+        return Decision(Batch(t.batch_size, t.grad_accum_steps))
     total = t.batch_size * t.grad_accum_steps
     micro = max(d for d in divisors(total // par.world_size) if d <= t.batch_size)
-    return (micro, total // micro), (
+    return Decision(Batch(micro, total // micro), (
         f"train.batch_size={t.batch_size} x grad_accum_steps={t.grad_accum_steps} over {par.world_size} ranks: "
         f"{micro} sequences per micro-step, {total // micro // par.world_size} micro-step(s) each, the global batch "
-        f"of {total} sequences kept")
+        f"of {total} sequences kept"))
 
 
 def settle_loss_product(plan: RunPlan, par: Parallel, device: torch.device, model: GPT, loss: LMLoss,
                         tokens: int) -> str:
     """The plan's weight-gradient product (a WEIGHT_GRAD_PRODUCTS name) for a micro-batch of `tokens` tokens
     on one rank."""
-    plan.settle("loss_product", par, measure=lambda: measure_loss_product(device, model, loss, tokens),
-                reapply=lambda saved, note: reapply_loss_product(saved, note, device))
-    return plan.loss_product
+    return plan.settle("loss_product", reapply_loss_product(plan.kept("loss_product"), device)
+                       or par.decide(lambda: measure_loss_product(device, model, loss, tokens)))
 
 
-def measure_loss_product(device: torch.device, model: GPT, loss: LMLoss, tokens: int) -> tuple[str, str]:
+def measure_loss_product(device: torch.device, model: GPT, loss: LMLoss, tokens: int) -> Decision[str]:
     """The fused loss's weight-gradient product measured for this machine and the chunks a micro-batch of
     `tokens` tokens (on one rank) makes; torch.mm (nothing to choose) with the full logits."""
     if loss.chunk_rows is None:
-        return DEFAULT_PRODUCT, ""
+        return Decision(DEFAULT_PRODUCT)
     rows = min(loss.chunk_rows, tokens)
-    return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows,
-                                      n_embd=model.config.n_embd, chunks=-(-tokens // rows))
+    return Decision(*choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows,
+                                                n_embd=model.config.n_embd, chunks=-(-tokens // rows)))
 
 
-def reapply_loss_product(saved: str, note: str, device: torch.device) -> tuple[str, str]:
+def reapply_loss_product(kept: Decision[str] | None, device: torch.device) -> Decision[str] | None:
     """The product a resumed run chose, where this machine has it: a resume is then bitwise the
     uninterrupted run whatever the timing says now. Else torch.mm, and the last bits will differ."""
+    if kept is None:
+        return None
+    saved = kept.value
     if saved in WEIGHT_GRAD_PRODUCTS and (saved == DEFAULT_PRODUCT or weight_grad_product_available(device)):
-        return saved, f"LM head's weight gradient by {saved} (decided when this run started)" if note else ""
-    return DEFAULT_PRODUCT, (f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when it "
-                             "started, which this machine does not have (the last bits will differ)")
+        return Decision(saved, f"LM head's weight gradient by {saved}" if kept.note else "", kept=True)
+    return Decision(DEFAULT_PRODUCT, f"LM head's weight gradient by {DEFAULT_PRODUCT}: this run chose {saved!r} when "
+                                     "it started, which this machine does not have (the last bits will differ)")
+
+
+def use_other_loss_path(trainer: Trainer, device: torch.device, *, compiled: bool, rows: int | None,
+                        tokens: int) -> None:
+    """The trainer's loss path replaced by chunks of `rows` (None: the full logits), with the weight-gradient
+    product measured for it, before its first step compiles: what a benchmark comparing loss paths times."""
+    loss = loss_path(device, compiled=compiled, vocab_size=trainer.model.config.vocab_size, rows=rows)
+    trainer.step.loss = replace(loss, product=measure_loss_product(device, trainer.model, loss, tokens).value)
+
+
+def peak_flops_for(t: TrainSection, device: torch.device, dtype: torch.dtype) -> Decision[float | None]:
+    """The device's peak FLOP/s in the training dtype, for MFU (train.peak_flops where given)."""
+    return Decision(*peak_flops(device, dtype, override=t.peak_flops))
 
 
 # ------------------------------------------------------------------------- hardware switches
@@ -265,17 +281,13 @@ def shard_model(model: GPT, t: TrainSection, par: Parallel, device: torch.device
 
 def build_optimizers(model: GPT, t: TrainSection, device: torch.device,
                      par: Parallel | None = None) -> list[torch.optim.Optimizer]:
-    optimizers = make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-                                 device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
-                                 muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
-                                 muon_split_qkv=t.muon_split_qkv)
+    muon_class = Muon
     if par is not None and par.sharded:  # sharded (shard_model): Muon orthogonalises whole matrices, gathered
-        from .sharding import ShardedMuon
-
-        for opt in optimizers:
-            if type(opt) is Muon:
-                opt.__class__ = ShardedMuon
-    return optimizers
+        from .sharding import ShardedMuon as muon_class
+    return make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                           device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
+                           muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
+                           muon_split_qkv=t.muon_split_qkv, muon_class=muon_class)
 
 
 def parallelize(model: GPT, t: TrainSection, par: Parallel, device: torch.device, *,
@@ -290,7 +302,7 @@ def parallelize(model: GPT, t: TrainSection, par: Parallel, device: torch.device
 class Stepper:
     """train_step on the parallelized model; if torch.compile fails (no C++ compiler for Inductor on a
     CPU, an unsupported GPU) the step is redone from the same state without compile, and the run goes on
-    eager (runtime/device.py's with_compile_fallback, the policy sample.py follows too)."""
+    eager (with_compile_fallback)."""
 
     def __init__(self, model: GPT, loss: LMLoss, optimizers, scaler, t: TrainSection, par: Parallel, device, amp,
                  say, plan: RunPlan | None = None):
@@ -312,9 +324,10 @@ class Stepper:
         self.loss = loss_path(self.device, compiled=False, vocab_size=self.raw.config.vocab_size,
                               product=self.loss.product)
         rows = self.loss.chunk_rows
-        if self.plan is not None and self.plan.loss_chunk_rows != rows:
-            self.plan.revise("loss_chunk_rows", rows, f"fused LM-head loss in chunks of {rows} rows (eager: compile failed)")
-            self.say(self.plan.shown["loss_chunk_rows"])
+        if self.plan is not None and self.plan.value("loss_chunk_rows") != rows:
+            eager = Decision(rows, f"fused LM-head loss in chunks of {rows} rows (eager: compile failed)")
+            self.plan.revise("loss_chunk_rows", eager)
+            self.say(eager.note)
         self.model = parallelize(self.raw, self.t, self.par, self.device, compile=False)
         self.compiled = False
 

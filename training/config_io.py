@@ -1,5 +1,5 @@
 """Reading a config: YAML files (duplicate keys refused), `--section.key=value` arguments, and coercing each
-value to its field's type. Generic over the config dataclass (training/config.py's Config), so this file
+value to its field's type. Generic over the config dataclass, so this file
 knows no section or key."""
 from __future__ import annotations
 

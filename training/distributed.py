@@ -5,6 +5,7 @@ whole model; FSDP, each rank 1/N of it), and the CPU control group. Every questi
 ranks run this" is answered here, once:
 
     par.decide(fn)      rank 0 runs fn, every rank gets its result (or its one-line error)
+    par.on_main(fn)     rank 0 runs fn and keeps its result; the others wait (and get its one-line error)
     par.broadcast(x)    rank 0's value everywhere;   par.gather(x): every rank's, in rank order
     par.any(flag)       true everywhere if true on any rank
     par.sum_(t)         in place, over the control group;   par.mean_(t): over the default (device) group
@@ -39,7 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from errors import UserError
+from errors import WENT_AWAY, UserError, lost_peer
 
 T = TypeVar("T")
 DDP_MODE, FSDP_MODE = "ddp", "fsdp"
@@ -145,10 +146,11 @@ class Parallel:
         self.waiting_in = (what, time.monotonic(), grace_s)
         try:
             yield
-        except RuntimeError as e:  # gloo: "Timed out waiting ...", "Connection closed by peer", ...; nccl: watchdog
-            if not _is_lost_peer(e):
+        except RuntimeError as e:  # gloo and NCCL raise no type of their own: errors.lost_peer tells
+            why = lost_peer(e)
+            if why is None:
                 raise
-            if _went_away(e):
+            if why == WENT_AWAY:
                 how = "went away"
             else:
                 limit = "the patient group's 12 h" if patient else f"train.collective_timeout={self.timeout_s:g}s"
@@ -189,16 +191,21 @@ class Parallel:
     def decide(self, fn: Callable[[], T], what: str = "rank 0's decision", patient: bool = False) -> T:
         """fn() on rank 0 and its result on every rank, the others waiting meanwhile (`patient` for what may
         take long: preparing data, a download). A UserError on rank 0 is raised on every rank."""
-        outcome = None
+        return self.broadcast(self.on_main(fn, what, patient), what, patient)
+
+    def on_main(self, fn: Callable[[], T], what: str = "rank 0's work", patient: bool = False) -> T | None:
+        """fn() on rank 0, its result there and None on the others, which wait for it. A UserError on rank 0
+        is raised on every rank. (What only rank 0 holds, such as the out_dir's lock.)"""
+        result, error = None, None
         if self.is_main:
             try:
-                outcome = ("ok", fn())
+                result = fn()
             except UserError as e:
-                outcome = ("error", str(e))
-        outcome = self.broadcast(outcome, what, patient)
-        if outcome[0] == "error":
-            raise UserError(outcome[1])
-        return outcome[1]
+                error = str(e)
+        error = self.broadcast(error, what, patient)
+        if error is not None:
+            raise UserError(error)
+        return result
 
     def gather(self, obj: T, what: str = "a gather of every rank's value") -> list[T]:
         """Every rank's value, on every rank, in rank order."""
@@ -239,18 +246,6 @@ class Parallel:
                 dist.all_reduce(t, op=dist.ReduceOp.SUM)
             t /= self.world_size
         return t
-
-
-def _went_away(e: RuntimeError) -> bool:
-    text = str(e).lower()
-    return any(w in text for w in ("connection closed", "connection reset", "broken pipe", "socket closed"))
-
-
-def _is_lost_peer(e: RuntimeError) -> bool:
-    """A collective that failed because another rank did not answer (a timeout) or went away."""
-    text = str(e).lower()
-    return any(w in text for w in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
-                                   "socket closed", "watchdog"))
 
 
 def dist_from_env(mode: str = DDP_MODE, timeout_s: float = DEFAULT_TIMEOUT_S) -> Parallel:

@@ -32,7 +32,7 @@ def resumed_init_from(saved: dict[str, Any], cfg: Config, where: str) -> tuple[C
 def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], seed: int,
                   resume: dict[str, Any] | None = None) -> tuple[GPT, list[str]]:
     """(model on CPU in fp32, notes to print). For init_from other than scratch the architecture comes
-    from the source (training/builders.py's build_model then returns a config that says so: `m` itself is
+    from the source (the chain then returns a config that says so: `m` itself is
     frozen and never changed)."""
     runtime = {"dropout": m.dropout, "attn_backend": m.attn_backend}  # may differ from the source
     if resume is not None:

@@ -129,6 +129,11 @@ class Progress:
         if self.bar is not None:
             self.bar.update(1)
 
+    def total(self, n: int) -> None:
+        """The steps the run will take, once the plan's schedule is decided."""
+        if self.bar is not None:
+            self.bar.total = n
+
     def show(self, step: int, text: str) -> None:
         if self.bar is not None:
             self.bar.set_postfix_str(text, refresh=False)

@@ -158,20 +158,21 @@ class Muon(torch.optim.Optimizer):
 def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
                     device_type: str, kind: str = "adamw", muon_lr: float = 0.02,
                     muon_momentum: float = 0.95, muon_ns_steps: int = 5, muon_split_qkv: bool = True,
-                    ns_dtype: torch.dtype | None = None) -> list[torch.optim.Optimizer]:
+                    ns_dtype: torch.dtype | None = None,
+                    muon_class: type[Muon] | None = None) -> list[torch.optim.Optimizer]:
     """The optimizers of a training run. Each param group records its peak learning rate as
     "initial_lr"; the schedule scales every group by the same factor (training/schedule.py). Muon's
     Newton-Schulz dtype: `ns_dtype`, by default the device's fastest native one (bf16 on CUDA and on
-    CPUs with AMX / AVX512-BF16, fp32 elsewhere)."""
+    CPUs with AMX / AVX512-BF16, fp32 elsewhere). `muon_class`: Muon, or a subclass for sharded weights."""
     if kind == "adamw":
         optimizers = [make_optimizer(model, lr=lr, weight_decay=weight_decay, betas=betas, device_type=device_type)]
     else:
         params = dict(model.named_parameters())
         hidden, rest = split_for_muon(model)
-        muon = Muon([params[n] for n in hidden], lr=muon_lr, momentum=muon_momentum, weight_decay=weight_decay,
-                    ns_steps=muon_ns_steps,
-                    ns_dtype=ns_dtype or fastest_native_dtype(torch.device(device_type)),
-                    pieces=[3 if muon_split_qkv and n.endswith(FUSED_QKV) else 1 for n in hidden])
+        muon = (muon_class or Muon)([params[n] for n in hidden], lr=muon_lr, momentum=muon_momentum,
+                                    weight_decay=weight_decay, ns_steps=muon_ns_steps,
+                                    ns_dtype=ns_dtype or fastest_native_dtype(torch.device(device_type)),
+                                    pieces=[3 if muon_split_qkv and n.endswith(FUSED_QKV) else 1 for n in hidden])
         others = [params[n] for n in rest]
         fused = device_type in ("cuda", "cpu")
         adamw = torch.optim.AdamW([{"params": [p for p in others if p.dim() >= 2], "weight_decay": weight_decay},

@@ -1,4 +1,4 @@
-"""A training run as the loop sees it (`Run`, built once by train.py's set_up), and the loop's two units of
+"""A training run as the loop sees it (`Run`, built once at set-up), and the loop's two units of
 work, which the time budget (training/budget.py) times too, so that nothing about ranks or batches can
 differ between what is timed and what runs:
 
@@ -10,14 +10,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from checkpoint import Checkpointer
-from model import GPT
 
-from .builders import Stepper, Trainer
+from .builders import Trainer
 from .config import Config
 from .distributed import Parallel
 from .evaluate import evaluate, evaluate_full
@@ -43,6 +42,21 @@ class RunLog:
     flops_per_token: float
 
 
+class Clock(NamedTuple):
+    """The run's wall time, across sessions: a resumed one starts from the earlier sessions' seconds."""
+    started: float  # time.perf_counter() when this session started
+    earlier_s: float  # elapsed_s of the sessions before this one
+
+    def elapsed(self) -> float:
+        return self.earlier_s + time.perf_counter() - self.started
+
+
+class HellaSwag(NamedTuple):
+    """HellaSwag's items, loaded once, and the tokenizer that scores them."""
+    tok: Any
+    items: list
+
+
 @dataclass
 class Run:
     """What the loop needs, built once by set_up."""
@@ -55,26 +69,14 @@ class Run:
     checkpointer: Checkpointer
     log: RunLog
     stop: StopFlag
-    showcase: Showcase  # samples and attention maps at their intervals (training/showcase.py)
-    hellaswag: tuple | None = None  # (tokenizer, items) when eval.hellaswag_interval is set
-    clock: tuple[float, float] = (0.0, 0.0)  # (perf_counter at start, elapsed_s of earlier sessions)
-    step_s: float = 0.0  # the last step's wall time: how long a signal lets a step run on (signals.py)
+    showcase: Showcase  # samples and attention maps at their intervals
+    hellaswag: HellaSwag | None = None  # when eval.hellaswag_interval is set
+    clock: Clock = Clock(0.0, 0.0)
+    step_s: float = 0.0  # the last step's wall time: how long a signal lets a step run on
 
-    @property
-    def model(self) -> GPT:
-        return self.trainer.model
-
-    @property
-    def step(self) -> Stepper:
-        return self.trainer.step
-
-    @step.setter
-    def step(self, stepper: Stepper) -> None:  # a test wraps it, to slow some steps down
-        self.trainer.step = stepper
-
-    @property
-    def amp(self) -> Callable[[], Any]:
-        return self.trainer.amp
+    # the two names Showcase (training/showcase.py) reads of the run; everything else reads r.trainer
+    model = property(lambda self: self.trainer.model)
+    amp = property(lambda self: self.trainer.amp)
 
 
 def lr_of_plan(plan: RunPlan, t, i: int) -> float:
@@ -84,12 +86,12 @@ def lr_of_plan(plan: RunPlan, t, i: int) -> float:
 
 def step_at(r: Run, i: int, lr: float) -> StepOutput:
     """Optimizer step i at learning rate `lr`: this rank's micro-batches of that step, then one step."""
-    apply_lr(r.step.optimizers, lr, r.cfg.train.lr)
+    apply_lr(r.trainer.step.optimizers, lr, r.cfg.train.lr)
     batches = [r.trainer.train_loader.get_batch(i, micro) for micro in range(r.trainer.accum)]
     started = time.perf_counter()
     with r.par.waiting(f"the step's gradient {'reduce-scatter' if r.par.sharded else 'all-reduce'}",
                        grace_s=max(2.0, 3 * r.step_s) if r.step_s else math.inf):  # the first: compiling
-        out = r.step(batches)
+        out = r.trainer.step(batches)
     r.step_s = time.perf_counter() - started  # the launch: on a GPU the step itself may still run
     return out
 
@@ -102,6 +104,6 @@ def evaluate_splits(r: Run, iters: int, full: bool = False) -> tuple[dict[str, f
         return None
     loaders = r.trainer.eval_loaders
     with r.par.waiting("the eval's forwards", patient=True, grace_s=math.inf):  # under FSDP every rank's
-        losses = evaluate(r.model, r.step.loss, loaders, iters, r.amp)
-        whole = evaluate_full(r.model, r.step.loss, loaders["val"], r.amp) if full else None
+        losses = evaluate(r.trainer.model, r.trainer.step.loss, loaders, iters, r.trainer.amp)
+        whole = evaluate_full(r.trainer.model, r.trainer.step.loss, loaders["val"], r.trainer.amp) if full else None
     return (losses, whole) if r.par.is_main else None

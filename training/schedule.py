@@ -43,19 +43,28 @@ class Due:
     inspect: bool = False  # eval.inspect_interval: the attention maps and surprisal of the fixed val snippet
 
 
-def due_after(step: int, *, max_iters: int, log_interval: int, eval_interval: int, checkpoint_interval: int,
-              stopping: bool, hellaswag_interval: int = 0, sample_interval: int = 0, inspect_interval: int = 0) -> Due:
-    """After optimizer step number `step` (1-based: `step` steps are done). The last step and a stop
-    always log and checkpoint, and the last one evaluates (HellaSwag, samples and the attention maps
-    too, each when it is on: an interval of 0 is off), and a step that evaluates, samples or draws also
-    logs; checkpoint_interval 0 means at each eval. So a run of n steps samples ceil(n / sample_interval)
-    times (training/budget.py counts on it). Every rank computes the same answer, since `stopping` is
-    agreed between ranks."""
-    last = step == max_iters
-    eval_now = step % eval_interval == 0 or last
-    checkpoint = step % (checkpoint_interval or eval_interval) == 0 or last or stopping
-    hellaswag, sample, inspect = (n > 0 and (step % n == 0 or last) for n in (hellaswag_interval, sample_interval,
-                                                                             inspect_interval))
-    # whatever runs the model logs too: the loop checks for non-finite weights before it logs
-    log = step % log_interval == 0 or last or stopping or eval_now or hellaswag or sample or inspect
-    return Due(log=log, eval=eval_now, checkpoint=checkpoint, hellaswag=hellaswag, sample=sample, inspect=inspect)
+@dataclass(frozen=True)
+class Cadence:
+    """Every how many steps each thing is due (0: off; checkpoint 0: at each eval), built once per run."""
+    max_iters: int
+    log: int
+    eval: int
+    checkpoint: int = 0
+    hellaswag: int = 0
+    sample: int = 0
+    inspect: int = 0
+
+    def after(self, step: int, stopping: bool) -> Due:
+        """After optimizer step number `step` (1-based: `step` steps are done). The last step and a stop
+        always log and checkpoint, and the last one evaluates (HellaSwag, samples and the attention maps
+        too, each when it is on), and a step that evaluates, samples or draws also logs. So a run of n steps
+        samples ceil(n / sample) times, as the time budget counts. Every rank computes the same answer, since
+        `stopping` is agreed between ranks."""
+        last = step == self.max_iters
+        eval_now = step % self.eval == 0 or last
+        checkpoint = step % (self.checkpoint or self.eval) == 0 or last or stopping
+        hellaswag, sample, inspect = (n > 0 and (step % n == 0 or last) for n in (self.hellaswag, self.sample,
+                                                                                 self.inspect))
+        # whatever runs the model logs too: the loop checks for non-finite weights before it logs
+        log = step % self.log == 0 or last or stopping or eval_now or hellaswag or sample or inspect
+        return Due(log=log, eval=eval_now, checkpoint=checkpoint, hellaswag=hellaswag, sample=sample, inspect=inspect)

@@ -105,9 +105,8 @@ class ShardedModelState:
 
 class ShardedOptimizerState:
     """The optimizers (one or more) as one stateful part of a sharded checkpoint: their state keyed by
-    parameter name (torch.distributed.checkpoint.state_dict), not by position, so it reshards. As in
-    training/state.py's OptimizerState, the checkpoint gives the moments and step counts, and the
-    hyperparameters (peak lr, betas, weight decay) stay the config's."""
+    parameter name (torch.distributed.checkpoint.state_dict), not by position, so it reshards. As with
+    one file, the checkpoint gives the moments and step counts, and the hyperparameters (peak lr, betas, weight decay) stay the config's."""
 
     def __init__(self, model: nn.Module, optimizers: list[torch.optim.Optimizer]):
         self.model, self.optimizers = model, optimizers

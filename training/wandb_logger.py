@@ -15,7 +15,7 @@
   checkpoint (`history`), and from there on logs only the steps past what wandb has: the steps it
   replays from the checkpoint that wandb already holds are skipped (with a bitwise resume their values
   are the same anyway; metrics.jsonl holds the resumed ones);
-- text and pictures (training/showcase.py's samples and attention maps) go as a table (`log_table`: the
+- text and pictures (the run's samples and attention maps) go as a table (`log_table`: the
   whole table again each time, as wandb keeps only a table's last version) and as media (`log_media`);
   metrics.jsonl's copy of the samples (a list) is left out of the charts' history (`log`);
 - offline, every process writes its own folder `<out_dir>/wandb/offline-run-<time>-<run id>`, and

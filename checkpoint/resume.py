@@ -1,0 +1,111 @@
+"""Whether a training run resumes, and from what: the checkpoint every rank agrees on, or a fresh run.
+
+    resume = decide_resume(out_dir, mode="auto", ...)  # a Resume, or None for a fresh run
+
+A resume is refused in one line where it would not continue the same run: a config changed where it may
+not, damaged counters, a best.pt of another run (the best-checkpoint rule), ranks that see different files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from errors import UserError
+
+from .format import BEST_NAME, CKPT_NAME, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, find_checkpoint, load_checkpoint
+from .sharded import is_sharded_checkpoint
+
+
+@dataclass
+class Resume:
+    """The checkpoint a run continues from, with what set-up reads of it before restoring."""
+    path: Path
+    payload: dict[str, Any]
+
+    @property
+    def train(self) -> dict[str, Any]:
+        """The saved counters ({} if damaged: restoring reports it, naming the entry)."""
+        train = self.payload.get("train")
+        return train if isinstance(train, dict) else {}
+
+    @property
+    def tokenizer(self) -> dict[str, Any] | None:
+        return self.payload.get("tokenizer")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.payload.get("config") or {}
+
+    @property
+    def sharded(self) -> bool:
+        """A sharded checkpoint: its model and optimizer are not in the payload; restore loads them in place."""
+        return is_sharded_checkpoint(self.path)
+
+
+def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict], list[str]],
+                  gather: Callable[[Any], list[Any]], other_files: Iterable[str] = ()) -> Resume | None:
+    """The checkpoint to resume from (mode "auto": out_dir's ckpt.pt, when there), or None for a fresh run.
+
+    Refused in one line: earlier files with mode "never"; earlier files (best.pt, `other_files` such as
+    metrics.jsonl) but no ckpt.pt; a config that changed where it may not (`config_conflicts` lists the
+    keys); a best.pt of another run. Every rank must see the same checkpoint (an out_dir shared by all
+    nodes): `gather` collects each rank's outcome, and any difference or error stops every rank with
+    the same line."""
+    ckpt_path = find_checkpoint(out_dir, CKPT_NAME) or out_dir / CKPT_NAME
+    resume, outcome = None, None
+    earlier = [name for name in (CKPT_NAME, SHARDED_CKPT_NAME, BEST_NAME, SHARDED_BEST_NAME, *other_files)
+               if (out_dir / name).exists()]
+    try:
+        if earlier and mode == "never":
+            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} and train.resume=never refuses to "
+                            "overwrite them; use --train.resume=auto to continue that run, or a new --train.out_dir")
+        if earlier and not ckpt_path.exists():
+            raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} but no {CKPT_NAME} to resume it; "
+                            "a new run there would overwrite them: use a new --train.out_dir, or move those files away")
+        if ckpt_path.exists():
+            resume = Resume(ckpt_path, load_checkpoint(ckpt_path))
+            check_counters(resume)
+            conflicts = config_conflicts(resume.config)
+            if conflicts:
+                raise UserError(f"cannot resume {ckpt_path}: the config changed in {'; '.join(conflicts)}; "
+                                "restore those values, or train into a new --train.out_dir")
+            check_best_belongs_to(find_checkpoint(out_dir, BEST_NAME), resume.train.get("run_id"))
+            outcome = ("checkpoint", resume.train.get("run_id"), resume.train.get("iter"))
+        else:
+            outcome = ("fresh",)
+    except UserError as e:
+        outcome = ("error", str(e))
+    seen = gather(outcome)
+    errors = [o[1] for o in seen if o[0] == "error"]
+    if errors:
+        raise UserError(errors[0])
+    differ = [r for r, o in enumerate(seen) if o != seen[0]]
+    if differ:
+        def what(o):
+            return "no checkpoint" if o[0] == "fresh" else f"run {o[1]} at iter {o[2]}"
+        raise UserError(f"rank(s) {differ} see {what(seen[differ[0]])} in {ckpt_path} but rank 0 sees {what(seen[0])}; "
+                        "every rank must read and write the same train.out_dir: put it on a filesystem shared by "
+                        "all nodes")
+    return resume
+
+
+def check_counters(resume: Resume) -> None:
+    """The saved step and token counts are counts (>= 0), checked here, where the checkpoint is read: a damaged
+    one would otherwise reach the loop, whose batches trust their step."""
+    for key in ("iter", "tokens_seen"):
+        value = resume.train.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"checkpoint {resume.path}: its 'train' entry is malformed ({key} {value!r} is not a count "
+                            ">= 0); use another checkpoint (e.g. best.pt), or a new --train.out_dir")
+
+
+def check_best_belongs_to(best: Path | None, run_id: str | None) -> None:
+    """The best-checkpoint rule: a run writes best.pt when val loss improves on ITS best, so a best.pt of
+    another run would be replaced by a worse model; it must be this run's."""
+    if best is None or not best.exists() or run_id is None:  # no run id: the restore reports the damaged entry
+        return
+    other = load_checkpoint(best).get("train", {}).get("run_id")
+    if other != run_id:
+        raise UserError(f"{best} belongs to another run ({other}) than this out_dir's latest checkpoint ({run_id}); resuming "
+                        "could replace it with a worse model: move it away, or train into a new --train.out_dir")
