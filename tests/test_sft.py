@@ -203,3 +203,29 @@ def test_a_kill_9_and_rerun_is_bitwise_the_uninterrupted_fine_tune(tasks, tmp_pa
     assert resumed["losses"][6] == full["losses"][6]
     a, b = load_checkpoint(tmp_path / "full")["model"], load_checkpoint(out)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fine_tuning_hf_gpt2_weights_grows_its_vocabulary_to_the_markers(tmp_path):
+    """model.init_from an HF GPT-2 directory (the hub path's own loading code, on a local directory this test
+    writes): 50257 rows grow to 50261, the old rows kept, and the checkpoint records <|end|> = 50260."""
+    from checkpoint.hf import write_hf_weights
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    write_hf_weights(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50257)), hf)
+    write_jsonl(tmp_path / "t.jsonl", generate(60, 4, seed=6)[0])
+    argv = ["--config", str(ROOT / "configs" / "sft.yaml"), f"--model.init_from={hf}", "--data.tokenizer=gpt2",
+            f"--data.dataset={tmp_path / 't.jsonl'}", "--data.val_fraction=0.2", f"--data.root={tmp_path / 'prep'}",
+            f"--train.out_dir={tmp_path / 'out'}", "--train.max_iters=1", "--train.batch_size=2",
+            "--train.eval_iters=1", "--train.dtype=float32", "--train.device=cpu", "--train.peak_flops=1e11",
+            "--wandb.mode=disabled"]
+    train.train(load_config(argv))
+    ck = load_checkpoint(tmp_path / "out")
+    from safetensors.torch import load_file
+
+    old = next(v for k, v in load_file(str(hf / "model.safetensors")).items() if k.endswith("wte.weight"))
+    wte = ck["model"]["transformer.wte.weight"]
+    assert wte.shape == (50261, 32) and ck["chat_template"]["markers"]["<|end|>"] == 50260
+    assert float((wte[:50257] - old).abs().max()) < 0.05  # one small step from the HF rows
