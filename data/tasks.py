@@ -31,8 +31,8 @@ KINDS = ("arithmetic", "reverse", "format", "count")
 ALPHABET = "".join(sorted(set(LETTERS + LETTERS.upper() + "0123456789" + " \n?:+-[]")))
 
 
-def arithmetic(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randint(0, MAX_NUMBER), rng.randint(0, MAX_NUMBER)
+def arithmetic(rng: random.Random, top: int = MAX_NUMBER) -> tuple[str, str]:
+    a, b = rng.randint(0, top), rng.randint(0, top)
     if rng.random() < 0.5:
         return f"What is {a} + {b}?", str(a + b)
     a, b = max(a, b), min(a, b)
@@ -59,10 +59,10 @@ def count(rng: random.Random) -> tuple[str, str]:
 MAKERS = {"arithmetic": arithmetic, "reverse": reverse, "format": fmt, "count": count}
 
 
-def task(rng: random.Random, kind: str | None = None) -> dict:
-    """One conversation: {"kind", "messages": [user question, assistant answer]}."""
+def task(rng: random.Random, kind: str | None = None, top: int = MAX_NUMBER) -> dict:
+    """One conversation: {"kind", "messages": [user question, assistant answer]}; numbers up to `top`."""
     kind = kind or KINDS[rng.randrange(len(KINDS))]
-    question, answer = MAKERS[kind](rng)
+    question, answer = arithmetic(rng, top) if kind == "arithmetic" else MAKERS[kind](rng)
     return {"kind": kind, "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
 
 
@@ -70,14 +70,14 @@ def question_of(row: dict) -> str:
     return row["messages"][0]["content"]
 
 
-def generate(n_train: int, n_heldout: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+def generate(n_train: int, n_heldout: int, seed: int = 0, top: int = MAX_NUMBER) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows): the held-out questions never occur in train, and each kind is a quarter of
     them. The first train row spells ALPHABET, so a char vocabulary scanned from the rows is ALPHABET whatever
     the draw."""
     rng = random.Random(seed)
     spell = {"kind": "alphabet", "messages": [{"role": "user", "content": f"Spell:{ALPHABET}"},
                                               {"role": "assistant", "content": ALPHABET}]}
-    train = [spell] + [task(rng) for _ in range(n_train - 1)]
+    train = [spell] + [task(rng, top=top) for _ in range(n_train - 1)]
     seen = {question_of(r) for r in train}
     rng = random.Random(seed + 1_000_003)
     heldout: list[dict] = []
@@ -86,7 +86,7 @@ def generate(n_train: int, n_heldout: int, seed: int = 0) -> tuple[list[dict], l
         for _ in range(1000 * want):
             if want == 0:
                 break
-            row = task(rng, kind)
+            row = task(rng, kind, top)
             if question_of(row) not in seen:
                 heldout.append(row)
                 seen.add(question_of(row))
@@ -126,11 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train", type=int, default=10000, help="training conversations")
     p.add_argument("--heldout", type=int, default=400, help="held-out conversations")
     p.add_argument("--pretrain-lines", type=int, default=20000, help="lines of plain text for pretraining")
+    p.add_argument("--max-number", type=int, default=MAX_NUMBER, help="arithmetic on numbers from 0 to this")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train, heldout = generate(args.train, args.heldout, args.seed)
+    if args.max_number < 1 or args.train < 2 or args.heldout < 0:
+        raise UserError("--max-number needs to be >= 1, --train >= 2 and --heldout >= 0")
+    train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "heldout.jsonl", heldout)
     atomic_write_bytes(out / "pretrain.txt", pretrain_text(args.pretrain_lines, args.seed).encode())

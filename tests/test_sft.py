@@ -229,3 +229,20 @@ def test_fine_tuning_hf_gpt2_weights_grows_its_vocabulary_to_the_markers(tmp_pat
     wte = ck["model"]["transformer.wte.weight"]
     assert wte.shape == (50261, 32) and ck["chat_template"]["markers"]["<|end|>"] == 50260
     assert float((wte[:50257] - old).abs().max()) < 0.05  # one small step from the HF rows
+
+
+def test_it_learns_what_it_is_taught(tasks, tmp_path):
+    """The short version of docs/chat.md's figure: fine-tuned with sft.yaml for a few hundred steps, the held-out
+    exact-match accuracy (greedy, through eval/chat_tasks.py) rises well above the base model's."""
+    from eval.chat_tasks import load_chat_model, read_rows, score
+
+    rows = read_rows(tasks / "heldout.jsonl")
+    before = score(*load_chat_model(str(tasks / "base"))[:3], rows)
+    train.train(load_config(sft_argv(tasks, tmp_path / "sft", f"--train.max_iters={LEARN_STEPS}", "--train.lr=3e-3",
+                                     "--train.batch_size=32", "--train.log_interval=100")))
+    after = score(*load_chat_model(str(tmp_path / "sft"))[:3], rows)
+    # measured: 0% -> 23% (48 held-out rows; the format and count kinds are learnt first)
+    assert before["accuracy"] <= 0.05 and after["accuracy"] >= before["accuracy"] + 0.15, (before, after)
+
+
+LEARN_STEPS = 300
