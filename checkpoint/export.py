@@ -10,7 +10,9 @@ within the context, and a model card (README.md) with the config, the data, the 
 and how it was trained, so AutoTokenizer, AutoModelForCausalLM, pipeline("text-generation") and
 lm-eval's `--model hf` load it unchanged.
 
-A vocabulary padded for GPU speed (50304) is cut to the tokenizer's 50257 rows. A checkpoint whose
+A vocabulary padded for GPU speed (50304) is cut to the tokenizer's 50257 rows. A chat model's checkpoint (its
+`chat_template` entry) adds the chat template and its four markers (the rows above the tokenizer's, kept):
+see hf_chat.py. A checkpoint whose
 tokenizer was trained on its corpus (data.tokenizer: bpe:<n>) exports that BPE as tokenizer.json (HF
 tokenizers' own format, which PreTrainedTokenizerFast loads) instead of GPT-2's files. Refused with one
 line: a character-level checkpoint (no HF tokenizer reproduces its vocabulary) and any other tokenizer.
@@ -35,6 +37,7 @@ from model.gpt import GPT
 
 from .format import resolve_checkpoint_path
 from .hf import write_hf_model
+from .hf_chat import chat_generation_config, template_of, with_chat
 from .load import load_model
 from .model_card import model_card
 
@@ -131,6 +134,14 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
         files, eot, vocab = bpe_tokenizer_files(tokenizer["bpe"], model.config.block_size)
     else:
         files = tokenizer_files(model.config.block_size)  # before writing anything: they may need the network
+    generation = generation_config(model, eot)
+    chat = template_of(checkpoint, vocab)
+    if chat is not None:  # a chat model: its markers' rows are kept, and the tokenizer knows them
+        if model.config.vocab_size < chat.vocab_size:
+            raise UserError(f"cannot export to HF: the chat template needs {chat.vocab_size} rows of vocabulary and the "
+                            f"model has {model.config.vocab_size}; the checkpoint is damaged: use another one")
+        files, vocab = with_chat(files, chat, eot), chat.vocab_size
+        generation = chat_generation_config(generation, chat)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out.parent, name=out.name)  # what an export killed mid-write left beside --out
@@ -140,7 +151,7 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
     try:
         fmt = write_hf_model(model, tmp, vocab, eot)
         card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, vocab).encode()
-        for name, data in {**files, "generation_config.json": generation_config(model, eot), "README.md": card}.items():
+        for name, data in {**files, "generation_config.json": generation, "README.md": card}.items():
             atomic_write_bytes(tmp / name, data)
         if out.exists():
             out.rmdir()  # empty (checked above)

@@ -15,7 +15,8 @@ from errors import UserError, short_error, to_stderr, write_fix
 from fileio import atomic_write_bytes, fsync_dir
 
 from .chat_prep import ChatWriterTokenizer, chat_record, contents
-from .config import DataConfig
+from .config import CHAT, DataConfig
+from .conversations import skip_counts, skip_report
 from .fingerprint import SOURCE_RECORDS
 from .holds import PREPARE_LOCK, READERS
 from .manifest import META_NAME, manifest, read_meta_quietly
@@ -182,6 +183,8 @@ def _write_build(out: Path, build: str, cfg: DataConfig, source: Source, val_sou
     if skipped_rows:
         first = skipped_rows[0]
         to_stderr(f"skipped {len(skipped_rows)} bad row(s) (data.skip_bad_rows); the first: {first[0]}, row {first[1]}: {first[2]}")
+        if cfg.format == CHAT:  # and how many of each fault
+            to_stderr(skip_report(skip_counts(skipped_rows)))
     meta = manifest(cfg, tok, dtype, fingerprint, files, result, tok_record, skipped_rows)
     if cfg.format == "chat":
         meta["chat"] = chat_record(tok)

@@ -116,8 +116,8 @@ class ChatBatchLoader:
         self.meta = load_meta(data_dir)
         self.template = chat_of_meta(self.meta, data_dir)
         if self.template is None:
-            raise UserError(f"{data_dir} holds documents, not conversations; set data.format: chat (and data.text_field "
-                            "to the messages' field) so that train.py prepares the conversations")
+            raise UserError(f"{data_dir} holds documents, not conversations; set data.format: chat (and data.messages_field, "
+                            "if the messages are not in 'messages') so that train.py prepares the conversations")
         self.split, self.block_size, self.batch_size, self.seed = split, block_size, batch_size, seed
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self._path = Path(data_dir)

@@ -2,7 +2,7 @@
 shards, manifest, checksums and resume after a kill (shards.py, build_writer.py).
 
 A conversation travels through the writer as one document whose text is its messages as JSON (rows are
-checked by data/conversations.py as they are read), and is tokenized by `ChatWriterTokenizer`, which encodes
+checked by data/messages.py as they are read), and is tokenized by `ChatWriterTokenizer`, which encodes
 it with the chat template and stores each token as `2 * id + counted`: the loss mask rides in the token
 stream's low bit, so a shard, its checksum and a resumed prepare cover ids and mask together with no second
 file to keep in step. Conversations are joined by the tokenizer's eot (stored `2 * eot`), as documents are;
@@ -21,15 +21,8 @@ import numpy as np
 from errors import UserError
 
 from .chat_template import ChatTemplate, template_for
-from .conversations import check_messages
 
 STORED = "2*id+counted"  # how a chat dir's tokens are stored (the manifest says it, the loader checks it)
-
-
-def row_text(value: Any, where: str) -> str:
-    """A row's conversation as the document text the writer carries: its checked messages as JSON.
-    UserError (naming `where`) for a row that breaks the shape."""
-    return json.dumps(check_messages(value, where), ensure_ascii=False, separators=(",", ":"))
 
 
 def contents(text: str, sep: str = "") -> str:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from errors import UserError
 
-from .conversations import check_messages
+from .messages import check_messages
 
 NAME = "smallgpt-chat-v1"
 MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")

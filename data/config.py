@@ -10,7 +10,8 @@ from .tokenizer import check_tokenizer_name
 
 SHAKESPEARE = "shakespeare"
 HF_PREFIX = "hf:"
-FORMATS = ("text", "chat")  # data.format: documents, or conversations (data/chat_prep.py)
+TEXT, CHAT = "text", "chat"  # data.format
+FORMATS = (TEXT, CHAT)
 MAX_PROCS = 1024  # tokenizer processes: each is started, so 10**30 of them would never finish starting
 
 
@@ -30,9 +31,13 @@ class DataConfig(Freezable):
     hf_subset: str = setting("", "HF datasets: the config (subset) name, if the dataset has several")
     hf_split: str = setting("train", "HF datasets: the split to read")
     text_field: str = setting("text", "jsonl, parquet and HF datasets: the field holding the text")
-    format: str = setting("text", '"text": documents for pretraining | "chat": conversations, rows of '
-                                  '{"messages": [{"role", "content"}, ...]} in text_field (see docs/chat.md)')
-    skip_bad_rows: bool = setting(False, "skip (and count) rows without text in text_field instead of stopping")
+    format: str = setting(TEXT, '"text": a document per file or row | "chat": a conversation per row of a jsonl, '
+                                'parquet or HF source, {"messages": [{"role", "content"}, ...]} (fine-tuning)',
+                          before=TEXT)
+    messages_field: str = setting("messages", "data.format: chat: the field holding a row's list of messages",
+                                  before="messages")
+    skip_bad_rows: bool = setting(False, "skip (and count) bad rows (no text in text_field; a broken conversation) "
+                                         "instead of stopping")
     streaming: bool = setting(False, "HF datasets: stream the rows instead of downloading the dataset first",
                               resume=True)
     num_proc: int = setting(0, "tokenizer processes; 0 = one per available core", resume=True)
@@ -41,7 +46,8 @@ class DataConfig(Freezable):
 
     def validate(self) -> None:
         """Raise UserError naming the first bad value and how to fix it."""
-        for name in ("dataset", "tokenizer", "root", "local_path", "hf_subset", "hf_split", "text_field", "val_dataset"):
+        for name in ("dataset", "tokenizer", "root", "local_path", "hf_subset", "hf_split", "text_field", "val_dataset",
+                     "format", "messages_field"):
             if not isinstance(getattr(self, name), str):
                 raise UserError(f"data.{name} must be a string, got {getattr(self, name)!r}; quote it in the config")
         if self.val_dataset and self.val_dataset.strip() == self.dataset.strip():
@@ -56,10 +62,12 @@ class DataConfig(Freezable):
                 raise UserError("data.hf_split is empty; set it to a split of the HF dataset, e.g. 'train'")
             if not self.text_field:
                 raise UserError("data.text_field is empty; set it to the dataset column that holds the text, e.g. 'text'")
-        check_tokenizer_name(self.tokenizer)
         if self.format not in FORMATS:
-            raise UserError(f"data.format must be one of {', '.join(map(repr, FORMATS))}, got {self.format!r:.40}; "
-                            "'chat' for conversations (fine-tuning), 'text' for documents")
+            raise UserError(f"data.format must be one of {', '.join(FORMATS)}, got {self.format[:40]!r}; "
+                            f"'chat' reads conversations, 'text' documents")
+        if self.format == CHAT and not self.messages_field:
+            raise UserError("data.messages_field is empty; set it to the field holding the messages, e.g. 'messages'")
+        check_tokenizer_name(self.tokenizer)
         if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) or not 0 < self.val_fraction < 1:
             raise UserError(f"data.val_fraction must be a number strictly between 0 and 1, got {self.val_fraction!r}; e.g. 0.1")
         if not self.root:

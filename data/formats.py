@@ -7,14 +7,14 @@ import io
 import lzma
 import zlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from errors import UserError, short_error
 from fileio import json_loads
 
-from .config import DataConfig
-from .chat_prep import row_text
-from .pieces import CHUNK_CHARS, Piece, Source, doc_pieces, first_cut_after, split_off
+from .config import CHAT, DataConfig
+from .messages import take_conversation
+from .pieces import Piece, Source, doc_pieces, first_cut_after, split_off
 
 READ_BYTES = 1 << 20
 # JSON Lines are read a line at a time with the json module, not pyarrow: pyarrow's streaming JSON reader
@@ -40,6 +40,30 @@ MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\x
 # the decompressors' errors (pyarrow's are OSError or ArrowException), and the standard library's
 READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 FOLDER_SUFFIXES = (".txt", *ROW_SUFFIXES, *PARQUET_SUFFIXES)  # what a folder source takes
+
+
+class RowKind(NamedTuple):
+    """What a row of a jsonl, json, parquet or HF source becomes: `take(value of field, whether the row has the
+    field, pos, advance)` gives its document's pieces (text: the field's text; chat: the checked conversation
+    as one piece of JSON, messages.py) or, for a bad row, the one-line fault."""
+    field: str
+    take: Callable[[Any, bool, Any, int], Iterator[Piece] | str]
+    chat: bool
+
+
+def row_kind(cfg: DataConfig) -> RowKind:
+    if cfg.format == CHAT:
+        fld = cfg.messages_field
+        return RowKind(fld, lambda value, present, pos, advance: take_conversation(value, present, pos, advance, fld),
+                       True)
+    fld = cfg.text_field
+
+    def take(value: Any, present: bool, pos: Any, advance: int) -> Iterator[Piece] | str:
+        if not isinstance(value, str):
+            return _why(value, fld, present)
+        return doc_pieces(value, advance, pos, None)
+
+    return RowKind(fld, take, False)
 
 
 def file_kind(path: Path) -> tuple[str, str | None]:
@@ -86,9 +110,6 @@ def files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | Non
 def _file_pieces(path: Path, index: int, first: int, cfg: DataConfig, tail: float | None,
                  source: Source | None) -> Iterator[Piece]:
     kind, compression = file_kind(path)
-    if kind != "rows" and cfg.format == "chat":  # parquet and hf: chatdata's data/conversations.py
-        raise UserError(f"{path} is {'plain text' if kind == 'text' else kind}, not conversations; data.format chat "
-                        "reads rows of {\"messages\": [...]} from .jsonl or .json files")
     if kind == "text":
         cut = path.stat().st_size - int(path.stat().st_size * tail) if tail is not None and compression is None else None
         yield from _text_pieces(path, compression, [index, 0], cut)
@@ -192,31 +213,6 @@ def _why(value: Any, fld: str, present: bool) -> str:
     return f"its {fld!r} field is a {type(value).__name__}, not text"
 
 
-def _row_value(obj: dict, fld: str, path: Path, row: int, source: Source | None, cfg: DataConfig) -> str | None:
-    """The document text of a row: its text field, or (data.format chat) its conversation, checked and carried as
-    JSON (chat_prep.row_text); None for a bad row that data.skip_bad_rows skips."""
-    value = obj.get(fld)
-    if cfg.format == "chat":
-        if fld not in obj:
-            _bad_row(path, row, f"it has no {fld!r} field (set data.text_field to the field holding the messages)",
-                     source, cfg)
-            return None
-        try:
-            text = row_text(value, f"{path}, row {row}")
-        except UserError as e:
-            where = f"{path}, row {row}: "
-            _bad_row(path, row, str(e).removeprefix(where).split("; ")[0], source, cfg)
-            return None
-        if len(text) > CHUNK_CHARS:  # a document this long is cut into pieces: a conversation must stay whole
-            _bad_row(path, row, f"its conversation is over {CHUNK_CHARS:,} characters", source, cfg)
-            return None
-        return text
-    if not isinstance(value, str):
-        _bad_row(path, row, _why(value, fld, fld in obj), source, cfg)
-        return None
-    return value
-
-
 def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
                  source: Source | None, moved: list[int]) -> Iterator[Piece]:
     """A JSON Lines file (or a .json file holding one array of objects): one document per row, the
@@ -227,7 +223,7 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
     if head.startswith(b"["):
         yield from _json_array_pieces(path, compression, index, first, cfg, source)
         return
-    fld = cfg.text_field
+    kind = row_kind(cfg)
     row, line_no, unreported = 0, 0, 0
     with _open_bytes(path, compression) as f:
         while line := f.readline(ROW_MAX_BYTES + 1):
@@ -256,9 +252,11 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
             if not isinstance(obj, dict):
                 _bad_row(path, line_no, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)
                 continue
-            value = _row_value(obj, fld, path, line_no, source, cfg)
-            if value is not None:
-                yield from doc_pieces(value, 0, [index, row - 1], None)
+            out = kind.take(obj.get(kind.field), kind.field in obj, [index, row - 1], 0)
+            if isinstance(out, str):
+                _bad_row(path, line_no, out, source, cfg)
+                continue
+            yield from out
 
 
 def _json_array_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
@@ -272,14 +270,16 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
         rows = json_loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); fix it, or write it as JSON Lines") from None
-    fld = cfg.text_field
+    kind = row_kind(cfg)
     for i, obj in enumerate(rows[first:], first):
         if not isinstance(obj, dict):
-            _bad_row(path, i + 1, _why(None, fld, False), source, cfg)
+            _bad_row(path, i + 1, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)
             continue
-        value = _row_value(obj, fld, path, i + 1, source, cfg)
-        if value is not None:
-            yield from doc_pieces(value, 0, [index, i], None)
+        out = kind.take(obj.get(kind.field), kind.field in obj, [index, i], 0)
+        if isinstance(out, str):
+            _bad_row(path, i + 1, out, source, cfg)
+            continue
+        yield from out
 
 
 def _parquet_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
@@ -290,17 +290,22 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
     if compression:
         raise UserError(f"{path} is a compressed parquet file; parquet compresses inside the file: decompress it "
                         f"(e.g. gunzip or zstd -d) and name the .parquet file")
-    fld = cfg.text_field
+    kind = row_kind(cfg)
+    fld = kind.field
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
         raise UserError(f"{path} is not a readable parquet file ({e}); check the file") from None
     names = pf.schema_arrow.names
     if fld not in names:
-        raise UserError(f"{path} has no column {fld!r} (columns: {', '.join(names)}); set data.text_field to the "
-                        f"one holding the text")
+        setting = "data.messages_field" if kind.chat else "data.text_field"
+        raise UserError(f"{path} has no column {fld!r} (columns: {', '.join(names)}); set {setting} to the "
+                        f"one holding the {'messages' if kind.chat else 'text'}")
     col_type = pf.schema_arrow.field(fld).type
-    if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
+    if kind.chat and not (pa.types.is_list(col_type) or pa.types.is_large_list(col_type)):
+        raise UserError(f"{path}'s column {fld!r} holds {col_type}, not a list of messages; set data.messages_field "
+                        f"to the column holding them")
+    if not kind.chat and not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
         raise UserError(f"{path}'s column {fld!r} holds {col_type}, not text; set data.text_field to a text column")
     done = 0
     groups = []
@@ -327,11 +332,14 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
             row = done + i
             if row < first:
                 continue
-            if not isinstance(text, str):
-                why = "its text is not UTF-8" if text == b"" else _why(text, fld, True)
-                _bad_row(path, row + 1, why, source, cfg)
+            if isinstance(text, bytes):
+                _bad_row(path, row + 1, "its text is not UTF-8", source, cfg)
                 continue
-            yield from doc_pieces(text, 0, [index, row], None)
+            out = kind.take(text, True, [index, row], 0)
+            if isinstance(out, str):
+                _bad_row(path, row + 1, out, source, cfg)
+                continue
+            yield from out
         done += len(texts)
         step = path.stat().st_size * len(texts) // max(pf.metadata.num_rows, 1)  # progress: the rows' share
         moved[0] += step

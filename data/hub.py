@@ -11,7 +11,8 @@ from errors import UserError, short_error
 from network import hub_offline_unless_reachable
 
 from .config import DataConfig
-from .pieces import Piece, Source, doc_pieces, safe_slug
+from .formats import row_kind
+from .pieces import Piece, Source, safe_slug
 
 HF_ROWS_PER_READ = 1000
 
@@ -30,7 +31,9 @@ def _hub_url(name: str) -> str:
 
 def hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
     subset = cfg.hf_subset or None
-    fld = cfg.text_field
+    kind = row_kind(cfg)
+    fld = kind.field
+    setting = "data.messages_field" if kind.chat else "data.text_field"
     if not saved and name.lower() in _BUILDERS:
         raise UserError(f"'hf:{name}' names datasets' {name} builder, which would read the current directory; give "
                         f"the files themselves: data.dataset: path/to/*.jsonl (or a folder, or a .parquet file)")
@@ -67,7 +70,7 @@ def hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
         if fld not in columns:
             raise UserError(
                 f"{where} has no column {fld!r} (columns: {', '.join(map(str, columns))}); "
-                f"set data.text_field to the one holding the text"
+                f"set {setting} to the one holding the {'messages' if kind.chat else 'text'}"
             )
         return ds.select_columns([fld])
 
@@ -89,20 +92,24 @@ def hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
             ds = ds.skip(start) if cfg.streaming and not saved else ds.select(range(start, len(ds)))
         row = start
         for batch in ds.iter(batch_size=HF_ROWS_PER_READ):
-            for text in batch[fld]:
+            for value in batch[fld]:
                 row += 1
-                if text is None:
+                if value is None and not kind.chat:  # a null text: an empty document
                     yield Piece(True, "", 1, [0, row - 1], None)
                     continue
-                if not isinstance(text, str):
+                out = kind.take(value, True, [0, row - 1], 1)
+                if isinstance(out, str):
                     if cfg.skip_bad_rows:
-                        source.skipped.append([name, row, f"a {type(text).__name__} in column {fld!r}"])
+                        source.skipped.append([name, row, out])
                         continue
+                    if kind.chat:
+                        raise UserError(f"row {row} of {where}: {out}; fix that row, or set data.skip_bad_rows: true "
+                                        f"to skip bad rows (they are counted)")
                     raise UserError(
-                        f"row {row} of {where} has a {type(text).__name__} in column {fld!r}, not text; "
+                        f"row {row} of {where} has a {type(value).__name__} in column {fld!r}, not text; "
                         f"set data.text_field to a text column (or data.skip_bad_rows: true to skip such rows)"
                     )
-                yield from doc_pieces(text, 1, [0, row - 1], None)
+                yield from out
 
     # A downloaded or saved dataset has a content fingerprint, so it is loaded now. A streamed one is
     # identified by name alone and opened only when it must be read: an up-to-date prepare needs no network.
@@ -113,7 +120,8 @@ def hf_source(cfg: DataConfig, name: str, saved: bool = False) -> Source:
     source = Source(
         slug=safe_slug(f"{slug}-{cfg.hf_split}"),
         identity={"kind": "saved" if saved else "hf", "name": name, "subset": subset, "split": cfg.hf_split,
-                  "field": fld, "content": content, **({"skip_bad_rows": True} if cfg.skip_bad_rows else {})},
+                  "field": fld, "content": content, **({"skip_bad_rows": True} if cfg.skip_bad_rows else {}),
+                  **({"format": "chat"} if kind.chat else {})},
         total=None if streaming else len(dataset()),
         unit="doc",
         read=read,

@@ -9,7 +9,7 @@ from dataclasses import fields
 from errors import ArgumentParser, run_cli
 
 from .build import prepare_data
-from .config import DataConfig
+from .config import FORMATS, DataConfig
 from .shards import fixed_mmap_threshold
 
 
@@ -21,9 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=defaults.tokenizer, help="'char', a tiktoken encoding name, or 'bpe:<vocab_size>'")
     p.add_argument("--val-fraction", type=float, default=defaults.val_fraction)
     p.add_argument("--val-dataset", default=defaults.val_dataset, help="a separate val source (then all of --dataset is train)")
-    p.add_argument("--format", default=defaults.format, choices=("text", "chat"),
-                   help="'chat': conversations, rows of {\"messages\": [...]} in --text-field")
-    p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) rows without text instead of stopping")
+    p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) bad rows instead of stopping")
     p.add_argument("--shard-tokens", type=int, default=defaults.shard_tokens)
     p.add_argument("--tokenizer-sample-mb", type=int, default=defaults.tokenizer_sample_mb)
     p.add_argument("--root", default=defaults.root, help="where prepared dirs go")
@@ -31,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf-subset", default=defaults.hf_subset)
     p.add_argument("--hf-split", default=defaults.hf_split)
     p.add_argument("--text-field", default=defaults.text_field)
+    p.add_argument("--format", default=defaults.format, choices=FORMATS,
+                   help="'text' (documents) or 'chat' (a conversation per row: {\"messages\": [{\"role\", \"content\"}]})")
+    p.add_argument("--messages-field", default=defaults.messages_field, help="--format chat: the field holding the messages")
     p.add_argument("--streaming", action="store_true", help="stream the HF dataset instead of downloading it")
     p.add_argument("--num-proc", type=int, default=defaults.num_proc, help="tokenizer processes (0 = one per core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or status messages")

@@ -15,7 +15,7 @@ from pathlib import Path
 from errors import UserError
 from fileio import path_kind
 
-from .config import HF_PREFIX, SHAKESPEARE, DataConfig
+from .config import CHAT, HF_PREFIX, SHAKESPEARE, DataConfig
 from .download import SHAKESPEARE_SHA256, shakespeare_path
 from .formats import check_readable_kind, file_kind, files_pieces, folder_takes
 from .hub import hf_source
@@ -37,6 +37,9 @@ def open_source(cfg: DataConfig, spec: str | None = None, *, tail_split: bool = 
     spec = cfg.dataset if spec is None else spec
     tail = cfg.val_fraction if tail_split else None
     if spec == SHAKESPEARE:
+        if cfg.format == CHAT:
+            raise UserError("data.dataset 'shakespeare' is text, not conversations; with data.format: chat name a "
+                            "jsonl, json or parquet source (or hf:<name>) whose rows hold messages")
         path = shakespeare_path(cfg.local_path)
         return Source(
             slug=SHAKESPEARE,
@@ -77,7 +80,8 @@ def _local_source(spec: str, cfg: DataConfig, tail: float | None) -> Source:
     elif path.is_file():
         paths, name = [path], path.name.split(".")[0] or path.stem
     elif path.is_dir():
-        paths = sorted(p for p in path.rglob("*") if p.is_file() and folder_takes(p))
+        paths = sorted(p for p in path.rglob("*") if p.is_file() and folder_takes(p)
+                       and not (cfg.format == CHAT and file_kind(p)[0] == "text"))  # chat: its row files
         if not paths:
             raise UserError(
                 f"no .txt, .jsonl, .json or .parquet files (plain, .gz or .zst) under {spec}; add some, or name other "
@@ -94,6 +98,10 @@ def _local_source(spec: str, cfg: DataConfig, tail: float | None) -> Source:
         )
     for p in paths:
         check_readable_kind(p)
+        if cfg.format == CHAT and file_kind(p)[0] == "text":
+            raise UserError(f"{p} is a text file, not rows of conversations: data.format: chat reads .jsonl, .json "
+                            f"and .parquet files (plain, .gz or .zst) whose rows hold messages; leave it out of "
+                            f"data.dataset, or set data.format: text")
     # One text file is one document: its val split is its tail. Anything else is split by document.
     single_text = len(paths) == 1 and file_kind(paths[0]) == ("text", None)
     # The files' content identifies them (hashed by fingerprint.py, which reuses a stored hash while a
@@ -102,6 +110,8 @@ def _local_source(spec: str, cfg: DataConfig, tail: float | None) -> Source:
     kinds = sorted({file_kind(p)[0] for p in paths})
     identity = {"kind": "files", "field": cfg.text_field if kinds != ["text"] else None,
                 "skip_bad_rows": cfg.skip_bad_rows if kinds != ["text"] else None}
+    if cfg.format == CHAT:  # only when set, so every text source keeps the identity (and prepared dir) it had
+        identity.update(format=CHAT, field=cfg.messages_field)
     source = Source(
         slug=f"{safe_slug(name)}-{where}",  # the hash keeps two different 'input.txt's apart
         identity=identity,

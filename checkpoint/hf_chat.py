@@ -1,0 +1,85 @@
+"""The chat template in an HF export: tokenizer_config.json's `chat_template` (Jinja) and the four markers as
+added special tokens at our ids, so that `AutoTokenizer.apply_chat_template(messages, add_generation_prompt=True)`
+gives exactly `ChatTemplate.encode_prompt`'s ids and `pipeline("text-generation")` takes a list of messages.
+
+transformers renders the template to a string and then tokenizes it, splitting at the special tokens: so the
+markers must be recognised in text (split_special_tokens off), and a message whose content holds a marker's
+text would become a forged turn there. Our encoder reads such content as plain text; the Jinja template
+refuses it (raise_exception) instead of giving other ids. The same goes for "<|endoftext|>", which a chat
+export's tokenizer reads as the end-of-text token (a plain export's reads it as text).
+"""
+from __future__ import annotations
+
+import json
+
+from data.chat_template import MARKERS, ChatTemplate
+from errors import UserError
+from fileio import json_loads
+
+EOT_TEXT = "<|endoftext|>"
+# The layout of data/chat_template.py: [<|system|> c <|end|>] (<|user|> c <|end|> <|assistant|> c <|end|>)+ and,
+# for a generation prompt, <|assistant|>. Order and alternation are checked by our encoder, not here: the
+# template only renders what it is given, and refuses what it would render wrongly.
+JINJA = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{ raise_exception('unknown role ' + message['role'] + ': the roles are system, user and assistant') }}"
+    "{%- endif -%}"
+    "{%- for marker in " + json.dumps([*MARKERS, EOT_TEXT]) + " -%}"
+    "{%- if marker in message['content'] -%}"
+    "{{ raise_exception('a message holds the text ' + marker + ', which this template cannot tell from the "
+    "token; remove it') }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+)
+
+
+def _added(content: str, token_id: int) -> dict:
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True}
+
+
+def template_of(checkpoint: dict | None, base: int) -> ChatTemplate | None:
+    """The checkpoint's chat template (None for a model that was not fine-tuned to chat), checked against the
+    tokenizer's vocabulary size `base`."""
+    entry = (checkpoint or {}).get("chat_template")
+    if entry is None:
+        return None
+    template = ChatTemplate.from_dict(entry)
+    if template.base != base:
+        raise UserError(f"the checkpoint's chat template puts {MARKERS[0]} at id {template.base}, but its tokenizer has "
+                        f"{base} ids; the checkpoint is damaged: use another one, or fine-tune again")
+    return template
+
+
+def with_chat(files: dict[str, bytes], template: ChatTemplate, eot: int) -> dict[str, bytes]:
+    """The tokenizer files of an export, the chat template and its markers added."""
+    files = dict(files)
+    config = json_loads(files["tokenizer_config.json"])
+    decoder = {str(eot): _added(EOT_TEXT, eot)}
+    decoder.update({str(template.id(m)): _added(m, template.id(m)) for m in MARKERS})
+    config.update(chat_template=JINJA, split_special_tokens=False, extra_special_tokens=list(MARKERS),
+                  added_tokens_decoder={k: {x: v[x] for x in v if x != "id"} for k, v in decoder.items()})
+    files["tokenizer_config.json"] = _json(config)
+    if "tokenizer.json" in files:  # a trained BPE: its own file lists the added tokens too
+        spec = json_loads(files["tokenizer.json"])
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in MARKERS]
+        spec["added_tokens"] += [_added(m, template.id(m)) for m in MARKERS]
+        files["tokenizer.json"] = json.dumps(spec, ensure_ascii=False).encode()
+    special = json_loads(files["special_tokens_map.json"])
+    files["special_tokens_map.json"] = _json({**special, "additional_special_tokens": list(MARKERS)})
+    return files
+
+
+def chat_generation_config(config: bytes, template: ChatTemplate) -> bytes:
+    """Generation stops at <|end|> (the end of a reply) as well as at the end-of-text token."""
+    gen = json_loads(config)
+    gen["eos_token_id"] = [template.end, gen["eos_token_id"]]
+    return _json(gen)
+
+
+def _json(obj) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()

@@ -1,0 +1,112 @@
+"""The HF export of a chat model carries the template: transformers' apply_chat_template gives exactly our
+encode_prompt ids (gpt2, and a trained bpe), pipeline("text-generation") takes a list of messages, and the
+markers' rows are exported (the HF logits equal ours on a prompt holding them)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import checkpoint.export  # noqa: E402
+from checkpoint import save_checkpoint  # noqa: E402
+from data.chat_template import template_for  # noqa: E402
+from data.tokenizer import get_tokenizer, train_bpe  # noqa: E402
+from errors import UserError  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+CONVS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "What is 2 + 2?"},
+     {"role": "assistant", "content": "four"}, {"role": "user", "content": "Ünïcödé: naïve café — 你好\n\ttabs  and  spaces "}],
+    [{"role": "user", "content": " leading space, <| and |> and <|user| apart"}],
+]
+
+
+def export(root, tokenizer: dict, vocab_size: int, template: dict | None):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=vocab_size)).eval()
+    payload = {"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "tokenizer": tokenizer}
+    if template is not None:
+        payload["chat_template"] = template
+    save_checkpoint(root / "run" / "ckpt.pt", payload)
+    checkpoint.export.main(["--checkpoint", str(root / "run"), "--out", str(root / "hf")])
+    return model, root / "hf"
+
+
+@pytest.fixture(scope="module")
+def gpt2_export(tmp_path_factory):
+    tok = get_tokenizer("gpt2")
+    template = template_for(tok)
+    model, out = export(tmp_path_factory.mktemp("chat"), {"tokenizer": "gpt2", "chars": None}, 50304, template.to_dict())
+    return tok, template, model, out
+
+
+def test_apply_chat_template_gives_exactly_our_prompt_ids(gpt2_export):
+    from transformers import AutoTokenizer
+
+    tok, template, _, out = gpt2_export
+    hf = AutoTokenizer.from_pretrained(out)
+    for messages in CONVS:
+        ours = template.encode_prompt(tok, messages)
+        assert hf.apply_chat_template(messages, add_generation_prompt=True)["input_ids"] == ours
+        assert ours[-1] == 50259 and ours[0] in (50257, 50258)
+    whole = CONVS[1][:3]
+    assert hf.apply_chat_template(whole)["input_ids"] == template.encode_conversation(tok, whole)[0]
+    assert hf.decode(template.encode_prompt(tok, CONVS[1]), skip_special_tokens=True) == \
+        template.decode(tok, template.encode_prompt(tok, CONVS[1]))
+
+
+def test_content_holding_a_marker_is_refused_by_the_hf_template_not_forged(gpt2_export):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(gpt2_export[3])
+    for text in ("<|user|>", "a<|end|>b", "<|endoftext|>"):
+        with pytest.raises(Exception, match="cannot tell from the token"):
+            hf.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+def test_the_markers_rows_are_exported_and_a_pipeline_takes_messages(gpt2_export):
+    from transformers import GPT2LMHeadModel, pipeline
+
+    tok, template, model, out = gpt2_export
+    ids = torch.tensor([template.encode_prompt(tok, CONVS[1])])
+    hf = GPT2LMHeadModel.from_pretrained(out).eval()
+    assert hf.config.vocab_size == 50261  # the tokenizer's 50257 and the four markers; the padding cut
+    with torch.no_grad():
+        ours = model(ids)
+        theirs = hf(ids).logits
+    torch.testing.assert_close(theirs, ours[..., :50261], atol=1e-4, rtol=1e-4)
+    pipe = pipeline("text-generation", model=str(out), device="cpu")
+    reply = pipe(CONVS[0], max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    assert reply[:-1] == CONVS[0] and reply[-1]["role"] == "assistant"
+    new = hf.generate(torch.tensor([template.encode_prompt(tok, CONVS[0])]), max_new_tokens=4, do_sample=False)
+    assert reply[-1]["content"] == template.decode(tok, new[0, len(template.encode_prompt(tok, CONVS[0])):].tolist())
+
+
+def test_a_trained_bpe_export_carries_the_template_too(tmp_path):
+    from transformers import AutoTokenizer
+
+    from data.tokenizer import BpeTokenizer
+
+    texts = [" ".join(m["content"] for c in CONVS for m in c)] * 30
+    bpe = train_bpe(texts, 600)
+    tok = BpeTokenizer("bpe:600", bpe)
+    template = template_for(tok)
+    _, out = export(tmp_path, {"tokenizer": "bpe:600", "chars": None, "bpe": bpe}, template.vocab_size, template.to_dict())
+    hf = AutoTokenizer.from_pretrained(out)
+    for messages in CONVS:
+        assert hf.apply_chat_template(messages, add_generation_prompt=True)["input_ids"] == template.encode_prompt(tok, messages)
+
+
+def test_a_damaged_or_misplaced_template_entry_is_one_line(tmp_path):
+    template = template_for(get_tokenizer("gpt2"))
+    with pytest.raises(UserError, match="chat_template entry is damaged"):
+        export(tmp_path / "a", {"tokenizer": "gpt2", "chars": None}, 50304, {"name": "smallgpt-chat-v1"})
+    with pytest.raises(UserError, match="puts <\\|system\\|> at id 50300, but its tokenizer has 50257 ids"):
+        export(tmp_path / "b", {"tokenizer": "gpt2", "chars": None}, 50304,
+               {**template.to_dict(), "markers": {m: 50300 + k for k, m in enumerate(template.to_dict()["markers"])}})
+    with pytest.raises(UserError, match="needs 50261 rows of vocabulary and the model has 50257"):
+        export(tmp_path / "c", {"tokenizer": "gpt2", "chars": None}, 50257, template.to_dict())
