@@ -109,7 +109,7 @@ HELLASWAG_ITEM = {"ind": 1, "activity_label": "Baking cookies", "ctx_a": "A girl
                   "ctx_b": "she", "ctx": "A girl pours flour into a bowl. she", "split": "val",
                   "split_type": "zeroshot", "label": 0, "source_id": "matrix",
                   "endings": ["stirs it with a wooden spoon.", "jumps.", "laughs loudly for a long time.", "sleeps."]}
-SFT_ARGS = ("--data.format=chat", "--data.text_field=messages")
+SFT_ARGS = ("--data.format=chat",)
 MODERN = ("--model.pos_embedding=rope", "--model.norm=rmsnorm", "--model.qk_norm=true", "--model.mlp_act=swiglu",
           "--model.tie_embeddings=false")
 
@@ -315,7 +315,7 @@ def prepare(work: Path, needed: list[dict[str, str]]) -> None:
             f"for t in {toks!r}: prepare_data(DataConfig(dataset={str(work / 'corpus.txt')!r}, tokenizer=t, "
             f"root={str(work / 'data')!r}), progress=False)\n"
             f"for t in {toks if chat else []!r}: prepare_data(DataConfig(dataset={str(work / 'chat.jsonl')!r}, "
-            f"tokenizer=t, format='chat', text_field='messages', root={str(work / 'data')!r}), progress=False)")
+            f"tokenizer=t, format='chat', root={str(work / 'data')!r}), progress=False)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     if r.returncode:
         raise SystemExit(f"error: preparing the data failed: {first_error(r.stdout, r.stderr)}")

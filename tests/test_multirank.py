@@ -106,7 +106,7 @@ def test_two_ranks_fine_tuning_on_conversations_killed_9_resume_bitwise_equal(tm
     from data.tasks import generate, write_jsonl
 
     write_jsonl(tmp_path / "t.jsonl", generate(300, 4, seed=2)[0])
-    chat = (f"--data.dataset={tmp_path / 't.jsonl'}", "--data.format=chat", "--data.text_field=messages",
+    chat = (f"--data.dataset={tmp_path / 't.jsonl'}", "--data.format=chat",
             "--model.block_size=64", "--train.checkpoint_interval=2")
     r = two_ranks(argv(tmp_path / "full", tmp_path / "prepared", *chat))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -36,7 +36,7 @@ def write_rows(path: Path, conversations: list[list[tuple[str, str]]]) -> Path:
 
 def chat_cfg(root: Path, dataset: Path, **kw) -> DataConfig:
     return DataConfig(dataset=str(dataset), tokenizer=kw.pop("tokenizer", "char"), format="chat",
-                      text_field="messages", root=str(root), **kw)
+                      root=str(root), **kw)
 
 
 def by_hand(tok: CharTokenizer, conv: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
@@ -125,7 +125,7 @@ data.shards._Split.write = write
 def test_a_chat_prepare_killed_mid_shard_resumes_and_ends_byte_equal(tmp_path):
     rows, _ = generate(300, 4, seed=4)
     write_jsonl(tmp_path / "t.jsonl", rows)
-    settings = dict(dataset=str(tmp_path / "t.jsonl"), tokenizer="char", format="chat", text_field="messages",
+    settings = dict(dataset=str(tmp_path / "t.jsonl"), tokenizer="char", format="chat",
                     shard_tokens=1000)
     whole = prepare_data(DataConfig(root=str(tmp_path / "whole"), **settings), progress=False)
     root = tmp_path / "killed"
