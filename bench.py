@@ -8,6 +8,7 @@ nanoGPT-style baselines, measured side by side in one process. The measuring liv
     python bench.py --only budget                      # quality in nanoGPT's time (minutes)
     python bench.py --only profile                     # where a CPU training step's time goes
     python bench.py --only fsdp                        # DDP vs FSDP: 2 gloo ranks, ~95M params, RSS and step time
+    python bench.py --only serve                       # python serve.py under 1 and 8 streaming clients
     python bench.py --compile                          # add torch.compile rows on a CPU
     python bench.py --quick                            # smoke run: seconds, figures meaningless
     python bench.py --only train --only muon --isa-avx2  # also re-run them as on an AVX2-only CPU
@@ -44,6 +45,7 @@ from benchmarks.muon import muon_vs_adamw
 from benchmarks.machine import CoreUse, cpu_busy_fraction, cpu_info, gpu_info
 from benchmarks.prepare import bench_corpus, bench_prepare, prepare_peak_rss
 from benchmarks.profile import profile_step
+from benchmarks.serve import bench_serve
 from benchmarks.report import print_report
 from benchmarks.timing import peak_rss_mb
 from benchmarks.train import (
@@ -65,8 +67,8 @@ SECTIONS = ("train", "muon", "decode", "prepare", "loss")  # what runs by defaul
 # and oneDNN then reports no native bf16 (set before torch is imported, so in a child process)
 AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 # asked for by name: minutes of training; a profile of the CPU step; preparing a generated multi-GB jsonl corpus
-# (ours, a Pool + tiktoken script, a resume after a kill); DDP against FSDP on 2 gloo ranks
-EXTRA_SECTIONS = ("budget", "profile", "corpus", "fsdp")
+# (ours, a Pool + tiktoken script, a resume after a kill); DDP against FSDP on 2 gloo ranks; serve.py under load
+EXTRA_SECTIONS = ("budget", "profile", "corpus", "fsdp", "serve")
 
 
 # (least, most) of every count option. No warm-up and no RSS row (0) are meaningful, the rest not; the
@@ -85,7 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
-                   help="run only these sections (repeatable); 'budget', 'profile' and 'fsdp' run only when named here")
+                   help="run only these sections (repeatable); 'budget', 'profile', 'corpus', 'fsdp' and 'serve' run "
+                   "only when named here")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="leave a section out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, a few steps; the figures mean nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -319,6 +322,9 @@ def main(argv=None) -> int:
                 report.setdefault("profile", {})[shape.label] = profile_shape(shape, device, say)
         if "fsdp" in args.sections:
             report["fsdp"] = bench_fsdp(quick=args.quick, warmup=args.warmup, iters=args.iters, say=say)
+        if "serve" in args.sections:
+            report["serve"] = bench_serve(device=device, quick=args.quick, repeats=args.repeats,
+                                          threads=args.threads or None, say=say)
         if "budget" in args.sections:
             report["budget"] = bench_budget(args.budget_config_list, Path(tmp), device, args.budget_s, say)
 

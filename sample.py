@@ -48,10 +48,7 @@ import threading
 from pathlib import Path
 
 import torch
-from data import tokenizer_from_meta
-from checkpoint import CKPT_NAME, SHARDED_CKPT_NAME, load_model as load_any_model
-from checkpoint.format import CHECKPOINT_SUFFIXES
-from checkpoint.sharded import is_sharded_checkpoint
+from checkpoint import checkpoint_dirs, checkpoint_files, default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
 from fileio import atomic_write_bytes, check_output_not_input, output_target, point_at_devnull, read_user_file
 from model.generate import generate, generate_stream
@@ -59,20 +56,14 @@ from runtime.device import resolve_device
 from runtime.decoding import decode_compile, setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
+from runtime.sampling import check_repetition_penalty, check_temperature, check_top_k, check_top_p
+from runtime.text import DEFAULT_PROMPT, StreamPrinter
 
 if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     errors.start_up_done()
 
-DEFAULT_OUT = "out"  # train.py's runs go to out/<name> (configs/*.yaml set train.out_dir so)
-DEFAULT_PROMPT = "\n"
 MAX_PROMPT_BYTES = 16 * 2**20  # far past any block_size; /dev/zero is refused, not read forever
 MAX_NEW_TOKENS = 1_000_000  # hours of text at any speed; a typo of a few zeros more is refused
-# The logits (fp32) are divided by --temperature and by --repetition-penalty: below 1e-4 a logit of
-# 3.4e34 overflows to inf (the probabilities become nan), and less already changes nothing (greedy, or a
-# token never repeated); above 1e4 nothing changes any more either. Top-p's kept mass is compared in fp32,
-# where a top-p under 1.2e-38 rounds to 0 and keeps nothing; under 1e-6 it keeps the top token anyway.
-MIN_SCALE = 1e-4
-MIN_TOP_P = 1e-6
 MAX_ROWS = 65_536  # samples in all (--num-samples times the prompts), one batch: far past any memory's batch
 
 
@@ -130,19 +121,12 @@ def validate_args(args: argparse.Namespace) -> None:
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got {args.max_new_tokens}; an "
                         "interrupted run (Ctrl-C) keeps the text generated so far")
-    if not (args.temperature == 0 or MIN_SCALE <= args.temperature <= 1 / MIN_SCALE):  # also rejects nan
-        raise UserError(f"--temperature must be >= 0: 0 (greedy) or in [{MIN_SCALE:g}, {1 / MIN_SCALE:g}], got "
-                        f"{args.temperature}; e.g. 0.8")
-    if args.top_k < 1:
-        raise UserError(f"--top-k must be >= 1, got {args.top_k}; use a large value (e.g. 50257) to keep every token")
-    if not (MIN_TOP_P <= args.top_p <= 1.0):  # also rejects nan
-        raise UserError(f"--top-p must be in (0, 1], at least {MIN_TOP_P:g}, got {args.top_p}; e.g. 0.9, or 1 to turn "
-                        "nucleus sampling off")
+    check_temperature(args.temperature)
+    check_top_k(args.top_k)
+    check_top_p(args.top_p)
     if not 0.0 <= args.min_p < 1.0:  # also rejects nan
         raise UserError(f"--min-p must be in [0, 1), got {args.min_p}; e.g. 0.05, or 0 to turn it off")
-    if not (MIN_SCALE <= args.repetition_penalty <= 1 / MIN_SCALE):  # also rejects nan
-        raise UserError(f"--repetition-penalty must be > 0, in [{MIN_SCALE:g}, {1 / MIN_SCALE:g}], got "
-                        f"{args.repetition_penalty}; e.g. 1.2, or 1 to turn it off")
+    check_repetition_penalty(args.repetition_penalty)
     if args.out is not None:
         check_out_file(args.out)
     elif sys.stdout is None:  # started with stdout closed (`>&-`): the samples would go nowhere
@@ -189,33 +173,6 @@ def check_out_is_no_input(name: str, spec: str, args: argparse.Namespace) -> Non
                         "would replace it: choose another --out")
 
 
-def checkpoint_files(spec: str) -> list[Path]:
-    """The files of the checkpoint `spec` names: the file itself; for a directory (a training out_dir,
-    a sharded checkpoint, an HF GPT-2 directory), every checkpoint file in it: ckpt.pt, best.pt, the files
-    of ckpt.dcp/ and best.dcp/ (and of their copies set aside mid-replace), config.json. An HF hub name
-    names no local file (the hub's cache is not the user's)."""
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        return [path]
-    if is_sharded_checkpoint(path):
-        return [f for f in path.rglob("*") if f.is_file()]
-    found = []
-    for child in path.iterdir():
-        if child.is_dir() and is_sharded_checkpoint(child):
-            found += [f for f in child.rglob("*") if f.is_file()]
-        elif child.suffix.lower() in CHECKPOINT_SUFFIXES or child.name == "config.json":
-            found.append(child)
-    return found
-
-
-def checkpoint_dirs(spec: str) -> list[Path]:
-    """The sharded checkpoints (folders) `spec` names: an --out inside one would become part of it."""
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        return []
-    return [d for d in (path, *path.iterdir()) if d.is_dir() and is_sharded_checkpoint(d)]
-
-
 def reads_stdin(args: argparse.Namespace) -> bool:
     return bool(args.stdin) or "-" in (args.prompt or []) + (args.prompt_file or [])
 
@@ -225,31 +182,6 @@ def _same_as_stdin(out: os.stat_result) -> bool:
         return sys.stdin is not None and os.path.samestat(out, os.fstat(sys.stdin.fileno()))
     except (OSError, ValueError):  # no descriptor behind stdin (closed, or a test's replacement): no file to keep
         return False
-
-
-# ---------------------------------------------------------------------------------- loading
-
-def default_checkpoint() -> str:
-    """The most recently written ckpt.pt under ./out (out/ckpt.pt or out/<run>/ckpt.pt): after
-    `python train.py --config small.yaml` that is out/small. A UserError says how to train one when
-    there is none."""
-    found = [p for name in (CKPT_NAME, SHARDED_CKPT_NAME)  # one file, or a sharded directory (train.parallel=fsdp)
-             for p in (Path(DEFAULT_OUT) / name, *Path(DEFAULT_OUT).glob(f"*/{name}")) if p.exists()]
-    if not found:
-        raise UserError(f"no checkpoint under {DEFAULT_OUT}/ (the default); train one with `python train.py --config "
-                        "small`, or pass --checkpoint PATH")
-    return str(max(found, key=lambda p: p.stat().st_mtime).parent)
-
-
-def load_model(spec: str):
-    """(model on CPU in eval mode, tokenizer, one-line description) for a checkpoint file, an out_dir,
-    an HF GPT-2 directory, or an HF hub name."""
-    loaded = load_any_model(spec, dropout=0.0)  # no dropout at inference
-    tok = tokenizer_from_meta(loaded.tokenizer)
-    if tok.vocab_size > loaded.model.config.vocab_size:
-        raise UserError(f"{loaded.description}: the tokenizer has {tok.vocab_size} ids but the model only "
-                        f"{loaded.model.config.vocab_size}; use a model trained with this tokenizer")
-    return loaded.model, tok, loaded.description
 
 
 # ---------------------------------------------------------------------------------- prompts
@@ -320,33 +252,6 @@ def encode_prompt(tok, text: str | None, note) -> tuple[str, list[int]]:
     return text, ids
 
 
-# ---------------------------------------------------------------------------------- output
-
-class StreamPrinter:
-    """Prints tokens as text as they arrive. Token boundaries can fall inside a multi-byte character
-    (GPT-2's BPE works on bytes), so tokens are decoded together, not one by one: while the decoded
-    pending tokens end in U+FFFD (an incomplete character) they are held back; once they end on a whole
-    character they are printed and dropped. UTF-8 is self-synchronising, so that point is a character
-    boundary and the printed pieces join up to the decode of the whole sample."""
-
-    def __init__(self, tok, out):
-        self.tok, self.out = tok, out
-        self.pending: list[int] = []
-
-    def add(self, token: int) -> None:
-        self.pending.append(token)
-        text = self.tok.decode(self.pending)
-        if not text.endswith("\ufffd"):
-            self.out.write(text)
-            self.out.flush()
-            self.pending.clear()
-
-    def finish(self) -> None:
-        self.out.write(self.tok.decode(self.pending) + "\n")
-        self.out.flush()
-        self.pending.clear()
-
-
 # ---------------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:  # before anything is loaded or generated
         check_out_is_no_input(args.out, spec, args)
     device = resolve_device(args.device, option="--device")
-    model, tok, desc = load_model(spec)
+    loaded = load_for_inference(spec)
+    model, tok, desc = loaded.model, loaded.tok, loaded.description
     n_params = model.num_params(non_embedding=False)
 
     prompts = [encode_prompt(tok, t, note) for t in (prompt_texts or [None])]

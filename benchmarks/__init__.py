@@ -12,6 +12,7 @@ train.py runs) against a plain baseline measured in the same process; report.py 
     profile.py   where a CPU step's time goes (--only profile)
     fsdp.py      DDP against FSDP: 2 gloo ranks, peak RSS and step time per rank (--only fsdp)
     muon.py      a Muon step against an AdamW step (--only muon)
+    serve.py     python serve.py under 1 and 8 streaming clients: first token, tokens per second (--only serve)
     nanogpt_own.py  nanoGPT's own train.py on the BPE CPU recipe, and the floor under our step (--nanogpt-dir)
     auto_batch.py   train.batch_size auto on an emulated smaller GPU (CUDA)
     pool_prepare.py the baseline of the corpus row (--only corpus)

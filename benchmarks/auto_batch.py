@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", help="write the row here")
     args = p.parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:  # set_per_process_memory_fraction needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
     cfg = load_config(["--config", "gpt2_124m", "--train.batch_size=auto", f"--train.device={args.device}",
                        f"--train.global_batch_size={16 if args.quick else args.global_batch}",
                        f"--train.compile={args.compile}", "--wandb.mode=disabled"] + (QUICK if args.quick else []))

@@ -18,10 +18,13 @@ import tiktoken
 import torch
 
 from model import GPT
+from runtime.loss_path import LMLoss
 from runtime.precision import autocast
 from training.optim import param_groups
 
 LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 1e-3, 0.1, (0.9, 0.99), 1.0  # training/config.py's defaults
+
+FULL_LOGITS = LMLoss()  # nanoGPT's loss: the full logits, then F.cross_entropy
 
 
 def nanogpt_setup(model: GPT, device: torch.device):
@@ -36,7 +39,7 @@ def nanogpt_setup(model: GPT, device: torch.device):
 
 def nanogpt_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     with autocast(x.device, dtype):
-        _, loss = model(x, y, return_logits=True)  # full logits, then F.cross_entropy
+        loss = FULL_LOGITS(model, x, y)  # full logits, then F.cross_entropy
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()

@@ -36,7 +36,7 @@ from training.config import load_config
 from training.evaluate import evaluate_full
 from training.schedule import lr_at
 
-from .baseline import nanogpt_setup, nanogpt_step
+from .baseline import FULL_LOGITS, nanogpt_setup, nanogpt_step
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4,
@@ -62,7 +62,7 @@ def nanogpt_recipe(data_root: Path, device: torch.device, say) -> dict:
     @torch.no_grad()
     def val_loss() -> float:
         raw.eval()
-        losses = [raw(*evals["val"].get_batch(k, 0))[1].item() for k in range(r["eval_iters"])]
+        losses = [FULL_LOGITS(raw, *evals["val"].get_batch(k, 0)).item() for k in range(r["eval_iters"])]
         raw.train()
         return sum(losses) / len(losses)
 
@@ -77,7 +77,7 @@ def nanogpt_recipe(data_root: Path, device: torch.device, say) -> dict:
         nanogpt_step(model, optimizer, x, y, dtype)
     wall = time.perf_counter() - t0
     bpb = history[-1]["val/loss"] / math.log(2) / evals["val"].bytes_per_token
-    full = evaluate_full(raw, evals["val"], contextlib.nullcontext)  # after W: not part of the recipe's time
+    full = evaluate_full(raw, FULL_LOGITS, evals["val"], contextlib.nullcontext)  # after W: not part of the recipe's time
     return {"wall_s": wall, "val_loss": history[-1]["val/loss"], "val_bpb": bpb, "evals": history, "val_loss_full": full}
 
 

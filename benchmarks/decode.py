@@ -19,6 +19,7 @@ from model.generate import generate
 from runtime.decoding import prepare_for_decoding
 from runtime.decoding import setup_decoding
 from runtime.precision import cpu_native_bf16, dtype_name
+from runtime.static_decode import StaticDecode
 
 from .baseline import uncached_decode
 from .timing import Variant, median, run_interleaved
@@ -74,8 +75,18 @@ def bench_decode(*, device: torch.device, quick: bool, repeats: int, new_tokens:
     variants, info = [], {}
     base_model = copy.deepcopy(model).to(device=device, dtype=auto).eval()
     variants.append(Variant(f"baseline {dtype_name(auto)}", lambda i: uncached_decode(base_model, prompt, new_tokens)()))
-    variants.append(Variant(f"ours {dtype_name(auto)}{' prepacked' if default.prepacked else ''} (sample.py default)",
-                            lambda i: generate(default.model, [prompt], new_tokens, temperature=0)[0]))
+    graphed = isinstance(default.decode_fn, StaticDecode)
+    variants.append(Variant(f"ours {dtype_name(auto)}{' prepacked' if default.prepacked else ''}"
+                            f"{' CUDA graph' if graphed else ''} (sample.py default)",
+                            lambda i: generate(default.model, [prompt], new_tokens, temperature=0,
+                                               decode_fn=default.decode_fn)[0]))
+    if graphed:  # the same static step uncaptured (what the CPU tests run), and the plain eager loop
+        uncaptured = StaticDecode(default.model, capture=False)
+        variants.append(Variant(f"ours {dtype_name(auto)} static buffers, uncaptured",
+                                lambda i: generate(default.model, [prompt], new_tokens, temperature=0,
+                                                   decode_fn=uncaptured)[0]))
+        variants.append(Variant(f"ours {dtype_name(auto)} eager",
+                                lambda i: generate(default.model, [prompt], new_tokens, temperature=0)[0]))
     other = torch.bfloat16 if auto == torch.float32 else torch.float32
     if device.type == "cpu" and (other != torch.bfloat16 or cpu_native_bf16()):  # the dtype auto did not pick
         # (bf16 only where native: an emulated dtype is never timed)
@@ -93,6 +104,11 @@ def bench_decode(*, device: torch.device, quick: bool, repeats: int, new_tokens:
     run_interleaved(variants, 2 if compile else 1, repeats, repeats, device)
 
     tokens = {v.name: v.step(0) for v in variants}  # the greedy tokens, for the agreement check
+    if graphed:  # the graph's greedy text must be the eager step's (CPU tests check the uncaptured step)
+        ours = [n for n in tokens if n.startswith("ours")]
+        info["graph_tokens_equal_eager"] = all(tokens[n] == tokens[ours[0]] for n in ours if "compiled" not in n)
+        say(f"[decode] greedy tokens of the CUDA graph, the uncaptured static step and eager: "
+            f"{'equal' if info['graph_tokens_equal_eager'] else 'DIFFERENT'}")
     fp32 = [n for n in tokens if n.startswith("ours float32")]
     if hf is not None and device.type == "cpu" and fp32:
         info["fp32_tokens_equal_hf"] = tokens[fp32[0]] == tokens["HF generate float32"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .fsdp import format_fsdp
+from .serve import format_serve
 from .profile import format_profile
 
 
@@ -116,7 +117,7 @@ def print_report(report: dict, print=print) -> None:
               + (f" (two runs of the baseline itself: {lc['noise']:.4f})" if lc.get("noise") is not None else "")
               + f"; largest difference of the per-step train losses over the first {lc['early_steps']} steps: "
               f"{lc['early_max_diff']:.4f}; verdict on the {lc['verdict_on']}: "
-              f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}); mean train loss of the last "
+              f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}; lr {lc.get('schedule', 'constant')}); mean train loss of the last "
               f"{min(20, lc['steps'])} steps: {lc['base_train_loss_last']:.4f} vs {lc['ours_train_loss_last']:.4f} "
               f"(start {lc['initial_train_loss']:.3f})")
     budget = report.get("budget")
@@ -139,6 +140,8 @@ def print_report(report: dict, print=print) -> None:
             print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
     if report.get("fsdp"):
         print("\n" + format_fsdp(report["fsdp"]))
+    if report.get("serve"):
+        print("\n" + format_serve(report["serve"]))
     for label, prof in report.get("profile", {}).items():
         print("\nwhere the time goes, " + format_profile(label, prof["dtype"], prof))
     c = report.get("corpus")

@@ -5,6 +5,7 @@
 - run.py: a training run's side: claiming the out_dir, the resume decision, the best-checkpoint rule,
   and the Checkpointer that saves and restores every registered stateful part;
 - load.py: inference's side: a model from a checkpoint, an out_dir, an HF directory or a hub name;
+- locate.py: which checkpoint a script means by default, and the files it is made of;
 - __main__.py: `python -m checkpoint consolidate <out_dir>`: a sharded checkpoint as one file.
 
 It imports model/ (to build a GPT) and never training/: training registers its parts with it, and
@@ -14,12 +15,16 @@ from .format import (
     BEST_NAME, CKPT_NAME, FORMAT, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, VERSION, find_checkpoint, load_checkpoint,
     resolve_checkpoint_path, save_checkpoint,
 )
-from .load import LoadedModel, is_hf_dir, is_hub_name, load_model, model_config_dict, model_from_checkpoint
+from .load import (
+    LoadedModel, is_hf_dir, is_hub_name, load_for_inference, load_model, model_config_dict, model_from_checkpoint,
+)
+from .locate import checkpoint_dirs, checkpoint_files, default_checkpoint
 from .run import Checkpointer, Resume, claim_out_dir, decide_resume
 
 __all__ = [
     "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "SHARDED_BEST_NAME", "SHARDED_CKPT_NAME", "VERSION", "Checkpointer",
-    "LoadedModel", "Resume", "claim_out_dir", "decide_resume", "find_checkpoint", "is_hf_dir", "is_hub_name",
-    "load_checkpoint", "load_model", "model_config_dict", "model_from_checkpoint", "resolve_checkpoint_path",
+    "LoadedModel", "Resume", "checkpoint_dirs", "checkpoint_files", "claim_out_dir", "decide_resume",
+    "default_checkpoint", "find_checkpoint", "is_hf_dir", "is_hub_name", "load_checkpoint", "load_for_inference",
+    "load_model", "model_config_dict", "model_from_checkpoint", "resolve_checkpoint_path",
     "save_checkpoint",
 ]

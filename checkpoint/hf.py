@@ -17,7 +17,9 @@ from safetensors.torch import load_file, save_file
 from fileio import atomic_write, atomic_write_bytes, json_loads
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
-from model.hf import cropped_state, gpt2_tensors, gpt_from_hf, hf_config
+from model.hf import config_from_hf, cropped_state, gpt2_tensors, gpt_from_hf, hf_config
+
+from .model_config import model_config_problem
 from model.hf_modern import hf_format, llama_config, llama_tensors, qwen3_config, smallgpt_config
 
 REMOTE_CODE = Path(__file__).with_name("remote_code") / "modeling_smallgpt.py"
@@ -52,7 +54,11 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     path = _resolve_dir(name_or_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    return gpt_from_hf(json_loads((path / "config.json").read_text()), _read_state_dict(path), **overrides)
+    config = config_from_hf(json_loads((path / "config.json").read_text()), **overrides)
+    problem = model_config_problem(config, prefix="config.json's ")
+    if problem:  # checked before anything is built: an absurd size would spin even on the meta device
+        raise ValueError(problem)
+    return gpt_from_hf(config, _read_state_dict(path))
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:

@@ -1,22 +1,27 @@
 """Inference asks here for a model: from one of our checkpoints (a file or a training out_dir), an HF
-GPT-2 directory, or an HF hub name. sample.py, eval/, the HF export and training's init_from all load
-through `load_model`, so inference never needs the training package."""
+GPT-2 directory, or an HF hub name. sample.py, chat.py, serve.py, eval/, the HF export and training's
+init_from all load through `load_model` (the scripts through `load_for_inference`: no dropout, the
+tokenizer built and checked against the model), so inference never needs the training package."""
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from data import Tokenizer, tokenizer_from_meta
+from data.chat_template import ChatTemplate
 from errors import UserError, short_error
 from model.gpt import GPT, GPTConfig
 
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
 from .hf import from_pretrained
+from .model_config import model_config_problem
 
 GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
 
@@ -27,11 +32,7 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
     for key in ("model", "model_config"):
         if key not in ckpt:
             raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
-    try:
-        config = GPTConfig(**{**ckpt["model_config"], **overrides})
-    except (TypeError, ValueError) as e:
-        raise UserError(f"checkpoint {where} has an invalid model_config ({short_error(e, 120)}); "
-                        "use a ckpt.pt written by this version of train.py") from None
+    config = checked_model_config(ckpt["model_config"], where, **overrides)
     with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
         model = GPT(config)
     try:
@@ -43,6 +44,20 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
                         "use an intact ckpt.pt") from None
     model.tie_weights()  # assign=True replaced the tied tensor; tie again
     return model
+
+
+def checked_model_config(saved: Any, where: str | os.PathLike, **overrides: Any) -> GPTConfig:
+    """The GPTConfig of a checkpoint's model_config entry (fields in `overrides` replaced), checked
+    (checkpoint/model_config.py); one line if it is not one."""
+    try:
+        config = GPTConfig(**{**saved, **overrides})
+        problem = model_config_problem(config)
+    except TypeError as e:  # a field GPTConfig does not have; an entry that is not a dict
+        problem = short_error(e, 120)
+    if problem:
+        raise UserError(f"checkpoint {where} has an invalid model_config ({problem}); "
+                        "use a ckpt.pt written by this version of train.py")
+    return config
 
 
 def model_config_dict(model: GPT) -> dict[str, Any]:
@@ -57,6 +72,11 @@ class LoadedModel:
     tokenizer: dict[str, Any]  # {"tokenizer", "chars"}: data.tokenizer_from_meta(...) builds it
     description: str  # one line for the user: where it came from
     checkpoint: dict[str, Any] | None = None  # the whole checkpoint, for our own files
+    chat_template: ChatTemplate | None = None  # a fine-tuned chat model's (ckpt["chat_template"]); None otherwise
+
+    @cached_property
+    def tok(self) -> Tokenizer:
+        return tokenizer_from_meta(self.tokenizer)
 
 
 def is_hub_name(spec: str) -> bool:
@@ -88,7 +108,33 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     require(ckpt, where, ("tokenizer",))
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
-    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt)
+    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))
+
+
+def chat_template_of(ckpt: dict[str, Any], where: Path, model: GPT) -> ChatTemplate | None:
+    """The template a fine-tuned chat model was trained with, None for a model that only continues text.
+    A damaged entry, or marker ids the model has no rows for, is a one-line UserError."""
+    if ckpt.get("chat_template") is None:
+        return None
+    try:
+        template = ChatTemplate.from_dict(ckpt["chat_template"])
+    except UserError as e:
+        raise UserError(f"checkpoint {where}: {e}") from None
+    if template.vocab_size > model.config.vocab_size:
+        raise UserError(f"checkpoint {where}: its chat template's markers take ids up to {template.vocab_size - 1} but "
+                        f"the model has only {model.config.vocab_size} rows; re-run the fine-tuning (sft.yaml)")
+    return template
+
+
+def load_for_inference(spec: str) -> LoadedModel:
+    """What sample.py, chat.py, serve.py and eval/inspect.py load: `load_model` without dropout, with the
+    tokenizer (`.tok`) built and known to fit the model's vocabulary."""
+    loaded = load_model(spec, dropout=0.0)
+    tok = loaded.tok
+    if tok.vocab_size > loaded.model.config.vocab_size:
+        raise UserError(f"{loaded.description}: the tokenizer has {tok.vocab_size} ids but the model only "
+                        f"{loaded.model.config.vocab_size}; use a model trained with this tokenizer")
+    return loaded
 
 
 def _load_hf(spec: str, **overrides: Any) -> LoadedModel:

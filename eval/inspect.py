@@ -11,7 +11,8 @@ writes into --out (created if needed; files there of the same names are replaced
   nothing but itself: inline CSS, no script, no external asset);
 - with --layer and --head, attention_L<l>_H<h>.png: that one map, large, every token labelled (--layer
   alone: attention_L<l>.png, that layer's heads; --head alone: attention_H<h>.png, that head in every layer).
-The checkpoint is anything sample.py loads (a ckpt.pt, an out_dir, a sharded .dcp, an HF GPT-2 directory).
+The checkpoint is anything sample.py loads (checkpoint.load_for_inference: a ckpt.pt, an out_dir, a sharded
+.dcp, an HF GPT-2 directory).
 A text longer than block_size keeps its last block_size tokens, and a note says so.
 
 For the training loop (no file written, no random number drawn, the model's train/eval mode restored):
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
 from fileio import atomic_write_bytes, check_output_not_input, check_writable_dir, read_user_file
 from model.gpt import CausalSelfAttention
-from sample import checkpoint_files, default_checkpoint, load_model
+from checkpoint import checkpoint_files, default_checkpoint, load_for_inference
 
 from .figures import Inspection, attention_figure, figure_png, surprisal_figure, surprisal_html
 
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     def note(msg: str) -> None:
         to_stderr(f"eval.inspect: {msg}")
 
-    model, tok, desc = load_model(spec)
+    loaded = load_for_inference(spec)
+    model, tok, desc = loaded.model, loaded.tok, loaded.description
     check_index(args.layer, "--layer", model.config.n_layer, "layer")
     check_index(args.head, "--head", model.config.n_head, "head")
     ids = text_ids(tok, text, model.config.block_size, note)

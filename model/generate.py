@@ -23,6 +23,9 @@ is the per-row crop rule above.
 End of text: with `stop_at_eot` a row that samples `eot` is finished; the EOT itself is not emitted
 and the row emits nothing more. The batch stops when every row has finished.
 
+A conversation (chat.py) keeps one sequence's cache across turns: `CachedSequence`, whose new turn is
+prefilled from the slot after the last cached one.
+
 Speed (batch 1 decoding is bound by reading the weights): `sample` draws from the top-k (or top-512)
 candidates instead of sorting the whole vocabulary. Device, dtype, compile and any hardware-specific
 weight layout are applied from outside (runtime/decoding.py).
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "logits_to_probs", "candidate_probs", "penalize_repetition", "sample", "prefill", "decode_one_token", "generate_stream", "generate",
+    "CachedSequence",
 ]
 
 
@@ -160,15 +164,81 @@ def sample(
     return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
 
 
-def prefill(model, idx: torch.Tensor, kv_cache, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the prompt idx (B, P) through the model, filling cache slots 0..P-1; last logits (B, V)."""
-    input_pos = torch.arange(idx.size(1), device=idx.device)
+def prefill(model, idx: torch.Tensor, kv_cache, pad_mask: torch.Tensor | None = None, *,
+            start: int = 0) -> torch.Tensor:
+    """Run the prompt idx (B, P) through the model, filling cache slots start..start+P-1 (the slots before
+    `start` already hold the keys and values of what came before); last logits (B, V)."""
+    input_pos = torch.arange(start, start + idx.size(1), device=idx.device)
     return model(idx, input_pos=input_pos, kv_cache=kv_cache, pad_mask=pad_mask)[:, -1]
 
 
 def decode_one_token(model, tok: torch.Tensor, input_pos: torch.Tensor, kv_cache, pad_mask=None) -> torch.Tensor:
     """One new token per row, tok (B, 1), written at cache slot input_pos (1,); its logits (B, V)."""
     return model(tok, input_pos=input_pos, kv_cache=kv_cache, pad_mask=pad_mask)[:, -1]
+
+
+class CachedSequence:
+    """One sequence (batch 1) whose keys and values stay in a KV cache between calls, so that text added
+    later (a chat's next turn) costs a forward of its new tokens only: `append` ids, then `logits` runs
+    every id not yet run (a prefill from the first of them, or one decode step for a single id) and gives
+    the next-token logits (1, V). Holds at most block_size ids: the caller makes room (`reset` with fewer
+    ids starts a new cache). An interrupt inside `logits` leaves it consistent: `cached` moves only once
+    the forward is done, so the next call runs those ids again and rewrites their slots.
+
+    The cache starts small and doubles as the ids grow (up to block_size): every decode step attends over
+    all its slots (those not written yet are masked), so a short conversation should not pay for a long
+    context."""
+
+    FIRST_SLOTS = 256
+
+    def __init__(self, model, decode_fn=None):
+        self.model, self.decode_fn = model, decode_fn or decode_one_token
+        self.block_size = model.config.block_size
+        self.cache = model.new_kv_cache(1, min(self.FIRST_SLOTS, self.block_size))
+        self.ids: list[int] = []
+        self.cached = 0  # the first `cached` ids have their keys and values in the cache
+
+    @property
+    def room(self) -> int:
+        return self.block_size - len(self.ids)
+
+    def append(self, ids: Sequence[int]) -> None:
+        if len(self.ids) + len(ids) > self.block_size:
+            raise ValueError(f"{len(self.ids) + len(ids)} ids do not fit in block_size {self.block_size}")
+        self.ids.extend(ids)
+
+    def reset(self, ids: Sequence[int] = ()) -> None:
+        """Start over from `ids`: nothing cached (the old slots are overwritten as the new ids run)."""
+        self.ids, self.cached = [], 0
+        self.append(ids)
+
+    @torch.inference_mode()
+    def logits(self) -> torch.Tensor:
+        new = self.ids[self.cached:]
+        if not new:
+            raise ValueError("no new ids to run: append the last sampled id first")
+        self._fit(len(self.ids))
+        device = self.model.transformer.wte.weight.device
+        idx = torch.tensor([new], dtype=torch.long, device=device)
+        if len(new) == 1:
+            logits = self.decode_fn(self.model, idx, torch.tensor([self.cached], device=device), self.cache)
+        else:
+            logits = prefill(self.model, idx, self.cache, start=self.cached)
+        self.cached = len(self.ids)
+        return logits
+
+    def _fit(self, n: int) -> None:
+        """A cache of at least n slots, the cached ones copied over."""
+        slots = self.cache[0].k.size(2)
+        if n <= slots:
+            return
+        while slots < n:
+            slots *= 2
+        bigger = self.model.new_kv_cache(1, min(slots, self.block_size))
+        for old, new in zip(self.cache, bigger):
+            new.k[:, :, :self.cached] = old.k[:, :, :self.cached]
+            new.v[:, :, :self.cached] = old.v[:, :, :self.cached]
+        self.cache = bigger
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -207,7 +277,8 @@ def generate_stream(
     mode; it runs on the device and dtype of its weights, and so does the cache. use_cache=False runs
     the plain uncached loop under the same crop rule (for comparison). vocab_size: sample only ids below
     it (a model whose embedding is padded past the tokenizer's vocabulary). decode_fn replaces
-    `decode_one_token` (e.g. a torch.compile'd version of it). min_p, repetition_penalty: see
+    `decode_one_token` (e.g. a torch.compile'd version of it); one that has `new_cache(B, S, padded)` and
+    `set_pad(pad)` also owns the KV cache (runtime/static_decode.py: static buffers for a CUDA graph). min_p, repetition_penalty: see
     logits_to_probs; the penalty applies to every token of the row so far (the whole prompt and all it
     generated, not only the window), as in HF transformers.
     """
@@ -247,8 +318,12 @@ def generate_stream(
     if use_cache and P <= block_size:
         # slots for everything that fits before the first crop; after that the cache is not used
         S = min(total, block_size)
-        cache = model.new_kv_cache(B, S)
-        cache_pad = None if pad is None else pad[:, :S].clone()
+        if hasattr(decode_fn, "new_cache"):  # a step over static buffers (runtime/static_decode.py) owns its cache
+            cache = decode_fn.new_cache(B, S, padded=pad is not None)
+            cache_pad = None if pad is None else decode_fn.set_pad(pad[:, :S])
+        else:
+            cache = model.new_kv_cache(B, S)
+            cache_pad = None if pad is None else pad[:, :S].clone()
         logits = prefill(model, prompt_idx, cache, cache_pad)
     else:
         logits = window_logits(P)
@@ -260,6 +335,7 @@ def generate_stream(
             seen[row, torch.as_tensor(list(p), dtype=torch.long)] = True
         seen = seen.to(device)
 
+    input_pos = torch.zeros(1, dtype=torch.long, device=device)  # the slot of the token being decoded
     done = [False] * B  # on the host: the step's one sync (tok.tolist) tells everything
     check_eot = stop_at_eot and eot is not None
     for step in range(max_new_tokens):
@@ -290,7 +366,7 @@ def generate_stream(
             return
         width += 1
         if cache is not None and width <= block_size:
-            input_pos = torch.tensor([width - 1], device=device)
+            input_pos.fill_(width - 1)  # in place on the device: no host-to-device copy per token
             logits = decode_fn(model, tok.view(B, 1), input_pos, cache, cache_pad)
         else:
             logits = window_logits(width)

@@ -5,7 +5,9 @@ weights to and from HF's format is a transpose of the Conv1D matrices and nothin
 
 Conventions for the optional arguments of `GPT.forward`:
 - `input_pos` (T,) long: the sequence slots the T new tokens occupy. Without a KV cache it defaults to
-  0..T-1; with a cache it says where to write the new keys and values.
+  0..T-1; with a cache it says where to write the new keys and values. (B, T): each row's own slots, so
+  that rows at different lengths decode in one batch (the server's continuous batching); a row's
+  position ids are then its slots.
 - `pad_mask` (B, S) bool, True for real tokens, over all S slots the keys live in (S = T without a
   cache, the cache length with one). Left padding lets prompts of different lengths share a batch: each
   row's position ids count only its real tokens, and no real query ever attends to a pad.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -26,13 +28,6 @@ GELU_APPROXIMATIONS = ("tanh", "none")
 POS_EMBEDDINGS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLP_ACTS = ("gelu", "relu2", "swiglu")
-
-
-# Sizes past any model this project can train: refused before anything is built (an absurd config would
-# otherwise spin building millions of modules, or overflow a tensor's size, before the memory check).
-MAX_LAYERS = 1024
-MAX_BLOCK_SIZE = 2**24
-MAX_PARAMS = 10**12
 
 
 @dataclass
@@ -60,9 +55,6 @@ class GPTConfig:
     zero_init_proj: bool = False  # zero-init the residual projections (and an untied head): each block starts as identity
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap), which keeps them in (-cap, cap)
 
-    def __post_init__(self):
-        self.validate()
-
     def approx_num_params(self) -> int:
         """The parameter count from the config alone (embeddings, 12 * n_embd**2 + 13 * n_embd per block,
         an untied head): at least the model's, to a few percent, with no module built."""
@@ -87,50 +79,6 @@ class GPTConfig:
         if self.logit_softcap:
             reasons.append(f"a logit soft-cap (logit_softcap={self.logit_softcap})")
         return reasons
-
-    def validate(self) -> None:
-        """The one check of every model field (the training config calls it too). Raises ValueError
-        naming the field as `GPTConfig.<field>` and a valid value."""
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if self.n_layer > MAX_LAYERS:
-            raise ValueError(f"GPTConfig.n_layer must be at most {MAX_LAYERS}, got {self.n_layer}")
-        if self.block_size > MAX_BLOCK_SIZE:
-            raise ValueError(f"GPTConfig.block_size must be at most {MAX_BLOCK_SIZE}, got {self.block_size}")
-        n = self.approx_num_params()
-        if n > MAX_PARAMS:  # refused by arithmetic: building even on the meta device would take minutes
-            raise ValueError(f"a model of about {n:.2g} parameters, more than the {MAX_PARAMS:.0e} this project builds; "
-                             f"lower n_layer ({self.n_layer}), n_embd ({self.n_embd}) or vocab_size ({self.vocab_size})")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by GPTConfig.n_head ({self.n_head}); "
-                f"pick n_head among the divisors of n_embd"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if self.attn_backend not in ATTN_BACKENDS:
-            raise ValueError(f"GPTConfig.attn_backend must be one of {', '.join(ATTN_BACKENDS)}, got {self.attn_backend!r}")
-        if self.gelu_approximate not in GELU_APPROXIMATIONS:
-            raise ValueError(
-                f"GPTConfig.gelu_approximate must be one of {', '.join(GELU_APPROXIMATIONS)}, got {self.gelu_approximate!r}"
-            )
-        for name, options in (("pos_embedding", POS_EMBEDDINGS), ("norm", NORMS), ("mlp_act", MLP_ACTS)):
-            if getattr(self, name) not in options:
-                raise ValueError(f"GPTConfig.{name} must be one of {', '.join(options)}, got {getattr(self, name)!r}")
-        if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"GPTConfig.pos_embedding=rope needs an even head size (n_embd / n_head = "
-                             f"{self.n_embd // self.n_head}); change n_embd or n_head")
-        for name in ("rope_base", "logit_softcap", "layer_norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"GPTConfig.{name} must be a finite number >= 0, got {value!r}")
-        if self.rope_base <= 1:
-            raise ValueError(f"GPTConfig.rope_base must be > 1, got {self.rope_base!r}; 10000 is the usual value")
-        for name in ("bias", "qk_norm", "tie_embeddings", "zero_init_proj"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
 
 
 def make_norm(config: GPTConfig, dim: int) -> nn.Module:
@@ -179,7 +127,13 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     def update(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, nh, T, hs) at slots `pos` (T,); return the whole cache (B, nh, S, hs)."""
+        """Write k, v (B, nh, T, hs) at slots `pos`, (T,) for every row or (B, T) per row; return the whole
+        cache (B, nh, S, hs)."""
+        if pos.dim() == 2:  # advanced indices around a slice put their (B, T) dims first: (B, T, nh, hs)
+            rows = torch.arange(k.size(0), device=pos.device).unsqueeze(1)
+            self.k[rows, :, pos] = k.transpose(1, 2).to(self.k.dtype)
+            self.v[rows, :, pos] = v.transpose(1, 2).to(self.v.dtype)
+            return self.k, self.v
         self.k[:, :, pos] = k.to(self.k.dtype)
         self.v[:, :, pos] = v.to(self.v.dtype)
         return self.k, self.v
@@ -290,6 +244,9 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        # what the code below assumes; a config from outside is checked where it comes in (checkpoint/model_config.py)
+        assert config.n_embd % config.n_head == 0, "n_embd must divide into n_head heads"
+        assert config.pos_embedding != "rope" or (config.n_embd // config.n_head) % 2 == 0, "rope needs an even head size"
         self.config = config
         layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
         if config.pos_embedding == "learned":
@@ -300,14 +257,6 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
         self.init_weights()
-        # How the training loss runs (return_logits=False): rows per chunk of the fused LM-head loss (None =
-        # through the full logits), and how a chunk runs (model/fused_ce.py's exp_block_rows and
-        # weight_grad_mm). What is fastest depends on the hardware, so it is chosen from outside, like
-        # compile and DDP: runtime/loss_path.py (use_loss_path, use_weight_grad_product) is the one place
-        # that sets these
-        self.loss_chunk_rows: int | None = None
-        self.loss_exp_block_rows: int | None = None
-        self.loss_weight_grad_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def tie_weights(self) -> None:
         """Weight tying (Press & Wolf 2017): the output layer reuses the token embedding, which saves
@@ -347,40 +296,38 @@ class GPT(nn.Module):
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
-    def forward(self, idx, targets=None, *, input_pos=None, pad_mask=None, kv_cache: list[KVCache] | None = None,
-                return_logits: bool = True):
-        """idx (B, T) token ids. Returns logits (B, T, vocab), or (logits, loss) when targets are given.
+    def forward(self, idx, *, input_pos=None, pad_mask=None, kv_cache: list[KVCache] | None = None,
+                output: Callable[[torch.Tensor, GPT], Any] | None = None):
+        """idx (B, T) token ids -> logits (B, T, vocab); the model computes nothing else (no loss).
 
-        targets (B, T): next-token ids; -1 marks positions left out of the mean cross-entropy.
-        return_logits=False (with targets): returns (None, loss), what training wants. With
-        `loss_chunk_rows` set the loss is computed a chunk of rows at a time, fused with the LM head,
-        never holding the (B, T, vocab) logits; with None it goes through the full logits, which is
-        what a compiled graph on a GPU fuses best (runtime/loss_path.py chooses, from outside).
         input_pos, pad_mask, kv_cache: see the module docstring; `new_kv_cache` makes the cache.
+        output(hidden, model): replaces the head. It gets the final hidden states (B, T, C), after ln_f, and
+        this module, and what it returns is forward's result. The training loss passes itself here
+        (runtime/loss_path.py's LMLoss), fused with the head a chunk of rows at a time so that the (B, T,
+        vocab) logits are never held: it runs inside this forward, so DDP's hooks see one forward, FSDP's
+        unsharded lm_head weight is there, and torch.compile traces it with the rest.
         """
         B, T = idx.shape
         device = idx.device
         if input_pos is None:
-            if kv_cache is not None:
-                raise ValueError("input_pos is required with a kv_cache: it says which slots the tokens fill")
+            assert kv_cache is None, "input_pos says which cache slots the tokens fill"
             input_pos = torch.arange(T, device=device)
         S = kv_cache[0].k.shape[2] if kv_cache is not None else T
-        if T > self.config.block_size or S > self.config.block_size:
-            raise ValueError(f"sequence length {max(T, S)} exceeds block_size {self.config.block_size}")
+        assert max(T, S) <= self.config.block_size, f"sequence length {max(T, S)} > block_size {self.config.block_size}"
 
         mask = None
         if pad_mask is None:
-            pos = input_pos.unsqueeze(0)  # (1, T)
+            pos = input_pos if input_pos.dim() == 2 else input_pos.unsqueeze(0)  # (B or 1, T)
             if kv_cache is not None:
                 # query at slot p may see key slots <= p; slots past the written ones are masked too
-                mask = (torch.arange(S, device=device) <= input_pos.unsqueeze(1)).view(1, 1, T, S)
+                mask = (torch.arange(S, device=device) <= input_pos.unsqueeze(-1)).view(-1, 1, T, S)
         else:
             # each row's positions count its real tokens only, so a left-padded prompt gets the same
             # position embeddings as when it runs alone
             pos = (pad_mask.long().cumsum(1) - 1).clamp(min=0).gather(1, input_pos.expand(B, T))  # (B, T)
-            causal = torch.arange(S, device=device) <= input_pos.unsqueeze(1)  # (T, S)
+            causal = torch.arange(S, device=device) <= input_pos.unsqueeze(-1)  # (T, S) or (B, T, S)
             # a pad query sees itself too, so that its softmax row is never all -inf (that would be NaN)
-            own_slot = torch.arange(S, device=device) == input_pos.unsqueeze(1)  # (T, S)
+            own_slot = torch.arange(S, device=device) == input_pos.unsqueeze(-1)  # (T, S) or (B, T, S)
             mask = (causal & pad_mask[:, None, :]) | own_slot  # (B, T, S)
             mask = mask.unsqueeze(1)  # (B, 1, T, S), broadcast over heads
 
@@ -394,31 +341,18 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, mask, kv_cache[i] if kv_cache is not None else None, input_pos, rope)
         x = self.transformer.ln_f(x)
-        cap = self.config.logit_softcap
-        if targets is not None and not return_logits and self.loss_chunk_rows:
-            # imported here, not at the top: its torch.compiler.disable pulls in torch._dynamo (~0.7 s of
-            # every start-up), which sampling and export never need
-            from .fused_ce import linear_cross_entropy
+        return self.head(x) if output is None else output(x, self)
 
-            return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight, targets.reshape(-1),
-                                              chunk_rows=self.loss_chunk_rows, softcap=cap,
-                                              exp_block_rows=self.loss_exp_block_rows,
-                                              weight_grad_mm=self.loss_weight_grad_mm)
-        logits = self.lm_head(x)  # (B, T, vocab)
-        if cap:
-            logits = cap * torch.tanh(logits / cap)
-        if targets is None:
-            return logits
-        # bf16/fp16 logits are upcast for the softmax; fp32 and fp64 stay as they are
-        acc = torch.promote_types(logits.dtype, torch.float32)
-        loss = F.cross_entropy(logits.to(acc).view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return (logits if return_logits else None), loss
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states (..., C) -> logits (..., vocab), soft-capped when logit_softcap > 0."""
+        logits = self.lm_head(x)
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
 
     def new_kv_cache(self, batch_size: int, max_seq_len: int | None = None, dtype=None, device=None) -> list[KVCache]:
         """One preallocated KVCache per layer, for sequences of up to max_seq_len (default block_size) slots."""
         max_seq_len = max_seq_len or self.config.block_size
-        if max_seq_len > self.config.block_size:
-            raise ValueError(f"max_seq_len {max_seq_len} exceeds block_size {self.config.block_size}")
+        assert max_seq_len <= self.config.block_size, f"max_seq_len {max_seq_len} > block_size {self.config.block_size}"
         weight = self.transformer.wte.weight
         head_dim = self.config.n_embd // self.config.n_head
         return [

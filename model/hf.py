@@ -21,7 +21,8 @@ CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight"
 HF_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 
-def _config_from_hf(hf: dict, **overrides) -> GPTConfig:
+def config_from_hf(hf: dict, **overrides) -> GPTConfig:
+    """Our config from HF GPT-2's config.json (a dict); checkpoint/model_config.py checks what it holds."""
     act = hf.get("activation_function", "gelu_new")
     if act not in HF_ACTIVATIONS:
         raise ValueError(f"unsupported activation_function {act!r} in config.json; expected one of {sorted(HF_ACTIVATIONS)}")
@@ -49,10 +50,9 @@ def _config_from_hf(hf: dict, **overrides) -> GPTConfig:
     return GPTConfig(**fields)
 
 
-def gpt_from_hf(hf: dict, hf_sd: dict[str, torch.Tensor], **overrides) -> GPT:
-    """Our GPT from HF GPT-2's config.json (a dict) and state dict: the names are the same, the four
+def gpt_from_hf(config: GPTConfig, hf_sd: dict[str, torch.Tensor]) -> GPT:
+    """Our GPT from its config (config_from_hf) and HF GPT-2's state dict: the names are the same, the four
     Conv1D matrices per block are transposed. Raises ValueError naming what does not fit."""
-    config = _config_from_hf(hf, **overrides)
     with torch.device("meta"):  # the shapes only: a config.json that disagrees with its weights (or asks for an
         ours = GPT(config).state_dict()  # absurd size) is refused below before any memory is spent on it
     converted = {}

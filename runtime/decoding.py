@@ -1,7 +1,8 @@
-"""Sampling's set-up, shared by sample.py and the benchmark: choose the dtype (runtime/precision.py's
-inference_dtype, which on a CPU times this model's decoding in fp32 and in prepacked bf16) and get the
-model ready for it (`prepare_for_decoding`: device, dtype, then the compiled decode step or, on a CPU in
-bf16, the Linear weights prepacked in oneDNN's layout). The model itself knows nothing of this."""
+"""Sampling's set-up, shared by sample.py, chat.py, serve.py and the benchmark: choose the dtype
+(runtime/precision.py's inference_dtype, which on a CPU times this model's decoding in fp32 and in
+prepacked bf16) and get the model ready for it (`prepare_for_decoding`: device, dtype, then the compiled
+decode step or, on a CPU in bf16, the Linear weights prepacked in oneDNN's layout). The model itself
+knows nothing of this."""
 from __future__ import annotations
 
 import copy
@@ -18,6 +19,7 @@ from model.generate import decode_one_token, generate
 from .choices import auto_dtype
 from .device import with_compile_fallback
 from .precision import inference_dtype
+from .static_decode import StaticDecode
 
 
 class _PackedLinear(torch.nn.Module):
@@ -77,31 +79,32 @@ class CompiledDecode:
         self.fn, self.compiled = decode_one_token, False
 
 
-# sample.py's default for --compile: compile the one-token step (with CUDA graphs) on a GPU when the
-# decoding is long enough to win back the compile. A small model's decode step is bound by kernel
-# launches, which grow with the layers: GPT-2 124M (12 layers) decoded at 202 tok/s eager and 993 tok/s
-# compiled on an H100 (benchmarks/results/results-h100-decode.txt), ~0.41 ms per layer per step saved ~80%.
-# The compile's cost is not measured yet (no GPU lent since; `bench.py --device cuda --only decode`
-# measures it): COMPILE_COST_S is a conservative guess for a cold cache.
-EAGER_S_PER_LAYER_STEP = 4.95e-3 / 12
-COMPILED_SPEEDUP = 993 / 202
-COMPILE_COST_S = 40.0
+# sample.py's default for --compile. On a GPU the default step is the CUDA graph of runtime/static_decode.py:
+# no compile, its capture within the first call. Measured on one H100 for GPT-2 124M, batch 1, bf16, 128 new
+# tokens (benchmarks/results/h100-2026-11-27/decode.log, 2026-11-27): the graphed step 0.852 ms a token
+# (first call, capture included, 1.24 s), torch.compile's mode="reduce-overhead" step 0.945 ms (first call
+# 16.8 s: the compile), eager 6.82 ms. The graph of the unfused kernels beat the compiled graph of fused
+# ones, so on this model the default never compiles; the rule stays, per layer, for a model where
+# compiling wins (--compile still asks for it).
+GRAPH_S_PER_LAYER_STEP = 0.852e-3 / 12
+COMPILED_S_PER_LAYER_STEP = 0.945e-3 / 12
+COMPILE_COST_S = 16.7  # the compiled step's first call less a graphed call's (was a 40 s guess before it was measured)
 
 
 def decode_compile(flag: bool | None, device: torch.device, *, steps: int, n_layer: int) -> tuple[bool, str | None]:
     """(compile the decode step?, a one-line notice or None). `flag`: --compile / --no-compile, or None
-    (the default: decide). A CPU decodes eagerly (its step is bound by the matmuls, not by launches);
-    a GPU compiles when `steps` one-token steps of `n_layer` layers save more than the compile costs."""
+    (the default: decide). A CPU decodes eagerly (its step is bound by the matmuls, not by launches); a
+    GPU compiles when `steps` one-token steps of `n_layer` layers save more than the compile costs over
+    the CUDA-graphed step it would otherwise run."""
     if flag is not None:
         return flag, None
     if device.type != "cuda":
         return False, None
-    eager_s = steps * n_layer * EAGER_S_PER_LAYER_STEP
-    saved_s = eager_s * (1 - 1 / COMPILED_SPEEDUP)
+    saved_s = steps * n_layer * (GRAPH_S_PER_LAYER_STEP - COMPILED_S_PER_LAYER_STEP)
     if saved_s <= COMPILE_COST_S:
         return False, None
-    return True, (f"compiling the decode step with CUDA graphs: {steps} steps of {n_layer} layers save ~{saved_s:.0f} s "
-                  f"eager decoding would cost, more than the ~{COMPILE_COST_S:.0f} s compile (--no-compile skips it)")
+    return True, (f"compiling the decode step: {steps} steps of {n_layer} layers save ~{saved_s:.0f} s over the "
+                  f"CUDA-graphed step, more than the ~{COMPILE_COST_S:.0f} s compile (--no-compile skips it)")
 
 
 def _stderr(msg: str) -> None:
@@ -110,10 +113,15 @@ def _stderr(msg: str) -> None:
 
 def prepare_for_decoding(model, device, dtype, *, compile: bool = False, say: Callable[[str], None] = _stderr):
     """sample.py's set-up, shared with the benchmark so that it times what users run: the weights on
-    `device` in `dtype`, then either the one-token decode step compiled (compile=True) or, for bf16 on
-    a CPU, the Linear weights prepacked for oneDNN. Returns (model, decode_fn or None, prepacked)."""
+    `device` in `dtype`, then the one-token decode step compiled (compile=True), or on a GPU captured as a
+    CUDA graph, or, for bf16 on a CPU, the Linear weights prepacked for oneDNN. Returns (model, decode_fn or None, prepacked)."""
     model = model.to(device=device, dtype=dtype).eval()
-    decode_fn = CompiledDecode(device, say) if compile else None
+    if compile:
+        decode_fn = CompiledDecode(device, say)
+    elif device.type == "cuda":  # launch-bound: the step replayed as one CUDA graph over static buffers
+        decode_fn = StaticDecode(model, capture=True)
+    else:
+        decode_fn = None
     packed = not compile and prepack_for_cpu(model)  # CPU bf16 only: oneDNN weight layout, done once
     return model, decode_fn, packed
 

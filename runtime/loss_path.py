@@ -1,6 +1,7 @@
-"""How the LM head's loss runs on this device, applied to the model from outside: `use_loss_path(model,
-device, compiled=...)`, one line beside compile and DDP, and `use_weight_grad_product(model, name)` (this
-module is the only code that sets GPT's loss_* attributes).
+"""The training loss of a GPT, and how it runs on this device: `LMLoss`, made once by the chain of builders
+(training/builders.py: `loss_path(...)`, then the measured weight-gradient product), and called by the
+training step, the evals, the benchmarks and the tests as `loss(model, idx, targets)`. The model itself
+computes logits and nothing else; the loss reaches it through GPT.forward's `output` (see LMLoss).
 
 With a 50k vocabulary the head is the largest matmul of a small GPT, and the (B*T, V) logits the
 largest tensor. Where the logits go depends on the hardware:
@@ -36,9 +37,11 @@ tied: CHUNK_BYTES went from 80 to 150 MiB.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from model import GPT
 
@@ -146,19 +149,65 @@ def choose_weight_grad_product(device: torch.device, *, vocab_size: int, rows: i
                   f"{n_embd} a step) by {name}: {entry.get('note', '')} ({source})")
 
 
-def use_weight_grad_product(model: GPT, name: str) -> GPT:
-    """Make `model`'s fused loss build its weight gradient the WEIGHT_GRAD_PRODUCTS way `name`."""
-    model.loss_weight_grad_mm = WEIGHT_GRAD_PRODUCTS[name]
-    return model
+@dataclass(frozen=True)
+class LMLoss:
+    """loss(model, idx, targets) -> the mean cross-entropy of the model's next-token logits over the
+    targets != -1 (0 where every target is -1), a 0-dim fp32 (fp64 for an fp64 model) tensor.
+
+    How it runs, decided once for the run: `chunk_rows` rows at a time of the LM head fused with the loss
+    (model/fused_ce.py: the (B, T, vocab) logits are never held), exponentiated `exp_block_rows` rows at
+    a time, the weight's gradient by the WEIGHT_GRAD_PRODUCTS way `product`; chunk_rows None: through the
+    full logits (model.head) and F.cross_entropy. The default, LMLoss(), is the textbook loss.
+
+    `model` is what the step runs: the GPT itself, or it compiled and/or wrapped by DDP or FSDP. The loss
+    is computed inside that module's forward (GPT.forward's `output`, given the final hidden states and
+    the GPT): DDP's hooks see one forward with the loss as its output, FSDP's gathered lm_head weight is
+    there while the head runs, and torch.compile traces it with the model (the chunked path itself stays
+    eager: a graph break). What is passed is a small object holding the targets, of one type for every
+    call, so a compiled model guards on its type and fields and is not recompiled step after step.
+    """
+    chunk_rows: int | None = None
+    exp_block_rows: int | None = None
+    product: str = DEFAULT_PRODUCT
+
+    def __call__(self, model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return model(idx, output=_HeadLoss(self, targets))
+
+    def of_hidden(self, hidden: torch.Tensor, gpt: GPT, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of the final hidden states (B, T, C) of `gpt` (the plain GPT) against targets (B, T)."""
+        h, t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+        if self.chunk_rows:
+            # imported here, not at the top: its torch.compiler.disable pulls in torch._dynamo (~0.7 s of
+            # every start-up), which sampling and export never need
+            from model.fused_ce import linear_cross_entropy
+
+            return linear_cross_entropy(h, gpt.lm_head.weight, t, chunk_rows=self.chunk_rows,
+                                        softcap=gpt.config.logit_softcap, exp_block_rows=self.exp_block_rows,
+                                        weight_grad_mm=WEIGHT_GRAD_PRODUCTS[self.product])
+        logits = gpt.head(h)
+        # bf16/fp16 logits are upcast for the softmax; fp32 and fp64 stay as they are. A sum over the counted
+        # targets, then / their count: F.cross_entropy's own mean is NaN where every target is -1.
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        total = F.cross_entropy(logits.to(acc), t, ignore_index=-1, reduction="sum")
+        return total / (t != -1).sum().clamp(min=1)
 
 
-def use_loss_path(model: GPT, device: torch.device, *, compiled: bool, rows: int | None | str = "auto") -> GPT:
-    """Set how `model` computes its training loss: chunks of choose_loss_chunk_rows(...) rows of the fused
-    head + loss, or the full logits (None); `rows` given explicitly overrides the choice (the benchmark
-    compares both); and the blocks a chunk is exponentiated in (choose_exp_block_rows). The weight
-    gradient's product is a measured choice a run makes once and keeps: use_weight_grad_product.
-    Returns the model."""
-    model.loss_chunk_rows = (choose_loss_chunk_rows(device, compiled=compiled, vocab_size=model.config.vocab_size)
-                             if rows == "auto" else rows)
-    model.loss_exp_block_rows = choose_exp_block_rows(device, model.loss_chunk_rows)
-    return model
+class _HeadLoss:
+    """GPT.forward's `output`: LMLoss.of_hidden with the targets bound."""
+    __slots__ = ("loss", "targets")
+
+    def __init__(self, loss: LMLoss, targets: torch.Tensor):
+        self.loss, self.targets = loss, targets
+
+    def __call__(self, hidden: torch.Tensor, gpt: GPT) -> torch.Tensor:
+        return self.loss.of_hidden(hidden, gpt, self.targets)
+
+
+def loss_path(device: torch.device, *, compiled: bool, vocab_size: int, rows: int | None | str = "auto",
+              product: str = DEFAULT_PRODUCT) -> LMLoss:
+    """The loss for this device: chunks of choose_loss_chunk_rows(...) rows of the fused head + loss, or
+    the full logits (None); `rows` given explicitly overrides the choice (the run plan's, the benchmark's
+    comparison); the blocks a chunk is exponentiated in (choose_exp_block_rows). The weight gradient's
+    product is a measured choice a run makes once and keeps (choose_weight_grad_product): `product`."""
+    rows = choose_loss_chunk_rows(device, compiled=compiled, vocab_size=vocab_size) if rows == "auto" else rows
+    return LMLoss(rows, choose_exp_block_rows(device, rows), product)

@@ -43,7 +43,7 @@ def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | No
               crash_at: int | None = None, kill_after: int | None = None, hang_at: int | None = None):
     calls = 0
 
-    def step(model, optimizers, scaler, batches, **kwargs):
+    def step(model, loss, optimizers, scaler, batches, **kwargs):
         nonlocal calls
         index, calls = calls, calls + 1
         if index == crash_at:
@@ -54,7 +54,7 @@ def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | No
         if index == nan_at:
             with torch.no_grad():
                 next(model.parameters()).fill_(float("nan"))
-        out = real_step(model, optimizers, scaler, batches, **kwargs)
+        out = real_step(model, loss, optimizers, scaler, batches, **kwargs)
         if kill_after is not None and index + 1 == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9: nothing is flushed, no handler runs
         if interrupt_after is not None and index + 1 == interrupt_after:

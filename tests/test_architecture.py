@@ -15,8 +15,9 @@ from faults import inject
 from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval")
-TOP_MODULES = ("train", "sample", "bench", "errors", "fileio", "locks", "settings", "network", "ownership")
+PACKAGES = ("model", "checkpoint", "data", "runtime", "training", "benchmarks", "eval", "server")
+ENTRY_SCRIPTS = ("train", "sample", "bench", "chat", "serve")  # thin; run, never imported
+TOP_MODULES = (*ENTRY_SCRIPTS, "errors", "fileio", "locks", "settings", "network", "ownership")
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
 OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel",
             "pyarrow", "tokenizers", "psutil", "torchao"}  # pyarrow: jsonl/parquet/.gz/.zst sources only; tokenizers: bpe:<n>
@@ -26,7 +27,7 @@ OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib"
 LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build_writer", "tqdm")}
 # Start-up time (test_starting_a_cli_imports_no_compiler_fsdp_or_dcp): the fused loss's torch.compiler.disable
 # imports torch._dynamo (~0.7 s), DCP and FSDP import DTensor and sympy (~1 s); only the runs that use them pay.
-LAZY_ON_PURPOSE |= {("model.gpt", "model.fused_ce"), ("runtime.loss_path", "model.fused_ce"),
+LAZY_ON_PURPOSE |= {("runtime.loss_path", "model.fused_ce"),
                     ("training.builders", "training.sharding"),
                     ("training.distributed", "torch.distributed.device_mesh"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint"),
@@ -91,12 +92,13 @@ def test_import_graph_sees_the_known_edges():
     """The walker itself: it must find edges we know exist, relative and absolute, or every other test
     here would pass vacuously."""
     g = graph()
-    assert "model.gpt" in g["checkpoint.load"] and "model.fused_ce" in g["model.gpt"]
+    assert "model.gpt" in g["checkpoint.load"] and "model.fused_ce" in g["runtime.loss_path"]
     assert "training.step" in g["train"] and "training.distributed" in g["training.health"]
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
-@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample"])
+@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "serve",
+                                  "server"])
 def test_inference_and_lower_layers_never_import_training(root):
     g = graph()
     starts = [m for m in g if m == root or m.startswith(root + ".")]
@@ -105,6 +107,22 @@ def test_inference_and_lower_layers_never_import_training(root):
     bad = {s: sorted(t for t in reachable(s, g) | {s} if t == "training" or t.startswith("training."))
            for s in starts}
     assert not any(bad.values()), bad
+
+
+def test_no_module_imports_an_entry_script():
+    """train.py, sample.py, bench.py, chat.py and serve.py are entry points: what two of them share (loading a
+    model, generating, the default prompt) lives in a package they import, never in one of them."""
+    g = graph()
+    offenders = {m: sorted(t for t in targets if t in ENTRY_SCRIPTS) for m, targets in g.items()}
+    assert not {m: t for m, t in offenders.items() if t}, offenders
+
+
+def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
+    """The check above must be able to fail: the walker finds both spellings of importing a script."""
+    f = tmp_path / "showcase.py"
+    f.write_text("import chat\nfrom sample import DEFAULT_PROMPT\n\ndef f():\n    import serve\n")
+    found = imports_of("training.showcase", f, {"chat": f, "sample": f, "serve": f})
+    assert {name for name, _ in found} == {"chat", "sample", "serve"}
 
 
 def test_model_imports_nothing_from_data_and_data_nothing_from_model():
@@ -208,28 +226,67 @@ def _product_trees() -> dict[str, ast.AST]:
     return {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in project_modules().items()}
 
 
-LOSS_PATH_ATTRIBUTES = {"loss_chunk_rows", "loss_exp_block_rows", "loss_weight_grad_mm"}
-
-
-def test_nothing_outside_the_loss_path_sets_loss_chunk_rows():
-    """The loss path is applied from outside the model by runtime/loss_path.py's use_loss_path, like
-    compile and DDP; the model only declares its attributes (None: full logits, the defaults) in its
-    __init__."""
+def loss_attribute_sets(trees: dict[str, ast.AST]) -> list[str]:
+    """Every assignment (or setattr) of an attribute named loss_* : the loss path was once three such
+    attributes set on the model from outside; the loss is now an object of its own (runtime/loss_path.py's
+    LMLoss). argparse's `args` namespace is not a model."""
     offenders = []
-    for module, tree in _product_trees().items():
+    for module, tree in trees.items():
         for node in ast.walk(tree):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, (ast.AugAssign, ast.AnnAssign)) else []
             for t in targets:
-                if isinstance(t, ast.Attribute) and t.attr in LOSS_PATH_ATTRIBUTES:
-                    declared = (module == "model.gpt" and isinstance(node, ast.AnnAssign)
-                                and isinstance(node.value, ast.Constant) and node.value.value is None)
-                    if module != "runtime.loss_path" and not declared:
-                        offenders.append(f"{module}:{node.lineno}")
+                if (isinstance(t, ast.Attribute) and t.attr.startswith("loss_")
+                        and getattr(t.value, "id", None) != "args"):
+                    offenders.append(f"{module}:{node.lineno} .{t.attr}")
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1
-                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in LOSS_PATH_ATTRIBUTES):
-                offenders.append(f"{module}:{node.lineno} (setattr)")
-    assert not offenders, offenders
+                    and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("loss_")):
+                offenders.append(f"{module}:{node.lineno} setattr {node.args[1].value}")
+    return offenders
+
+
+def test_nothing_sets_a_loss_attribute_on_the_model():
+    """The model computes logits and nothing else; how the loss runs lives in the loss object that the chain
+    of builders makes. No product module and no test sets a loss_* attribute, and a GPT has none, before or
+    after a fused loss ran through it."""
+    tests = {f"tests.{p.stem}": ast.parse(p.read_text(encoding="utf-8")) for p in sorted((ROOT / "tests").glob("*.py"))}
+    assert not loss_attribute_sets({**_product_trees(), **tests})
+    assert loss_attribute_sets({"old": ast.parse("model.loss_chunk_rows = 7\nsetattr(m, 'loss_weight_grad_mm', f)")})
+
+    import torch
+
+    from model import GPT, GPTConfig
+    from runtime.loss_path import LMLoss
+
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=300))
+    before = set(vars(model))
+    x = torch.randint(0, 300, (2, 8))
+    LMLoss(chunk_rows=5, exp_block_rows=64)(model, x, x).backward()
+    assert set(vars(model)) == before and not [a for a in vars(model) if a.startswith("loss")]
+
+
+def user_error_raises(trees: dict[str, ast.AST]) -> list[str]:
+    """Under model/: any use of errors.UserError; in the model itself and its fused loss (model/gpt.py,
+    model/fused_ce.py), any raise at all (they assert what they assume, as nanoGPT does)."""
+    offenders = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) == "UserError":
+                offenders.append(f"{module}:{node.lineno} UserError")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "errors":
+                offenders.append(f"{module}:{node.lineno} imports errors")
+            if isinstance(node, ast.Raise) and module in ("model.gpt", "model.fused_ce"):
+                offenders.append(f"{module}:{node.lineno} raises")
+    return offenders
+
+
+def test_model_raises_no_user_errors():
+    """User errors are found and said at the edges (the config, the checkpoint loader, the entry points),
+    never in the model: GPTConfig's rules live in checkpoint/model_config.py, and GPT.forward asserts."""
+    trees = {m: t for m, t in _product_trees().items() if m == "model" or m.startswith("model.")}
+    assert "model.gpt" in trees and not user_error_raises(trees)
+    old = ast.parse("from errors import UserError\ndef forward():\n    raise ValueError('too long')\n")
+    assert len(user_error_raises({"model.gpt": old})) == 2
 
 
 def test_nothing_under_model_mentions_the_cpu_isa_packing_or_threads():
@@ -303,7 +360,7 @@ def test_set_up_is_a_chain_of_at_most_40_lines():
         calls = {getattr(n.func, "id", getattr(n.func, "attr", None)) for n in ast.walk(_product_trees()[module])
                  if isinstance(n, ast.Call)}
         assert "build_trainer" in calls, module
-        assert not calls & {"shard_model", "build_optimizers", "parallelize", "use_loss_path", "make_scaler"}, module
+        assert not calls & {"shard_model", "build_optimizers", "parallelize", "loss_path", "make_scaler"}, module
 
 
 PARALLEL_OWNER = "training.distributed"

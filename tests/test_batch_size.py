@@ -12,6 +12,7 @@ import training.batch_size
 from checkpoint import load_checkpoint
 from errors import UserError
 from faults import inject
+from runtime.loss_path import LMLoss
 from training.batch_size import choose, divisors, largest_fitting, measure_batch, reapply_batch
 from training.config import load_config
 from training.distributed import Parallel
@@ -101,7 +102,7 @@ def test_a_resumed_auto_run_reapplies_its_choice_and_refuses_a_world_size_it_can
 def test_a_fresh_auto_decision_keeps_the_global_batch_on_every_rank():
     # 16 sequences on one process, 4 fit: 4 per micro-step, 4 micro-steps
     (micro, accum), note = measure_batch(_auto(), torch.nn.Linear(1, 1), torch.device("cpu"), Parallel(),
-                                         dtype=torch.float32, block_size=32, vocab_size=65, rows=None,
+                                         dtype=torch.float32, block_size=32, vocab_size=65, loss=LMLoss(),
                                          limit=lambda d: 10 * GIB, measure=lambda m: 2 * m * GIB)
     assert (micro, accum) == (4, 4) and note.startswith("batch_size auto: 4 x 32 tokens per micro-step, 4 micro-steps")
 
@@ -246,7 +247,7 @@ def test_the_measure_runs_a_real_forward_backward_at_the_size_and_leaves_the_run
     shapes = []
     model.register_forward_pre_hook(lambda mod, args: shapes.append(tuple(args[0].shape)))
     rng = torch.get_rng_state()
-    measure = measured_bytes(model, torch.device("cpu"), torch.float32, block_size=32, vocab_size=65, extra=24)
+    measure = measured_bytes(model, LMLoss(), torch.device("cpu"), torch.float32, block_size=32, vocab_size=65, extra=24)
     assert measure(3) == 1024 and shapes == [(3, 32)]
     assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
 

@@ -18,7 +18,7 @@ import model.generate
 import sample
 import training.builders
 import training.step
-from runtime.loss_path import choose_loss_chunk_rows
+from runtime.loss_path import LMLoss, choose_loss_chunk_rows
 from runtime.precision import cpu_native_bf16
 
 QUICK = ["--quick", "--warmup", "0", "--iters", "1", "--rounds", "1"]
@@ -320,14 +320,13 @@ def test_profile_puts_the_head_the_blocks_and_the_optimizer_in_their_buckets_and
     torch.manual_seed(0)
     vocab = 997  # a size no other dimension has, so the head's matmuls are recognisable
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=vocab))
-    m.loss_chunk_rows = None
     opts = make_optimizers(m, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     x = torch.randint(0, vocab, (2, 16))
 
     def step(i):
-        return training.step.train_step(m, opts, scaler, [(x, x)], amp=lambda: torch.autocast("cpu", enabled=False),
-                                        grad_clip=1.0)
+        return training.step.train_step(m, LMLoss(), opts, scaler, [(x, x)],
+                                        amp=lambda: torch.autocast("cpu", enabled=False), grad_clip=1.0)
 
     r = profile_step(step, vocab, steps=3, warmup=1)
     for bucket in ("LM head matmuls", "block matmuls", "optimizer", "grad clipping", "loss and softmax"):

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from runtime.loss_path import (CHUNK_BYTES, EXP_BLOCK_BYTES, choose_exp_block_rows, choose_loss_chunk_rows,
-                               choose_weight_grad_product, onednn_mm, use_loss_path, use_weight_grad_product)
+from runtime.loss_path import (CHUNK_BYTES, EXP_BLOCK_BYTES, LMLoss, choose_exp_block_rows, choose_loss_chunk_rows,
+                               choose_weight_grad_product, loss_path, onednn_mm)
 from runtime.precision import inference_dtype, make_scaler, training_dtype
 from training.mfu import gpu_peak_flops, mfu, peak_flops
 
@@ -135,16 +135,15 @@ def test_the_product_is_timed_as_a_step_runs_it_a_first_chunk_then_the_others_ad
     assert seen == [(True, None), (True, loss_path.onednn_mm), (False, None), (False, loss_path.onednn_mm)]
 
 
-def test_use_loss_path_gives_the_model_its_devices_chunks_and_blocks():
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=9000))
-    assert use_loss_path(model, torch.device("cpu"), compiled=False) is model
-    assert model.loss_chunk_rows == choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=9000)
-    assert model.loss_exp_block_rows == choose_exp_block_rows(torch.device("cpu"), model.loss_chunk_rows)
-    assert model.loss_weight_grad_mm is None  # a measured choice a run makes once: use_weight_grad_product
-    assert use_weight_grad_product(model, "oneDNN").loss_weight_grad_mm is onednn_mm
-    char = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65)),
-                         torch.device("cpu"), compiled=False)
-    assert char.loss_chunk_rows is None and char.loss_exp_block_rows is None  # full logits
+def test_the_loss_path_gives_the_devices_chunks_and_blocks():
+    loss = loss_path(torch.device("cpu"), compiled=False, vocab_size=9000)
+    assert loss.chunk_rows == choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=9000)
+    assert loss.exp_block_rows == choose_exp_block_rows(torch.device("cpu"), loss.chunk_rows)
+    assert loss.product == "torch.mm"  # a measured choice a run makes once: settle_loss_product
+    assert loss_path(torch.device("cpu"), compiled=False, vocab_size=9000, product="oneDNN").product == "oneDNN"
+    char = loss_path(torch.device("cpu"), compiled=False, vocab_size=65)
+    assert char.chunk_rows is None and char.exp_block_rows is None  # full logits
+    assert loss_path(torch.device("cpu"), compiled=False, vocab_size=9000, rows=None) == LMLoss()  # the plan's None
 
 
 def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monkeypatch):
@@ -157,29 +156,31 @@ def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monk
 
     monkeypatch.setattr(training.builders, "choose_weight_grad_product", lambda *a, **k: pytest.fail("not on resume"))
     cpu = torch.device("cpu")
-    model = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=9000)), cpu,
-                          compiled=False)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=9000))
+    loss = loss_path(cpu, compiled=False, vocab_size=9000)
 
     def resumed(train: dict, m=model) -> tuple[str, str]:  # a checkpoint of format 2, upgraded as it is read
         plan = RunPlan.start(Resume(Path("ckpt.pt"), upgrade({"version": 2, "train": train})))
-        name = settle_loss_product(plan, Parallel(), cpu, m, 64)
+        name = settle_loss_product(plan, Parallel(), cpu, m, loss, 64)
         return name, plan.shown["loss_product"]
 
     saved = lambda name: {"loss_product": name}  # noqa: E731
     assert resumed(saved("oneDNN")) == ("oneDNN", "LM head's weight gradient by oneDNN (decided when this run started)")
-    assert model.loss_weight_grad_mm is not None  # set on the model
     assert resumed({})[0] == "torch.mm"  # older runs
     monkeypatch.setattr(training.builders, "weight_grad_product_available", lambda device: False)  # resumed elsewhere
     name, note = resumed(saved("oneDNN"))
     assert name == "torch.mm" and "chose 'oneDNN' when it started, which this machine does not have" in note
     assert resumed(saved("something new"))[0] == "torch.mm"
-    char = use_loss_path(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65)), cpu, compiled=False)
+    char = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=65))
     fresh = RunPlan()
-    assert settle_loss_product(fresh, Parallel(), cpu, char, 64) == "torch.mm" and fresh.notes["loss_product"] == ""
+    assert settle_loss_product(fresh, Parallel(), cpu, char, loss_path(cpu, compiled=False, vocab_size=65), 64) == \
+        "torch.mm" and fresh.notes["loss_product"] == ""
 
 
 
-def test_a_model_given_blocks_and_a_product_trains_with_torch_cross_entropys_gradients():
+def test_a_loss_given_blocks_and_a_product_trains_with_torch_cross_entropys_gradients(monkeypatch):
+    from runtime import loss_path as lp
+
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=300))
     ref = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=12, vocab_size=300)).double()
@@ -187,13 +188,12 @@ def test_a_model_given_blocks_and_a_product_trains_with_torch_cross_entropys_gra
     x, y = torch.randint(0, 300, (3, 12)), torch.randint(0, 300, (3, 12))
     y[0, :4] = -1
     calls = []
-    model.loss_chunk_rows, model.loss_exp_block_rows = 16, 40  # 36 rows: 3 chunks, the last partial
-    model.loss_weight_grad_mm = lambda a, b: calls.append(tuple(a.shape)) or onednn_mm(a, b)
-    _, loss = model(x, y, return_logits=False)
+    monkeypatch.setitem(lp.WEIGHT_GRAD_PRODUCTS, "recorded", lambda a, b: calls.append(tuple(a.shape)) or onednn_mm(a, b))
+    loss = LMLoss(chunk_rows=16, exp_block_rows=40, product="recorded")(model, x, y)  # 36 rows: 3 chunks, the last partial
     loss.backward()
     expected = F.cross_entropy(ref(x).view(-1, 300), y.view(-1), ignore_index=-1)  # the textbook loss, in fp64
     expected.backward()
-    assert calls == [(300, 16), (300, 16), (300, 4)]  # the model handed its product to every chunk
+    assert calls == [(300, 16), (300, 16), (300, 4)]  # the loss handed its product to every chunk
     assert abs(loss.item() - expected.item()) < 1e-5
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-6, msg=n)
@@ -206,9 +206,7 @@ def test_every_loss_path_gives_torch_cross_entropy_and_its_gradients(chunk_rows)
     x = torch.randint(0, 37, (3, 12))
     y = torch.randint(0, 37, (3, 12))
     y[0, :4] = -1  # ignored positions
-    model.loss_chunk_rows = chunk_rows
-    logits_out, loss = model(x, y, return_logits=False)
-    assert logits_out is None
+    loss = LMLoss(chunk_rows=chunk_rows)(model, x, y)
     loss.backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
@@ -340,7 +338,7 @@ def test_the_probe_leaves_weights_gradients_and_rng_as_they_were():
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     batch = (torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8)))
     rng = torch.get_rng_state()
-    probe = forward_backward_probe(model, batch, lambda dt: autocast(torch.device("cpu"), dt))
+    probe = forward_backward_probe(model, LMLoss(), batch, lambda dt: autocast(torch.device("cpu"), dt))
     for dt in (torch.float32, torch.bfloat16, torch.float32):
         probe(dt)
     assert torch.equal(torch.get_rng_state(), rng)  # dropout drew from a forked stream

@@ -22,6 +22,7 @@ from checkpoint.__main__ import consolidate
 from errors import UserError, run_cli
 from faults import inject
 from model import GPT, GPTConfig
+from runtime.loss_path import LMLoss
 from runtime.memory import training_bytes
 from training.config import load_config
 from training.sharding import checkpoint_blocks
@@ -31,6 +32,7 @@ from test_multirank import argv as multirank_argv, hellaswag_during_training_equ
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 TOL = 1e-5
+LOSS = LMLoss()  # the full logits' loss
 CLIP = 0.1  # below every step's gradient norm here: clipping acts on every step
 
 
@@ -131,7 +133,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     x, y = torch.randint(0, 65, (3, 16)), torch.randint(0, 65, (3, 16))
     for model in (plain, ckpt):
         torch.manual_seed(1)
-        model(x, y)[1].backward()
+        LOSS(model, x, y).backward()
     assert list(dict(ckpt.named_parameters())) == list(dict(plain.named_parameters()))  # names unchanged
     for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=0), name
@@ -148,8 +150,8 @@ def test_activation_checkpointing_under_compile_gives_the_same_gradients():
     ckpt.load_state_dict(plain.state_dict())
     checkpoint_blocks(ckpt)
     x, y = torch.randint(0, 65, (3, 16)), torch.randint(0, 65, (3, 16))
-    plain(x, y)[1].backward()
-    torch.compile(ckpt, backend="aot_eager")(x, y)[1].backward()
+    LOSS(plain, x, y).backward()
+    LOSS(torch.compile(ckpt, backend="aot_eager"), x, y).backward()  # the loss runs inside the compiled forward
     for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=0), name
 
@@ -175,7 +177,7 @@ def test_the_sharded_optimizer_state_taken_before_the_first_step_leaves_no_trace
 
     def steps(i: int, n: int) -> None:
         for _ in range(n):
-            models[i](x, x)[1].backward()
+            LOSS(models[i], x, x).backward()
             for opt in opts[i]:
                 opt.step()
                 opt.zero_grad(set_to_none=True)

@@ -78,7 +78,7 @@ def test_export_loads_in_transformers_with_our_logits(case, tmp_path):
         assert expected.std() > 0.1  # logits that differ, so the comparison means something
         torch.testing.assert_close(hf(idx).logits, expected, rtol=0, atol=1e-5)
         # fine-tuning in transformers: its loss (labels = the inputs, shifted inside) is our next-token loss
-        _, loss = ours(idx[:, :-1], idx[:, 1:])
+        loss = torch.nn.functional.cross_entropy(ours(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
         torch.testing.assert_close(hf(idx, labels=idx).loss, loss, rtol=0, atol=1e-5)
 
 

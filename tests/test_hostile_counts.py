@@ -66,7 +66,7 @@ def test_sample_number_options_are_bounded_and_refused_before_loading(world, cap
 
     def built(*a, **k):
         raise Built
-    monkeypatch.setattr(sample, "load_model", built)
+    monkeypatch.setattr(sample, "load_for_inference", built)
     try:
         code, _, err = run_entry(sample.main, argv, capsys)
     except Built:  # accepted: its work is bounded, and a cheap one runs to finite text

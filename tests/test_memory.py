@@ -25,6 +25,7 @@ CHILD = textwrap.dedent("""
     from model import GPT, GPTConfig
     from training.optim import make_optimizers
     from training.step import train_step
+    from runtime.loss_path import LMLoss
     from benchmarks.timing import reset_peak_rss, rss_kb
 
     cfg = GPTConfig(**json.loads(sys.argv[2]))
@@ -33,12 +34,11 @@ CHILD = textwrap.dedent("""
     # larger) isn't counted as the run's.
     before = reset_peak_rss()
     model = GPT(cfg)
-    model.loss_chunk_rows = None
     opts = make_optimizers(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     x = torch.randint(0, cfg.vocab_size, (B, T))
     for _ in range(2):
-        train_step(model, opts, scaler, [(x, x)], amp=lambda: torch.autocast("cpu", enabled=False), grad_clip=1.0)
+        train_step(model, LMLoss(), opts, scaler, [(x, x)], amp=lambda: torch.autocast("cpu", enabled=False), grad_clip=1.0)
     print(int((rss_kb("VmHWM") - before) * 1024))
 """)
 

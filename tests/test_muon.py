@@ -12,6 +12,7 @@ import torch
 import runtime.precision
 from model import GPT, GPTConfig
 from training.optim import NS_COEFFICIENTS, Muon, make_optimizers, newton_schulz
+from runtime.loss_path import LMLoss
 from training.step import train_step
 
 
@@ -96,7 +97,7 @@ def _modern_model(seed: int = 0) -> GPT:
 def _steps(model, optimizers, batches):
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     amp = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
-    return [train_step(model, optimizers, scaler, [b], amp=amp, grad_clip=1.0).loss.item() for b in batches]
+    return [train_step(model, LMLoss(), optimizers, scaler, [b], amp=amp, grad_clip=1.0).loss.item() for b in batches]
 
 
 def test_muon_ns_steps_reaches_the_newton_schulz_iteration():

@@ -25,7 +25,7 @@ from data import get_tokenizer
 from errors import run_cli
 from model import GPT, GPTConfig
 from model.generate import generate
-from checkpoint import save_checkpoint
+from checkpoint import load_for_inference, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
@@ -98,7 +98,8 @@ def hf_greedy(hf, ids, n, eot=50256):
 
 def test_hf_directory_loads_and_greedy_equals_transformers_generate(hf_dir):
     path, hf = hf_dir
-    model, tok, _ = sample.load_model(str(path))  # the --checkpoint code path
+    loaded = load_for_inference(str(path))  # the --checkpoint code path
+    model, tok = loaded.model, loaded.tok
     ids = tok.encode("The quick brown fox")
     n = 64 - len(ids)  # up to the block size
     expected = hf_greedy(hf.double(), ids, n)
@@ -271,7 +272,7 @@ def test_float16_and_bfloat16_run_on_cpu(char_ckpt, capsys):
         assert code == 0 and len(out) == len("hear") + 10 + 1 and dtype in err
 
 
-def test_decode_compiles_by_default_only_on_a_gpu_and_only_when_the_run_wins_back_the_compile():
+def test_decode_compiles_only_when_asked_since_the_cuda_graph_beat_the_compiled_step():
     from runtime.decoding import decode_compile
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
@@ -280,12 +281,10 @@ def test_decode_compiles_by_default_only_on_a_gpu_and_only_when_the_run_wins_bac
     assert decode_compile(False, gpu, steps=10**6, n_layer=48) == (False, None)
     # default on a CPU: never (its decode step is bound by the matmuls, not by kernel launches)
     assert decode_compile(None, cpu, steps=10**6, n_layer=48) == (False, None)
-    # default on a GPU: 12 layers save 4.95 ms / 12 per layer-step x (1 - 202/993) = 3.94 ms a step, so the
-    # 40 s compile pays after 40 / 3.94e-3 = 10,146 steps (by hand)
-    assert decode_compile(None, gpu, steps=10_100, n_layer=12) == (False, None)
-    on, note = decode_compile(None, gpu, steps=10_200, n_layer=12)
-    assert on and "CUDA graphs" in note and "--no-compile" in note and "\n" not in note
-    assert decode_compile(None, gpu, steps=2_600, n_layer=48)[0]  # 4x the layers: a quarter of the steps
+    # default on a GPU: the CUDA-graphed step (0.852 ms a token for 12 layers on an H100) was faster than the
+    # compiled one (0.945 ms), so compiling saves nothing however long the run: never by default
+    assert decode_compile(None, gpu, steps=10**7, n_layer=12) == (False, None)
+    assert decode_compile(None, gpu, steps=10**7, n_layer=96) == (False, None)
 
 
 def test_sample_on_a_cpu_decodes_eagerly_by_default_and_compile_flags_parse(char_ckpt, capsys):

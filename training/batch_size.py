@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 
 from errors import UserError
+from runtime.loss_path import LMLoss
 from runtime.memory import HEADROOM, available_bytes, training_bytes
 from runtime.precision import autocast
 
@@ -95,9 +96,10 @@ def choose(per_rank: int, measure: Callable[[int], int], limit: int) -> tuple[in
     return m, need[m]
 
 
-def measured_bytes(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, *, block_size: int,
+def measured_bytes(model: torch.nn.Module, loss: LMLoss, device: torch.device, dtype: torch.dtype, *, block_size: int,
                    vocab_size: int, extra: int) -> Callable[[int], int]:
-    """measure(m): the CUDA peak of one forward+backward of `model` at micro-batch m, plus `extra`."""
+    """measure(m): the CUDA peak of one forward+backward of `model` and the run's `loss` at micro-batch m,
+    plus `extra`."""
     gen = torch.Generator(device=device).manual_seed(0)  # the run's own RNG streams are not touched
 
     def measure(m: int) -> int:
@@ -107,7 +109,7 @@ def measured_bytes(model: torch.nn.Module, device: torch.device, dtype: torch.dt
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         try:
-            forward_backward_probe(model, batch, lambda dt: autocast(device, dt))(dtype)
+            forward_backward_probe(model, loss, batch, lambda dt: autocast(device, dt))(dtype)
         finally:
             model.zero_grad(set_to_none=True)  # an OOM mid-backward leaves partial gradients
         return torch.cuda.max_memory_allocated(device) + extra
@@ -137,7 +139,7 @@ def reapply_batch(t: TrainSection, micro: int, note: str, par: Parallel) -> tupl
 
 
 def measure_batch(t: TrainSection, model: torch.nn.Module, device: torch.device, par: Parallel, *, dtype: torch.dtype,
-                  block_size: int, vocab_size: int, rows: int | None,
+                  block_size: int, vocab_size: int, loss: LMLoss,
                   limit: Callable[[torch.device], int | None] | None = None, measure: Callable[[int], int] | None = None
                   ) -> tuple[tuple[int, int], str]:
     """batch_size auto's fresh decision -> ((micro-batch, global micro-steps), note), made by every rank
@@ -150,10 +152,10 @@ def measure_batch(t: TrainSection, model: torch.nn.Module, device: torch.device,
     real_peak = device.type == "cuda" and not par.joint_forward
     if measure is None:
         if real_peak:  # the forward+backward allocates the weights' gradients, not AdamW's two moments yet
-            measure = measured_bytes(model, device, dtype, block_size=block_size, vocab_size=vocab_size,
+            measure = measured_bytes(model, loss, device, dtype, block_size=block_size, vocab_size=vocab_size,
                                      extra=2 * 4 * n_params + ddp_buckets)
         else:
-            measure = estimated_bytes(model, t, par, block_size=block_size, rows=rows, extra=ddp_buckets)
+            measure = estimated_bytes(model, t, par, block_size=block_size, rows=loss.chunk_rows, extra=ddp_buckets)
     cap = (limit or memory_limit)(device)
     how = "measured by a forward+backward" if real_peak else f"estimated (no peak can be measured on {device.type}" + (
         " with FSDP over several ranks)" if device.type == "cuda" else ")")

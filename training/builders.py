@@ -5,28 +5,33 @@ so what a benchmark times is what train.py runs.
     check_memory(cfg, vocab_size, resume, device, par)   # refuse what can't fit, before allocating
     model, cfg, notes = build_model(cfg, ...)            # fresh, resumed, another run's or HF weights
     trainer = build_trainer(cfg, par, device, model, plan, loaders)  # the chain: each decision into the plan
-        loss path -> dtype -> float8 -> shard (activation checkpointing, FSDP) -> micro-batch -> weight-gradient
-        product -> loaders -> optimizers -> scaler -> step (compile, DDP)
+        loss (LMLoss) -> dtype -> float8 -> shard (activation checkpointing, FSDP) -> micro-batch -> weight-gradient
+        product -> attention kernel -> loaders -> optimizers -> scaler -> step (compile, DDP)
     checkpointer, rng = build_checkpointer(out_dir, par, ...)   # every stateful part, registered once
 
-Hardware switches are applied here from outside the model, one line each; which ranks take part is
-the parallel context's (training/distributed.py) answer, never a test of train.parallel here.
+Hardware switches are applied here from outside the model, one line each, and the loss is an object of
+its own (runtime/loss_path.py's LMLoss) that the step and the evals call: nothing is set on the model.
+Which ranks take part is the parallel context's (training/distributed.py) answer, never a test of
+train.parallel here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from checkpoint import Checkpointer, Resume, model_config_dict
+from checkpoint.load import checked_model_config
 from data import BatchLoader
+from errors import UserError
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
+from runtime.attention import fastest_kernel, use_kernel
 from runtime.device import with_compile_fallback
-from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, choose_loss_chunk_rows, choose_weight_grad_product,
-                               use_loss_path, use_weight_grad_product, weight_grad_product_available)
+from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, LMLoss, choose_loss_chunk_rows,
+                               choose_weight_grad_product, loss_path, weight_grad_product_available)
 from runtime.memory import check_fits, keep_freed_memory, training_bytes
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, sharded_param_dtype, training_dtype
 
@@ -46,10 +51,10 @@ def planned_model(cfg: Config, vocab_size: int, resume: Resume | None) -> GPTCon
     """The model this run will build, known before building it (None for another run's or HF weights)."""
     try:
         if resume is not None:
-            return GPTConfig(**resume.payload["model_config"])
+            return checked_model_config(resume.payload["model_config"], resume.path)
         if cfg.model.init_from == "scratch":
             return cfg.model.gpt_config(max(cfg.model.vocab_size, vocab_size))
-    except (KeyError, TypeError, ValueError):  # a damaged checkpoint: model_from_checkpoint says so
+    except (KeyError, TypeError, ValueError, UserError):  # a damaged checkpoint: model_from_checkpoint says so
         pass
     return None
 
@@ -84,7 +89,7 @@ def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resu
     if resume is not None and resume.sharded:  # its weights are loaded in place, shard by shard (restore)
         runtime = {"dropout": cfg.model.dropout, "attn_backend": cfg.model.attn_backend}
         with torch.device("meta"):
-            model = GPT(GPTConfig(**{**resume.payload["model_config"], **runtime}))
+            model = GPT(checked_model_config(resume.payload["model_config"], resume.path, **runtime))
         model = model.to_empty(device="cpu")
         model.tie_weights()
         notes = []
@@ -131,7 +136,7 @@ def data_loaders(cfg: Config, data_dir: Path, par: Parallel, device: torch.devic
 class Trainer:
     """The model joined to its training step, and the batches it steps on."""
     model: GPT  # the plain module: saved and evaluated
-    step: "Stepper"  # one optimizer step on this rank's micro-batches
+    step: "Stepper"  # one optimizer step on this rank's micro-batches; step.loss is the run's LMLoss (evals too)
     amp: Callable[[], Any]  # the run's autocast context (evals use it too)
     accum: int  # micro-steps per rank per optimizer step
     train_loader: Any
@@ -147,28 +152,33 @@ def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, 
     of the device (a benchmark emulating a smaller card on a CPU)."""
     t, block = cfg.train, cfg.model.block_size
     plan.settle("loss_chunk_rows", par, measure=lambda: loss_chunk_rows_for(t, device, model))
-    use_loss_path(model, device, compiled=t.compile, rows=plan.loss_chunk_rows)
+    loss = loss_path(device, compiled=t.compile, vocab_size=model.config.vocab_size, rows=plan.loss_chunk_rows)
     if device.type == "cpu":
         keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
     first = 1 if t.batch_size == AUTO_BATCH else t.batch_size  # the dtype is timed at this micro-batch
     first_loaders = loaders(first)
     plan.settle("dtype", par, override=None if t.dtype == "auto" else lambda: explicit_dtype(t.dtype, device),
-                measure=lambda: measure_dtype(model, first_loaders[0].get_batch(0, 0), device, t, first, par))
+                measure=lambda: measure_dtype(model, loss, first_loaders[0].get_batch(0, 0), device, t, first, par))
     dtype = DTYPE_BY_NAME[plan.dtype]
     allow_tf32(device)
     float8_layers = convert_to_float8(model, t.float8)  # before FSDP and the optimizers: it swaps modules
     model = shard_model(model, t, par, device, dtype)  # activation checkpointing, FSDP: before the optimizers
     batch = plan.settle("batch", par, override=None if t.batch_size == AUTO_BATCH else lambda: fixed_batch(t, par),
                         measure=lambda: measure_batch(t, model, device, par, dtype=dtype, block_size=block,
-                                                      vocab_size=model.config.vocab_size, rows=plan.loss_chunk_rows,
+                                                      vocab_size=model.config.vocab_size, loss=loss,
                                                       limit=memory_limit),
                         every_rank=True, reapply=lambda saved, note: reapply_batch(t, saved[0], note, par))
-    settle_loss_product(plan, par, device, model, batch[0] * block)
+    loss = replace(loss, product=settle_loss_product(plan, par, device, model, loss, batch[0] * block))
+    if cfg.model.attn_backend == "sdpa":
+        m = cfg.model
+        plan.settle("attention", par, measure=lambda: fastest_kernel(
+            device, batch=batch[0], n_head=m.n_head, seq=block, head_dim=m.n_embd // m.n_head, dtype=dtype))
+        use_kernel(plan.attention)
     train_loader, eval_loaders = first_loaders if batch[0] == first else loaders(batch[0])
     optimizers = build_optimizers(model, t, device, par)
     scaler = make_scaler(device, dtype)
     amp = lambda: autocast(device, dtype)  # noqa: E731
-    step = Stepper(model, optimizers, scaler, t, par, device, amp, say, plan)  # compile, DDP
+    step = Stepper(model, loss, optimizers, scaler, t, par, device, amp, say, plan)  # compile, DDP
     return Trainer(model, step, amp, batch[1] // par.world_size, train_loader, eval_loaders, float8_layers)
 
 
@@ -183,10 +193,11 @@ def explicit_dtype(name: str, device: torch.device) -> tuple[str, str]:
     return dtype_name(training_dtype(name, device)[0]), f"dtype {name} (from config)"
 
 
-def measure_dtype(model: GPT, batch, device: torch.device, t: TrainSection, rows: int, par: Parallel) -> tuple[str, str]:
+def measure_dtype(model: GPT, loss: LMLoss, batch, device: torch.device, t: TrainSection, rows: int,
+                  par: Parallel) -> tuple[str, str]:
     """train.dtype auto, by runtime/precision.py's rule: on a CPU the faster of fp32 and bf16 for this model's
     forward and backward at `rows` sequences, decided once per (machine, model, batch, ranks) and reused."""
-    probe = forward_backward_probe(model, batch, lambda dt: autocast(device, dt))
+    probe = forward_backward_probe(model, loss, batch, lambda dt: autocast(device, dt))
     shape = {"model": model_config_dict(model), "batch_size": rows, "world_size": par.world_size}
     dtype, note = auto_dtype("train", shape, lambda: training_dtype("auto", device, forward_backward=probe,
                                                                     run_steps=t.max_iters), device)
@@ -208,20 +219,21 @@ def fixed_batch(t: TrainSection, par: Parallel) -> tuple[tuple[int, int], str]:
         f"of {total} sequences kept")
 
 
-def settle_loss_product(plan: RunPlan, par: Parallel, device: torch.device, model: GPT, tokens: int) -> str:
-    """The plan's weight-gradient product for a micro-batch of `tokens` tokens on one rank, set on `model`."""
-    plan.settle("loss_product", par, measure=lambda: measure_loss_product(device, model, tokens),
+def settle_loss_product(plan: RunPlan, par: Parallel, device: torch.device, model: GPT, loss: LMLoss,
+                        tokens: int) -> str:
+    """The plan's weight-gradient product (a WEIGHT_GRAD_PRODUCTS name) for a micro-batch of `tokens` tokens
+    on one rank."""
+    plan.settle("loss_product", par, measure=lambda: measure_loss_product(device, model, loss, tokens),
                 reapply=lambda saved, note: reapply_loss_product(saved, note, device))
-    use_weight_grad_product(model, plan.loss_product)
     return plan.loss_product
 
 
-def measure_loss_product(device: torch.device, model: GPT, tokens: int) -> tuple[str, str]:
+def measure_loss_product(device: torch.device, model: GPT, loss: LMLoss, tokens: int) -> tuple[str, str]:
     """The fused loss's weight-gradient product measured for this machine and the chunks a micro-batch of
     `tokens` tokens (on one rank) makes; torch.mm (nothing to choose) with the full logits."""
-    if model.loss_chunk_rows is None:
+    if loss.chunk_rows is None:
         return DEFAULT_PRODUCT, ""
-    rows = min(model.loss_chunk_rows, tokens)
+    rows = min(loss.chunk_rows, tokens)
     return choose_weight_grad_product(device, vocab_size=model.config.vocab_size, rows=rows,
                                       n_embd=model.config.n_embd, chunks=-(-tokens // rows))
 
@@ -283,25 +295,26 @@ class Stepper:
     CPU, an unsupported GPU) the step is redone from the same state without compile, and the run goes on
     eager (runtime/device.py's with_compile_fallback, the policy sample.py follows too)."""
 
-    def __init__(self, model: GPT, optimizers, scaler, t: TrainSection, par: Parallel, device, amp, say,
-                 plan: RunPlan | None = None):
-        self.raw, self.optimizers, self.scaler, self.amp, self.say = model, optimizers, scaler, amp, say
+    def __init__(self, model: GPT, loss: LMLoss, optimizers, scaler, t: TrainSection, par: Parallel, device, amp,
+                 say, plan: RunPlan | None = None):
+        self.raw, self.loss, self.optimizers, self.scaler, self.amp, self.say = model, loss, optimizers, scaler, amp, say
         self.t, self.par, self.device, self.plan = t, par, device, plan
         self.model = parallelize(model, t, par, device)
         self.compiled = t.compile
 
     def __call__(self, batches) -> StepOutput:
         return with_compile_fallback(
-            lambda: train_step(self.model, self.optimizers, self.scaler, batches, amp=self.amp,
-                               grad_clip=self.t.grad_clip),
+            lambda: train_step(self.model, self.loss, self.optimizers, self.scaler, batches, amp=self.amp,
+                               grad_clip=self.t.grad_clip, par=self.par),
             compiled=self.compiled, go_eager=self.go_eager, say=self.say)
 
     def go_eager(self) -> None:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)  # a failed backward may have left partial gradients
         # compiled, a GPU's loss used the full logits; eager, the chunks this device takes (the plan says so)
-        use_loss_path(self.raw, self.device, compiled=False)
-        rows = self.raw.loss_chunk_rows
+        self.loss = loss_path(self.device, compiled=False, vocab_size=self.raw.config.vocab_size,
+                              product=self.loss.product)
+        rows = self.loss.chunk_rows
         if self.plan is not None and self.plan.loss_chunk_rows != rows:
             self.plan.revise("loss_chunk_rows", rows, f"fused LM-head loss in chunks of {rows} rows (eager: compile failed)")
             self.say(self.plan.shown["loss_chunk_rows"])

@@ -19,6 +19,7 @@ import yaml
 
 from data.config import DataConfig
 from errors import UserError
+from checkpoint.model_config import model_config_problem
 from model.gpt import GPTConfig
 from runtime.precision import DTYPE_NAMES
 from settings import (Freezable, all_of, at_least, at_most, check_fields, help_of, in_range, may_change_on_resume,
@@ -104,7 +105,7 @@ ARCH_KEYS = ("n_layer", "n_head", "n_embd", "bias", "gelu_approximate", "layer_n
 
 @dataclass
 class ModelSection(Freezable):
-    """The `model:` section: GPTConfig's fields under the same names (GPTConfig.validate checks them),
+    """The `model:` section: GPTConfig's fields under the same names (checkpoint/model_config.py checks them),
     with smaller defaults, plus where the weights start from. `gpt_config` converts it."""
     block_size: int = setting(128, "the longest context, in tokens")
     vocab_size: int = setting(0, "0: the tokenizer's vocabulary; a larger value pads the embedding (e.g. 50304 = 786 x "
@@ -144,10 +145,9 @@ class ModelSection(Freezable):
         check_fields(self, "model")
         if isinstance(self.vocab_size, int) and self.vocab_size < 0:
             raise UserError(f"model.vocab_size must be 0 (the tokenizer's) or a positive integer, got {self.vocab_size}")
-        try:
-            self.gpt_config(self.vocab_size or 1)  # GPTConfig.validate: the one check of the model's fields
-        except ValueError as e:  # it names the field as GPTConfig.<field>; the user wrote model.<field>
-            raise UserError(str(e).replace("GPTConfig.", "model.")) from None
+        problem = model_config_problem(self.gpt_config(self.vocab_size or 1), prefix="model.")  # the one check
+        if problem:
+            raise UserError(problem)
 
 
 @dataclass

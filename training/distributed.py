@@ -8,6 +8,7 @@ ranks run this" is answered here, once:
     par.broadcast(x)    rank 0's value everywhere;   par.gather(x): every rank's, in rank order
     par.any(flag)       true everywhere if true on any rank
     par.sum_(t)         in place, over the control group;   par.mean_(t): over the default (device) group
+    par.step_sum_(t)    in place, over the default group, inside the step's `waiting` (its counted targets)
     with par.waiting(what): any other collective (the step's gradient reduction), named for the error line
     par.evaluates       whether this rank runs the evals' forwards (rank 0; with FSDP every rank)
     par.scores_share    whether a rank scores its own share of the HellaSwag items (else every item)
@@ -222,6 +223,13 @@ class Parallel:
         if self.enabled:
             with self.waiting(what):
                 dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return t
+
+    def step_sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the ranks, in place, on the default (device) group, with no host sync: a collective
+        of the training step (its counted targets), so it runs inside the step's own `waiting` (step_at)."""
+        if self.enabled:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
     def mean_(self, t: torch.Tensor, what: str = "the logged loss's mean over the ranks") -> torch.Tensor:

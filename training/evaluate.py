@@ -1,4 +1,10 @@
-"""Evaluation on fixed batches: the same windows every eval, so evals are comparable across a run."""
+"""Evaluation on fixed batches: the same windows every eval, so evals are comparable across a run.
+
+Each takes the run's loss (runtime/loss_path.py's LMLoss: `loss(model, idx, targets)`, the mean over the
+targets != -1), and weighs each batch by its counted targets: the result is the mean over every counted
+target, whatever each batch holds (with every target counted, as in pretraining, the plain mean of the
+batches' means, to float rounding).
+"""
 from __future__ import annotations
 
 import math
@@ -8,39 +14,45 @@ import torch
 import torch.nn as nn
 
 
-def _losses(model: nn.Module, batches, autocast_ctx: Callable) -> list[torch.Tensor]:
-    """The fp32 loss of each (x, y) batch, in eval mode (no dropout, so the training RNG is untouched),
-    left on the device: the caller reads them back at once."""
+def _losses(model: nn.Module, loss_fn: Callable, batches, autocast_ctx: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the fp32 loss of each (x, y) batch, its counted targets), in eval mode (no dropout, so the training
+    RNG is untouched), left on the device: the caller reads them back at once."""
     was_training = model.training
     model.eval()
-    losses = []
+    losses, counts = [], []
     for x, y in batches:
         with autocast_ctx():
-            _, loss = model(x, y, return_logits=False)  # fused head + loss, no (B, T, V) logits
+            loss = loss_fn(model, x, y)  # fused head + loss, no (B, T, V) logits
         losses.append(loss.float())
+        counts.append((y != -1).sum())
     model.train(was_training)
-    return losses
+    return torch.stack(losses), torch.stack(counts)
+
+
+def _token_mean(losses: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The batches' means weighted by their counted targets: the mean over every counted target (0 for none)."""
+    c = counts.to(losses.device, torch.float64 if losses.device.type == "cpu" else torch.float32)
+    return (losses.to(c.dtype) * c).sum() / c.sum().clamp(min=1)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loaders: dict, eval_iters: int, autocast_ctx: Callable) -> dict[str, float]:
-    """Mean loss over batches 0..eval_iters-1 of each loader (a loader with its own eval seed), in eval
-    mode. One host sync per split."""
-    return {split: torch.stack(_losses(model, (loader.get_batch(k, 0) for k in range(eval_iters)), autocast_ctx))
-            .mean().item() for split, loader in loaders.items()}
+def evaluate(model: nn.Module, loss_fn: Callable, loaders: dict, eval_iters: int, autocast_ctx: Callable
+             ) -> dict[str, float]:
+    """Mean loss over the counted targets of batches 0..eval_iters-1 of each loader (a loader with its own
+    eval seed), in eval mode. One host sync per split."""
+    return {split: _token_mean(*_losses(model, loss_fn, (loader.get_batch(k, 0) for k in range(eval_iters)),
+                                        autocast_ctx)).item() for split, loader in loaders.items()}
 
 
 @torch.no_grad()
-def evaluate_full(model: nn.Module, loader, autocast_ctx: Callable) -> float:
+def evaluate_full(model: nn.Module, loss_fn: Callable, loader, autocast_ctx: Callable) -> float:
     """Mean loss over every window of the loader's split, read in order (BatchLoader.sequential_batch):
     the split's exact loss, where `evaluate`'s eval_iters random batches estimate it (on tiny shakespeare,
-    20 batches of 8 x 128 tokens read 1.63-1.67 for one model whose whole val split gives 1.643). Every
-    window has block_size targets, so the mean of the batches weighted by their rows is the token mean.
-    One host sync."""
+    20 batches of 8 x 128 tokens read 1.63-1.67 for one model whose whole val split gives 1.643). One host
+    sync."""
     n, size = loader.num_windows(), loader.batch_size
-    rows = torch.tensor([min(size, n - k * size) for k in range(math.ceil(n / size))], dtype=torch.float64)
-    losses = _losses(model, (loader.sequential_batch(k) for k in range(len(rows))), autocast_ctx)
-    return ((torch.stack(losses).cpu().double() * rows).sum() / rows.sum()).item()
+    return _token_mean(*_losses(model, loss_fn, (loader.sequential_batch(k) for k in range(math.ceil(n / size))),
+                                autocast_ctx)).item()
 
 
 def bits_per_byte(loss_nats_per_token: float, bytes_per_token: float) -> float:

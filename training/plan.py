@@ -3,6 +3,7 @@
     dtype             the training dtype (train.dtype; auto: timed on a CPU, the GPU's native type)
     loss_chunk_rows   rows of the fused LM-head loss per chunk (None: the full logits), for this device
     loss_product      how the fused loss makes the head's weight gradient (timed once per machine)
+    attention         the SDPA kernel training puts first on a GPU (timed: runtime/attention.py)
     micro_batch/accum sequences per micro-step per rank / global micro-steps (train.batch_size, or auto)
     max_iters/warmup_iters  the schedule (train.max_iters, or what train.time_budget leaves room for)
     peak_flops        the device's peak, for MFU (train.peak_flops, or a table / a probe)
@@ -42,6 +43,7 @@ class RunPlan:
     dtype: str = ""
     loss_chunk_rows: int | None = None
     loss_product: str = ""
+    attention: str = ""  # the SDPA kernel put first on a GPU (runtime/attention.py), "default" elsewhere
     micro_batch: int = 0
     accum: int = 0  # GLOBAL micro-steps per optimizer step (each rank runs accum / world_size)
     max_iters: int = 0

@@ -102,6 +102,6 @@ def evaluate_splits(r: Run, iters: int, full: bool = False) -> tuple[dict[str, f
         return None
     loaders = r.trainer.eval_loaders
     with r.par.waiting("the eval's forwards", patient=True, grace_s=math.inf):  # under FSDP every rank's
-        losses = evaluate(r.model, loaders, iters, r.amp)
-        whole = evaluate_full(r.model, loaders["val"], r.amp) if full else None
+        losses = evaluate(r.model, r.step.loss, loaders, iters, r.amp)
+        whole = evaluate_full(r.model, r.step.loss, loaders["val"], r.amp) if full else None
     return (losses, whole) if r.par.is_main else None

@@ -39,7 +39,7 @@ from eval.figures import Inspection, attention_figure, figure_png, surprisal_fig
 from eval.inspect import inspect_tokens
 from fileio import atomic_write_bytes
 from model.generate import generate
-from sample import DEFAULT_PROMPT
+from runtime.text import DEFAULT_PROMPT
 
 from data.chat_template import ChatTemplate, template_for
 

@@ -1,0 +1,73 @@
+#!/bin/bash
+# One GPU, one go: this project's GPU figures beside nanoGPT's own code on the same card, in one run
+# (issue "GPU: right by default ..."). Run from the project's root with nanoGPT's anchors copied beside it:
+#   cp -r ../shared/anchors .anchors && cp -r ../shared/tiktoken_cache ../shared/data .anchors/
+#   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
+# Steps run in order of importance; each has its own time cap, and a step that would not fit in what is
+# left of the budget is skipped (said in summary.txt), so a cut run still reports the first ones.
+# Lines of training output are stamped with the seconds since the command started (val loss against
+# wall time, for the curves: python -m benchmarks.gpu_curves).
+R=$(pwd); A=$R/.anchors; BUDGET=${1:-540}; T0=$(date +%s)
+OUT=${OUT:-/tmp/gpu_round}; L=$OUT/logs; mkdir -p "$L"
+export TIKTOKEN_CACHE_DIR=$A/tiktoken_cache SMALLGPT_SHAKESPEARE=$A/data/tinyshakespeare/input.txt
+export WANDB_MODE=disabled PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SMALLGPT_CACHE_DIR=/tmp/smallgpt-cache
+PY=${PY:-python3}
+S=$OUT/summary.txt
+say() { echo "$*" | tee -a "$S"; }
+pack() { (cd "$OUT" && tar czf gpu.tgz logs 2>/dev/null); }
+stamp() { $PY -u -c 'import sys, time
+t = time.time()
+for line in sys.stdin:
+    sys.stdout.write(f"{time.time() - t:8.2f} {line}"); sys.stdout.flush()'; }
+# step NAME CAP_S COMMAND...: run it (stamped, into logs/NAME.log) if CAP_S still fits the budget
+step() {
+  local name=$1 cap=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - T0) ))
+  if [ "$left" -lt "$cap" ]; then say "== $name: skipped (cap ${cap}s, ${left}s left)"; return; fi
+  local s=$(date +%s%N)
+  ( timeout -k 5 "$cap" "$@" 2>&1 | stamp ) > "$L/$name.log"
+  say "== $name: rc=${PIPESTATUS[0]} wall=$(( ($(date +%s%N) - s) / 1000000 )) ms: $*"
+  pack
+}
+cd "$R"
+say "######## $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+$PY -c "import torch,sys;print('python',sys.version.split()[0],'torch',torch.__version__,'cudnn',torch.backends.cudnn.version())" | tee -a "$S"
+
+# 1. decoding GPT-2 124M at batch 1: sample.py's default (the CUDA graph), the same static step uncaptured,
+#    eager, torch.compile (its first call = the compile's cost), nanoGPT's uncached loop, HF generate
+step decode 110 $PY bench.py --device cuda --only decode --compile --repeats 3 --json "$L/decode.json"
+# 2. the SDPA kernels at the attention shapes of the runs below (what the run plan times at start-up)
+step sdpa 30 $PY -c "
+import torch
+from runtime.attention import fastest_kernel
+for b, h, t in ((16, 12, 1024), (64, 12, 1024), (64, 6, 256)):
+    print(b, h, t, fastest_kernel(torch.device('cuda'), batch=b, n_head=h, seq=t, head_dim=64, dtype=torch.bfloat16))"
+# 3. GPT-2 124M: nanoGPT's own train.py, 16 x 1024 a micro-step, bias as ours (True), compiled, bf16
+step nanogpt_124m 80 bash -c "cd $A/nanogpt && $PY train.py config/train_gpt2.py --dataset=shakespeare --batch_size=16 \
+  --gradient_accumulation_steps=1 --max_iters=40 --log_interval=5 --eval_interval=100000 --eval_iters=1 \
+  --wandb_log=False --bias=True --out_dir=/tmp/gr_ng"
+# 4. ours: train.py --config gpt2_124m as shipped (batch_size auto, 512 sequences a step), 6 steps
+step ours_124m 130 $PY train.py --config gpt2_124m --data.dataset=shakespeare --data.val_fraction=0.1 --data.num_proc=0 \
+  --train.max_iters=6 --train.eval_iters=1 --train.log_interval=1 --train.warmup_iters=2 --train.eval_interval=1000 \
+  --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m
+# 5. characters: nanoGPT's train_shakespeare_char ("baby GPT"), then ours shakespeare_char_gpu.yaml
+step nanogpt_char 110 bash -c "cd $A/nanogpt && $PY train.py config/train_shakespeare_char.py --max_iters=2500 \
+  --lr_decay_iters=2500 --wandb_log=False --always_save_checkpoint=False --out_dir=/tmp/gr_ngc"
+step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.out_dir=/tmp/gr_char
+# 6. small.yaml as a newcomer runs it, then what bounds its step (launches or the GPU)
+step small 80 $PY train.py --config small.yaml --train.out_dir=/tmp/gr_small
+step small_profile 40 $PY -m benchmarks.gpu_step_profile
+step sample 30 $PY sample.py --checkpoint /tmp/gr_small --seed 1 --max-new-tokens 200
+# 7. the same-loss check, 200 steps under nanoGPT's schedule, with the baseline's own run-to-run noise
+step loss 170 $PY bench.py --device cuda --only loss --loss-steps 200 --json "$L/loss.json"
+# 8. GPT-2 BPE on tiny shakespeare: ours shakespeare_gpu.yaml
+step ours_bpe 80 $PY train.py --config shakespeare_gpu --train.out_dir=/tmp/gr_bpe
+# 9. levers one at a time: ours at nanoGPT's fixed micro-batch (16 x 32), then batch auto on 16 and 24 GB cards
+step ours_124m_16 110 $PY train.py --config gpt2_124m --data.dataset=shakespeare --data.val_fraction=0.1 --data.num_proc=0 \
+  --train.batch_size=16 --train.grad_accum_steps=32 --train.global_batch_size=0 --train.max_iters=4 --train.eval_iters=1 \
+  --train.log_interval=1 --train.warmup_iters=2 --train.eval_interval=1000 --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m16
+step auto_16gb 100 $PY -m benchmarks.auto_batch --memory-gb 16 --json "$L/auto-16gb.json"
+step auto_24gb 100 $PY -m benchmarks.auto_batch --memory-gb 24 --json "$L/auto-24gb.json"
+step float8 170 $PY bench.py --device cuda --only train --vocabs 50304 --batch-sizes 16 --float8 tensorwise --warmup 3 --iters 15 --json "$L/float8.json"
+say "######## done after $(( $(date +%s) - T0 )) s"
+pack

@@ -1,0 +1,295 @@
+"""Chat with a fine-tuned model in the terminal: the reply streamed, the conversation's KV cache kept across
+turns (a turn prefills only its own tokens: runtime/chat_session.py).
+
+    python chat.py                                  # the run under out/ trained last (as sample.py)
+    python chat.py --checkpoint out/sft --system "Answer in one line."
+    printf 'What is 2+3?\\nAnd 4+4?\\n' | python chat.py --checkpoint out/sft     # scripting
+
+Commands (a line starting with '/'; '//' at the start sends a message beginning with '/'):
+  /clear            forget the conversation (the system message stays)
+  /system TEXT      set the system message (an empty TEXT removes it); the turns so far stay
+  /temperature X    0 is greedy; e.g. 0.8
+  /quit             (or Ctrl-D) leave
+A bad command or value is one line, and the chat goes on. Ctrl-C during a reply stops the reply (what was
+said stays in the conversation); Ctrl-C at the prompt, or end of input, quits.
+
+At a terminal the reply is streamed after `bot> `. With stdin not a terminal (a pipe, a file), every line
+is one user message and stdout gets exactly one line per message: the reply text, with backslash, newline
+and carriage return written as \\\\, \\n and \\r (so a reply that holds new lines stays one line; undo it
+with those three replacements). Blank lines are skipped; commands work and print nothing on stdout; a
+message that is refused (not UTF-8, too long, characters the vocabulary lacks) gets its one-line error on
+stderr and an empty line on stdout, so line N of stdout always answers message N. Piped, --temperature
+defaults to 0 (greedy: the same text on every run and as serve.py's greedy reply at the same --dtype); at a
+terminal to 0.8. Notices (the model loaded, the context full) go to stderr.
+
+When the conversation outgrows the model's context (block_size) the oldest exchanges are dropped, the
+system message kept, with a notice. Only a chat model can chat: a checkpoint without a chat template
+(one not fine-tuned with sft.yaml) is refused in one line.
+"""
+from __future__ import annotations
+
+import errors
+
+if __name__ == "__main__":  # before the heavy imports below: Ctrl-C during start-up is one line too
+    errors.quiet_interrupts()
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from checkpoint import default_checkpoint, load_for_inference
+from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr
+from fileio import point_at_devnull
+from runtime.chat_session import ChatSession
+from runtime.decoding import setup_decoding
+from runtime.device import resolve_device
+from runtime.precision import DTYPE_NAMES, dtype_name
+from runtime.sampling import Sampling, check_temperature, check_top_k, check_top_p
+
+if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again
+    errors.start_up_done()
+
+MAX_MESSAGE_BYTES = 2**20  # far past any context; a line of /dev/zero is refused, not read forever
+MAX_NEW_TOKENS = 1_000_000
+COMMANDS = "/clear, /system TEXT, /temperature X, /quit"
+
+
+class Quit(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python chat.py", description="Chat with a fine-tuned model (the reply streamed).")
+    p.add_argument("--checkpoint", default=None,
+                   help="a chat model's ckpt file or training out_dir (default: the run under out/ trained last)")
+    p.add_argument("--system", default=None, help="the system message (default: none)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 means greedy (default: 0.8 at a terminal, 0 with stdin piped)")
+    p.add_argument("--top-k", type=int, default=200, help="keep the K most likely tokens (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="the longest reply in tokens (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
+    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
+                   help="as sample.py's: auto picks bf16 on GPUs where native, on a CPU the faster of float32 and "
+                        "bfloat16 where bf16 is native, else float32")
+    return p
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    if args.temperature is not None:
+        check_temperature(args.temperature)
+    check_top_k(args.top_k)
+    check_top_p(args.top_p)
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got {args.max_new_tokens}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise UserError(f"--seed must be an integer in [0, 2**63), got {args.seed}")
+    if sys.stdin is None:
+        raise UserError("stdin is closed, so there is nobody to chat with; run chat.py at a terminal or pipe "
+                        "messages in")
+    if sys.stdout is None:
+        raise UserError("stdout is closed, so the replies have nowhere to go; run with stdout open")
+
+
+def note(msg: str) -> None:
+    to_stderr(f"chat.py: {msg}")
+
+
+# ---------------------------------------------------------------------------------- input
+
+def read_message(raw, where: str) -> str | None:
+    """The next line of `raw` (bytes) as text without its line end; None at the end of input. A line over
+    MAX_MESSAGE_BYTES (skipped to its end) or not valid UTF-8 is a one-line UserError."""
+    line = raw.readline(MAX_MESSAGE_BYTES + 1)
+    if not line:
+        return None
+    if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
+        while (rest := raw.readline(MAX_MESSAGE_BYTES)) and not rest.endswith(b"\n"):
+            pass
+        raise UserError(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
+                        "send a shorter message")
+    line = line.rstrip(b"\n").rstrip(b"\r")
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
+                        "as UTF-8") from None
+
+
+def run_command(session: ChatSession, line: str) -> str:
+    """Do the command on `line` ('/name arg'); what to tell the user. Quit for /quit; UserError for a bad one."""
+    name, _, arg = line[1:].partition(" ")
+    if name == "quit":
+        raise Quit
+    if name == "clear":
+        session.clear()
+        return "the conversation is cleared" + (" (the system message stays)" if session.messages else "")
+    if name == "system":
+        session.set_system(arg.strip())
+        return "the system message is set" if arg.strip() else "the system message is removed"
+    if name == "temperature":
+        try:
+            value = float(arg)
+        except ValueError:
+            raise UserError(f"/temperature takes a number, got {arg.strip()!r}; e.g. /temperature 0.8, or 0 for "
+                            "greedy") from None
+        session.sampling.temperature = check_temperature(value, "/temperature")
+        return f"temperature {value:g}" + (" (greedy)" if value == 0 else "")
+    raise UserError(f"unknown command {line.split()[0]!r}; the commands are {COMMANDS} (start a message with // to "
+                    "send one that begins with '/')")
+
+
+def is_command(line: str) -> bool:
+    return line.startswith("/") and not line.startswith("//")
+
+
+def message_text(line: str) -> str:
+    return line[1:] if line.startswith("//") else line
+
+
+def escape(text: str) -> str:
+    """One reply on one line: backslash, newline and carriage return written as \\\\, \\n, \\r."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+# ---------------------------------------------------------------------------------- the two modes
+
+def chat_at_terminal(session: ChatSession, raw, out) -> int:
+    note(f"type a message; commands: {COMMANDS}; Ctrl-C stops a reply, Ctrl-D (or Ctrl-C here) quits")
+    while True:
+        try:  # the prompt's write is inside: a Ctrl-C that lands as it is shown still quits cleanly
+            out.write("you> ")
+            out.flush()
+            line = read_message(raw, "the message")
+        except KeyboardInterrupt:
+            out.write("\n")
+            return 0
+        except UserError as e:
+            to_stderr(f"error: {e}")
+            continue
+        if line is None:
+            out.write("\n")
+            return 0
+        if line.strip() and terminal_turn(session, line, out) is Quit:
+            return 0
+
+
+def terminal_turn(session: ChatSession, line: str, out):
+    """One command or one message and its streamed reply; Quit for /quit. Ctrl-C anywhere in it stops
+    the reply, not the chat: what was said stays in the conversation."""
+    pieces = None
+    try:
+        if is_command(line):
+            note(run_command(session, line))
+            return None
+        pieces = session.reply(message_text(line))
+        out.write("bot> ")
+        out.flush()
+        for piece in pieces:
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+    except Quit:
+        return Quit
+    except UserError as e:
+        to_stderr(f"error: {e}")
+    except KeyboardInterrupt:
+        if pieces is not None:
+            pieces.close()
+        out.write("\n")
+        note("reply stopped (Ctrl-C at the prompt quits)")
+    out.flush()
+    return None
+
+
+def chat_piped(session: ChatSession, raw, out) -> int:
+    lineno = 0
+    while True:
+        lineno += 1
+        try:
+            line = read_message(raw, f"line {lineno} of stdin")
+        except UserError as e:
+            to_stderr(f"error: {e}")
+            out.write("\n")
+            continue
+        if line is None:
+            return 0
+        if not line.strip():
+            continue
+        if is_command(line):  # its answer, or its error, on stderr only: stdout has one line per message
+            try:
+                note(run_command(session, line))
+            except Quit:
+                return 0
+            except UserError as e:
+                to_stderr(f"error: line {lineno} of stdin: {e}")
+            continue
+        try:
+            pieces = session.reply(message_text(line))
+        except UserError as e:
+            to_stderr(f"error: line {lineno} of stdin: {e}")
+            out.write("\n")
+            continue
+        try:
+            for piece in pieces:
+                out.write(escape(piece))
+                out.flush()
+        finally:  # also on Ctrl-C: the reply's line is ended before `interrupted`
+            pieces.close()
+            out.write("\n")
+            out.flush()
+
+
+# ---------------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    validate_args(args)
+    interactive = sys.stdin.isatty()
+    temperature = args.temperature if args.temperature is not None else (0.8 if interactive else 0.0)
+    spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
+    device = resolve_device(args.device, option="--device")
+    loaded = load_for_inference(spec)
+    template, tok = loaded.chat_template, loaded.tok
+    if template is None:
+        raise UserError(f"{loaded.description} is not a chat model (its checkpoint has no chat template); fine-tune it "
+                        f"on conversations first: `python train.py --config sft.yaml --model.init_from={spec} "
+                        "--data.dataset=YOUR.jsonl` (docs/chat.md), then chat with that run's out_dir")
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    ready = setup_decoding(loaded.model, device, args.dtype, say=note)
+    session = ChatSession(ready.model, tok, template, system=args.system, max_new_tokens=args.max_new_tokens,
+                          sampling=Sampling(temperature, args.top_k, args.top_p if args.top_p < 1 else None),
+                          decode_fn=ready.decode_fn, seed=seed, notice=note)
+    note(f"{loaded.description}, {tok.name} tokenizer, context {loaded.model.config.block_size} tokens; {device}, "
+         f"{dtype_name(ready.dtype)}; temperature {temperature:g}; seed {seed}")
+    out = sys.stdout
+    if hasattr(out, "reconfigure"):
+        out.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?', not a crash
+    raw = getattr(sys.stdin, "buffer", None) or _TextAsBytes(sys.stdin)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return chat_at_terminal(session, raw, out) if interactive else chat_piped(session, raw, out)
+    except BrokenPipeError:  # e.g. `... | python chat.py | head -1`: the reader left, nothing more to say
+        point_at_devnull(sys.stdout)
+        return 0
+    except OSError as e:
+        point_at_devnull(sys.stdout)
+        raise UserError(f"cannot write the reply to stdout ({short_error(e)}); free some space where it goes") from None
+
+
+class _TextAsBytes:
+    """A text-only stdin (a test's replacement) read as the bytes it was given."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def readline(self, limit: int = -1) -> bytes:
+        return self.stream.readline(limit).encode("utf-8", "surrogateescape")
+
+
+if __name__ == "__main__":
+    run_cli(main)

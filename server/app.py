@@ -1,0 +1,313 @@
+"""The HTTP side: OpenAI's API over the engine, the chat page, and errors in OpenAI's shape only.
+
+    POST /v1/chat/completions   a chat model's reply, whole or streamed as server-sent events
+    POST /v1/completions        a plain continuation of a prompt (any checkpoint, chat or not)
+    GET  /v1/models, /v1/models/{id}, /health, /   (the page)
+
+Nothing a client sends reaches a traceback: a bad request is an ApiError (4xx), a route that fails
+anyway is a 500 in the same shape and one line in the log (`Guard`), and a client that goes away ends its
+request in the engine at the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from errors import UserError, short_error, to_stderr
+from fileio import json_loads
+
+from .engine import Engine, QueueFull, Request, Sampling
+from .schema import ApiError, Limits, Params, check_messages, check_model, check_params, check_prompt, error_body
+from .text import StopText
+
+PAGE = Path(__file__).with_name("page.html")
+GRACE_S = 5.0  # past a request's deadline the engine has ended it; waiting longer means a stuck step
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+
+@dataclass
+class Served:
+    engine: Engine
+    tokenizer: Any  # data.tokenizer.Tokenizer
+    template: Any  # data.chat_template.ChatTemplate, or None for a model that was not taught to chat
+    model_id: str
+    limits: Limits
+    created: int
+
+
+def create_app(served: Served) -> FastAPI:
+    app = FastAPI(title="smallgpt", docs_url=None, redoc_url=None, openapi_url=None)
+    page = PAGE.read_text(encoding="utf-8")
+
+    @app.exception_handler(ApiError)
+    async def api_error(_, e: ApiError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)  # unknown routes (404), wrong methods (405)
+    async def http_error(request: HttpRequest, e: HTTPException):
+        text = {404: f"no route {request.url.path[:100]}; see GET /v1/models, POST /v1/chat/completions",
+                405: f"{request.method} is not allowed on {request.url.path[:100]}"}.get(e.status_code, str(e.detail))
+        return JSONResponse(error_body(text, code=str(e.status_code)), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index():
+        return HTMLResponse(page)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": served.model_id, "chat": served.template is not None, **served.engine.load()}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(served)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        check_model({"model": model_id}, served.model_id)
+        return _model_card(served)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: HttpRequest):
+        body = await read_json(request, served.limits)
+        check_model(body, served.model_id)
+        params = check_params(body, served.limits)
+        messages = check_messages(body, served.limits)
+        t = served.template
+        if t is None:
+            raise ApiError(400, f"{served.model_id} was not fine-tuned to chat (its checkpoint has no chat template); "
+                           "use POST /v1/completions, or serve a checkpoint trained with sft.yaml",
+                           param="model", code="model_not_chat")
+        prompt = _encode(lambda: t.encode_prompt(served.tokenizer, messages, add_generation_prompt=True), "messages")
+        # every marker ends the reply (chat.py's rule too): <|end|>, or a model that starts a turn of its own
+        stop_ids = frozenset(range(t.base, t.vocab_size)) | {served.tokenizer.eot}
+        decode = lambda ids: t.decode(served.tokenizer, ids)  # noqa: E731
+        return await respond(request, served, prompt, params, stop_ids, t.vocab_size, decode, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: HttpRequest):
+        body = await read_json(request, served.limits)
+        check_model(body, served.model_id)
+        params = check_params(body, served.limits)
+        tok = served.tokenizer
+        prompt = check_prompt(body, tok.vocab_size)
+        if isinstance(prompt, str):
+            text = prompt
+            # an empty prompt starts from end-of-text, as sample.py does
+            prompt = _encode(lambda: tok.encode(text), "prompt") or [tok.eot]
+        if params.max_tokens is None:
+            params = _with_tokens(params, COMPLETION_DEFAULT_TOKENS)
+        return await respond(request, served, prompt, params, frozenset({tok.eot}), tok.vocab_size, tok.decode,
+                             chat=False)
+
+    return Guard(app)
+
+
+def _model_card(served: Served) -> dict:
+    return {"id": served.model_id, "object": "model", "created": served.created, "owned_by": "smallgpt"}
+
+
+def _with_tokens(params: Params, n: int) -> Params:
+    return replace(params, max_tokens=n)
+
+
+def _encode(fn, param: str) -> list[int]:
+    try:
+        return list(fn())
+    except UserError as e:  # e.g. a character the char vocabulary lacks
+        raise ApiError(400, f"{param}: {e}", param=param, code="invalid_value") from None
+
+
+async def read_json(request: HttpRequest, limits: Limits) -> dict:
+    """The body as a JSON object: at most max_body_bytes, received within read_timeout_s."""
+    declared = request.headers.get("content-length")
+    too_big = ApiError(413, f"the request body is over {limits.max_body_bytes} bytes", code="request_too_large")
+    if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
+        raise too_big
+
+    async def receive() -> bytes:
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limits.max_body_bytes:
+                raise too_big
+        return bytes(data)
+
+    try:
+        raw = await asyncio.wait_for(receive(), limits.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {limits.read_timeout_s:g} s",
+                       code="request_timeout") from None
+    try:
+        body = json_loads(raw)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ApiError(400, f"the body is not valid JSON ({short_error(e, 100)})", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    return body
+
+
+async def respond(request: HttpRequest, served: Served, prompt: list[int], params: Params, stop_ids: frozenset,
+                  vocab_limit: int, decode, *, chat: bool):
+    block = served.engine.block_size
+    param = "messages" if chat else "prompt"
+    if len(prompt) >= block:
+        raise ApiError(400, f"the prompt is {len(prompt)} tokens, and this model's context is {block}: it leaves no "
+                       "room for a reply; shorten it", param=param, code="context_length_exceeded")
+    max_tokens = params.max_tokens or min(block - len(prompt) + 1, served.limits.max_tokens)
+    loop = asyncio.get_running_loop()
+    req = Request(prompt, Sampling(params.temperature, params.top_p, max_tokens, stop_ids, vocab_limit, params.seed),
+                  loop, deadline=time.monotonic() + served.limits.request_timeout_s)
+    try:
+        served.engine.submit(req)
+    except QueueFull:
+        raise ApiError(429, "the server is busy: every slot is decoding and the queue is full; retry shortly",
+                       type="rate_limit_error", code="rate_limit_exceeded") from None
+    text = StopText(decode, params.stop)
+    reply = Reply(chat, served.model_id, len(prompt))
+    if params.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(_sse(req, text, reply, params.include_usage), media_type="text/event-stream",
+                                 headers=headers)
+    watcher = asyncio.create_task(_watch_disconnect(request, req))
+    try:
+        parts, reason = [], "stop"
+        async for piece, finish in _pieces(req, text):
+            parts.append(piece)
+            reason = finish or reason
+    finally:
+        watcher.cancel()
+    reply.tokens = text.tokens
+    return JSONResponse(reply.whole("".join(parts), reason))
+
+
+async def _watch_disconnect(request: HttpRequest, req: Request) -> None:
+    """For a whole (unstreamed) reply: a client gone before the reply is done frees its row."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            req.cancel()
+            req.queue.put_nowait(("gone", None))
+            return
+
+
+async def _pieces(req: Request, text: StopText) -> AsyncIterator[tuple[str, str | None]]:
+    """(text, None) as tokens arrive, then (the rest, finish_reason) once. Ends the request however it ends."""
+    try:
+        while True:
+            wait = req.deadline - time.monotonic() + GRACE_S
+            try:
+                kind, value = await asyncio.wait_for(req.queue.get(), max(wait, 0.1))
+            except asyncio.TimeoutError:
+                raise ApiError(503, "the reply did not finish in time; retry later", type="server_error",
+                               code="timeout") from None
+            if kind == "token":
+                piece = text.push(value)
+                if text.stopped:  # a stop string: the engine stops generating at its next step
+                    yield piece, "stop"
+                    return
+                if piece:
+                    yield piece, None
+            elif kind == "done":
+                yield text.flush(), value
+                return
+            elif kind == "gone":
+                return
+            else:
+                raise ApiError(503, value, type="server_error", code="generation_failed")
+    finally:
+        req.cancel()
+
+
+class Reply:
+    """The JSON of a reply, in OpenAI's shapes for both endpoints, whole and as stream chunks."""
+
+    def __init__(self, chat: bool, model: str, prompt_tokens: int):
+        self.chat, self.model, self.prompt_tokens, self.tokens = chat, model, prompt_tokens, 0
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _base(self, stream: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.tokens,
+                "total_tokens": self.prompt_tokens + self.tokens}
+
+    def whole(self, text: str, reason: str) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {**self._base(False), "choices": [choice], "usage": self.usage()}
+
+    def chunk(self, text: str | None, reason: str | None = None, *, first: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        return {**self._base(True), "choices": [choice]}
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def _sse(req: Request, text: StopText, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: a first chunk (the role), one per piece of text, the finish, [DONE]. A client
+    that disconnects cancels this generator (Starlette), and _pieces' finally frees the row."""
+    try:
+        if reply.chat:
+            yield _event(reply.chunk(None, first=True))
+        async for piece, finish in _pieces(req, text):
+            if piece:
+                yield _event(reply.chunk(piece))
+            if finish:
+                reply.tokens = text.tokens
+                yield _event(reply.chunk(None, finish))
+        if include_usage:
+            yield _event({**reply._base(True), "choices": [], "usage": reply.usage()})
+    except ApiError as e:  # the status line is sent already: the error goes in the stream, as OpenAI's does
+        yield _event(e.body())
+    yield "data: [DONE]\n\n"
+
+
+class Guard:
+    """The outermost ASGI layer: an exception that escapes a route becomes a 500 in OpenAI's shape (when the
+    response has not started) and one line on stderr, never a traceback in the log or in the reply."""
+
+    def __init__(self, app: FastAPI):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:  # noqa: BLE001 - the last line of defence; the server stays up
+            to_stderr(f"error: {scope.get('method')} {scope.get('path', '')[:100]} failed ({short_error(e)})")
+            if not started:
+                body = json.dumps(error_body(f"internal error ({type(e).__name__}); the server is still up",
+                                             "server_error", None, "internal_error")).encode()
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": body})

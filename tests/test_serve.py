@@ -1,0 +1,333 @@
+"""The server from outside: `python serve.py` started for real on a loopback port, talked to with the
+official `openai` client (its greedy reply equal to `python chat.py`'s, piped), with httpx for bad requests, raw sockets for slow and disconnecting clients, and
+headless Chromium for the page. One server process for the module (a tiny chat checkpoint made here)."""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from model.generate import generate
+from serving import ROOT, Browser, Server, chromium, make_chat_checkpoint
+
+MODEL = "tinychat"
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, who are you?"}]
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = tmp_path_factory.mktemp("chat") / "ckpt.pt"
+    model, tok, template = make_chat_checkpoint(path)
+    server = Server(path, "--model-name", MODEL, "--slots", "4", "--queue", "64", "--read-timeout", "1",
+                    "--request-timeout", "60")
+    yield server, model, tok, template, path
+    server.stop()
+    log = server.log()
+    assert "Traceback" not in log, log
+
+
+@pytest.fixture(scope="module")
+def http():
+    """One httpx client for the module: a new one per request costs ~80 ms (its SSL context)."""
+    with httpx.Client(timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def reference_reply(model, tok, template, messages, max_tokens: int) -> str:
+    """The greedy reply by the generation path itself, not through the server: it ends at the first marker
+    or end-of-text, as the server's and chat.py's replies do."""
+    ids = generate(model, [template.encode_prompt(tok, messages)], max_tokens, temperature=0, eot=template.end,
+                   vocab_size=template.vocab_size)[0]
+    ends = [i for i, t in enumerate(ids) if t >= template.base or t == tok.eot]
+    return template.decode(tok, ids[: ends[0]] if ends else ids)
+
+
+def chat_py_reply(checkpoint, system: str, message: str, max_tokens: int) -> str:
+    """`python chat.py` with the message piped on stdin (greedy): its one stdout line, unescaped."""
+    r = subprocess.run([sys.executable, "chat.py", "--checkpoint", str(checkpoint), "--system", system,
+                        "--max-new-tokens", str(max_tokens), "--dtype", "float32", "--device", "cpu"],
+                       input=message + "\n", capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.removesuffix("\n")
+    assert "\n" not in line, r.stdout
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r", "\\": "\\"}[m.group(1)], line)
+
+
+def test_openai_client_streams_a_reply_and_gets_the_same_greedy_text_whole(served, client):
+    server, model, tok, template, path = served
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30, stream=True)
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 1  # it streamed
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30)
+    text = whole.choices[0].message.content
+    assert "".join(pieces) == text and text
+    assert whole.usage.completion_tokens >= len(pieces)
+    assert text == reference_reply(model, tok, template, MESSAGES, 30)
+    assert text == chat_py_reply(path, MESSAGES[0]["content"], MESSAGES[1]["content"], 30)
+
+
+def test_completions_continue_plain_text_and_models_lists_the_model(served, client):
+    server, model, tok, _, _ = served
+    whole = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0)
+    ids = generate(model, [tok.encode("Once upon a time")], 12, temperature=0, eot=tok.eot, vocab_size=tok.vocab_size)[0]
+    assert whole.choices[0].text == tok.decode(ids)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0, stream=True))
+    assert streamed == whole.choices[0].text
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_stop_strings_cut_the_reply_before_them(served, client):
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30)
+    text = whole.choices[0].message.content
+    assert len(text) >= 4
+    stop = text[2:4]
+    cut = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=30,
+                                              stop=stop, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text[: text.index(stop)]
+
+
+def test_concurrent_requests_decode_together_and_each_gets_its_own_reply(served, client):
+    server, model, tok, template, _ = served
+    questions = [[{"role": "user", "content": q}] for q in ("Hi!", "What is this?", "Tell me a story.", "Why?",
+                                                             "ok", "Name three colors, please.")]
+    before = server.health()["decode_steps"]
+    with futures.ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(lambda m: client.chat.completions.create(model=MODEL, messages=m, temperature=0,
+                                                                         max_tokens=40).choices[0].message.content,
+                                questions))
+    assert replies == [reference_reply(model, tok, template, m, 40) for m in questions]
+    assert server.health()["max_batch"] >= 2 and server.health()["decode_steps"] > before
+
+
+def error_of(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS, body
+    return body["error"]
+
+
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "hi"}]
+BAD = [  # (path, body, status, code or param the error names)
+    (CHAT, b'{"messages": [', 400, "invalid_json"),
+    (CHAT, b"\xff\xfe\x00garbage", 400, "invalid_json"),
+    (CHAT, b"[1, 2]", 400, "invalid_json"),
+    (CHAT, b"[" * 100_000, 400, "invalid_json"),
+    (CHAT, {"messages": "hi"}, 400, "messages"),
+    (CHAT, {}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    (CHAT, {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),
+    (CHAT, {"messages": [{"role": "assistant", "content": "hi"}]}, 400, "messages[0].role"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi"}]}, 400, "messages[1].role"),
+    (CHAT, {"messages": USER, "temperature": "hot"}, 400, "temperature"),
+    (CHAT, {"messages": USER, "temperature": 9}, 400, "temperature"),
+    (CHAT, {"messages": USER, "top_p": 0}, 400, "top_p"),
+    (CHAT, {"messages": USER, "max_tokens": 0}, 400, "max_tokens"),
+    (CHAT, {"messages": USER, "max_tokens": 10**12}, 400, "max_tokens"),
+    (CHAT, {"messages": USER, "max_tokens": True}, 400, "max_tokens"),
+    (CHAT, {"messages": USER, "stream": "yes"}, 400, "stream"),
+    (CHAT, {"messages": USER, "n": 2}, 400, "n"),
+    (CHAT, {"messages": USER, "logprobs": True}, 400, "logprobs"),
+    (CHAT, {"messages": USER, "stop": [1]}, 400, "stop"),
+    (CHAT, {"messages": USER, "model": "gpt-4o"}, 404, "model_not_found"),
+    (CHAT, {"messages": USER, "model": ["x"]}, 400, "model"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi " * 60}]}, 400, "context_length_exceeded"),
+    (CHAT, {"messages": [{"role": "user", "content": "\u00e9\u00e8"}]}, 400, "messages"),  # not in the char vocabulary
+    (CHAT, {"messages": USER * 300}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, "request_too_large"),
+    ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, -1]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "a b " * 60}, 400, "context_length_exceeded"),
+    ("/nowhere", {}, 404, "404"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, names", BAD, ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
+def test_each_bad_request_is_an_openai_shaped_4xx(served, http, path, body, status, names):
+    server = served[0]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    err = error_of(http.post(server.url + path, content=content), status)
+    assert names in (err["code"], err["param"]), err
+
+
+def test_the_openai_client_raises_its_own_errors(client):
+    with pytest.raises(openai.BadRequestError, match="n=1"):
+        client.chat.completions.create(model=MODEL, messages=USER, n=2)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=USER)
+
+
+def test_wrong_method_is_405(served, http):
+    error_of(http.get(served[0].url + CHAT), 405)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_row(served):
+    server = served[0]
+    body = {"messages": USER, "max_tokens": 60, "stream": True, "temperature": 1.0}
+    with httpx.stream("POST", server.url + CHAT, json=body, timeout=30) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())
+    assert server.wait_idle()["active"] == 0
+
+
+def raw(port: int, data: bytes, *, read: bool = True, timeout: float = 10.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        if not read:
+            return b""
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except socket.timeout:
+            pass
+        return out
+
+
+def request_bytes(path: str, body: bytes, declared: int | None = None) -> bytes:
+    n = len(body) if declared is None else declared
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
+# for each field, values that are wrong (type or range), each a 400 or 404
+WRONG = {"messages": [None, True, -1, "x", [], {}, [[]], [{"role": 1}], [{"role": "user"}], [{"content": "hi"}]],
+         "temperature": [True, "x", [], -1, 3, {}], "top_p": [0, -1, "x", True, 2, []],
+         "max_tokens": [0, -1, "x", True, 1.5, 10**9], "n": [0, 2, "x", True, 1.5], "stream": ["x", 1, [], {}],
+         "stop": [1, [1], ["a"] * 5, [""], {}], "model": [1, [], "other", True], "seed": ["x", 1.5, True, []],
+         "stream_options": ["x", 1, [], {"include_usage": "x"}], "frequency_penalty": [1, "x", 9]}
+
+
+def hostile_bodies(n: int) -> list[tuple[str, bytes]]:
+    """n bad requests, deterministic: garbage bytes, JSON of the wrong shape, every field with a wrong value."""
+    shapes = [None, True, -1, "x", [], [1, 2], "\x00" * 10]
+    cases = [(field, value) for field, values in WRONG.items() for value in values]
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            out.append((CHAT, bytes((i * 7 + j * 13) % 256 for j in range(i % 97 + 1))))
+        elif kind == 1:
+            out.append(("/v1/completions", json.dumps(shapes[i % len(shapes)]).encode() if i % 3 else b"{" * (i % 50)))
+        else:
+            field, value = cases[i % len(cases)]
+            out.append((CHAT, json.dumps({"messages": [{"role": "user", "content": "hi"}], field: value}).encode()))
+    return out
+
+
+def test_hostile_clients_get_answers_and_a_good_request_still_gets_its_reply(served, client, http):
+    server = served[0]
+    bad = hostile_bodies(300)
+
+    def send(item):
+        path, body = item
+        r = http.post(server.url + path, content=body)
+        return r.status_code, r.json()
+
+    with futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(send, bad))
+    for (path, body), (status, payload) in zip(bad, answers):
+        assert 400 <= status < 500 and set(payload["error"]) == ERROR_KEYS, (body[:80], status, payload)
+
+    slow_body = request_bytes(CHAT, b'{"messages": [', declared=100)  # the rest never comes
+    stream = json.dumps({"messages": USER, "stream": True, "max_tokens": 50}).encode()
+    with futures.ThreadPoolExecutor(16) as pool:
+        slow = [pool.submit(raw, server.port, slow_body) for _ in range(4)]
+        silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]  # half a request line, then nothing
+        for s in silent:
+            s.sendall(b"POST /v1/chat/comp")
+        gone = [pool.submit(raw, server.port, request_bytes(CHAT, stream), read=False) for _ in range(20)]
+        impatient = [pool.submit(lambda: http.post(server.url + CHAT, json={"messages": USER, "max_tokens": 60},
+                                                    timeout=0.05)) for _ in range(10)]
+        for f in slow:  # the read timeout (1 s here) answers them
+            assert f.result().startswith(b"HTTP/1.1 408"), f.result()[:200]
+        for f in gone:
+            f.result()
+        for f in impatient:  # gone after 50 ms: before or after their (short) reply
+            try:
+                assert f.result().status_code == 200
+            except httpx.TimeoutException:
+                pass
+        reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=10)
+        assert reply.choices[0].message.content
+        for s in silent:
+            s.close()
+    assert server.wait_idle(20)["active"] == 0  # nobody's row was left behind
+    assert "Traceback" not in server.log()
+
+
+def test_memory_after_500_requests_is_within_10_percent_of_after_50(served, http):
+    server = served[0]
+    proc = psutil.Process(server.proc.pid)
+    bodies = [{"messages": [{"role": "user", "content": f"Question {chr(97 + i % 26)}?"}], "max_tokens": 8, "temperature": 0.7,
+               "stream": i % 2 == 0} for i in range(500)]
+
+    def send(body):
+        r = http.post(server.url + CHAT, json=body)
+        assert r.status_code == 200, r.text
+
+    with futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(send, bodies[:50]))
+        after_50 = proc.memory_info().rss
+        list(pool.map(send, bodies[50:]))
+        after_500 = proc.memory_info().rss
+    assert after_500 <= 1.10 * after_50, (after_50 / 2**20, after_500 / 2**20)
+
+
+@pytest.mark.skipif(chromium() is None, reason="no Chromium here (apt-get install -y chromium); the page test needs it")
+def test_the_page_in_headless_chromium_streams_a_typed_reply(served, client, tmp_path):
+    from PIL import Image
+
+    server = served[0]
+    turns = ["Hello there, who are you?", "Say more."]
+    reply_of = ("(n) => { const b = document.querySelectorAll('.msg.assistant')[n];"
+                " return b && b.dataset.state !== 'streaming' && "
+                "{state: b.dataset.state, text: b.textContent, chunks: Number(b.dataset.chunks)}; }")
+    browser = Browser(server.url + "/", tmp_path / "profile")
+    try:
+        browser.wait_for("document.readyState === 'complete' && document.getElementById('status').textContent "
+                         "!== 'connecting…'")
+        browser.eval("document.getElementById('temperature').value = '0';"
+                     "document.getElementById('max_tokens').value = '30'; document.getElementById('input').focus()")
+        states = []
+        for n, message in enumerate(turns):  # typed, then Enter; the second turn sends the conversation so far
+            browser.type_text(message)
+            browser.press_enter()
+            states.append(browser.wait_for(f"({reply_of})({n})"))
+        png = browser.screenshot()
+    finally:
+        browser.close()
+    conversation = []
+    for message, state in zip(turns, states):
+        conversation.append({"role": "user", "content": message})
+        want = client.chat.completions.create(model=MODEL, messages=conversation, temperature=0, max_tokens=30)
+        assert state["state"] == "done" and state["text"] == want.choices[0].message.content
+        conversation.append({"role": "assistant", "content": state["text"]})
+    assert states[0]["chunks"] > 1  # it arrived piece by piece
+    image = Image.open(io.BytesIO(png)).convert("L")
+    (tmp_path / "page.png").write_bytes(png)
+    low, high = image.getextrema()
+    assert high - low > 50 and len(image.getcolors(1 << 16)) > 10  # not blank: text and bubbles drawn

@@ -1,0 +1,274 @@
+"""The server's engine in-process: continuous batching gives every request what it gets alone (references:
+model.generate.generate on each prompt by itself), per-request settings, rows leaving and joining, the
+bounded queue; the stop strings of the text layer; the app in-process (429 when the queue is full, a model
+that was not taught to chat); serve.py's bad options."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+import pytest
+import torch
+
+from data import get_tokenizer
+from data.chat_template import template_for
+from model import GPT, GPTConfig
+from errors import run_cli
+from model.generate import generate
+from server import cli
+from server.app import Served, create_app
+from server.engine import Engine, QueueFull, Request, Sampling
+from server.schema import Limits, check_params
+from server.text import StopText
+from serving import make_chat_checkpoint
+
+VOCAB = 40
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=2, n_head=2, n_embd=32)).eval()
+    with torch.no_grad():  # peaky logits: greedy choices are far from float ties
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.4)
+    return m
+
+
+def run_all(engine: Engine, jobs: list[tuple[list[int], Sampling]], *, stagger_s: float = 0.0):
+    """Submit every job (prompt, sampling) to a running engine; each one's tokens and finish reason."""
+    async def one(prompt, sampling, delay):
+        await asyncio.sleep(delay)
+        req = Request(prompt, sampling, asyncio.get_running_loop(), deadline=time.monotonic() + 60)
+        engine.submit(req)
+        out = []
+        while True:
+            kind, value = await asyncio.wait_for(req.queue.get(), 30)
+            if kind == "token":
+                out.append(value)
+            else:
+                return out, value
+
+    async def main():
+        return await asyncio.gather(*(one(p, s, i * stagger_s) for i, (p, s) in enumerate(jobs)))
+
+    return asyncio.run(main())
+
+
+def alone(model, prompt, n, stop=None):
+    """The reference: the project's generation path on the prompt by itself (greedy)."""
+    out = generate(model, [prompt], n, temperature=0, eot=stop)[0]
+    return out
+
+
+@pytest.fixture
+def engine(model):
+    e = Engine(model, slots=3, queue_size=8)
+    e.start()
+    yield e
+    e.stop()
+
+
+def test_concurrent_greedy_requests_each_get_their_text_alone(model, engine):
+    # more jobs than slots (some wait), different lengths and budgets (rows leave at different steps, so the
+    # last row moves into the holes), joining while others decode
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(VOCAB, (n,), generator=g).tolist() for n in (1, 5, 9, 3, 12, 2)]
+    budgets = [20, 4, 15, 9, 18, 7]
+    jobs = [(p, Sampling(temperature=0.0, max_tokens=b)) for p, b in zip(prompts, budgets)]
+    results = run_all(engine, jobs, stagger_s=0.002)
+    for (p, b), (tokens, reason) in zip(zip(prompts, budgets), results):
+        want = alone(model, p, min(b, 32 - len(p) + 1))
+        assert tokens == want
+        assert reason == "length"
+    assert engine.max_batch >= 2  # they really decoded together
+
+
+def test_stop_token_ends_a_row_and_is_not_emitted(model, engine):
+    prompt = [1, 2, 3]
+    free = alone(model, prompt, 10)
+    stop = free[4]
+    (tokens, reason), = run_all(engine, [(prompt, Sampling(temperature=0.0, max_tokens=10, stop_ids=frozenset({stop})))])
+    assert tokens == free[: free.index(stop)] and reason == "stop"
+
+
+def test_a_full_context_ends_the_reply_with_length(model, engine):
+    prompt = list(range(30))  # block_size 32: prefill gives one token, two more slots give two more
+    (tokens, reason), = run_all(engine, [(prompt, Sampling(temperature=0.0, max_tokens=100))])
+    assert tokens == alone(model, prompt, 3) and reason == "length"
+
+
+def test_each_request_samples_with_its_own_settings_and_a_seed_is_its_own(model, engine):
+    prompt = [5, 6, 7]
+    seeded = Sampling(temperature=1.0, top_p=0.9, max_tokens=12, seed=1234)
+    (solo, _), = run_all(engine, [(prompt, seeded)])
+    crowd = [(prompt, Sampling(temperature=1.5, max_tokens=12)), (prompt, seeded), (prompt, Sampling(temperature=0.0, max_tokens=12))]
+    results = run_all(engine, crowd)
+    assert results[1][0] == solo  # the seed decides the text, not who else is served
+    assert results[2][0] == alone(model, prompt, 12)  # a greedy row among sampled ones stays greedy
+    assert len(results[0][0]) == 12
+
+
+def test_vocab_limit_keeps_sampling_below_it(model, engine):
+    (tokens, _), = run_all(engine, [([1], Sampling(temperature=2.0, max_tokens=30, vocab_limit=5))])
+    assert tokens and all(t < 5 for t in tokens)
+
+
+def test_a_cancelled_request_leaves_and_the_others_go_on(model, engine):
+    async def main():
+        loop = asyncio.get_running_loop()
+        gone = Request([1, 2], Sampling(temperature=0.0, max_tokens=1000), loop, deadline=time.monotonic() + 60)
+        engine.submit(gone)
+        await gone.queue.get()
+        gone.cancel()
+        stay = Request([3, 4], Sampling(temperature=0.0, max_tokens=6), loop, deadline=time.monotonic() + 60)
+        engine.submit(stay)
+        out = []
+        while (ev := await asyncio.wait_for(stay.queue.get(), 30))[0] == "token":
+            out.append(ev[1])
+        return out
+
+    assert asyncio.run(main()) == alone(model, [3, 4], 6)
+    deadline = time.monotonic() + 5
+    while engine.load()["active"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.load()["active"] == 0
+
+
+def test_the_queue_is_bounded(model):
+    e = Engine(model, slots=2, queue_size=3)  # not started: nothing leaves the queue
+    loop = asyncio.new_event_loop()
+    try:
+        for _ in range(2 + 3):
+            e.submit(Request([1], Sampling(), loop, deadline=0))
+        with pytest.raises(QueueFull):
+            e.submit(Request([1], Sampling(), loop, deadline=0))
+    finally:
+        loop.close()
+
+
+def test_a_full_queue_is_429_in_openais_shape(model):
+    tok = get_tokenizer("char", " abc")
+    e = Engine(model, slots=1, queue_size=1)  # not started
+    app = create_app(Served(e, tok, template_for(tok), "m", Limits(), 0))
+    loop = asyncio.new_event_loop()
+    for _ in range(2):
+        e.submit(Request([1], Sampling(), loop, deadline=0))
+    loop.close()
+
+    async def post():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.post("/v1/completions", json={"prompt": "ab"})
+
+    r = asyncio.run(post())
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "rate_limit_exceeded" and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def texts(tokens: list[str], stops=()) -> tuple[list[str], str]:
+    """StopText over a toy tokenizer whose token i is the string tokens[i]."""
+    s = StopText(lambda ids: "".join(tokens[i] for i in ids), stops)
+    pieces = [s.push(i) for i in range(len(tokens))]
+    return pieces, "".join(pieces) + s.flush()
+
+
+def test_stop_strings_cut_the_text_before_them_even_across_tokens():
+    assert texts(["he", "llo", " wo", "rld"], ["o w"])[1] == "hell"
+    assert texts(["ab", "cd"], ["zz"])[1] == "abcd"
+    pieces, whole = texts(["a", "b", "X", "Y", "c"], ["XY"])
+    assert whole == "ab" and "X" not in "".join(pieces)  # no part of the stop string was ever sent
+    assert texts(["XY", "z"], ["XY"])[1] == ""
+
+
+def test_text_waits_for_whole_characters():
+    raw = "é!".encode()
+    s = StopText(lambda ids: bytes(raw[i] for i in ids).decode("utf-8", errors="replace"))
+    assert [s.push(i) for i in range(len(raw))] == ["", "é", "!"]
+
+
+def test_a_model_without_a_chat_template_completes_text_and_refuses_chat(model):
+    tok = get_tokenizer("char", " abc")
+    e = Engine(model, slots=2)
+    e.start()
+    app = create_app(Served(e, tok, None, "m", Limits(), 0))
+
+    async def talk():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            chat = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "ab"}]})
+            done = await client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 6, "temperature": 0})
+            return chat, done
+
+    try:
+        chat, done = asyncio.run(talk())
+    finally:
+        e.stop()
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_not_chat"
+    want = generate(model, [tok.encode("ab")], 6, temperature=0, eot=tok.eot, vocab_size=tok.vocab_size)[0]
+    assert done.status_code == 200 and done.json()["choices"][0]["text"] == tok.decode(want)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "70000"], "--port"), (["--slots", "0"], "--slots"), (["--queue", "-1"], "--queue"),
+    (["--request-timeout", "nan"], "--request-timeout"), (["--threads", "0"], "--threads"),
+    (["--max-tokens", "0"], "--max-tokens"), (["--bogus"], "unrecognized"),
+    (["--checkpoint", "/nonexistent/ckpt.pt"], "does not exist"),
+])
+def test_bad_options_are_one_error_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_cli(lambda: cli.main(argv))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+
+
+def test_a_taken_port_is_one_error_line(tmp_path, capsys):
+    make_chat_checkpoint(tmp_path / "ckpt.pt")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exc:
+            run_cli(lambda: cli.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--port", str(port), "--dtype", "float32"]))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err, err
+
+
+def test_a_failing_prefill_or_step_ends_its_requests_and_the_engine_goes_on(model, engine, capsys):
+    real = engine.model
+    calls = {"steps": 0}
+
+    def flaky(idx, **kw):
+        if idx.size(1) > 1 and int(idx[0, 0]) == 39:  # this prompt's prefill fails
+            raise RuntimeError("boom in prefill")
+        if idx.size(1) == 1:
+            calls["steps"] += 1
+            if calls["steps"] == 3:  # and one decoding step
+                raise RuntimeError("boom in a step")
+        return real(idx, **kw)
+
+    engine.model = flaky
+    try:
+        results = run_all(engine, [([39, 1], Sampling(temperature=0.0, max_tokens=5)),
+                                   ([1, 2], Sampling(temperature=0.0, max_tokens=5))])
+    finally:
+        engine.model = real
+    assert results[0] == ([], "generation failed (RuntimeError: boom in prefill)")
+    assert results[1][1] == "generation failed (RuntimeError: boom in a step)"
+    assert "boom" in capsys.readouterr().err
+    (tokens, reason), = run_all(engine, [([1, 2], Sampling(temperature=0.0, max_tokens=5))])
+    assert tokens == alone(model, [1, 2], 5) and reason == "length"
+
+
+def test_extreme_sampling_values_give_tokens_not_a_failed_batch(model, engine):
+    # temperature 1e-38 overflows the logits to inf (nan probabilities, a failed step for every row) unless
+    # the schema moves it to greedy; a top_p of 1e-40 keeps the top token only
+    params = check_params({"temperature": 1e-38, "top_p": 0.5}, Limits())
+    extreme = Sampling(temperature=params.temperature, top_p=params.top_p, max_tokens=8)
+    results = run_all(engine, [([1, 2], extreme), ([3, 4], Sampling(temperature=0.0, max_tokens=8))])
+    assert results[0] == (alone(model, [1, 2], 8), "length")  # the same tokens as greedy
+    assert results[1] == (alone(model, [3, 4], 8), "length")
+    params = check_params({"temperature": 0.5, "top_p": 1e-40}, Limits())
+    (tokens, _), = run_all(engine, [([1, 2], Sampling(temperature=0.5, top_p=params.top_p, max_tokens=8))])
+    assert tokens == alone(model, [1, 2], 8)  # only the top token is ever kept
