@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from data import Tokenizer, tokenizer_from_meta
+from data.chat_template import ChatTemplate, template_for
 from data.config import SHAKESPEARE
 from errors import UserError, short_error, write_fix
 from eval.figures import Inspection, attention_figure, figure_png, surprisal_figure, surprisal_html
@@ -40,8 +41,6 @@ from eval.inspect import inspect_tokens
 from fileio import atomic_write_bytes
 from model.generate import generate
 from runtime.text import DEFAULT_PROMPT
-
-from data.chat_template import ChatTemplate, template_for
 
 from .chat import DEFAULT_QUESTIONS, MarkedTokenizer, chat_prompts
 from .config import Config
