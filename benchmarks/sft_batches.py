@@ -91,14 +91,15 @@ def packed(convs, rows: int):
 
 
 def loss_of(model: GPT, x, y, mask, pos):
+    """The mean loss over the counted targets, through the full logits either way (the same head cost)."""
     if mask is None:
-        _, loss = model(x, y, return_logits=False)
-        return loss
-    t = model.transformer  # the model's own modules, with the document mask and restarting positions
-    h = t.drop(t.wte(x) + t.wpe(pos))
-    for block in t.h:
-        h = block(h, mask, None, None, None)
-    logits = model.lm_head(t.ln_f(h))
+        logits = model(x)
+    else:
+        t = model.transformer  # the model's own modules, with the document mask and restarting positions
+        h = t.drop(t.wte(x) + t.wpe(pos))
+        for block in t.h:
+            h = block(h, mask, None, None, None)
+        logits = model.head(t.ln_f(h))
     return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-1)
 
 
@@ -126,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(0).shuffle(convs)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=BLOCK, vocab_size=vocab, dropout=0.0))
-    model.loss_chunk_rows = None  # the full logits, as the packed path computes them: the same head cost
     ways = {"padding (one per row, to the batch's longest)": lambda: padded(convs, args.rows, False),
             "padding to block_size": lambda: padded(convs, args.rows, True),
             "packing with a document mask": lambda: packed(convs, args.rows)}

@@ -25,6 +25,7 @@ import torch
 from checkpoint import Checkpointer, Resume, model_config_dict
 from checkpoint.load import checked_model_config
 from data import BatchLoader
+from data.chat_loader import ChatBatchLoader
 from errors import UserError
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
@@ -117,9 +118,7 @@ def data_loaders(cfg: Config, data_dir: Path, par: Parallel, device: torch.devic
     ranks that evaluate: rank 0, or every rank under FSDP), `micro` sequences each."""
     t, block = cfg.train, cfg.model.block_size
 
-    Loader = BatchLoader
-    if cfg.data.format == "chat":
-        from data.chat_loader import ChatBatchLoader as Loader  # one conversation per row, padded
+    Loader = ChatBatchLoader if cfg.data.format == "chat" else BatchLoader  # conversations: one per row, padded
 
     def loaders(micro: int) -> tuple[BatchLoader, dict[str, BatchLoader]]:
         train = Loader(data_dir, "train", block_size=block, batch_size=micro, seed=t.seed,
