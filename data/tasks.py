@@ -3,7 +3,7 @@
     python -m data.tasks --out tasks/          # tasks/train.jsonl, tasks/heldout.jsonl, tasks/pretrain.txt
 
 Four kinds, each with one right answer, checked by exact match (eval/chat_tasks.py):
-- arithmetic: "What is 23 + 9?" -> "32" (sums and differences of numbers up to MAX_NUMBER, never negative);
+- arithmetic: "What is 23 + 45?" -> "68", "What is 47 - 21?" -> "26" (two-digit numbers, no carry or borrow);
 - reversing a word: "Reverse the word: kqzt" -> "tzqk" (random letters, so nothing is remembered);
 - answering in a given format: "Write kqz in capitals" -> "KQZ", "... in brackets" -> "[kqz]";
 - counting the words of a sentence: "How many words: red fox runs" -> "3".
@@ -23,7 +23,7 @@ from pathlib import Path
 from errors import UserError, run_cli
 from fileio import atomic_write_bytes
 
-MAX_NUMBER = 50
+MAX_NUMBER = 99
 WORDS = ("cat dog sun red fox lamp tree fish bird moon star rain blue cold warm milk bread stone river house "
          "green apple cloud wind door book road hill boat frog king").split()
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -32,11 +32,18 @@ ALPHABET = "".join(sorted(set(LETTERS + LETTERS.upper() + "0123456789" + " \n?:+
 
 
 def arithmetic(rng: random.Random, top: int = MAX_NUMBER) -> tuple[str, str]:
-    a, b = rng.randint(0, top), rng.randint(0, top)
-    if rng.random() < 0.5:
-        return f"What is {a} + {b}?", str(a + b)
-    a, b = max(a, b), min(a, b)
-    return f"What is {a} - {b}?", str(a - b)
+    """Two two-digit numbers (at most `top`), added or subtracted column by column with no carry or borrow: the
+    arithmetic a small model learns in minutes and applies to pairs it never saw (docs/chat.md: with carries it
+    only remembered the sums it had seen)."""
+    while True:
+        a, b = rng.randint(10, top), rng.randint(10, top)
+        if rng.random() < 0.5:
+            if a % 10 + b % 10 < 10 and a // 10 + b // 10 < 10:
+                return f"What is {a} + {b}?", str(a + b)
+        else:
+            a, b = max(a, b), min(a, b)
+            if a % 10 >= b % 10 and a // 10 > b // 10:
+                return f"What is {a} - {b}?", str(a - b)
 
 
 def reverse(rng: random.Random) -> tuple[str, str]:
@@ -126,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train", type=int, default=10000, help="training conversations")
     p.add_argument("--heldout", type=int, default=400, help="held-out conversations")
     p.add_argument("--pretrain-lines", type=int, default=20000, help="lines of plain text for pretraining")
-    p.add_argument("--max-number", type=int, default=MAX_NUMBER, help="arithmetic on numbers from 0 to this")
+    p.add_argument("--max-number", type=int, default=MAX_NUMBER, help="arithmetic on numbers from 10 to this")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.max_number < 1 or args.train < 2 or args.heldout < 0:
-        raise UserError("--max-number needs to be >= 1, --train >= 2 and --heldout >= 0")
+    if not 20 <= args.max_number <= 99 or args.train < 2 or args.heldout < 0:
+        raise UserError("--max-number needs to be from 20 to 99, --train >= 2 and --heldout >= 0")
     train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "heldout.jsonl", heldout)
