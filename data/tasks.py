@@ -15,12 +15,11 @@ character of ALPHABET is in both: the first line of pretrain.txt, and one conver
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
 
-from errors import UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli
 from fileio import atomic_write_bytes
 
 MAX_NUMBER = 99
@@ -128,7 +127,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data.tasks", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m data.tasks", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for train.jsonl, heldout.jsonl and pretrain.txt")
     p.add_argument("--train", type=int, default=10000, help="training conversations")
     p.add_argument("--heldout", type=int, default=400, help="held-out conversations")
