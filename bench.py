@@ -54,7 +54,8 @@ from benchmarks.train import (
 )
 from data import DataConfig, prepare_data
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import _start_time, atomic_write_bytes, check_output_not_input, check_writable_dir, output_target
+from fileio import _start_time, atomic_write_bytes, check_output_not_input, check_writable_dir, output_target, path_arg
+from ownership import check_output
 from locks import pid_alive
 from runtime.device import resolve_device
 from runtime.memory import keep_freed_memory
@@ -83,7 +84,7 @@ MAX_SECONDS = 1e6  # --budget-s: eleven days
 MAX_LISTED = 1 << 20  # a batch size, a vocabulary, a chunk of rows in --batch-sizes, --vocabs, --loss-chunks
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--only", action="append", choices=SECTIONS + EXTRA_SECTIONS,
@@ -121,15 +122,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "with nanoGPT's CPU recipe")
     p.add_argument("--budget-configs", default="shakespeare_char,shakespeare_char_modern,small,small_modern",
                    help="budget: the configs to run (default: %(default)s)")
-    p.add_argument("--nanogpt-dir", default=None, help="CPU: a checkout of karpathy/nanoGPT; after the train "
+    p.add_argument("--nanogpt-dir", default=None, type=path_arg, help="CPU: a checkout of karpathy/nanoGPT; after the train "
                    "section its own train.py runs the BPE shape's recipe (100 steps) and the BPE rows are compared "
                    "with its per-iteration time (benchmarks/nanogpt_own.py)")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     p.add_argument("--isa-avx2", action="store_true", help="after the native run, run the same sections again in a "
                    "child process under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 (the AVX2-only class, "
                    "emulated) and print both reports")
-    p.add_argument("--json", default=None, help="also write the results to this file")
-    args = p.parse_args(argv)
+    p.add_argument("--json", default=None, type=path_arg, help="also write the results to this file")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     q = args.quick
     for k, v in dict(warmup=2 if q else 5, iters=3 if q else 30, repeats=1 if q else 3, new_tokens=8 if q else 128,
                      loss_steps=5 if q else 200).items():
@@ -189,6 +194,7 @@ def _positive_ints(text: str, option: str, also: tuple[str, ...] = ()) -> list:
 
 
 def check_json_path(path: Path) -> None:
+    check_output(path, "--json")  # the gate: in no folder another command manages (an out_dir, prepared data)
     if path.is_dir():
         raise UserError(f"--json {path} is a directory; name a file, e.g. {path / 'bench.json'}")
     target, straight = output_target(path, "--json")  # a device or a FIFO is written straight into
@@ -337,7 +343,8 @@ def main(argv=None) -> int:
         report["isa_avx2"] = run_under_avx2(argv if argv is not None else sys.argv[1:], Path(tempfile.mkdtemp()))
     if args.json:
         try:
-            atomic_write_bytes(Path(args.json), (json.dumps(report, indent=2, default=str) + "\n").encode(), "--json")
+            atomic_write_bytes(Path(args.json), (json.dumps(report, indent=2, default=str) + "\n").encode(), "--json",
+                               follow=True)
         except OSError as e:
             raise UserError(f"cannot write --json {args.json} ({short_error(e)}); the report is printed above") from None
     return 0

@@ -41,7 +41,7 @@ import threading
 
 from checkpoint import default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr
-from fileio import point_at_devnull
+from fileio import path_arg, point_at_devnull
 from runtime.chat_session import ChatSession
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
@@ -62,7 +62,7 @@ class Quit(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python chat.py", description="Chat with a fine-tuned model (the reply streamed).")
-    p.add_argument("--checkpoint", default=None,
+    p.add_argument("--checkpoint", default=None, type=path_arg,
                    help="a chat model's ckpt file or training out_dir (default: the run under out/ trained last)")
     p.add_argument("--system", default=None, help="the system message (default: none)")
     p.add_argument("--temperature", type=float, default=None,

@@ -12,6 +12,16 @@ never one a command reads (`check_output_not_input`).
 Also here: bounded reads of the files a user names (`read_user_file`, `json_loads`), and
 `check_writable_dir`, the start-up check of a directory the run will write. Directory locks and the
 temps of dead writers are locks.py's.
+
+Two rules every writer keeps (docs/reliability.md, classes 1 and 3):
+- A file the project names for itself (a marker, a lock, a log, a temp, a checkpoint, a shard, a cache) is
+  never written through a symlink: `atomic_write(final)` refuses a link at `final` in one line, and
+  `open_own(path, mode)` opens with O_NOFOLLOW. Only a file the user named (`--out FILE`) may be a link on
+  purpose: its writer says so with `atomic_write(final, what, follow=True)`.
+- Every path a user gives (an option, a config key) is checked by `check_path_value` before it is used:
+  empty, a NUL byte, a name over 255 bytes, a path over 4096 bytes or bytes that are not UTF-8 are one
+  line each. As an argparse type: `p.add_argument("--out", type=path_arg)` (tests enumerate those).
+The gate an output goes through before anything is written is ownership.check_output, which calls both.
 """
 from __future__ import annotations
 
@@ -102,15 +112,53 @@ def point_at_devnull(stream) -> None:
         os.close(devnull)
 
 
-def write_synced(path: str | os.PathLike, data: bytes) -> None:
-    with open(path, "wb") as f:
+# the one place a file of ours is opened for writing: O_NOFOLLOW, so a link planted at its name fails (ELOOP)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_OPEN_FLAGS = {"wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+               "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "r+b": os.O_RDWR}
+
+
+def link_refusal(path: str | os.PathLike) -> UserError:
+    """The one line for a file of the project's own found to be a symlink: it is never written through."""
+    try:
+        to = f" (to {os.readlink(path)})"
+    except OSError:
+        to = ""
+    return UserError(f"{path} is a symlink{to}; this file is the project's own and is never written through a link, "
+                     f"which would overwrite a file outside {Path(path).parent}: remove the link (rm {path}), then rerun")
+
+
+def open_own(path: str | os.PathLike, mode: str = "wb", **kw):
+    """Open a file the project names for itself (a log, a shard, a lock) for writing, never through a symlink
+    (a link there is link_refusal's line). `mode`: "wb", "ab", "a" (text, `kw` for io.open) or "r+b"."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS[mode] | NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP or os.path.islink(path):
+            raise link_refusal(path) from None
+        raise
+    return os.fdopen(fd, mode, **kw)
+
+
+def check_no_links(folder: str | os.PathLike, names: Iterable[str]) -> None:
+    """Refuse, in one line, a folder whose own files (`names`: what its command writes there) include a
+    symlink: checked at start, so a link is said before any work, not at the first save."""
+    for name in names:
+        if os.path.islink(os.path.join(folder, name)):
+            raise link_refusal(Path(folder) / name)
+
+
+def write_synced(path: str | os.PathLike, data: bytes, *, own: bool = True) -> None:
+    """Write `data` to `path` and fsync it. `own`: a file of ours (a temp, a lock), never through a link;
+    False for a file the user named that is written straight into (/dev/stdout is a link to a pipe)."""
+    with (open_own(path, "wb") if own else open(path, "wb")) as f:
         f.write(data)
         f.flush()
         if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a device or a FIFO (output_target) has nothing to sync
             os.fsync(f.fileno())
 
 
-def output_target(final: str | os.PathLike, what: str = "the output") -> tuple[Path, bool]:
+def output_target(final: str | os.PathLike, what: str = "the output", *, follow: bool = True) -> tuple[Path, bool]:
     """Where writing the file `final` goes, and whether it is written straight into (True) rather than
     replaced by a renamed temp file (False). A rename replaces whatever the name is, so it is used only
     for a regular file or a new name; every other kind is kept:
@@ -118,13 +166,20 @@ def output_target(final: str | os.PathLike, what: str = "the output") -> tuple[P
       a loop is refused;
     - a character device (/dev/null, /dev/full) or a FIFO: written straight into, since there is no file
       to replace (a FIFO only while a process reads it: writing one nobody reads would hang);
-    - a directory, a socket, a block device: refused, in one line naming `what` (the option) and `final`."""
+    - a directory, a socket, a block device: refused, in one line naming `what` (the option) and `final`.
+    follow=False (a file of the project's own): a symlink is refused (link_refusal), never followed."""
     final = Path(final)
     try:
         st = os.lstat(final)
     except OSError:  # a new name (or one that can't be looked at: the write says why)
         return final, False
     target = final
+    if not follow:  # renamed over whatever is there (never written through), except a link: said, not replaced
+        if stat.S_ISLNK(st.st_mode):
+            raise link_refusal(final)
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{what} {final} is a directory, which this does not write over; move it away")
+        return final, False
     if stat.S_ISLNK(st.st_mode):
         target = Path(os.path.realpath(final))
         try:
@@ -169,16 +224,17 @@ def release_fifo(path: str | os.PathLike) -> None:
 
 
 @contextmanager
-def atomic_write(final: str | os.PathLike, what: str = "the output") -> Iterator[Path]:
+def atomic_write(final: str | os.PathLike, what: str = "the output", *, follow: bool = False) -> Iterator[Path]:
     """Yield a fresh temp path beside `final`; write the whole file there inside the block.
 
     Leaving the block normally fsyncs the temp file, renames it over `final` and fsyncs the directory.
     An exception (a full disk, Ctrl-C) removes the temp file and leaves `final` as it was. What `final`
     names decides where the bytes go (output_target): a symlink's target, or straight into a device or
     a FIFO (then the path yielded is that file, and nothing is renamed); never over anything but a
-    regular file. `what` names the output in a refusal.
+    regular file. `what` names the output in a refusal. `follow`: `final` is a file the user named, which
+    may be a link (or a device, a FIFO) on purpose; without it (the project's own files) a link is refused.
     """
-    final, straight = output_target(final, what)
+    final, straight = output_target(final, what, follow=follow)
     if straight:
         try:
             yield final
@@ -234,9 +290,9 @@ def recover_replaced_dir(final: str | os.PathLike, *, repair: bool = True) -> Pa
     return None
 
 
-def atomic_write_bytes(final: str | os.PathLike, data: bytes, what: str = "the output") -> None:
-    with atomic_write(final, what) as tmp:
-        write_synced(tmp, data)
+def atomic_write_bytes(final: str | os.PathLike, data: bytes, what: str = "the output", *, follow: bool = False) -> None:
+    with atomic_write(final, what, follow=follow) as tmp:
+        write_synced(tmp, data, own=not follow)
 
 
 def check_output_not_input(out: str | os.PathLike, inputs: Iterable[tuple[str, str | os.PathLike]], what: str) -> None:
@@ -264,6 +320,72 @@ def check_output_not_input(out: str | os.PathLike, inputs: Iterable[tuple[str, s
         if inside or same:  # (the same file under another name: a hard link to a file of a folder read)
             raise UserError(f"{what} {out} is {'inside ' if inside else ''}{description}, which this reads; writing "
                             f"there would damage it: choose another {what}")
+
+
+# ------------------------------------------------------------------------------------------ path values
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's limits (ext4, xfs, btrfs, tmpfs), past which every call fails
+
+
+def path_problem(value: str | os.PathLike) -> str | None:
+    """What is wrong with a path a user gave, or None: empty (`--out ''` would be the current folder), a NUL
+    byte (no system call takes one), a name over NAME_MAX bytes or a path over PATH_MAX ("File name too
+    long" from the first os call, as a traceback), bytes that are not UTF-8 (argv's undecodable bytes, kept
+    as surrogates, fail later in every message, log and JSON file that names the path)."""
+    text = os.fspath(value)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if text == "":
+        return "is empty"
+    if "\0" in text:
+        return "holds a NUL byte"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"is not valid UTF-8 (byte 0x{os.fsencode(text[e.start])[0]:02x} at character {e.start})"
+    raw = os.fsencode(text)
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return f"has a name of {len(longest)} bytes, over the {NAME_MAX} a filesystem takes"
+    if len(raw) > PATH_MAX:
+        return f"is {len(raw)} bytes long, over the {PATH_MAX} a system call takes"
+    return None
+
+
+def check_path_value(value: str | os.PathLike, option: str) -> Path:
+    """`value` (from the option or config key `option`) as a Path, ~ expanded; a one-line UserError when
+    path_problem finds a fault."""
+    problem = path_problem(value)
+    if problem:
+        shown = ascii(os.fspath(value)) if len(os.fspath(value)) <= 80 else f"{ascii(os.fspath(value)[:40])}..."
+        raise UserError(f"{option} {shown} {problem}; give a usable path")
+    return Path(os.path.expanduser(os.fspath(value)))
+
+
+def path_arg(value: str) -> str:
+    """argparse `type=` of a path option: path_problem's fault is argparse's one line naming the option."""
+    problem = path_problem(value)
+    if problem:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"{ascii(value) if len(value) <= 80 else ascii(value[:40]) + '...'} {problem}; "
+                                         "give a usable path")
+    return value
+
+
+def path_arg_path(value: str) -> Path:
+    """path_arg, returning a Path (for options whose code works on Paths)."""
+    return Path(path_arg(value))
+
+
+def optional_path_arg(value: str) -> str:
+    """path_arg for an option where an empty value means "none" (its default)."""
+    return value if value == "" else path_arg(value)
+
+
+# what tests enumerate: every path option of every parser (empty_ok: '' is that option's "none")
+path_arg.checks_path = path_arg_path.checks_path = optional_path_arg.checks_path = True
+optional_path_arg.empty_ok = True
 
 
 def json_loads(text: str | bytes):

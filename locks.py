@@ -103,13 +103,17 @@ class DirLock:
 
     TORN_GRACE_S = 10.0
 
-    def __init__(self, directory: str | os.PathLike, name: str = ".lock"):
+    def __init__(self, directory: str | os.PathLike, name: str = ".lock", what: str = ""):
         self.path = Path(directory) / name
+        self.what = what  # what the holder does under it, in words (recorded: a waiter's line says it)
         self.held = False
         self._me: dict = {}
 
     def holder(self) -> dict | None:
-        """Who holds the lock ({"pid", "host", "started", "since"}), or None when it is free or stale."""
+        """Who holds the lock ({"pid", "host", "started", "since"}), or None when it is free or stale. A lock
+        file that is a symlink is refused (fileio.link_refusal): it is neither read nor written through."""
+        if self.path.is_symlink():
+            raise fileio.link_refusal(self.path)
         try:
             raw = self.path.read_bytes()
             age = time.time() - self.path.stat().st_mtime
@@ -129,7 +133,7 @@ class DirLock:
     def try_acquire(self) -> dict | None:
         """Take the lock: None on success, else the live holder's info."""
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
-              "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "since": time.strftime("%Y-%m-%d %H:%M:%S"), **({"what": self.what} if self.what else {})}
         data = json.dumps(me).encode()
         tmp = temp_name(self.path)
         try:
@@ -167,7 +171,10 @@ class DirLock:
     def release(self) -> None:
         """Remove the lock file, if it is still ours (never another process's that took over meanwhile)."""
         if self.held:
-            info = self.holder() or {}
+            try:
+                info = self.holder() or {}
+            except UserError:  # the lock file was swapped for a link meanwhile: not ours to remove
+                info = {}
             if (info.get("pid"), info.get("started")) == (self._me["pid"], self._me["started"]):
                 self.path.unlink(missing_ok=True)
             self.held = False

@@ -1,6 +1,20 @@
 """One folder, one owner: every folder this project writes says what it is, and no command writes into a
 folder of another kind, inside one, or around one.
 
+THE GATE: every command that writes calls, before any work, with the path it will write and the kind of
+folder it manages there (None: a file or folder of the user's, e.g. `--out samples.txt`):
+
+    out = check_output(args.out, "--out")                              # sample, inspect, plot, bench, chat, serve
+    out = check_output(cfg.train.out_dir, "train.out_dir", kind=OUT_DIR)  # a folder the command manages
+    out = check_output(args.out, "--out", reading=(checkpoint,))      # never in (or around) what it reads
+
+It refuses in one UserError line (never a traceback) a path value no system call takes (fileio's
+check_path_value: empty, NUL, a name over 255 bytes, not UTF-8), an output inside a folder another command
+manages (a training out_dir, an HF export, a prepared data folder, a sharded checkpoint), and a managed
+folder whose own files are symlinks (they are never written through: fileio.atomic_write / open_own). It
+returns the Path to write. tests/entry_points.py lists every entry point (PARSERS) and writer (WRITERS):
+a new one adds its row there, and the tests of each class (docs/reliability.md) cover it.
+
     mark(out_dir, OUT_DIR)                              # a marker file: {"kind": ..., "owner": ...}
     kind_of(path)                                       # OUT_DIR, DATA, EXPORT, CHECKPOINT or None
     check_target(path, DATA, "data.root")               # a one-line UserError naming both folders and the fix
@@ -24,7 +38,7 @@ from pathlib import Path
 from typing import Iterable
 
 from errors import UserError
-from fileio import atomic_write_bytes, json_loads
+from fileio import atomic_write_bytes, check_no_links, check_path_value, json_loads
 
 MARKER = ".smallgpt-owner.json"
 OUT_DIR, DATA, EXPORT, CHECKPOINT = "out_dir", "data", "export", "checkpoint"
@@ -42,6 +56,10 @@ DATA_MANIFEST, DATA_LOCK, DATA_BUILD_PREFIX = "meta.json", ".prepare.lock", ".pr
 EXPORT_NAMES = ("config.json", "model.safetensors")
 DCP_METADATA = ".metadata"
 OWN_PARTS = {OUT_DIR: {CHECKPOINT}}  # managed folders a kind holds directly as its own parts
+# the files each kind's command names for itself in its folder: never symlinks (checked at the gate, and again
+# where each is written)
+OWN_NAMES = {OUT_DIR: (MARKER, *OUT_DIR_NAMES), DATA: (MARKER, DATA_MANIFEST, DATA_LOCK),
+             EXPORT: (), CHECKPOINT: (DCP_METADATA,)}
 SCAN_DIRS = 2000  # folders looked into below a target: an out_dir set to a home directory is not walked whole
 
 
@@ -116,6 +134,15 @@ def unmark_if_unused(path: str | os.PathLike) -> None:
         pass
 
 
+def check_output(path: str | os.PathLike, option: str, *, kind: str | None = None,
+                 reading: Iterable[str | os.PathLike] = (), home: str | os.PathLike | None = None) -> Path:
+    """The gate (see the module's docstring): `path`, from the option or config key `option`, checked as a
+    value, then as a place to write (check_target); returns it as a Path, ~ expanded."""
+    out = check_path_value(path, option)
+    check_target(out, kind, option, reading=reading, home=home)
+    return out
+
+
 def check_target(path: str | os.PathLike, kind: str, option: str, *, reading: Iterable[str | os.PathLike] = (),
                  home: str | os.PathLike | None = None) -> None:
     """Refuse, in one UserError line naming both folders and the fix, a command about to write its `kind`
@@ -123,12 +150,17 @@ def check_target(path: str | os.PathLike, kind: str, option: str, *, reading: It
     folder of another kind, lies inside a managed folder, holds one (other than its own parts), or is, holds
     or lies inside a folder the command reads (`reading`). kind None: `path` is a single file; it may lie in
     the managed folder `home` (consolidate's output beside the checkpoint it reads), in no other."""
-    path = _absolute(path)
-    mine = f"{WHAT[kind] if kind is not None else 'the output file'} {path} (from {option})"
+    check_path_value(path, option)
+    if kind is not None:  # its own files are never links: said now, not at the first save
+        check_no_links(path, OWN_NAMES[kind])
+    given, path = path, _absolute(path)
+    shown = str(path) if os.path.expanduser(given) == str(path) else f"{given}, that is {path}"  # (a link: both)
+    mine = f"{WHAT[kind] if kind is not None else 'the output'} {shown} (from {option})"
     found = kind_of(path)
     if found is not None and found != kind:
-        raise UserError(f"{path} (from {option}) is {WHAT[found]} (written by {OWNER[found]}), not "
-                        f"{WHAT[kind] if kind is not None else 'a file'}; {_fix(kind, option)}: a folder has one owner")
+        raise UserError(f"{path} (from {option}) is {WHAT[found]} (written by {OWNER[found]})"
+                        f"{', not ' + WHAT[kind] if kind is not None else ''}; {_fix(kind, option)}: a folder has one "
+                        "owner")
     home = _absolute(home) if home is not None else None
     if kind is None and home is not None and path.parent == home and path.name in (*OUT_DIR_NAMES, MARKER):
         raise UserError(f"{mine} is a name {OWNER[OUT_DIR]} writes in its out_dir {home}; {_fix(kind, option)}: "
@@ -184,7 +216,10 @@ def _absolute(path: str | os.PathLike) -> Path:
 
 def _managed_below(path: Path) -> Iterable[tuple[Path, str]]:
     """The managed folders under `path` (not looking inside them), top-down, at most SCAN_DIRS folders."""
-    if not path.is_dir():
+    try:
+        if not path.is_dir():
+            return
+    except OSError:  # (a name too long: check_path_value said so first; anything else: nothing to look into)
         return
     seen = 0
     for top, dirs, _ in os.walk(path, onerror=lambda e: None):

@@ -50,8 +50,9 @@ from pathlib import Path
 import torch
 from checkpoint import checkpoint_dirs, checkpoint_files, default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
-from fileio import atomic_write_bytes, check_output_not_input, output_target, point_at_devnull, read_user_file
+from fileio import atomic_write_bytes, check_output_not_input, check_path_value, output_target, path_arg, point_at_devnull, read_user_file
 from model.generate import generate, generate_stream
+from ownership import check_output
 from runtime.device import resolve_device
 from runtime.decoding import decode_compile, setup_decoding
 from runtime.memory import check_fits, sampling_bytes
@@ -72,11 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     given = p.add_argument_group("input")
     # no `choices`: argparse would report `--bogus 3` as an invalid choice of this argument (validate_args says it)
     given.add_argument("stdin", nargs="?", metavar="-", help="read the prompt from stdin")
-    given.add_argument("--checkpoint", default=None,
+    given.add_argument("--checkpoint", default=None, type=path_arg,
                        help="ckpt file or training out_dir; or an HF GPT-2 directory or hub name "
                             "(default: the run under out/ trained last, e.g. out/small)")
     given.add_argument("--prompt", action="append", default=None, help="the prompt ('-' = stdin); repeat for several")
-    given.add_argument("--prompt-file", action="append", default=None, help="read the prompt from a file ('-' = stdin)")
+    given.add_argument("--prompt-file", action="append", default=None, type=path_arg, help="read the prompt from a file ('-' = stdin)")
     decoding = p.add_argument_group("decoding")
     decoding.add_argument("--num-samples", type=int, default=1, help="samples per prompt (default: %(default)s)")
     decoding.add_argument("--max-new-tokens", type=int, default=500, help="tokens generated per sample (default: %(default)s)")
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                         help="print a single sample token by token as it is generated (default: on; "
                              "--no-stream prints it whole at the end)")
-    output.add_argument("--out", default=None, metavar="FILE",
+    output.add_argument("--out", default=None, metavar="FILE", type=path_arg,
                         help="write the samples to FILE (written whole, atomically) instead of stdout")
     device = p.add_argument_group("device")
     device.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")
@@ -143,7 +144,7 @@ def validate_args(args: argparse.Namespace) -> None:
 def check_out_file(name: str) -> None:
     """--out must name a file in an existing folder, or something written straight into (a device, a FIFO
     being read: fileio.output_target): checked before anything is loaded or generated."""
-    path = Path(name).expanduser()
+    path = check_path_value(name, "--out")
     if path.is_dir():
         raise UserError(f"--out {name} is a directory; name a file, e.g. {path / 'samples.txt'}")
     path, straight = output_target(path, "--out")
@@ -171,6 +172,13 @@ def check_out_is_no_input(name: str, spec: str, args: argparse.Namespace) -> Non
     if reads_stdin(args) and _same_as_stdin(out):
         raise UserError(f"--out {name} is the file on stdin, the prompt sample.py reads; writing the samples there "
                         "would replace it: choose another --out")
+
+
+def check_out_place(name: str) -> None:
+    """The gate (ownership.check_output): --out lies in no folder another command manages (a training
+    out_dir, an HF export, prepared data, a sharded checkpoint). After check_out_is_no_input, whose line
+    names the checkpoint read when --out is inside it."""
+    check_output(name, "--out")
 
 
 def reads_stdin(args: argparse.Namespace) -> bool:
@@ -265,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
     if args.out is not None:  # before anything is loaded or generated
         check_out_is_no_input(args.out, spec, args)
+        check_out_place(args.out)
     device = resolve_device(args.device, option="--device")
     loaded = load_for_inference(spec)
     model, tok, desc = loaded.model, loaded.tok, loaded.description
@@ -351,7 +360,7 @@ def format_samples(tok, rows, generated: list[list[int]], interrupted: bool = Fa
 
 def write_out_file(name: str, text: str) -> None:
     try:
-        atomic_write_bytes(Path(name).expanduser(), text.encode("utf-8", "replace"), "--out")
+        atomic_write_bytes(Path(name).expanduser(), text.encode("utf-8", "replace"), "--out", follow=True)
     except OSError as e:
         raise UserError(f"cannot write --out {name} ({short_error(e)}); {write_fix(e, 'choose another --out')}") from None
 

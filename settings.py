@@ -41,14 +41,16 @@ class Freezable:
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, resume: bool = False, check: Check | None = None,
-            default_factory: Any = dataclasses.MISSING, before: Any = dataclasses.MISSING) -> Any:
+            default_factory: Any = dataclasses.MISSING, before: Any = dataclasses.MISSING, path: bool = False) -> Any:
     """A config field: `help` is its --help line; `resume=True` if a resumed run may change it (it does not
     change what the weights or the data mean); `check` validates its value; `before`, for a key added
     after runs were already being saved, the value that reproduces what those runs did (a checkpoint
-    whose config lacks the key resumes with it, so the key's new default never changes an old run)."""
+    whose config lacks the key resumes with it, so the key's new default never changes an old run).
+    `path`: the value is a path (or a name that may be one): fileio.path_problem's faults are refused in one
+    line (check_fields, check_path_fields); whether it may be empty is the field's own check."""
     if not help:
         raise ValueError("every setting needs a help line")
-    meta = {"help": help, "resume": resume, "check": check}
+    meta = {"help": help, "resume": resume, "check": check, "path": path}
     if before is not dataclasses.MISSING:
         meta["before"] = before
     if default_factory is not dataclasses.MISSING:
@@ -69,8 +71,28 @@ def value_before(f: dataclasses.Field) -> Any:
     return f.metadata.get("before", dataclasses.MISSING)
 
 
+def path_fields(obj: Any) -> list[dataclasses.Field]:
+    """The fields of `obj` (a config section) whose values are paths: what tests enumerate."""
+    return [f for f in dataclasses.fields(obj) if f.metadata.get("path")]
+
+
+def check_path_fields(obj: Any, section: str) -> None:
+    """Every path field's value as a path (fileio.path_problem): the first fault is a one-line UserError."""
+    from fileio import path_problem
+
+    for f in path_fields(obj):
+        value = getattr(obj, f.name)
+        if not isinstance(value, str) or value == "":
+            continue  # (a non-string, or empty: each field's own check says what it wants)
+        problem = path_problem(value)
+        if problem:
+            shown = ascii(value) if len(value) <= 80 else ascii(value[:40]) + "..."
+            raise UserError(f"{section}.{f.name} {shown} {problem}; give a usable path")
+
+
 def check_fields(obj: Any, section: str) -> None:
     """Run every field's check; the first problem is a one-line UserError naming `section.key`."""
+    check_path_fields(obj, section)
     for f in dataclasses.fields(obj):
         check = f.metadata.get("check")
         value = getattr(obj, f.name)

@@ -40,6 +40,7 @@ from runtime.precision import DTYPE_BY_NAME
 from ownership import unmark_if_unused
 from training.budget import settle_schedule
 from training.chat import chat_vocab_size, data_notes
+from training.init_from import resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
 from training.batch_size import divisors
 from training.config import (AUTO_BATCH, Config, TrainSection, keep_what_older_runs_did, load_config, parse_duration,
@@ -55,7 +56,7 @@ from training.rng import seed_everything
 from training.run import Run, RunLog, evaluate_splits, lr_of_plan, step_at
 from training.schedule import due_after
 from training.showcase import build_showcase
-from training.signals import StopFlag
+from training.signals import StopFlag, launched_by_torchrun
 from training.state import TrainState
 from training.state_size import shard_counts, state_bytes
 from training.step import StepOutput
@@ -168,7 +169,8 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
     if resume is None:
         return None, cfg
     cfg, notes = keep_what_older_runs_did(resume.config, cfg)
-    for note in notes:
+    cfg, applied = resumed_init_from(resume.config, cfg, str(resume.path))
+    for note in notes + applied:
         say(note)
     return resume, cfg
 
@@ -209,12 +211,12 @@ def load_hellaswag(cfg: Config, tokenizer: dict, par: Parallel) -> tuple | None:
 
 
 def install_stop_flag(par: Parallel, checkpointer, cleanup: ExitStack) -> StopFlag:
-    """SIGTERM / Ctrl-C: stop after the step, with a checkpoint; while waiting on a rank that stopped
-    answering, at once (training/signals.py)."""
+    """SIGTERM / SIGHUP / Ctrl-C, or the death of torchrun: stop after the step, with a checkpoint; while
+    waiting on a rank that stopped answering, at once (training/signals.py)."""
     def saved() -> str:
         it = checkpointer.last_saved_iter
         return f"{checkpointer.latest} holds iter {it}" if it is not None else "no checkpoint was written yet"
-    stop = StopFlag(par, saved).install()
+    stop = StopFlag(par, saved, watch_parent=launched_by_torchrun()).install()
     cleanup.callback(stop.restore)
     return stop
 

@@ -20,10 +20,11 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from fileio import atomic_write_bytes, path_arg
+from ownership import check_output
 from model import GPT
 from runtime.precision import allow_tf32
 from training.builders import build_trainer
@@ -45,8 +46,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--quick", action="store_true", help="a tiny model and global batch 16: a smoke test")
-    p.add_argument("--json", help="write the row here")
+    p.add_argument("--json", type=path_arg, help="write the row here")
     args = p.parse_args(argv)
+    if args.json:  # the gate, before minutes of measuring: no folder another command manages
+        check_output(args.json, "--json")
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:  # set_per_process_memory_fraction needs an index
         device = torch.device("cuda", torch.cuda.current_device())
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
                + (f", real steps peaked at {row['steps_peak_gib']} of {args.memory_gb:g} GiB" if peak else "")))
     print(line, flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(row, indent=1) + "\n")
+        atomic_write_bytes(args.json, (json.dumps(row, indent=1) + "\n").encode(), "--json", follow=True)
     return row
 
 

@@ -15,8 +15,8 @@ import warnings
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
-from fileio import check_output_not_input, output_target
-from ownership import OUT_DIR, check_target, kind_of
+from fileio import check_output_not_input, check_path_value, output_target, path_arg
+from ownership import OUT_DIR, check_output, kind_of
 
 from .format import CKPT_NAME, FORMAT, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
 from .sharded import is_sharded_checkpoint
@@ -28,11 +28,11 @@ KEPT = ("model", "model_config", "tokenizer", "config", "train")
 def consolidate(source: str | Path, out: str | Path | None = None) -> Path:
     """Write the single-file checkpoint of the sharded checkpoint `source` (an out_dir or a ckpt.dcp/);
     returns its path."""
-    path = resolve_checkpoint_path(source)
+    path = resolve_checkpoint_path(check_path_value(source, "the checkpoint"))
     if not is_sharded_checkpoint(path):
         raise UserError(f"{path} is already a single-file checkpoint; consolidate reads a sharded one (ckpt.dcp/, "
                         "written with train.parallel=fsdp)")
-    target = Path(out) if out is not None else path.parent / CONSOLIDATED_NAME
+    target = check_path_value(out, "--out") if out is not None else path.parent / CONSOLIDATED_NAME
     output_target(target, "--out")  # a directory, a socket, a symlink loop: refused before any reading
     check_output_not_input(target, [(f"the checkpoint {path}", path)], "--out")  # by identity: links too
     if target.suffix == ".dcp":  # save_checkpoint would write a sharded folder: consolidate writes one file
@@ -42,24 +42,29 @@ def consolidate(source: str | Path, out: str | Path | None = None) -> Path:
         raise UserError(f"{target} is where a single-file run keeps its latest checkpoint; write elsewhere, e.g. "
                         f"--out {path.parent / CONSOLIDATED_NAME}")
     # in no managed folder but the run's own out_dir (the default), and never in the checkpoint it reads
-    check_target(target, None, "--out", reading=(path,), home=path.parent if kind_of(path.parent) == OUT_DIR else None)
+    check_output(target, "--out", reading=(path,), home=path.parent if kind_of(path.parent) == OUT_DIR else None)
     with warnings.catch_warnings():  # DCP warns that it loads in one process: that is the point
         warnings.simplefilter("ignore")
         ckpt = load_checkpoint(path, needed=("model", "model_config", "tokenizer"))
     try:
-        save_checkpoint(target, {k: ckpt[k] for k in KEPT if k in ckpt})
+        save_checkpoint(target, {k: ckpt[k] for k in KEPT if k in ckpt}, follow=True)
     except OSError as e:
         raise UserError(f"cannot write {target} ({e.strerror or e}); choose another --out") from None
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m checkpoint", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("consolidate", help="write a sharded checkpoint (ckpt.dcp/) as one file")
-    c.add_argument("source", help="a training out_dir, or a ckpt.dcp/ (best.dcp/) directory")
-    c.add_argument("--out", default=None, help=f"the file to write (default: <out_dir>/{CONSOLIDATED_NAME})")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    c.add_argument("source", type=path_arg, help="a training out_dir, or a ckpt.dcp/ (best.dcp/) directory")
+    c.add_argument("--out", default=None, type=path_arg,
+                   help=f"the file to write (default: <out_dir>/{CONSOLIDATED_NAME})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     target = consolidate(args.source, args.out)
     print(f"wrote {target} ({FORMAT} version {VERSION})")
     return 0

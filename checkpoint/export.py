@@ -29,9 +29,9 @@ from pathlib import Path
 import tiktoken.load
 
 from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
-from fileio import atomic_write_bytes, fsync_dir, json_loads, path_kind, temp_dir
+from fileio import atomic_write_bytes, fsync_dir, json_loads, path_arg, path_kind, temp_dir
 from locks import remove_stale_temps
-from ownership import EXPORT, check_target
+from ownership import EXPORT, check_output, check_target
 
 from model.gpt import GPT
 
@@ -165,11 +165,16 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
     return fmt
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m checkpoint.export", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="a ckpt.pt file or a training out_dir")
-    p.add_argument("--out", required=True, help="the directory to create (it must not exist, or be empty)")
-    args = p.parse_args(argv)
+    p.add_argument("--checkpoint", required=True, type=path_arg, help="a ckpt.pt file or a training out_dir")
+    p.add_argument("--out", required=True, type=path_arg, help="the directory to create (it must not exist, or be empty)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    check_output(args.out, "--out", kind=EXPORT, reading=(args.checkpoint,))  # the gate, before loading anything
     loaded = load_model(args.checkpoint, dropout=0.0)
     source = resolve_checkpoint_path(args.checkpoint) if loaded.checkpoint is not None else args.checkpoint
     fmt = export_hf(loaded.model, loaded.tokenizer, args.out, loaded.checkpoint, source, named=args.checkpoint)

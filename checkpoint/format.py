@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from errors import UserError, short_error
-from fileio import atomic_write, path_kind, recover_replaced_dir
+from fileio import atomic_write, open_own, path_kind, recover_replaced_dir
 from ownership import BEST_NAME, CKPT_NAME
 
 from .sharded import ShardedDir, is_sharded_checkpoint, sharded_name
@@ -166,9 +166,10 @@ class TorchFile:
     """One file per checkpoint: torch.save to a temp file beside it, then an atomic rename
     (fileio.atomic_write), so a reader sees the old checkpoint or the new one, never a torn one."""
 
-    def write(self, path: Path, payload: dict[str, Any]) -> None:
+    def write(self, path: Path, payload: dict[str, Any], *, follow: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path) as tmp, open(tmp, "wb") as f:
+        # (follow: a file the user named, maybe a device written straight into through a link, /dev/stdout)
+        with atomic_write(path, follow=follow) as tmp, (open(tmp, "wb") if follow else open_own(tmp, "wb")) as f:
             try:
                 torch.save(payload, f)
             except RuntimeError as e:
@@ -248,11 +249,17 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
     return p
 
 
-def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any], *, follow: bool = False) -> None:
     """Write `payload` to `path` atomically; "format" and "version" are stamped in. A sharded path
-    (`.dcp`) is written by every rank together (ShardedDir.write)."""
+    (`.dcp`) is written by every rank together (ShardedDir.write). `follow`: `path` is a file the user
+    named (consolidate's --out), which may be a symlink on purpose; a run's own checkpoints never are."""
     path = Path(path)
-    backend_for(path).write(path, {**payload, "format": FORMAT, "version": VERSION})
+    payload = {**payload, "format": FORMAT, "version": VERSION}
+    backend = backend_for(path)
+    if isinstance(backend, TorchFile):
+        backend.write(path, payload, follow=follow)
+    else:  # a sharded checkpoint is always a run's own folder
+        backend.write(path, payload)
 
 
 def load_checkpoint(path: str | os.PathLike, needed: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -246,6 +246,11 @@ class Checkpointer:
         """Give every registered state its entry of `ckpt` (a checkpoint's payload, or a snapshot of the
         states' own state_dicts). A missing or malformed entry is a one-line UserError naming it."""
         missing = [name for name in self.states if name not in ckpt]
+        if "plan" in missing and "train" in self.states and not isinstance(ckpt.get("train"), dict):
+            # a version 2 checkpoint keeps its plan inside "train" (format.upgrade): the damaged entry is that one
+            raise UserError(f"checkpoint {where}: its 'train' entry is malformed (a {type(ckpt.get('train')).__name__}, "
+                            "not the counters and the run's plan); use another checkpoint (e.g. best.pt), or a new "
+                            "--train.out_dir")
         if missing:
             raise UserError(f"checkpoint {where} has no {', '.join(map(repr, missing))} entr"
                             f"{'y' if len(missing) == 1 else 'ies'}; it was not written by train.py or is damaged: "

@@ -70,7 +70,7 @@ def _prepare_data(cfg: DataConfig, progress: bool) -> Path:
         return out
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    lock = wait_for_lock(DirLock(out, PREPARE_LOCK), out)
+    lock = wait_for_lock(DirLock(out, PREPARE_LOCK, what="preparing"), out)
     try:
         reason = _rebuild_reason(out, cfg, fingerprint)  # another process may just have built it
         if reason is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from errors import UserError
-from settings import Freezable, setting
+from settings import Freezable, check_path_fields, setting
 
 from .tokenizer import check_tokenizer_name
 
@@ -19,15 +19,17 @@ MAX_PROCS = 1024  # tokenizer processes: each is started, so 10**30 of them woul
 class DataConfig(Freezable):
     dataset: str = setting(SHAKESPEARE, '"shakespeare" | a local path: a file, folder or glob of .txt, .jsonl/.json, '
                                         '.parquet (plain, .gz or .zst), or a folder written by datasets\' save_to_disk '
-                                        '| "hf:<name>"')
+                                        '| "hf:<name>"', path=True)
     tokenizer: str = setting("gpt2", '"char", any tiktoken encoding name ("gpt2", "cl100k_base", ...), or '
                                      '"bpe:<vocab_size>"')
     val_fraction: float = setting(0.1, "the share of documents (chosen by a hash of each) that becomes the val split; "
                                        "of a single text file, its tail")
-    val_dataset: str = setting("", "a separate val source (same forms as dataset); then all of dataset is train")
-    root: str = setting("data/prepared", "prepared dirs go under here, one per (source, tokenizer)", resume=True)
+    val_dataset: str = setting("", "a separate val source (same forms as dataset); then all of dataset is train",
+                               path=True)
+    root: str = setting("data/prepared", "prepared dirs go under here, one per (source, tokenizer)", resume=True,
+                        path=True)
     local_path: str = setting("", "a local copy of tiny shakespeare; the env var SMALLGPT_SHAKESPEARE works too",
-                              resume=True)
+                              resume=True, path=True)
     hf_subset: str = setting("", "HF datasets: the config (subset) name, if the dataset has several")
     hf_split: str = setting("train", "HF datasets: the split to read")
     text_field: str = setting("text", "jsonl, parquet and HF datasets: the field holding the text")
@@ -50,6 +52,7 @@ class DataConfig(Freezable):
                      "format", "messages_field"):
             if not isinstance(getattr(self, name), str):
                 raise UserError(f"data.{name} must be a string, got {getattr(self, name)!r}; quote it in the config")
+        check_path_fields(self, "data")  # NUL, a name over 255 bytes, not UTF-8: one line (fileio.path_problem)
         if self.val_dataset and self.val_dataset.strip() == self.dataset.strip():
             raise UserError("data.val_dataset names the same source as data.dataset; name a separate val source, "
                             "or leave val_dataset empty to hold out val_fraction of the documents")

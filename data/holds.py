@@ -22,7 +22,8 @@ def hold_data(data_dir: str | os.PathLike, what: str) -> Callable[[], None]:
     while the process lives. Returns the function that unregisters it."""
     data_dir = Path(data_dir)
     check_readers_dir(data_dir)
-    lock = wait_for_lock(DirLock(data_dir, PREPARE_LOCK), data_dir)  # not while a prepare is rebuilding it
+    # not while a prepare is rebuilding it (held for a moment: another rank of the run registering)
+    lock = wait_for_lock(DirLock(data_dir, PREPARE_LOCK, what="registering as a reader of"), data_dir)
     try:
         (data_dir / READERS).mkdir(exist_ok=True)
         me = data_dir / READERS / f"{socket.gethostname()}-{os.getpid()}.json"
@@ -54,15 +55,20 @@ def check_readers_dir(out: Path) -> None:
                         f"move it away (or set data.root to another directory), then rerun")
 
 
+SAY_AFTER_S = 2.0  # a wait this long is said; shorter ones (a reader registering takes milliseconds) are not
+
+
 def wait_for_lock(lock: DirLock, out: Path) -> DirLock:
-    """Take `out`'s prepare lock, waiting while another live process prepares the same directory."""
-    said = False
+    """Take `out`'s prepare lock, waiting while another live process holds it (preparing the directory, or
+    registering as its reader): a wait past SAY_AFTER_S is said once, with what the holder does."""
+    said, start = False, time.monotonic()
     while (holder := lock.try_acquire()) is not None:
         if holder.get("host") != socket.gethostname():
             raise UserError(f"{out} is being prepared by pid {holder.get('pid')} on host {holder.get('host')} (since "
                             f"{holder.get('since')}); wait for it, or delete {lock.path} if that process is gone")
-        if not said:
-            to_stderr(f"waiting for pid {holder.get('pid')}, which is preparing {out}")
+        if not said and time.monotonic() - start >= SAY_AFTER_S:
+            what = holder.get("what") if isinstance(holder.get("what"), str) else "preparing"
+            to_stderr(f"waiting for pid {holder.get('pid')}, which is {what} {out}")
             said = True
         time.sleep(0.5)
     return lock

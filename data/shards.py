@@ -36,7 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from errors import UserError
-from fileio import atomic_write_bytes, json_loads
+from fileio import atomic_write_bytes, json_loads, open_own
 
 from .pieces import Piece
 from .tokenizer import Tokenizer, get_tokenizer
@@ -155,16 +155,16 @@ class _Split:
         path = self._partial_path()
         final = self.out / shard_name(build, name, len(self.shards))
         if self.partial and not path.exists():  # killed after this shard was finished, before the next record:
-            with open(final, "rb") as src, open(path, "wb") as dst:  # its head is the recorded partial
+            with open(final, "rb") as src, open_own(path, "wb") as dst:  # its head is the recorded partial
                 dst.write(src.read(self.partial * dtype.itemsize))
         if self.partial:  # resuming: the partial holds at least what was recorded; cut it back to that
-            with open(path, "r+b") as f:
+            with open_own(path, "r+b") as f:
                 f.truncate(self.partial * dtype.itemsize)
             self.hash = hashlib.sha256()
             with open(path, "rb") as f:
                 while chunk := f.read(16 << 20):
                     self.hash.update(chunk)
-        self.file = open(path, "r+b" if self.partial else "wb")
+        self.file = open_own(path, "r+b" if self.partial else "wb")
         self.file.seek(0, os.SEEK_END)
 
     def _partial_path(self) -> Path:
@@ -199,7 +199,7 @@ class _Split:
         self.shards.append({"name": name, "tokens": self.partial, "sha256": self.hash.hexdigest(),
                             "sample_sha256": sample_sha256(self.out / name, self.dtype.itemsize)})
         self.partial, self.hash = 0, hashlib.sha256()
-        self.file = open(self._partial_path(), "wb")
+        self.file = open_own(self._partial_path(), "wb")
 
     def sync(self) -> None:
         self.file.flush()

@@ -146,9 +146,12 @@ class CharTokenizer(Tokenizer):
         if not known.all():
             unknown = sorted({chr(c) for c in cps[~known]})
             shown = ", ".join(repr(c) for c in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            # a shell keeps "\n" inside quotes as two characters: say how to type a newline
+            typed = " (a \\n typed in quotes stays a backslash and an n: write $'...\\n...' in bash for a newline)" \
+                if "\\n" in text and "\\" in unknown else ""
             raise UserError(
                 f"{len(unknown)} character(s) not in the char vocabulary: {shown}; remove them from the text, "
-                f"or prepare data that contains them (or use the gpt2 tokenizer)"
+                f"or prepare data that contains them (or use the gpt2 tokenizer){typed}"
             )
         return ids.astype(np.int64)
 

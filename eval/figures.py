@@ -12,11 +12,12 @@ import html
 import io
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 
-from errors import UserError
+from errors import UserError, to_stderr
 
 # The surprisal colour scale, from 0 bits (white: the model was sure) to the surprisal of a uniform guess
 # over the vocabulary (dark red): one scale for the PNG and the HTML, which needs no matplotlib.
@@ -66,9 +67,43 @@ def figure_png(fig, dpi: int = 100) -> bytes:
 
 
 def shown(label: str, limit: int = 12) -> str:
-    """A token as it reads on an axis or in a cell: whitespace made visible, long tokens cut."""
-    text = "".join(SHOWN.get(c, c if c.isprintable() else f"\\x{ord(c):02x}") for c in label)
+    """A token as it reads on an axis or in a cell: whitespace made visible, long tokens cut, and a
+    character the figures' font lacks (CJK in DejaVu Sans Mono) as its escaped code point, \\u4e2d: else
+    matplotlib draws a box and warns on stderr once per glyph, dozens of lines. Said once (drawable)."""
+    text = "".join(_drawn(SHOWN.get(c, c if c.isprintable() else f"\\x{ord(c):02x}")) for c in label)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_ESCAPED: set[str] = set()  # the characters drawn as code points so far (the note is said once per process)
+
+
+def _drawn(text: str) -> str:
+    glyphs = _font_glyphs()
+    if glyphs is None or all(ord(c) in glyphs for c in text):
+        return text
+    out = []
+    for c in text:
+        if ord(c) in glyphs:
+            out.append(c)
+            continue
+        out.append(f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+        if not _ESCAPED:
+            to_stderr(f"note: the figures' font lacks some characters of this text (e.g. {c!r}); they are drawn "
+                      f"as escaped code points ({out[-1]}); the HTML page shows them as they are")
+        _ESCAPED.add(c)
+    return "".join(out)
+
+
+@lru_cache(maxsize=None)
+def _font_glyphs() -> frozenset[int] | None:
+    """The code points the monospace font of the token labels has (None: unknown, draw as is)."""
+    try:
+        from matplotlib import font_manager, ft2font
+
+        path = font_manager.findfont(font_manager.FontProperties(family="monospace"), fallback_to_default=True)
+        return frozenset(ft2font.FT2Font(path).get_charmap())
+    except Exception:  # noqa: BLE001 (no matplotlib, or a font it cannot read: drawing says what it says)
+        return None
 
 
 def ramp_rgb(bits: float, top: float) -> tuple[int, int, int]:

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from data import tokenizer_from_meta
 from checkpoint import load_model
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import json_loads, read_user_file
+from fileio import json_loads, path_arg, read_user_file
 from network import hub_offline_unless_reachable
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_BY_NAME, DTYPE_NAMES, autocast
@@ -258,9 +258,9 @@ def hellaswag_metrics(counts: dict[str, Any]) -> dict[str, float]:
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m eval.hellaswag",
                 description="HellaSwag accuracy (completion style, as build-nanogpt and llm.c score it).")
-    p.add_argument("--checkpoint", required=True,
+    p.add_argument("--checkpoint", required=True, type=path_arg,
                    help="ckpt file or training out_dir; or an HF GPT-2 directory or hub name (e.g. gpt2)")
-    p.add_argument("--data", default=None,
+    p.add_argument("--data", default=None, type=path_arg,
                    help=f"local jsonl in HellaSwag's original format (default: {HF_DATASET}, {HF_SPLIT} split, "
                         "from the HF hub)")
     p.add_argument("--limit", type=int, default=None, help="score only the first N items")

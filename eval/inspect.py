@@ -1,7 +1,7 @@
 """See inside a model on one text: the attention weights of every layer and head, and how surprised the
 model is by each token, with its top-5 guesses.
 
-    python -m eval.inspect --checkpoint out/shakespeare_char --text "ROMEO:\nBut soft" --out inspect/
+    python -m eval.inspect --checkpoint out/shakespeare_char --text $'ROMEO:\nBut soft' --out inspect/  # $'' makes \n a newline
     python -m eval.inspect --checkpoint gpt2 --text-file snippet.txt --out inspect/ --layer 5 --head 1
 
 writes into --out (created if needed; files there of the same names are replaced):
@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
-from fileio import atomic_write_bytes, check_output_not_input, check_writable_dir, read_user_file
+from fileio import atomic_write_bytes, check_output_not_input, check_writable_dir, path_arg, read_user_file
+from ownership import check_output
 from model.gpt import CausalSelfAttention
 from checkpoint import checkpoint_files, default_checkpoint, load_for_inference
 
@@ -110,13 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m eval.inspect",
                        description="Draw a model's attention weights (every layer and head) and each token's "
                                    "surprisal with its top-5 guesses, for one text, as PNG and HTML files.")
-    p.add_argument("--checkpoint", default=None, metavar="PATH",
+    p.add_argument("--checkpoint", default=None, metavar="PATH", type=path_arg,
                    help="ckpt file, training out_dir, sharded .dcp or HF GPT-2 directory (default: the run under out/ "
                         "trained last)")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", default=None, help="the text to inspect")
-    text.add_argument("--text-file", default=None, metavar="FILE", help="read the text from this file (UTF-8)")
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write the pictures into (created if needed)")
+    text.add_argument("--text-file", default=None, metavar="FILE", type=path_arg, help="read the text from this file (UTF-8)")
+    p.add_argument("--out", required=True, metavar="DIR", type=path_arg, help="the folder to write the pictures into (created if needed)")
     p.add_argument("--layer", type=int, default=None, metavar="N",
                    help="also draw layer N's maps alone, large; with --head, that one map (0 = first)")
     p.add_argument("--head", type=int, default=None, metavar="N",
@@ -158,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_index(args.layer, "--layer", None, "layer")
     check_index(args.head, "--head", None, "head")
-    out = Path(args.out).expanduser()
     names = output_names(args.layer, args.head)
     spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
+    # the gate: --out is no folder another command manages (a training out_dir, an HF export, prepared data,
+    # the ckpt.dcp it reads), lies in none, and is not what it reads
+    out = check_output(args.out, "--out", reading=(spec,) if os.path.isdir(spec) else ())
     # the pictures replace files of their names in --out: never a file this reads
     inputs = [(f"the checkpoint file {p}", p) for p in checkpoint_files(spec)]
     inputs += [(f"the --text-file {args.text_file}", Path(args.text_file).expanduser())] if args.text_file else []
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         pictures[names[3]] = figure_png(attention_figure(insp, args.layer, args.head))
     for name, data in pictures.items():
         try:
-            atomic_write_bytes(out / name, data, what="--out")
+            atomic_write_bytes(out / name, data, what="--out", follow=True)
         except OSError as e:
             raise UserError(f"cannot write {out / name} ({short_error(e)}); {write_fix(e, 'choose another --out')}") from None
         print(out / name)

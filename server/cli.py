@@ -20,6 +20,7 @@ import uvicorn
 
 from checkpoint import default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, short_error, to_stderr
+from fileio import path_arg
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name
@@ -33,7 +34,7 @@ MAX_SLOTS, MAX_QUEUE = 1024, 100_000
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python serve.py", description="An OpenAI-compatible server and a chat page for one checkpoint.")
-    p.add_argument("--checkpoint", default=None, help="ckpt.pt, a training out_dir, an HF GPT-2 directory or hub name "
+    p.add_argument("--checkpoint", default=None, type=path_arg, help="ckpt.pt, a training out_dir, an HF GPT-2 directory or hub name "
                    "(default: the run under out/ trained last)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
     p.add_argument("--port", type=int, default=8000)

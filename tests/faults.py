@@ -10,6 +10,7 @@ the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_INTERRUPT_AFTER=k, SMALLGPT_TEST_NAN_AT=k   as above
     SMALLGPT_TEST_TERM_AFTER=k           SIGTERM this process in the loop's step to iter k (as a scheduler's
                                          stop would); the steps a time budget times first don't count
+    SMALLGPT_TEST_TERM_SIGNAL=SIGHUP     with TERM_AFTER: send this signal instead of SIGTERM
     SMALLGPT_TEST_COMPILE_BACKEND=name   torch.compile uses this backend (e.g. aot_eager: Dynamo traces and
                                          AOTAutograd runs the compiled path, without Inductor's C++ builds)
     SMALLGPT_TEST_KILL_AFTER=k           SIGKILL this process right after its k-th step (before that step is logged)
@@ -130,7 +131,8 @@ if __name__ == "__main__":
         def step_at(r, i, lr):  # the loop's step only: training/budget.py times steps through its own import
             out = real_step_at(r, i, lr)
             if i + 1 == term_after:
-                os.kill(os.getpid(), signal.SIGTERM)  # the StopFlag stops the loop after this step
+                # the StopFlag stops the loop after this step (SMALLGPT_TEST_TERM_SIGNAL: another, e.g. SIGHUP)
+                os.kill(os.getpid(), getattr(signal, os.environ.get("SMALLGPT_TEST_TERM_SIGNAL", "SIGTERM")))
             return out
         train.step_at = step_at
     if os.environ.get("SMALLGPT_TEST_COMPILE_BACKEND"):

@@ -315,7 +315,7 @@ def bench_json(argv: list[str]) -> int:
     the minutes of measuring between them read no path."""
     args = bench.parse_args(argv)
     try:
-        bench.atomic_write_bytes(Path(args.json), (json.dumps({"rows": []}) + "\n").encode(), "--json")
+        bench.atomic_write_bytes(Path(args.json), (json.dumps({"rows": []}) + "\n").encode(), "--json", follow=True)
     except OSError as e:
         raise bench.UserError(f"cannot write --json {args.json} ({bench.short_error(e)}); the report is printed above")
     return 0

@@ -187,16 +187,14 @@ class _FillsUp(io.RawIOBase):
 
 def test_a_disk_that_fills_up_inside_torch_save_is_one_line_and_its_advice_works(tmp_path, data_root, capsys,
                                                                                  monkeypatch):
-    import builtins
-
     import checkpoint.format
 
-    real_open = builtins.open
+    real_open = checkpoint.format.open_own  # how TorchFile opens the temp it writes (never through a link)
 
-    def filling(path, mode="r", *a, **k):
+    def filling(path, mode="wb", *a, **k):
         f = real_open(path, mode, *a, **k)
         return _FillsUp(f, 4096) if "w" in mode else f
-    monkeypatch.setattr(checkpoint.format, "open", filling, raising=False)
+    monkeypatch.setattr(checkpoint.format, "open_own", filling)
     out = tmp_path / "out"
     argv = tiny_argv(out, data_root, "--train.max_iters=2", "--train.eval_interval=2")
     code, _, err = cli(argv, capsys)

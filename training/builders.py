@@ -102,8 +102,9 @@ def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resu
 
 def config_of_source(cfg: Config, model: GPT) -> Config:
     """`cfg`, or where model.init_from brought the architecture (another run's, HF GPT-2's), a new frozen
-    config whose ARCH_KEYS say what the model is; fresh and resumed alike, so every checkpoint agrees."""
-    arch = {k: getattr(model.config, k) for k in ARCH_KEYS}
+    config whose ARCH_KEYS and vocab_size say what the model is; fresh and resumed alike, so every
+    checkpoint agrees (a requested vocab_size the source overrides is said by init_from.initial_model)."""
+    arch = {k: getattr(model.config, k) for k in (*ARCH_KEYS, "vocab_size")}
     if cfg.model.init_from == "scratch" or all(getattr(cfg.model, k) == v for k, v in arch.items()):
         return cfg
     d = cfg.to_dict()

@@ -133,7 +133,7 @@ class ModelSection(Freezable):
     logit_softcap: float = setting(0.0, "> 0: logits = cap * tanh(logits / cap), which keeps them in (-cap, cap)",
                                    check=_softcap)
     init_from: str = setting("scratch", '"scratch" | an HF GPT-2 name or directory ("gpt2", "gpt2-medium", ...) | a '
-                                        "checkpoint (file or out_dir)", resume=True,
+                                        "checkpoint (file or out_dir)", resume=True, path=True,
                              check=not_blank("use 'scratch', an HF GPT-2 name/dir, or a checkpoint path"))
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
@@ -203,7 +203,7 @@ class TrainSection(Freezable):
     checkpoint_interval: int = setting(0, "write ckpt.pt every N steps; 0 = at each eval (and always at the end)",
                                        resume=True, check=at_least(0))
     out_dir: str = setting("out", "checkpoints (ckpt.pt, best.pt), metrics.jsonl and wandb's files go here",
-                           resume=True, check=not_blank("set it to a directory, e.g. out/small"))
+                           resume=True, path=True, check=not_blank("set it to a directory, e.g. out/small"))
     resume: str = setting("auto", "auto: continue from out_dir/ckpt.pt if there; never: refuse an existing one",
                           resume=True, check=one_of("auto", "never"))
     peak_flops: float = setting(0.0, "device peak FLOP/s for MFU; 0 = GPU table / CPU matmul probe (cached per "
@@ -238,7 +238,7 @@ class EvalSection(Freezable):
     hellaswag_interval: int = setting(0, "run HellaSwag every N steps (and at the last one); 0 = never", resume=True,
                                       check=at_least(0, " (0 turns it off)"))
     hellaswag_data: str = setting("", "a local jsonl in HellaSwag's original format; empty = Rowan/hellaswag from the "
-                                      "HF hub", resume=True)
+                                      "HF hub", resume=True, path=True)
     hellaswag_limit: int = setting(0, "score the first N items only; 0 = all 10042", resume=True,
                                    check=at_least(0, " (0 turns it off)"))
     hellaswag_batch_size: int = setting(8, "items per forward (x 4 endings)", resume=True, check=at_least(1))
@@ -390,10 +390,13 @@ def resume_conflicts(saved: dict[str, Any], new: Config) -> list[str]:
     """Keys whose saved value differs from the new config and that may not change on resume (a field's
     `resume=False`: it changes what the weights or the data mean)."""
     out = []
-    from_source = new.model.init_from != "scratch"  # the architecture came from the source (ARCH_KEYS): as saved
+    # where the saved run's weights came from decides (a new init_from does not apply on resume): from a source,
+    # the architecture and vocabulary are the source's (ARCH_KEYS, vocab_size), as saved
+    model = saved.get("model") if isinstance(saved, dict) else None
+    from_source = (model.get("init_from") if isinstance(model, dict) else "scratch") not in ("scratch", None)
     for section, obj, f, old_values in _saved_fields(saved, new):
         value = getattr(obj, f.name)
-        if from_source and section == "model" and f.name in ARCH_KEYS:
+        if from_source and section == "model" and f.name in (*ARCH_KEYS, "vocab_size"):
             continue
         if not may_change_on_resume(f) and f.name in old_values and old_values[f.name] != value:
             out.append(f"{section}.{f.name}: {old_values[f.name]!r} -> {value!r}")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from errors import UserError, short_error
-from fileio import path_kind, read_user_file
+from fileio import check_path_value, path_kind, read_user_file
 
 
 def section_keys(cfg: Any) -> dict[str, list[str]]:
@@ -64,7 +64,7 @@ def nest(dotted: str, value: Any) -> dict[str, Any]:
 
 def find_config_file(name: str, config_dir: Path) -> Path:
     """A path to a YAML file, or a name in configs/ with or without .yaml."""
-    candidates = [Path(name).expanduser()]
+    candidates = [check_path_value(name, "--config")]  # NUL, a name over 255 bytes, not UTF-8: one line
     if not name.endswith((".yaml", ".yml")):
         candidates.append(Path(name + ".yaml").expanduser())
     candidates += [config_dir / c.name for c in list(candidates) if c.parent == Path(".")]

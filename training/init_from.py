@@ -12,7 +12,22 @@ from model import GPT
 from checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
 
 from .chat import grow_vocab
-from .config import ARCH_KEYS, ModelSection
+from .config import ARCH_KEYS, Config, ModelSection
+
+
+def resumed_init_from(saved: dict[str, Any], cfg: Config, where: str) -> tuple[Config, list[str]]:
+    """A resumed run's weights come from its checkpoint `where`, never from model.init_from: a different
+    init_from is said in a line naming it, and the config (saved with every checkpoint, repeated by an
+    export's model card) records where the weights really came from, the saved value."""
+    model = saved.get("model") if isinstance(saved, dict) else None
+    before = model.get("init_from") if isinstance(model, dict) else None
+    if not isinstance(before, str) or before == cfg.model.init_from:
+        return cfg, []
+    note = (f"model.init_from={cfg.model.init_from} is not applied: this run resumes {where}, whose weights came "
+            f"from {before} (the saved config keeps that); to start from {cfg.model.init_from}, train into a new "
+            "--train.out_dir")
+    d = cfg.to_dict()
+    return Config.from_dict(d | {"model": d["model"] | {"init_from": before}}).freeze(), [note]
 
 
 def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], seed: int,
@@ -36,15 +51,22 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
         raise UserError(f"model.init_from={m.init_from} is HF GPT-2, which needs data.tokenizer=gpt2 "
                         f"(got {tokenizer.get('tokenizer')!r}); set --data.tokenizer=gpt2")
     loaded = load_model(m.init_from, **runtime)  # a checkpoint, an out_dir, an HF directory or hub name
-    if loaded.tokenizer.get("tokenizer") != tokenizer.get("tokenizer") or (
-            loaded.tokenizer.get("chars") != tokenizer.get("chars")):
+    notes = []
+    if loaded.tokenizer.get("tokenizer") != tokenizer.get("tokenizer"):
         raise UserError(f"model.init_from={m.init_from} was trained with tokenizer {_tok(loaded.tokenizer)}, "
                         f"but this data uses {_tok(tokenizer)}; set data.tokenizer (and dataset) to match")
+    if loaded.tokenizer.get("chars") != tokenizer.get("chars"):  # the same tokenizer, other characters
+        raise UserError(f"model.init_from={m.init_from} was trained with the char tokenizer on other characters than "
+                        f"this data's: {_chars_differ(loaded.tokenizer.get('chars'), tokenizer.get('chars'))}, so its "
+                        "ids would mean other characters; prepare the data the source was trained on (data.dataset), "
+                        "or train from scratch")
     model, mc = loaded.model, loaded.model.config
+    if m.vocab_size not in (0, mc.vocab_size):  # the weights bring their vocabulary (config_of_source records it)
+        notes.append(f"model.vocab_size={m.vocab_size} is not applied: {loaded.description} has a vocabulary of "
+                     f"{mc.vocab_size}, which the run keeps (and its saved config records)")
     if vocab_size > mc.vocab_size:
         raise UserError(f"the data's vocab ({vocab_size}) is larger than {loaded.description}'s ({mc.vocab_size}); "
                         "use the tokenizer the source was trained with")
-    notes = []
     changed = [f"{k} {getattr(m, k)}->{getattr(mc, k)}" for k in ARCH_KEYS if getattr(m, k) != getattr(mc, k)]
     if changed:
         notes.append(f"architecture taken from {loaded.description}: {', '.join(changed)}")
@@ -58,6 +80,19 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
     if grown:
         notes.append(grown)
     return model.train(), notes
+
+
+def _chars_differ(source: Any, data: Any) -> str:
+    """How two char vocabularies differ, in words: the characters only one has (a few), or their order."""
+    source, data = (c if isinstance(c, str) else "" for c in (source, data))
+    if set(source) == set(data):
+        return f"the same {len(set(data))} characters, numbered in another order"
+    def few(chars: set[str]) -> str:
+        shown = ", ".join(repr(c) for c in sorted(chars)[:5])
+        return shown + (f" and {len(chars) - 5} more" if len(chars) > 5 else "")
+    parts = [f"only the data has {few(set(data) - set(source))}" if set(data) - set(source) else "",
+             f"only the source has {few(set(source) - set(data))}" if set(source) - set(data) else ""]
+    return f"{len(set(source))} characters against {len(set(data))} ({'; '.join(p for p in parts if p)})"
 
 
 def _tok(t: Any) -> str:

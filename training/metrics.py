@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from errors import UserError, short_error, to_stderr
-from fileio import atomic_write_bytes, json_loads, point_at_devnull
+from fileio import atomic_write_bytes, json_loads, open_own, point_at_devnull
 
 METRICS_NAME = "metrics.jsonl"
 MAX_METRICS_BYTES = 1 << 30  # ~3M logged steps; a larger (or endless: /dev/zero) file is refused, not read
@@ -80,7 +80,7 @@ class MetricsLog:
             return
         record = {"iter": iter_num, **{k: _plain(v) for k, v in values.items()}}
         try:
-            with open(self.path, "a", encoding="utf-8") as f:
+            with open_own(self.path, "a", encoding="utf-8") as f:  # never through a link
                 f.write(json.dumps(record, allow_nan=False) + "\n")
         except OSError as e:
             raise UserError(f"cannot append to {self.path} ({short_error(e)}); free some space or fix the file, then "

@@ -12,12 +12,15 @@ imported here only, so a partial install still trains, and its absence here is a
 from __future__ import annotations
 
 import io
+import os
 import sys
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, read_user_file
+from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg_path,
+                    read_user_file)
 from locks import remove_stale_temps
+from ownership import check_output
 
 from .metrics import METRICS_NAME
 
@@ -159,6 +162,10 @@ def _formats() -> set[str]:
 def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
     # never over a metrics file it reads (`--out run/metrics.svg` when that is the file passed)
     check_output_not_input(out, [(f"the metrics file {metrics_file(r)}", metrics_file(r)) for r in run_dirs], "--out")
+    # the gate: in no folder another command manages, but the out_dir of a run it plots (curves.png, the default)
+    runs = {Path(os.path.realpath(r if Path(r).is_dir() else Path(r).parent)) for r in run_dirs}
+    parent = Path(os.path.realpath(out)).parent
+    check_output(out, "--out", home=parent if parent in runs else None)
     fig = make_figure(run_dirs, log_scale=log_scale)  # every input is checked before anything is written
     plt = _pyplot()
     try:
@@ -169,9 +176,9 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
         if straight:  # a device or a FIFO: drawn whole first, as a PNG writer seeks, which a FIFO cannot
             image = io.BytesIO()
             fig.savefig(image, dpi=110, format="png")
-            atomic_write_bytes(out, image.getvalue(), "--out")
+            atomic_write_bytes(out, image.getvalue(), "--out", follow=True)
         else:
-            with atomic_write(out, "--out") as tmp:  # a failure (a full disk) leaves the old PNG, not a torn one
+            with atomic_write(out, "--out", follow=True) as tmp:  # a failure (a full disk) leaves the old PNG, not a torn one
                 fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
     except OSError as e:
         raise UserError(f"cannot write {out} ({short_error(e)}); choose another --out") from None
@@ -180,14 +187,18 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m training.plot", description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", type=Path, help="training out_dirs (or metrics.jsonl files)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("runs", nargs="+", type=path_arg_path, help="training out_dirs (or metrics.jsonl files)")
+    p.add_argument("--out", type=path_arg_path, default=None,
                    help="the image to write: .png, .pdf, .svg, ...; a folder gets curves.png (default: "
                         "<first run>/curves.png)")
     p.add_argument("--log-scale", action="store_true", help="logarithmic loss and bits-per-byte axes")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     out = resolve_out(args.out, args.runs)  # an unknown suffix is refused before any reading or drawing
     print(plot(args.runs, out, log_scale=args.log_scale))
     return 0

@@ -197,6 +197,10 @@ def build_showcase(cfg: Config, tokenizer: dict) -> Showcase:
     e = cfg.eval
     if not (e.sample_interval or e.inspect_interval):
         return Showcase()
+    if e.inspect_interval and cfg.model.block_size < 2:  # one token: nothing predicted, nan bits/token
+        raise UserError(f"eval.inspect_interval needs model.block_size >= 2 (got {cfg.model.block_size}): the inspected "
+                        "text is one token, from which the model predicts nothing (python -m eval.inspect refuses it "
+                        "too); set eval.inspect_interval=0, or a larger block_size")
     if e.inspect_interval and importlib.util.find_spec("matplotlib") is None:
         raise UserError("eval.inspect_interval draws its pictures with matplotlib, which is not installed; "
                         "pip install matplotlib, or set eval.inspect_interval=0")

@@ -214,7 +214,7 @@ def _stderr_to(path: str):
     sys.stderr.flush()
     saved = os.dup(2)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError:
         os.close(saved)
         yield

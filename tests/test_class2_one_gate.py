@@ -1,0 +1,92 @@
+"""Class 2 (docs/reliability.md): every writer goes through the one gate, ownership.check_output. Each
+entry point that writes (tests/entry_points.py's WRITERS) is pointed into each kind of folder another
+command manages (a training out_dir, an HF export, a prepared data folder, a sharded checkpoint): one
+`error:` line naming the folder and "a folder has one owner", exit 2, and every file there keeps its bytes."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import eval.inspect as inspect_cli
+import ownership
+from entry_points import WRITERS, run_entry
+from errors import UserError
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def make_managed(kind: str, path: Path) -> Path:
+    """A folder of `kind` as its command leaves it (its marker, or the files that say what it is)."""
+    path.mkdir(parents=True)
+    if kind == ownership.OUT_DIR:
+        ownership.mark(path, kind)
+        (path / "ckpt.pt").write_bytes(b"weights of a run")
+        (path / "metrics.jsonl").write_text('{"iter": 0}\n')
+    elif kind == ownership.EXPORT:
+        (path / "config.json").write_text("{}")
+        (path / "model.safetensors").write_bytes(b"tensors")
+    elif kind == ownership.DATA:
+        (path / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 65}))
+        (path / "train_000.bin").write_bytes(b"tokens")
+    else:
+        (path / ".metadata").write_bytes(b"index")
+        (path / "__0_0.distcp").write_bytes(b"shards")
+    return path
+
+
+KINDS = (ownership.OUT_DIR, ownership.EXPORT, ownership.DATA, ownership.CHECKPOINT)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("writer", WRITERS, ids=str)
+def test_class2_every_writer_refuses_an_output_inside_a_folder_another_command_manages(writer, kind, world, capsys,
+                                                                                      tmp_path):
+    folder = make_managed(kind, tmp_path / "managed")
+    before = snapshot(folder)
+    out = folder / (writer.file_name if writer.makes == "file" else "out_folder")
+    code, _, err = run_entry(writer.main, writer.argv(out, world), capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    assert str(folder) in lines[0] and "a folder has one owner" in lines[0], lines[0]
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("writer", [w for w in WRITERS if w.makes == "folder"], ids=str)
+def test_class2_a_folder_writer_refuses_a_folder_another_command_manages(writer, kind, world, capsys, tmp_path):
+    if writer.manages == kind:
+        pytest.skip("the writer's own kind: it writes there (its own tests)")
+    folder = make_managed(kind, tmp_path / "managed")
+    before = snapshot(folder)
+    code, _, err = run_entry(writer.main, writer.argv(folder, world), capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    assert str(folder) in lines[0], lines[0]
+    assert snapshot(folder) == before
+
+
+def test_class2_inspect_into_the_ckpt_dcp_it_reads_is_refused(world, capsys, tmp_path):
+    """The issue's example: `python -m eval.inspect --out` wrote its pictures into the ckpt.dcp it read."""
+    run = tmp_path / "run"
+    shutil.copytree(world.run, run)
+    before = snapshot(run)
+    for out in (run / "ckpt.dcp", run / "ckpt.dcp" / "pictures", run):
+        code, _, err = run_entry(inspect_cli.main, ["--checkpoint", run / "ckpt.dcp", "--text", "hear", "--out", out],
+                                 capsys)
+        assert code == 2 and err.count("error: ") == 1 and "a folder has one owner" in err, err
+    assert snapshot(run) == before
+
+
+def test_class2_the_gate_lets_a_users_own_folder_and_file_through(tmp_path):
+    """Not everything is refused: a new file, a file in a plain folder, a folder of the user's."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    for path in (tmp_path / "new.txt", tmp_path / "mine" / "samples.txt", tmp_path / "mine"):
+        assert ownership.check_output(str(path), "--out") == path
+    with pytest.raises(UserError, match="a folder has one owner"):
+        ownership.check_output(str(make_managed(ownership.DATA, tmp_path / "d") / "x"), "--out")
