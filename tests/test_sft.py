@@ -246,3 +246,35 @@ def test_it_learns_what_it_is_taught(tasks, tmp_path):
 
 
 LEARN_STEPS = 300
+
+
+def test_the_task_files_hold_out_their_questions_and_share_one_alphabet(tmp_path):
+    from data.tasks import main as tasks_main
+
+    assert tasks_main(["--out", str(tmp_path), "--train", "400", "--heldout", "40", "--pretrain-lines", "50"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    held = [json.loads(line) for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
+    assert not {r["messages"][0]["content"] for r in held} & {r["messages"][0]["content"] for r in rows}
+    assert sorted(r["kind"] for r in held) == sorted(["arithmetic", "count", "format", "reverse"] * 10)
+    for r in held:  # each answer checked here by its own rule
+        q, a = r["messages"][0]["content"], r["messages"][1]["content"]
+        if r["kind"] == "arithmetic":
+            x, op, y = q.removeprefix("What is ").rstrip("?").split()
+            assert int(a) == (int(x) + int(y) if op == "+" else int(x) - int(y))
+        elif r["kind"] == "reverse":
+            assert a == q.split(": ")[1][::-1]
+        elif r["kind"] == "count":
+            assert int(a) == len(q.split(": ")[1].split())
+    text = (tmp_path / "pretrain.txt").read_text()
+    used = {c for r in rows for m in r["messages"] for c in m["content"]}
+    assert set(text) == used == set(ALPHABET)
+
+
+def test_the_evaluation_names_a_bad_tasks_file_in_one_line(tmp_path):
+    from errors import UserError
+    from eval.chat_tasks import main as eval_main
+
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    for path, words in ((tmp_path / "missing.jsonl", "cannot read --tasks"), (tmp_path / "bad.jsonl", "row 1")):
+        with pytest.raises(UserError, match=words):
+            eval_main(["--checkpoint", str(tmp_path), "--tasks", str(path)])
