@@ -38,6 +38,7 @@ from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metric
 from runtime.device import resolve_device
 from ownership import unmark_if_unused
 from training.budget import schedule_for
+from training.chat import chat_vocab_size, data_notes
 from training.init_from import resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
 from training.batch_size import check_world_size
@@ -105,12 +106,14 @@ def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack,
     resume, cfg = claim_and_decide_resume(cfg, par, say, cleanup)
     data_dir, meta, tokenizer = prepare(cfg, par, resume, cleanup)
     showcase = build_showcase(cfg, tokenizer)  # samples and attention maps: the prompts checked before the model
-    check_memory(cfg, meta["vocab_size"], resume, device, par)  # before allocating anything big
+    chat_vocab = chat_vocab_size(meta)  # conversations: the vocabulary their markers need (training/chat.py)
+    check_memory(cfg, max(meta["vocab_size"], chat_vocab), resume, device, par)  # before allocating anything big
     seed_everything(cfg.train.seed)
     model, cfg, notes = build_model(cfg, vocab_size=meta["vocab_size"], tokenizer=tokenizer, resume=resume,
-                                    device=device)
+                                    device=device, chat_vocab=chat_vocab)
     plan = RunPlan.start(resume)
     trainer = build_trainer(cfg, par, device, model, plan, data_loaders(cfg, data_dir, par, device), say)
+    notes += data_notes(trainer, cfg.model.block_size)  # conversations cut or dropped to fit the context
     state = TrainState()
     checkpointer, rng = build_checkpointer(Path(cfg.train.out_dir), par, trainer=trainer, plan=plan, state=state,
                                            cfg=cfg, tokenizer=tokenizer)

@@ -54,6 +54,8 @@ SCHEMA: dict[str, Entry] = {
     "model_config": Entry(dict, "dataclasses.asdict(GPTConfig): GPT(GPTConfig(**d)) rebuilds it", inference=True),
     "tokenizer": Entry(dict, '{"tokenizer": name, "chars": str | None}: data.tokenizer_from_meta builds it',
                        inference=True),
+    "chat_template": Entry(dict, "a chat model's template: data.chat_template's to_dict(); absent otherwise",
+                           inference=True),
     "config": Entry(dict, "the resolved training config, section by section"),
     "train": Entry(dict, "the run's counters (iter, best_val_loss, tokens_seen, elapsed_s, run_id)"),
     "plan": Entry(dict, "every decision the run made at start-up, and how: PLAN_FIELDS and their notes"),

@@ -50,6 +50,7 @@ FACTORS: dict[str, tuple[str, ...]] = {
     "init": ("scratch", "ckpt"),
     "modern": ("off", "on"),
     "show": ("off", "on"),  # eval.sample_interval and eval.inspect_interval: samples and attention maps while training
+    "sft": ("off", "on"),  # fine-tuning on conversations: data.format chat (configs/sft.yaml), data/tasks.py's rows
 }
 MAX_ITERS = 6
 
@@ -108,6 +109,7 @@ HELLASWAG_ITEM = {"ind": 1, "activity_label": "Baking cookies", "ctx_a": "A girl
                   "ctx_b": "she", "ctx": "A girl pours flour into a bowl. she", "split": "val",
                   "split_type": "zeroshot", "label": 0, "source_id": "matrix",
                   "endings": ["stirs it with a wooden spoon.", "jumps.", "laughs loudly for a long time.", "sleeps."]}
+SFT_ARGS = ("--data.format=chat",)
 MODERN = ("--model.pos_embedding=rope", "--model.norm=rmsnorm", "--model.qk_norm=true", "--model.mlp_act=swiglu",
           "--model.tie_embeddings=false")
 
@@ -121,8 +123,8 @@ def env_for(work: Path) -> dict[str, str]:
     return env
 
 
-def base_args(work: Path, tok: str) -> list[str]:
-    return [f"--data.dataset={work / 'corpus.txt'}", f"--data.tokenizer={tok}", f"--data.root={work / 'data'}",
+def base_args(work: Path, tok: str, text: str = "corpus.txt") -> list[str]:
+    return [f"--data.dataset={work / text}", f"--data.tokenizer={tok}", f"--data.root={work / 'data'}",
             "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32",
             "--model.dropout=0.0", f"--train.max_iters={MAX_ITERS}", "--train.warmup_iters=2", "--train.lr=3e-3",
             "--train.eval_interval=3", "--train.eval_iters=2", "--train.log_interval=1", "--train.device=cpu",
@@ -130,7 +132,8 @@ def base_args(work: Path, tok: str) -> list[str]:
 
 
 def row_args(row: dict[str, str], work: Path, native_bf16: bool) -> list[str]:
-    a = base_args(work, row["tok"])
+    sft = row["sft"] == "on"  # conversations: the loss on the assistant's tokens
+    a = base_args(work, row["tok"], "chat.jsonl" if sft else "corpus.txt") + (list(SFT_ARGS) if sft else [])
     a += ["--train.batch_size=auto", "--train.global_batch_size=8"] if row["batch"] == "auto" else [
         "--train.batch_size=4", "--train.grad_accum_steps=2"]
     a.append(f"--train.parallel={'fsdp' if row['ranks'] == 'fsdp2' else 'ddp'}")
@@ -158,7 +161,7 @@ def processes(row: dict[str, str]) -> int:
 
 def source_dir(work: Path, row: dict[str, str]) -> Path:
     """The run an init_from=ckpt row starts from: one per (tokenizer, model options), trained once."""
-    return work / f"source-{row['tok'].replace(':', '')}-{row['modern']}"
+    return work / (f"source-{row['tok'].replace(':', '')}-{row['modern']}" + ("-sft" if row["sft"] == "on" else ""))
 
 
 def launch(args: list[str], env: dict[str, str], ranks: int = 1, timeout: float = 240) -> tuple[int, str, str]:
@@ -300,11 +303,19 @@ def prepare(work: Path, needed: list[dict[str, str]]) -> None:
     src = Path(os.environ.get("SMALLGPT_SHAKESPEARE", SHARED / "data/tinyshakespeare/input.txt"))
     (work / "corpus.txt").write_text(src.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
     (work / "hellaswag.jsonl").write_text(json.dumps(HELLASWAG_ITEM) + "\n", encoding="utf-8")
+    # the sft rows' conversations, and the plain text over the same characters their init_from source learns
+    code = ("from pathlib import Path; from data.tasks import generate, pretrain_text, write_jsonl\n"
+            f"write_jsonl(Path({str(work / 'chat.jsonl')!r}), generate(400, 4)[0])\n"
+            f"Path({str(work / 'chat_text.txt')!r}).write_text(pretrain_text(400))")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env_for(work), cwd=ROOT, timeout=120)
     env = env_for(work)
     toks = sorted({r["tok"] for r in needed})
+    chat = any(r["sft"] == "on" for r in needed)
     code = ("import sys; from data import DataConfig, prepare_data\n"
             f"for t in {toks!r}: prepare_data(DataConfig(dataset={str(work / 'corpus.txt')!r}, tokenizer=t, "
-            f"root={str(work / 'data')!r}), progress=False)")
+            f"root={str(work / 'data')!r}), progress=False)\n"
+            f"for t in {toks if chat else []!r}: prepare_data(DataConfig(dataset={str(work / 'chat.jsonl')!r}, "
+            f"tokenizer=t, format='chat', root={str(work / 'data')!r}), progress=False)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     if r.returncode:
         raise SystemExit(f"error: preparing the data failed: {first_error(r.stdout, r.stderr)}")
@@ -312,7 +323,8 @@ def prepare(work: Path, needed: list[dict[str, str]]) -> None:
 
     def train_source(item):
         out, row = item
-        a = [*base_args(work, row["tok"]), "--train.max_iters=2", "--train.dtype=float32", f"--train.out_dir={out}",
+        text = "chat_text.txt" if row["sft"] == "on" else "corpus.txt"  # the conversations' characters
+        a = [*base_args(work, row["tok"], text), "--train.max_iters=2", "--train.dtype=float32", f"--train.out_dir={out}",
              "--train.batch_size=4", *(MODERN if row["modern"] == "on" else ())]
         r = launch(a, env)
         if r[0]:
@@ -400,7 +412,8 @@ def print_table(table: list[dict[str, str]], numbers: list[int], results: dict, 
           "train.time_budget large enough to keep max_iters; compile on = torch.compile with backend aot_eager "
           "(tests/faults.py's SMALLGPT_TEST_COMPILE_BACKEND: Dynamo + AOTAutograd, no Inductor C++ builds); "
           "init ckpt = model.init_from a 2-step run of the same tokenizer and model options; modern = rope, rmsnorm, "
-          "qk_norm, swiglu, untied head; show on = samples (8 tokens) and attention maps every 3 steps; weights: the resumed run's final weights against the uninterrupted run's, bitwise, "
+          "qk_norm, swiglu, untied head; show on = samples (8 tokens) and attention maps every 3 steps; sft on = "
+          "data.format chat on data/tasks.py's conversations (init ckpt: a source run on their plain text); weights: the resumed run's final weights against the uninterrupted run's, bitwise, "
           "but for fsdp2 rows within twice the difference of the same run on 1 process (FSDP's numerics differ across "
           "world sizes by design); greedy text: sample.py --temperature 0, 32 tokens, float32" + ("" if native else "; bf16>f32: this CPU has no native bf16, so the "
                                             "row ran float32"))

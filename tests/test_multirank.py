@@ -100,6 +100,25 @@ def test_two_ranks_with_dropout_resume_bitwise_equal_to_an_uninterrupted_run(tmp
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+def test_two_ranks_fine_tuning_on_conversations_killed_9_resume_bitwise_equal(tmp_path):
+    """data.format chat on 2 ranks: every rank's rows are its share of the step's conversations (a pure function
+    of the step), so a kill -9 of both and a rerun end bitwise where the uninterrupted run ends."""
+    from data.tasks import generate, write_jsonl
+
+    write_jsonl(tmp_path / "t.jsonl", generate(300, 4, seed=2)[0])
+    chat = (f"--data.dataset={tmp_path / 't.jsonl'}", "--data.format=chat",
+            "--model.block_size=64", "--train.checkpoint_interval=2")
+    r = two_ranks(argv(tmp_path / "full", tmp_path / "prepared", *chat))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = two_ranks(argv(tmp_path / "killed", tmp_path / "prepared", *chat), SMALLGPT_TEST_KILL_AFTER="5")
+    assert r.returncode == -signal.SIGKILL and load_checkpoint(tmp_path / "killed")["train"]["iter"] == 4
+    r = two_ranks(argv(tmp_path / "killed", tmp_path / "prepared", *chat))
+    assert r.returncode == 0 and "resuming" in r.stdout, r.stderr[-3000:]
+    assert losses(tmp_path / "killed") == losses(tmp_path / "full")
+    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "killed")
+    assert a["chat_template"] == b["chat_template"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
 def test_a_rank_that_sees_another_checkpoint_stops_every_rank_with_one_line(tmp_path, data_root):
     """Without a shared out_dir rank 0 would resume at iter 4 while rank 1 starts fresh: the replicas
     would diverge silently, then hang. Both ranks stop at start with the same one-line error."""

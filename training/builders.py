@@ -25,6 +25,7 @@ import torch
 from checkpoint import Checkpointer, Resume, model_config_dict
 from checkpoint.load import checked_model_config
 from data import BatchLoader
+from data.chat_loader import ChatBatchLoader
 from errors import UserError
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
@@ -82,7 +83,7 @@ def check_memory(cfg: Config, vocab_size: int, resume: Resume | None, device: to
 
 
 def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resume: Resume | None,
-                device: torch.device) -> tuple[GPT, Config, list[str]]:
+                device: torch.device, chat_vocab: int = 0) -> tuple[GPT, Config, list[str]]:
     """(the plain model on `device` in fp32, the config that describes it, notes to print): the checkpoint's
     when resuming, else as model.init_from says (scratch weights drawn from train.seed). Another run's or
     HF weights bring their architecture: the config returned is a new frozen one saying so (the loaded one
@@ -96,7 +97,7 @@ def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resu
         notes = []
     else:
         model, notes = initial_model(cfg.model, vocab_size=vocab_size, tokenizer=tokenizer, seed=cfg.train.seed,
-                                     resume=resume.payload if resume is not None else None)
+                                     resume=resume.payload if resume is not None else None, chat_vocab=chat_vocab)
     return model.to(device), config_of_source(cfg, model), notes
 
 
@@ -119,10 +120,12 @@ def data_loaders(cfg: Config, data_dir: Path, par: Parallel, device: torch.devic
     ranks that evaluate: rank 0, or every rank under FSDP), `micro` sequences each."""
     t, block = cfg.train, cfg.model.block_size
 
+    Loader = ChatBatchLoader if cfg.data.format == "chat" else BatchLoader  # conversations: one per row, padded
+
     def loaders(micro: int) -> tuple[BatchLoader, dict[str, BatchLoader]]:
-        train = BatchLoader(data_dir, "train", block_size=block, batch_size=micro, seed=t.seed,
+        train = Loader(data_dir, "train", block_size=block, batch_size=micro, seed=t.seed,
                             rank=par.rank, world_size=par.world_size, device=device)
-        evals = {split: BatchLoader(data_dir, split, block_size=block, batch_size=micro, seed=t.eval_seed,
+        evals = {split: Loader(data_dir, split, block_size=block, batch_size=micro, seed=t.eval_seed,
                                     device=device) for split in ("train", "val")} if par.evaluates else {}
         return train, evals
     return loaders
@@ -343,6 +346,9 @@ def build_checkpointer(out_dir: Path, par: Parallel, *, trainer: Trainer, plan: 
     ckpt.register_static("model_config", model_config_dict(model))
     ckpt.register_static("config", cfg.to_dict())
     ckpt.register_static("tokenizer", tokenizer)
+    template = getattr(trainer.train_loader, "template", None)  # conversations: the chat template's ids
+    if template is not None:
+        ckpt.register_static("chat_template", template.to_dict())
     ckpt.register("model", ShardedModelState(model) if par.sharded else model)
     ckpt.register("optimizer", ShardedOptimizerState(model, optimizers) if par.sharded else OptimizerState(optimizers))
     ckpt.register("scaler", ScalerState(trainer.step.scaler))

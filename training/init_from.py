@@ -11,6 +11,7 @@ from errors import UserError
 from model import GPT
 from checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
 
+from .chat import grow_vocab
 from .config import ARCH_KEYS, Config, ModelSection
 
 
@@ -30,10 +31,11 @@ def resumed_init_from(saved: dict[str, Any], cfg: Config, where: str) -> tuple[C
 
 
 def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], seed: int,
-                  resume: dict[str, Any] | None = None) -> tuple[GPT, list[str]]:
+                  resume: dict[str, Any] | None = None, chat_vocab: int = 0) -> tuple[GPT, list[str]]:
     """(model on CPU in fp32, notes to print). For init_from other than scratch the architecture comes
     from the source (the chain then returns a config that says so: `m` itself is
-    frozen and never changed)."""
+    frozen and never changed). `chat_vocab`: the vocabulary conversations need (training/chat.py), to which
+    a source's embedding grows where it does not reach."""
     runtime = {"dropout": m.dropout, "attn_backend": m.attn_backend}  # may differ from the source
     if resume is not None:
         return model_from_checkpoint(resume, "being resumed", **runtime), []
@@ -43,7 +45,7 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
             raise UserError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's {vocab_size} ids; "
                             f"use 0 (the tokenizer's) or a padded size >= {vocab_size}")
         torch.manual_seed(seed)
-        return GPT(m.gpt_config(max(m.vocab_size, vocab_size))), []
+        return GPT(m.gpt_config(max(m.vocab_size, vocab_size, chat_vocab))), []
 
     if (is_hf_dir(m.init_from) or is_hub_name(m.init_from)) and tokenizer.get("tokenizer") != "gpt2":
         raise UserError(f"model.init_from={m.init_from} is HF GPT-2, which needs data.tokenizer=gpt2 "
@@ -74,6 +76,9 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
         raise UserError(f"model.block_size={m.block_size} exceeds {loaded.description}'s block_size {mc.block_size}; "
                         f"set --model.block_size={mc.block_size} or less")
     notes.append(f"initialised from {loaded.description} ({model.num_params() / 1e6:.2f}M non-embedding params)")
+    grown = grow_vocab(model, chat_vocab, seed)
+    if grown:
+        notes.append(grown)
     return model.train(), notes
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from data import Tokenizer, tokenizer_from_meta
+from data.chat_template import ChatTemplate, template_for
 from data.config import SHAKESPEARE
 from errors import UserError, short_error, write_fix
 from eval.figures import Inspection, attention_figure, figure_png, surprisal_figure, surprisal_html
@@ -41,6 +42,7 @@ from fileio import atomic_write_bytes
 from model.generate import generate
 from runtime.text import DEFAULT_PROMPT
 
+from .chat import DEFAULT_QUESTIONS, MarkedTokenizer, chat_prompts
 from .config import Config
 from .schedule import Due
 
@@ -83,6 +85,7 @@ class Showcase:
     seed: int = 0
     rows: list[list[Any]] | None = None  # rank 0: the table so far (None: not yet read back from metrics.jsonl)
     snippet: list[int] | None = None  # the val tokens inspected, read at the first inspection
+    template: ChatTemplate | None = None  # a chat run's: prompts end with <|assistant|>, replies end at <|end|>
 
     def after_step(self, r, due: Due) -> dict[str, Any]:
         """Whatever of the two is due after this step (r: the Run), logged; returns the metrics.jsonl record."""
@@ -106,19 +109,22 @@ class Showcase:
         if not r.par.evaluates:
             return None
         model, tok = r.model, self.tok
+        eot = self.template.end if self.template is not None else tok.eot  # MarkedTokenizer: the chat vocab
         generator = torch.Generator(device=r.device).manual_seed(self.seed)  # private: no run stream moves
         was_training = model.training
         model.eval()
         try:
             with r.amp():
                 out = generate(model, [ids for _, ids in self.prompts], self.tokens, temperature=TEMPERATURE,
-                               top_k=TOP_K, generator=generator, eot=tok.eot, stop_at_eot=False, use_cache=False,
+                               top_k=TOP_K, generator=generator, eot=eot, stop_at_eot=False, use_cache=False,
                                vocab_size=tok.vocab_size)
         finally:
             model.train(was_training)
         if not r.par.is_main:
             return None
-        return [(text, tok.decode(ids[: ids.index(tok.eot)] if tok.eot in ids else ids))
+        template = self.template
+        decode = tok.decode if template is None else (lambda ids: template.decode(tok.tok, ids))
+        return [(text, decode(ids[: ids.index(eot)] if eot in ids else ids))
                 for (text, _), ids in zip(self.prompts, out)]
 
     def _log_samples(self, r) -> dict[str, Any]:
@@ -130,7 +136,8 @@ class Showcase:
             self.rows = earlier_rows(r.log.metrics.kept, step)
         self.rows += [[step, prompt, text] for prompt, text in pairs]
         for i, (prompt, text) in enumerate(pairs, 1):
-            r.log.say(f"iter {step}: sample {i}/{len(pairs)}:\n{prompt}{text}")
+            shown = f"{prompt}{text}" if self.template is None else f"user: {prompt}\nassistant: {text}"
+            r.log.say(f"iter {step}: sample {i}/{len(pairs)}:\n{shown}")
         r.log.wandb.log_table(SAMPLES, COLUMNS, self.rows, step)
         return {SAMPLES: [{"prompt": prompt, "text": text} for prompt, text in pairs]}
 
@@ -199,5 +206,10 @@ def build_showcase(cfg: Config, tokenizer: dict) -> Showcase:
                         "pip install matplotlib, or set eval.inspect_interval=0")
     tok = tokenizer_from_meta(tokenizer)
     given = bool(e.sample_prompts)
+    if cfg.data.format == "chat":  # the samples are replies to questions (eval.sample_prompts, or fixed ones)
+        template = template_for(tok)
+        prompts = chat_prompts(tok, template, e.sample_prompts or DEFAULT_QUESTIONS, given) if e.sample_interval else []
+        return Showcase(tok=MarkedTokenizer(tok, template), prompts=prompts, tokens=e.sample_tokens,
+                        seed=cfg.train.seed, template=template)
     prompts = prompt_ids(tok, e.sample_prompts or default_prompts(cfg.data.dataset), given) if e.sample_interval else []
     return Showcase(tok=tok, prompts=prompts, tokens=e.sample_tokens, seed=cfg.train.seed)

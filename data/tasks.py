@@ -1,0 +1,151 @@
+"""Verifiable tasks as conversations: what "it learns what it is taught" is measured on (docs/chat.md).
+
+    python -m data.tasks --out tasks/          # tasks/train.jsonl, tasks/heldout.jsonl, tasks/pretrain.txt
+
+Four kinds, each with one right answer, checked by exact match (eval/chat_tasks.py):
+- arithmetic: "What is 23 + 45?" -> "68", "What is 47 - 21?" -> "26" (two-digit numbers, no carry or borrow);
+- reversing a word: "Reverse the word: kqzt" -> "tzqk" (random letters, so nothing is remembered);
+- answering in a given format: "Write kqz in capitals" -> "KQZ", "... in brackets" -> "[kqz]";
+- counting the words of a sentence: "How many words: red fox runs" -> "3".
+
+heldout.jsonl holds questions that train.jsonl does not (drawn from another seed, repeats removed). pretrain.txt
+is plain text over the same characters (random sentences of the words and numbers, no task in it): a char
+model pretrained on it shares the conversations' vocabulary exactly, which fine-tuning it needs (every
+character of ALPHABET is in both: the first line of pretrain.txt, and one conversation that spells them).
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from errors import ArgumentParser, UserError, run_cli
+from fileio import atomic_write_bytes
+
+MAX_NUMBER = 99
+WORDS = ("cat dog sun red fox lamp tree fish bird moon star rain blue cold warm milk bread stone river house "
+         "green apple cloud wind door book road hill boat frog king").split()
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+KINDS = ("arithmetic", "reverse", "format", "count")
+ALPHABET = "".join(sorted(set(LETTERS + LETTERS.upper() + "0123456789" + " \n?:+-[]")))
+
+
+def arithmetic(rng: random.Random, top: int = MAX_NUMBER) -> tuple[str, str]:
+    """Two two-digit numbers (at most `top`), added or subtracted column by column with no carry or borrow: the
+    arithmetic a small model learns in minutes and applies to pairs it never saw (docs/chat.md: with carries it
+    only remembered the sums it had seen)."""
+    while True:
+        a, b = rng.randint(10, top), rng.randint(10, top)
+        if rng.random() < 0.5:
+            if a % 10 + b % 10 < 10 and a // 10 + b // 10 < 10:
+                return f"What is {a} + {b}?", str(a + b)
+        else:
+            a, b = max(a, b), min(a, b)
+            if a % 10 >= b % 10 and a // 10 > b // 10:
+                return f"What is {a} - {b}?", str(a - b)
+
+
+def reverse(rng: random.Random) -> tuple[str, str]:
+    word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 5)))
+    return f"Reverse the word: {word}", word[::-1]
+
+
+def fmt(rng: random.Random) -> tuple[str, str]:
+    word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 5)))
+    if rng.random() < 0.5:
+        return f"Write {word} in capitals", word.upper()
+    return f"Write {word} in brackets", f"[{word}]"
+
+
+def count(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(1, 7)
+    return f"How many words: {' '.join(rng.choice(WORDS) for _ in range(n))}", str(n)
+
+
+MAKERS = {"arithmetic": arithmetic, "reverse": reverse, "format": fmt, "count": count}
+
+
+def task(rng: random.Random, kind: str | None = None, top: int = MAX_NUMBER) -> dict:
+    """One conversation: {"kind", "messages": [user question, assistant answer]}; numbers up to `top`."""
+    kind = kind or KINDS[rng.randrange(len(KINDS))]
+    question, answer = arithmetic(rng, top) if kind == "arithmetic" else MAKERS[kind](rng)
+    return {"kind": kind, "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+
+def question_of(row: dict) -> str:
+    return row["messages"][0]["content"]
+
+
+def generate(n_train: int, n_heldout: int, seed: int = 0, top: int = MAX_NUMBER) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows): the held-out questions never occur in train, and each kind is a quarter of
+    them. The first train row spells ALPHABET, so a char vocabulary scanned from the rows is ALPHABET whatever
+    the draw."""
+    rng = random.Random(seed)
+    spell = {"kind": "alphabet", "messages": [{"role": "user", "content": f"Spell:{ALPHABET}"},
+                                              {"role": "assistant", "content": ALPHABET}]}
+    train = [spell] + [task(rng, top=top) for _ in range(n_train - 1)]
+    seen = {question_of(r) for r in train}
+    rng = random.Random(seed + 1_000_003)
+    heldout: list[dict] = []
+    for k, kind in enumerate(KINDS):
+        want = n_heldout // len(KINDS) + (k < n_heldout % len(KINDS))
+        for _ in range(1000 * want):
+            if want == 0:
+                break
+            row = task(rng, kind, top)
+            if question_of(row) not in seen:
+                heldout.append(row)
+                seen.add(question_of(row))
+                want -= 1
+        if want:
+            raise UserError(f"train.jsonl holds nearly every {kind} question; generate fewer training rows")
+    return train, heldout
+
+
+def pretrain_text(n_lines: int, seed: int = 0) -> str:
+    """Plain text over ALPHABET with no task in it: sentences of the words, numbers and the punctuation."""
+    rng = random.Random(seed + 7)
+    lines = [ALPHABET.replace("\n", "")]
+    for _ in range(n_lines):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 8))]
+        if rng.random() < 0.3:
+            words[0] = words[0].capitalize()
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 99)))
+        if rng.random() < 0.2:
+            words.insert(rng.randrange(len(words)), rng.choice(["+", "-", ":", "?", "[" + rng.choice(WORDS) + "]"]))
+        if rng.random() < 0.1:
+            words.append(rng.choice(WORDS).upper())
+        if rng.random() < 0.1:
+            words.append("".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 5))))
+        lines.append(" ".join(words))
+    return "\n".join(lines) + "\n"
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m data.tasks", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder for train.jsonl, heldout.jsonl and pretrain.txt")
+    p.add_argument("--train", type=int, default=10000, help="training conversations")
+    p.add_argument("--heldout", type=int, default=400, help="held-out conversations")
+    p.add_argument("--pretrain-lines", type=int, default=20000, help="lines of plain text for pretraining")
+    p.add_argument("--max-number", type=int, default=MAX_NUMBER, help="arithmetic on numbers from 10 to this")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not 20 <= args.max_number <= 99 or args.train < 2 or args.heldout < 0:
+        raise UserError("--max-number needs to be from 20 to 99, --train >= 2 and --heldout >= 0")
+    train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
+    write_jsonl(out / "train.jsonl", train)
+    write_jsonl(out / "heldout.jsonl", heldout)
+    atomic_write_bytes(out / "pretrain.txt", pretrain_text(args.pretrain_lines, args.seed).encode())
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

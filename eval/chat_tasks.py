@@ -1,0 +1,116 @@
+"""Held-out exact-match accuracy on verifiable tasks (data/tasks.py): does a model answer what it was taught?
+
+    python -m eval.chat_tasks --checkpoint out/sft --tasks tasks/heldout.jsonl
+
+Each row's user turn is the prompt (the chat template's, ending with <|assistant|>); the reply is generated
+greedily through the project's generation path (model/generate.py) until <|end|>, and counts when it equals
+the row's assistant turn exactly. A model without the chat markers (a base model) is scored as fine-tuning
+would start from it: its embedding grown by the same rule (model/vocab.py), so its markers are the mean row.
+Prints the accuracy per kind and overall, and with --json the numbers as one JSON line.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from checkpoint import load_model
+from data import tokenizer_from_meta
+from data.chat_template import ChatTemplate, template_for
+from errors import ArgumentParser, UserError, run_cli
+from fileio import json_loads
+from model.generate import generate
+from model.vocab import grow_vocab
+
+MAX_NEW_TOKENS = 24  # every answer of data/tasks.py is shorter; a reply that runs on is wrong anyway
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a tasks .jsonl: each {"messages": [user, assistant], "kind"?}; one line for a bad row."""
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read --tasks {path} ({type(e).__name__}); name a .jsonl written by "
+                        "`python -m data.tasks`") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json_loads(line)
+            messages = row["messages"]
+            assert messages[-1]["role"] == "assistant" and isinstance(messages[-1]["content"], str)
+        except (ValueError, KeyError, TypeError, IndexError, AssertionError):
+            raise UserError(f"{path}, row {n}: not a conversation ending with the assistant's answer; fix that row "
+                            "or regenerate the file with `python -m data.tasks`") from None
+        rows.append(row)
+    if not rows:
+        raise UserError(f"{path} holds no rows; generate them with `python -m data.tasks --out DIR`")
+    return rows
+
+
+@torch.no_grad()
+def score(model, tok, template: ChatTemplate, rows: Sequence[dict], batch_size: int = 64) -> dict:
+    """{"accuracy", "correct", "total", "by_kind": {kind: accuracy}, "examples": [(question, reply, answer)...]}."""
+    model.eval()
+    correct: Counter = Counter()
+    total: Counter = Counter()
+    examples = []
+    for lo in range(0, len(rows), batch_size):
+        batch = rows[lo: lo + batch_size]
+        prompts = [template.encode_prompt(tok, r["messages"][:-1]) for r in batch]
+        out = generate(model, prompts, MAX_NEW_TOKENS, temperature=0.0, eot=template.end,
+                       vocab_size=template.vocab_size)
+        for r, ids in zip(batch, out):
+            reply, answer = template.decode(tok, ids), r["messages"][-1]["content"]
+            kind = r.get("kind", "all")
+            total[kind] += 1
+            correct[kind] += reply == answer
+            if len(examples) < 8:
+                examples.append((r["messages"][-2]["content"], reply, answer))
+    n, k = sum(total.values()), sum(correct.values())
+    return {"accuracy": k / n, "correct": k, "total": n,
+            "by_kind": {kind: correct[kind] / total[kind] for kind in sorted(total)}, "examples": examples}
+
+
+def load_chat_model(spec: str):
+    """(model, tokenizer, template, note) of a checkpoint: its recorded template, or the tokenizer's with the
+    embedding grown to hold the markers (a model that never saw them)."""
+    loaded = load_model(spec)
+    tok = tokenizer_from_meta(loaded.tokenizer)
+    recorded = getattr(loaded, "chat_template", None)
+    if recorded is None and loaded.checkpoint is not None and loaded.checkpoint.get("chat_template") is not None:
+        recorded = ChatTemplate.from_dict(loaded.checkpoint["chat_template"])
+    template = recorded or template_for(tok)
+    note = grow_vocab(loaded.model, template.vocab_size, seed=0)
+    return loaded.model, tok, template, (note or "") if recorded is None else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m eval.chat_tasks", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="a checkpoint file or out_dir (or an HF GPT-2 name/dir)")
+    p.add_argument("--tasks", required=True, help="held-out rows: heldout.jsonl of `python -m data.tasks`")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    rows = read_rows(args.tasks)
+    model, tok, template, note = load_chat_model(args.checkpoint)
+    if note:
+        print(f"{args.checkpoint} has no chat template: {note}")
+    result = score(model, tok, template, rows, args.batch_size)
+    for question, reply, answer in result["examples"][:4]:
+        print(f"  {question!r} -> {reply!r} (expected {answer!r})")
+    kinds = ", ".join(f"{k} {v:.1%}" for k, v in result["by_kind"].items())
+    print(f"exact match: {result['accuracy']:.1%} ({result['correct']}/{result['total']}); {kinds}")
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "examples"}))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
