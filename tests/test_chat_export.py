@@ -108,5 +108,5 @@ def test_a_damaged_or_misplaced_template_entry_is_one_line(tmp_path):
     with pytest.raises(UserError, match="puts <\\|system\\|> at id 50300, but its tokenizer has 50257 ids"):
         export(tmp_path / "b", {"tokenizer": "gpt2", "chars": None}, 50304,
                {**template.to_dict(), "markers": {m: 50300 + k for k, m in enumerate(template.to_dict()["markers"])}})
-    with pytest.raises(UserError, match="needs 50261 rows of vocabulary and the model has 50257"):
+    with pytest.raises(UserError, match="markers take ids up to 50260 but the model has only 50257 rows"):
         export(tmp_path / "c", {"tokenizer": "gpt2", "chars": None}, 50257, template.to_dict())

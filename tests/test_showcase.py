@@ -287,7 +287,8 @@ def expected_problems(values: dict, vocab: str) -> set[str]:
            if type(values[key]) is not int or values[key] < low or (high is not None and values[key] > high)
            or values[key] >= 2**63}  # every int key: at most 64 bits (settings.py)
     prompts = values["sample_prompts"]
-    prompts = [prompts] if isinstance(prompts, str) else prompts
+    # a lone string is one prompt, except "": the empty list, the key's default (config_io's _coerce_list)
+    prompts = ([] if not prompts.strip() else [prompts]) if isinstance(prompts, str) else prompts
     if not isinstance(prompts, list) or len(prompts) > 16 or any(type(p) is not str or not p or len(p) > 1000
                                                                   for p in prompts):
         bad.add("sample_prompts")
