@@ -34,6 +34,7 @@ SKIP_RULES: list[tuple[str, str]] = [
     (r"^rm ", "removes folders outside any sandbox (~/.cache/smallgpt): a benchmark's fresh start"),
     (r"eval\.hellaswag(?!.*--data)", "downloads HellaSwag from the HF hub (the network)"),
     (r"serve\.py", "a server: it runs until stopped (its own tests start and stop it)"),
+    (r"--model\.init_from=gpt2\b", "fine-tunes the HF hub's GPT-2 (the network; tests/test_sft.py fine-tunes a local HF GPT-2 folder)"),
     (r"^curl .*127\.0\.0\.1", "a request to a running serve.py (tests/test_serve.py sends each kind to a real server)"),
 ]
 

@@ -7,12 +7,14 @@ stands for the repository's root, in this process, through errors.run_cli as `py
 - tiny data and a tiny model: every train.py command gets TINY's overrides for each key it does not set
   itself (1 layer, 16 wide, 16 tokens of context, 2 steps, CPU, float32, no wandb); the steps it asks for
   (train.max_iters) become 2; a time budget stays (it sizes at most the 2 steps); a dataset from the HF
-  hub becomes tiny shakespeare (the local copy); sample.py writes 8 tokens a sample (--max-new-tokens,
+  hub becomes tiny shakespeare (the local copy); the chat chain's configs keep 96 tokens of context, so that a
+  task conversation fits; sample.py writes 8 tokens a sample (--max-new-tokens,
   replaced) in float32 (--dtype, where not set: no timing of bf16 against it);
 - each train.py command trains into a fresh out_dir of its own (out/doc-<line>), since the docs' commands
   would otherwise resume one another's runs with other settings, which train.py refuses, as documented;
-- a checkpoint a command reads (out/small, out/shakespeare_char, out/gpt2_xl_fsdp) is a tiny run of that
-  config trained first (the `sandbox` fixture); `gpt2`, the HF hub's GPT-2, is a tiny local GPT-2-tokenizer
+- a checkpoint a command reads (out/small, out/shakespeare_char, out/gpt2_xl_fsdp, and the chat chain's
+  out/tasks_base and out/sft, after `python -m data.tasks --out tasks`) is a tiny run of that config trained
+  first (the `sandbox` fixture); `gpt2`, the HF hub's GPT-2, is a tiny local GPT-2-tokenizer
   checkpoint of 6 layers and 2 heads (so --layer 5 --head 1 exist);
 - a file a command reads that the docs assume (hellaswag_val.jsonl, snippet.txt) is a tiny one, made first;
 - the environment: `export`s of the offline copies (TIKTOKEN_CACHE_DIR, SMALLGPT_SHAKESPEARE) keep the
@@ -42,6 +44,7 @@ from checkpoint import __main__ as checkpoint_cli
 from checkpoint import export as export_cli
 from checkpoint import save_checkpoint
 from data import prepare as prepare_cli
+from data import tasks as tasks_cli
 from doc_commands import ROOT, all_commands
 from errors import run_cli
 from model import GPT, GPTConfig
@@ -65,6 +68,8 @@ FILES = {"hellaswag_val.jsonl": json.dumps({"ctx": "A man sits down.", "label": 
          "snippet.txt": "To be, or not to be, that is the question.\n"}
 TINY_GPT2 = "gpt2-tiny"
 READ_RUNS = ("small", "shakespeare_char", "gpt2_xl_fsdp")
+CHAT_RUNS = ("tasks_base", "sft")  # in this order: sft.yaml fine-tunes out/tasks_base
+CHAT_TINY = {"model.block_size": "96"}  # a conversation of the tasks is up to ~90 characters: it must fit
 
 
 def train_argv(argv: list[str], out_dir: str, config: str | None = None) -> list[str]:
@@ -72,7 +77,8 @@ def train_argv(argv: list[str], out_dir: str, config: str | None = None) -> list
     args = [a for a in argv if not any(a.startswith(f"--{k}=") for k in STEPS)]
     given = {a[2:].split("=", 1)[0] for a in args if a.startswith("--") and "=" in a}
     hub = config is not None and config.startswith("gpt2_xl") or any(a.startswith("--data.dataset=hf:") for a in args)
-    extra = {**{k: v for k, v in TINY.items() if k not in given}, **STEPS, "train.out_dir": out_dir,
+    tiny = {**TINY, **(CHAT_TINY if config is not None and config.removesuffix(".yaml") in CHAT_RUNS else {})}
+    extra = {**{k: v for k, v in tiny.items() if k not in given}, **STEPS, "train.out_dir": out_dir,
              **(HUB_DATA if hub else {})}
     return [*args, *(f"--{k}={v}" for k, v in extra.items())]
 
@@ -105,6 +111,11 @@ def sandbox(tmp_path_factory) -> Path:
         for name, text in FILES.items():
             Path(name).write_text(text)
         for config in READ_RUNS:
+            code = run_main(train.main, train_argv(["--config", config], f"out/{config}", config))
+            assert code == 0, f"the tiny out/{config} the docs read did not train"
+        # the chat chain the docs read: the task files, a base model, its fine-tune (out/sft, a chat model)
+        assert run_main(tasks_cli.main, ["--out", "tasks"]) == 0, "the docs' tasks/ could not be written"
+        for config in CHAT_RUNS:
             code = run_main(train.main, train_argv(["--config", config], f"out/{config}", config))
             assert code == 0, f"the tiny out/{config} the docs read did not train"
         torch.manual_seed(0)
