@@ -61,7 +61,7 @@ from runtime.device import resolve_device
 from runtime.memory import keep_freed_memory
 from runtime.precision import allow_tf32, cpu_native_bf16, dtype_name, training_dtype
 from training.float8 import RECIPES as FLOAT8_RECIPES, check_float8
-from training.mfu import peak_flops
+from training.report.mfu import peak_flops
 
 SECTIONS = ("train", "muon", "decode", "prepare", "loss")  # what runs by default
 # the AVX2-only class (AMD Zen 3, most laptops) emulated on any x86: oneDNN and ATen kernels capped at AVX2,

@@ -9,7 +9,7 @@ decision, the data, the model, its training step, the checkpointed states, loggi
 start-up decision into the run plan (training/plan.py) on the way; `loop` runs one step per iteration
 and then whatever is due (log, eval, checkpoint, stop); `train` tears everything down. Hardware
 switches (precision, compile, DDP or FSDP) are applied from outside the model, one line each, and which
-ranks take part in what is the parallel context's answer (training/distributed.py). `<out_dir>/ckpt.pt`
+ranks take part in what is the parallel context's answer (training/parallel/distributed.py). `<out_dir>/ckpt.pt`
 is always the latest complete checkpoint, `best.pt` the best val loss (ckpt.dcp/ and best.dcp/, sharded,
 with train.parallel=fsdp), `metrics.jsonl` every logged step (rank 0).
 """
@@ -37,28 +37,28 @@ from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
 from runtime.device import resolve_device
 from ownership import unmark_if_unused
-from training.budget import schedule_for
+from training.timing.budget import schedule_for
 from training.chat import chat_vocab_size, data_notes
 from training.init_from import resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
 from training.batch_size import check_world_size
-from training.config import Config, keep_what_older_runs_did, load_config, parse_duration, resume_conflicts, to_yaml
-from training.distributed import Parallel, destroy_distributed, dist_from_env
-from training.evaluate import bits_per_byte
+from training.config.sections import Config, keep_what_older_runs_did, load_config, parse_duration, resume_conflicts, to_yaml
+from training.parallel.distributed import Parallel, destroy_distributed, dist_from_env
+from training.report.evaluate import bits_per_byte
 from training.float8 import check_float8
 from training.health import NonFiniteGuard
-from training.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress, console_guard
-from training.mfu import mfu
+from training.report.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress, console_guard
+from training.report.mfu import mfu
 from training.plan import RunPlan
 from training.rng import seed_everything
 from training.run import Clock, HellaSwag, Run, RunLog, evaluate_splits, lr_of_plan, step_at
-from training.schedule import Cadence
-from training.showcase import build_showcase
-from training.signals import StopFlag, launched_by_torchrun
+from training.timing.schedule import Cadence
+from training.report.showcase import build_showcase
+from training.parallel.signals import StopFlag, launched_by_torchrun
 from training.state import TrainState
-from training.state_size import shard_counts, state_bytes
+from training.report.state_size import shard_counts, state_bytes
 from training.step import StepOutput
-from training.wandb_logger import WandbLogger
+from training.report.wandb_logger import WandbLogger
 
 if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     errors.start_up_done()
@@ -187,7 +187,7 @@ def load_hellaswag(cfg: Config, tokenizer: dict, par: Parallel) -> HellaSwag | N
 
 def install_stop_flag(par: Parallel, checkpointer, cleanup: ExitStack) -> StopFlag:
     """SIGTERM / SIGHUP / Ctrl-C, or the death of torchrun: stop after the step, with a checkpoint; while
-    waiting on a rank that stopped answering, at once (training/signals.py)."""
+    waiting on a rank that stopped answering, at once (training/parallel/signals.py)."""
     def saved() -> str:
         it = checkpointer.last_saved_iter
         return f"{checkpointer.latest} holds iter {it}" if it is not None else "no checkpoint was written yet"

@@ -29,8 +29,8 @@ from ownership import check_output
 from model import GPT
 from runtime.precision import allow_tf32
 from training.builders import build_trainer
-from training.config import load_config
-from training.distributed import Parallel
+from training.config.sections import load_config
+from training.parallel.distributed import Parallel
 from training.plan import RunPlan
 
 GPT2_VOCAB = 50257  # the tokenizer's ids; the model pads its embedding to 50304

@@ -22,7 +22,7 @@ from runtime.loss_path import LMLoss
 from runtime.precision import autocast
 from training.optim import param_groups
 
-LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 1e-3, 0.1, (0.9, 0.99), 1.0  # training/config.py's defaults
+LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 1e-3, 0.1, (0.9, 0.99), 1.0  # training/config/sections.py's defaults
 
 FULL_LOGITS = LMLoss()  # nanoGPT's loss: the full logits, then F.cross_entropy
 

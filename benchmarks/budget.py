@@ -14,7 +14,7 @@ training, set-up included, imports not) is at most W.
 
 Those evals read 20 random batches of val: an estimate, which moved by +-0.02 with the eval windows for one
 model on tiny shakespeare. So both sides are also measured on the whole val split at their end (nanoGPT's
-model by training.evaluate.evaluate_full here, ours by train.eval_full, on in the char configs): "whole
+model by training.report.evaluate.evaluate_full here, ours by train.eval_full, on in the char configs): "whole
 val" is the figure to compare, the estimate is shown as each run printed it.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ import torch
 from data import BatchLoader, DataConfig, prepare_data
 from errors import UserError
 from model import GPT, GPTConfig
-from training.config import load_config
-from training.evaluate import evaluate_full
-from training.schedule import lr_at
+from training.config.sections import load_config
+from training.report.evaluate import evaluate_full
+from training.timing.schedule import lr_at
 
 from .baseline import FULL_LOGITS, nanogpt_setup, nanogpt_step
 

@@ -23,10 +23,10 @@ import torch
 from model import GPT
 from runtime.memory import release_freed_memory
 from training.builders import build_trainer
-from training.config import load_config
-from training.distributed import destroy_distributed, dist_from_env
+from training.config.sections import load_config
+from training.parallel.distributed import destroy_distributed, dist_from_env
 from training.plan import RunPlan
-from training.state_size import shard_counts, state_bytes
+from training.report.state_size import shard_counts, state_bytes
 
 from .timing import reset_peak_rss, rss_kb
 

@@ -19,8 +19,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from model import GPT
 from training.builders import build_trainer
-from training.config import load_config
-from training.distributed import Parallel
+from training.config.sections import load_config
+from training.parallel.distributed import Parallel
 from training.plan import RunPlan
 
 

@@ -15,8 +15,8 @@ import torch
 from model import GPT
 from runtime.precision import cpu_native_bf16
 from training.builders import build_trainer
-from training.config import load_config
-from training.distributed import Parallel
+from training.config.sections import load_config
+from training.parallel.distributed import Parallel
 from training.plan import RunPlan
 
 from .timing import Variant, median, run_interleaved

@@ -23,12 +23,12 @@ from runtime.loss_path import choose_loss_chunk_rows
 from runtime.memory import param_count
 from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name
 from training.builders import Trainer, build_trainer, use_other_loss_path
-from training.config import Config, ModelSection, TrainSection
-from training.distributed import Parallel
-from training.evaluate import evaluate
-from training.mfu import mfu
+from training.config.sections import Config, ModelSection, TrainSection
+from training.parallel.distributed import Parallel
+from training.report.evaluate import evaluate
+from training.report.mfu import mfu
 from training.plan import RunPlan
-from training.schedule import apply_lr, lr_at
+from training.timing.schedule import apply_lr, lr_at
 
 from .baseline import BETAS, FULL_LOGITS, GRAD_CLIP, LR, WEIGHT_DECAY, nanogpt_setup, nanogpt_step
 from .timing import Variant, median, run_interleaved
@@ -249,7 +249,7 @@ def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_
                tolerance: float, say, noise_reference: bool = False) -> dict:
     """The baseline and ours from the same init on the same batches for `steps` steps, under the same
     learning-rate schedule (nanoGPT's: linear warm-up over the first tenth, cosine to a tenth of the peak
-    at the last step), then both evaluated by training.evaluate.evaluate (the eval train.py runs) in fp32
+    at the last step), then both evaluated by training.report.evaluate.evaluate (the eval train.py runs) in fp32
     on fixed held-out batches. Real tiny shakespeare when a prepared dir is given, else seeded random
     tokens. The verdict, on every device: the final val losses agree within `tolerance`.
 

@@ -1,5 +1,5 @@
 """The one check of a model's config (GPTConfig's fields), for every place one comes in from outside: the
-training config's `model:` section (training/config.py), a checkpoint's model_config (checkpoint/load.py)
+training config's `model:` section (training/config/sections.py), a checkpoint's model_config (checkpoint/load.py)
 and an HF config.json (checkpoint/hf.py).
 
 Here rather than in model/ or training/: the model asserts what it assumes (as nanoGPT does) and raises no

@@ -28,7 +28,7 @@ from ownership import DATA, EXPORT, OUT_DIR
 from server import cli as serve_cli
 from settings import path_fields
 from training import plot
-from training.config import Config
+from training.config.sections import Config
 
 from test_hostile_kinds import SAMPLE_FAST, run_entry, train_argv  # noqa: F401  (run_entry: for the tests)
 

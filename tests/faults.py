@@ -128,7 +128,7 @@ if __name__ == "__main__":
     if "SMALLGPT_TEST_TERM_AFTER" in os.environ:
         term_after, real_step_at = int(os.environ["SMALLGPT_TEST_TERM_AFTER"]), train.step_at
 
-        def step_at(r, i, lr):  # the loop's step only: training/budget.py times steps through its own import
+        def step_at(r, i, lr):  # the loop's step only: training/timing/budget.py times steps through its own import
             out = real_step_at(r, i, lr)
             if i + 1 == term_after:
                 # the StopFlag stops the loop after this step (SMALLGPT_TEST_TERM_SIGNAL: another, e.g. SIGHUP)

@@ -28,8 +28,8 @@ LAZY_ON_PURPOSE = {("data", "data.loader"), ("data.build_writer", "tqdm")}
 # Start-up time (test_starting_a_cli_imports_no_compiler_fsdp_or_dcp): the fused loss's torch.compiler.disable
 # imports torch._dynamo (~0.7 s), DCP and FSDP import DTensor and sympy (~1 s); only the runs that use them pay.
 LAZY_ON_PURPOSE |= {("runtime.loss_path", "model.fused_ce"),
-                    ("training.builders", "training.sharding"),
-                    ("training.distributed", "torch.distributed.device_mesh"),
+                    ("training.builders", "training.parallel.sharding"),
+                    ("training.parallel.distributed", "torch.distributed.device_mesh"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.api"),
                     ("checkpoint.sharded", "torch.distributed.checkpoint.metadata")}
@@ -40,8 +40,9 @@ LAZY_ON_PURPOSE |= {(m, f"urllib.{n}") for m in ("network", "data.download") for
 def project_modules() -> dict[str, Path]:
     mods = {name: ROOT / f"{name}.py" for name in TOP_MODULES if (ROOT / f"{name}.py").is_file()}
     for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).glob("*.py")):
-            mods[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return mods
 
 
@@ -93,7 +94,7 @@ def test_import_graph_sees_the_known_edges():
     here would pass vacuously."""
     g = graph()
     assert "model.gpt" in g["checkpoint.load"] and "model.fused_ce" in g["runtime.loss_path"]
-    assert "training.step" in g["train"] and "training.distributed" in g["training.health"]
+    assert "training.step" in g["train"] and "training.parallel.distributed" in g["training.health"]
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
@@ -121,7 +122,7 @@ def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
     """The check above must be able to fail: the walker finds both spellings of importing a script."""
     f = tmp_path / "showcase.py"
     f.write_text("import chat\nfrom sample import DEFAULT_PROMPT\n\ndef f():\n    import serve\n")
-    found = imports_of("training.showcase", f, {"chat": f, "sample": f, "serve": f})
+    found = imports_of("training.report.showcase", f, {"chat": f, "sample": f, "serve": f})
     assert {name for name, _ in found} == {"chat", "sample", "serve"}
 
 
@@ -363,7 +364,7 @@ def test_set_up_is_a_chain_of_at_most_40_lines():
         assert not calls & {"shard_model", "build_optimizers", "parallelize", "loss_path", "make_scaler"}, module
 
 
-PARALLEL_OWNER = "training.distributed"
+PARALLEL_OWNER = "training.parallel.distributed"
 # below training/ (which it may not import), every rank takes part in each sharded save: DCP's own rule
 COLLECTIVES_TOO = {"checkpoint.sharded"}
 COLLECTIVES = {"all_reduce", "broadcast_object_list", "all_gather_object", "new_group", "barrier", "broadcast",
@@ -401,7 +402,7 @@ def parallel_offenders(trees: dict[str, ast.AST]) -> list[str]:
 
 
 def test_only_the_parallel_context_takes_a_control_group_or_tests_train_parallel():
-    """Which ranks take part in a call is answered by training/distributed.py's Parallel: no other function
+    """Which ranks take part in a call is answered by training/parallel/distributed.py's Parallel: no other function
     takes a process group, passes one, calls a collective itself, or compares train.parallel with a string."""
     offenders = parallel_offenders(_product_trees())
     assert not offenders, offenders
@@ -429,7 +430,7 @@ def test_a_loaded_config_is_never_changed():
     made at start-up can only go into the run plan."""
     import dataclasses
 
-    from training.config import load_config
+    from training.config.sections import load_config
 
     cfg = load_config(["--train.max_iters=7"])
     for section in dataclasses.fields(cfg):
@@ -509,3 +510,9 @@ def test_the_model_raises_no_user_errors():
                  and any(isinstance(n, (ast.Name, ast.alias)) and getattr(n, "id", getattr(n, "name", None)) == "UserError"
                          for n in ast.walk(tree))]
     assert not offenders, offenders
+
+
+def test_trainings_top_level_holds_at_most_15_files():
+    """The chain and the loop stand at training/'s top; parallelism, the config and the reports have rooms."""
+    top = sorted(p.name for p in (ROOT / "training").iterdir() if p.is_file() and p.suffix == ".py")
+    assert len(top) <= 15, top

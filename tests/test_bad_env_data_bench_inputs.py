@@ -23,8 +23,8 @@ import data.pieces
 from data import DataConfig, hold_data, prepare_data
 from errors import UserError
 from prepared_files import first_file
-from training import distributed
-from training.distributed import Parallel, dist_from_env
+from training.parallel import distributed
+from training.parallel.distributed import Parallel, dist_from_env
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -229,7 +229,7 @@ def test_a_missing_rendezvous_is_one_line_before_any_process_group(launch_env, m
 
 def test_train_refuses_bad_launch_variables_before_anything_is_written(launch_env, tmp_path):
     import train
-    from training.config import load_config
+    from training.config.sections import load_config
 
     launch_env(WORLD_SIZE="abc", RANK=0)
     cfg = load_config([f"--train.out_dir={tmp_path / 'out'}", f"--data.root={tmp_path / 'data'}", "--wandb.mode=disabled"])

@@ -15,8 +15,8 @@ from faults import inject
 from runtime.loss_path import LMLoss
 from training.batch_size import check_world_size, choose, divisors, largest_fitting, measure_batch, reapply_batch
 from training.plan import Batch, Decision
-from training.config import load_config
-from training.distributed import Parallel
+from training.config.sections import load_config
+from training.parallel.distributed import Parallel
 
 from test_train import tiny_argv
 

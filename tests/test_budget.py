@@ -1,16 +1,16 @@
-"""train.time_budget (training/budget.py): the plan's arithmetic by hand, the duration syntax, a budget
+"""train.time_budget (training/timing/budget.py): the plan's arithmetic by hand, the duration syntax, a budget
 run that resumes bit for bit and never re-decides, and timing that leaves no trace in the run."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-import training.budget
+import training.timing.budget
 from errors import UserError
 from faults import inject
 from checkpoint import load_checkpoint
-from training.budget import Timing, parse_duration, plan
-from training.config import load_config
+from training.timing.budget import Timing, parse_duration, plan
+from training.config.sections import load_config
 
 
 def test_durations_parse_and_a_bad_one_is_one_line():
@@ -50,8 +50,8 @@ def test_the_plan_counts_samples_and_attention_maps_ceil_n_over_their_interval_t
 
 def test_a_sampling_round_and_an_inspection_are_timed_into_the_plan(tmp_path, data_root, monkeypatch, capsys):
     seen = []
-    real = training.budget.measure
-    monkeypatch.setattr(training.budget, "measure", lambda r: seen.append(real(r)) or seen[-1])
+    real = training.timing.budget.measure
+    monkeypatch.setattr(training.timing.budget, "measure", lambda r: seen.append(real(r)) or seen[-1])
     _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4", "--eval.sample_interval=2",
          "--eval.sample_tokens=40", "--eval.inspect_interval=4")
     # 40 forwards of 2 prompts, and one forward with two figures drawn: each more than one eval batch per split
@@ -85,7 +85,7 @@ def test_a_budget_run_interrupted_and_resumed_ends_bitwise_equal_to_an_uninterru
         timings.append(r.state.iter)
         return Timing(setup_s=1.0, step_s=0.5, eval_s=0.4, checkpoint_s=0.05)
 
-    monkeypatch.setattr(training.budget, "measure", fake_measure)
+    monkeypatch.setattr(training.timing.budget, "measure", fake_measure)
     # 10 s, 1 s of it set-up: n steps cost 0.5 n + (0.4 + 2 * 0.05) ceil(n / 4) <= 9 -> n = 14 (7 + 0.5 * 4 = 9;
     # 15 steps: 7.5 + 2 = 9.5)
     full = _run(tmp_path / "full", data_root, "--train.time_budget=10s")
@@ -95,7 +95,7 @@ def test_a_budget_run_interrupted_and_resumed_ends_bitwise_equal_to_an_uninterru
     with inject(interrupt_after=5):
         part1 = _run(tmp_path / "resumed", data_root, "--train.time_budget=10s")
     assert part1["iter"] == 5 and len(timings) == 2
-    monkeypatch.setattr(training.budget, "measure", lambda r: pytest.fail("a resumed budget run must not re-decide"))
+    monkeypatch.setattr(training.timing.budget, "measure", lambda r: pytest.fail("a resumed budget run must not re-decide"))
     part2 = _run(tmp_path / "resumed", data_root, "--train.time_budget=10s")
     assert "(decided when this run started)" in capsys.readouterr().out
     assert {**part1["losses"], **part2["losses"]} == full["losses"]
@@ -125,8 +125,8 @@ def test_timing_the_step_leaves_no_trace_the_budget_run_equals_a_plain_run_of_it
 
 def test_eval_fulls_pass_over_the_val_split_is_measured_into_the_plan(tmp_path, data_root, monkeypatch, capsys):
     seen = []
-    real = training.budget.measure
-    monkeypatch.setattr(training.budget, "measure", lambda r: seen.append(real(r)) or seen[-1])
+    real = training.timing.budget.measure
+    monkeypatch.setattr(training.timing.budget, "measure", lambda r: seen.append(real(r)) or seen[-1])
     _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4", "--train.eval_full=true")
     # an eval reads 2 batches of each split; the whole val split (~111k tokens) is ~870 batches of 4 x 32
     assert seen[0].final_s > 50 * seen[0].eval_s > 0
@@ -154,13 +154,13 @@ class _SlowSteps:
 
 
 def _measure_with(monkeypatch, slow, extra):
-    seen, real = [], training.budget.measure
+    seen, real = [], training.timing.budget.measure
 
     def measure(r):
         r.trainer.step = _SlowSteps(r.trainer.step, slow, extra)
         seen.append(real(r))
         return seen[-1]
-    monkeypatch.setattr(training.budget, "measure", measure)
+    monkeypatch.setattr(training.timing.budget, "measure", measure)
     return seen
 
 
@@ -169,13 +169,13 @@ def test_a_burst_of_slow_steps_does_not_move_the_measured_step(tmp_path, data_ro
     # a median of those three would read > 0.3 s; the timed steps fill TIMED_S, so most are the real ~10 ms
     seen = _measure_with(monkeypatch, slow={2, 3, 4}, extra=0.3)
     _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4")
-    assert seen[0].timed_steps == training.budget.MAX_TIMED and seen[0].step_s < 0.1
-    assert f"(median of {training.budget.MAX_TIMED})" in capsys.readouterr().out
+    assert seen[0].timed_steps == training.timing.budget.MAX_TIMED and seen[0].step_s < 0.1
+    assert f"(median of {training.timing.budget.MAX_TIMED})" in capsys.readouterr().out
 
 
 def test_slow_steps_are_timed_as_many_times_as_fill_timed_s(tmp_path, data_root, monkeypatch):
     # every step 0.1 s slower: the last warm-up step (~0.1 s) sets the count, ceil(0.5 / 0.1xx) = 5 timed steps
-    monkeypatch.setattr(training.budget, "TIMED_S", 0.5)
+    monkeypatch.setattr(training.timing.budget, "TIMED_S", 0.5)
     seen = _measure_with(monkeypatch, slow=set(range(100)), extra=0.1)
     _run(tmp_path / "out", data_root, "--train.time_budget=1h", "--train.max_iters=4")
     assert seen[0].timed_steps == 5 and 0.1 <= seen[0].step_s < 0.2
@@ -190,7 +190,7 @@ def test_a_run_saved_by_format_2_resumes_with_every_decision_it_made(tmp_path, d
     import training.builders
     from test_train import as_version_2
 
-    monkeypatch.setattr(training.budget, "measure", lambda r: Timing(setup_s=1.0, step_s=0.5, eval_s=0.4,
+    monkeypatch.setattr(training.timing.budget, "measure", lambda r: Timing(setup_s=1.0, step_s=0.5, eval_s=0.4,
                                                                       checkpoint_s=0.05))
     monkeypatch.setattr(training.batch_size, "memory_limit", lambda device: 10 * 2**30)
     monkeypatch.setattr(training.batch_size, "estimated_bytes", lambda *a, **k: (lambda m: m * 2**30))
@@ -201,7 +201,7 @@ def test_a_run_saved_by_format_2_resumes_with_every_decision_it_made(tmp_path, d
     ckpt = load_checkpoint(tmp_path / "old")
     assert (ckpt["plan"]["micro_batch"], ckpt["plan"]["accum"], ckpt["plan"]["max_iters"]) == (8, 2, 14)
     torch.save(as_version_2(ckpt), tmp_path / "old" / "ckpt.pt")
-    for module, name in ((training.budget, "measure"), (training.builders, "measure_batch")):
+    for module, name in ((training.timing.budget, "measure"), (training.builders, "measure_batch")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("a resumed run must not decide again"))
     capsys.readouterr()
     resumed = _run(tmp_path / "old", data_root, *auto)

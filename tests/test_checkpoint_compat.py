@@ -12,7 +12,7 @@ import torch
 import sample
 import train
 from checkpoint import load_model
-from training.config import load_config
+from training.config.sections import load_config
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "ckpt_v2_char.pt"
 # the tiny shakespeare char data that run was trained on, prepared by the same commit (format 1)

@@ -10,9 +10,9 @@ import torch
 
 import runtime.choices
 import runtime.precision
-import training.mfu
+import training.report.mfu
 from runtime.choices import cache_path
-from training.mfu import peak_flops
+from training.report.mfu import peak_flops
 
 
 def flipping_fastest(monkeypatch):
@@ -51,7 +51,7 @@ def test_train_auto_makes_the_same_choice_twice_for_one_command_whatever_the_tim
 
 def test_mfu_uses_the_cached_cpu_peak_and_train_peak_flops_still_overrides(monkeypatch):
     probes = iter([100e9, 400e9, 50e9])
-    monkeypatch.setattr(training.mfu, "matmul_flops", lambda device, dtype: next(probes))
+    monkeypatch.setattr(training.report.mfu, "matmul_flops", lambda device, dtype: next(probes))
     cpu = torch.device("cpu")
     first, note1 = peak_flops(cpu, torch.float32)
     second, note2 = peak_flops(cpu, torch.float32)
@@ -62,7 +62,7 @@ def test_mfu_uses_the_cached_cpu_peak_and_train_peak_flops_still_overrides(monke
 
 
 def test_a_damaged_or_unwritable_cache_is_measured_around(tmp_path, monkeypatch):
-    monkeypatch.setattr(training.mfu, "matmul_flops", lambda device, dtype: 123e9)
+    monkeypatch.setattr(training.report.mfu, "matmul_flops", lambda device, dtype: 123e9)
     cache_path().parent.mkdir(parents=True, exist_ok=True)
     cache_path().write_text("{not json")
     assert peak_flops(torch.device("cpu"), torch.float32)[0] == 123e9

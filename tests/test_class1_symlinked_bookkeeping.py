@@ -21,7 +21,7 @@ from data.shards import _Split, shard_name
 from entry_points import run_entry, train_argv
 from errors import UserError
 from locks import DirLock
-from training.metrics import MetricsLog
+from training.report.metrics import MetricsLog
 
 SECRET = b"a file outside the folder, which must keep its bytes\n"
 

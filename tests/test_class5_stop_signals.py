@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 from checkpoint import load_checkpoint
-from training.signals import STOP_SIGNALS
+from training.parallel.signals import STOP_SIGNALS
 
 from test_multirank import argv as train_argv
 

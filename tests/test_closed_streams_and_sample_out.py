@@ -20,7 +20,7 @@ import train
 from checkpoint import load_checkpoint
 from test_sample import ENV, assert_one_error_line, make_char_checkpoint, run
 from test_train import tiny_argv
-from training.metrics import Console, Progress, console_guard
+from training.report.metrics import Console, Progress, console_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 SUB_ENV = {**ENV, "PYTHONPATH": str(ROOT)}

@@ -1,4 +1,4 @@
-"""training/config.py: YAML + CLI overrides resolve with types coerced; every bad case is a one-line
+"""training/config/sections.py: YAML + CLI overrides resolve with types coerced; every bad case is a one-line
 UserError naming the problem and the fix; the resolved config round-trips through a checkpoint."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from errors import UserError
 from checkpoint import load_checkpoint, save_checkpoint
-from training.config import Config, load_config, resume_conflicts, section_keys
+from training.config.sections import Config, load_config, resume_conflicts, section_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -273,7 +273,7 @@ def test_the_model_section_holds_every_model_field_and_converts_to_gpt_config():
     import dataclasses
 
     from model.gpt import GPTConfig
-    from training.config import ModelSection
+    from training.config.sections import ModelSection
 
     model_fields = {f.name for f in dataclasses.fields(GPTConfig)}
     section_fields = {f.name for f in dataclasses.fields(ModelSection)}
@@ -287,7 +287,7 @@ def test_each_key_carries_its_help_and_resume_rule_on_its_field():
     (settings.setting); resume_conflicts reads them, so no separate table can fall out of step."""
     import dataclasses
 
-    from training.config import Config
+    from training.config.sections import Config
 
     for section in dataclasses.fields(Config):
         for f in dataclasses.fields(getattr(Config(), section.name)):

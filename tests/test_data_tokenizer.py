@@ -213,7 +213,7 @@ def test_a_run_on_a_trained_bpe_keeps_it_in_the_checkpoint_and_sample_py_speaks_
     import sample
     from errors import run_cli
     from checkpoint import load_checkpoint
-    from training.config import load_config
+    from training.config.sections import load_config
 
     out = tmp_path / "out"
     train.train(load_config([

@@ -17,7 +17,7 @@ from model import GPT, GPTConfig
 from runtime.loss_path import (CHUNK_BYTES, EXP_BLOCK_BYTES, LMLoss, choose_exp_block_rows, choose_loss_chunk_rows,
                                choose_weight_grad_product, loss_path, onednn_mm)
 from runtime.precision import inference_dtype, make_scaler, training_dtype
-from training.mfu import gpu_peak_flops, mfu, peak_flops
+from training.report.mfu import gpu_peak_flops, mfu, peak_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.device("cuda", 0)  # a device object only: nothing runs on it
@@ -151,7 +151,7 @@ def test_a_resumed_run_keeps_its_saved_product_unless_this_machine_lacks_it(monk
     from checkpoint.format import upgrade
     from checkpoint import Resume
     from training.builders import settle_loss_product
-    from training.distributed import Parallel
+    from training.parallel.distributed import Parallel
     from training.plan import RunPlan
 
     monkeypatch.setattr(training.builders, "choose_weight_grad_product", lambda *a, **k: pytest.fail("not on resume"))

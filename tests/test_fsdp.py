@@ -24,8 +24,8 @@ from faults import inject
 from model import GPT, GPTConfig
 from runtime.loss_path import LMLoss
 from runtime.memory import training_bytes
-from training.config import load_config
-from training.sharding import checkpoint_blocks
+from training.config.sections import load_config
+from training.parallel.sharding import checkpoint_blocks
 
 from test_multirank import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, torchrun, two_ranks
 
@@ -165,7 +165,7 @@ def test_the_sharded_optimizer_state_taken_before_the_first_step_leaves_no_trace
     import copy
 
     from training.optim import make_optimizers
-    from training.sharding import ShardedOptimizerState
+    from training.parallel.sharding import ShardedOptimizerState
 
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=11)
@@ -339,7 +339,7 @@ def test_a_run_refused_for_memory_under_ddp_starts_when_sharded(monkeypatch):
     DDP is refused in one line that suggests FSDP, and FSDP passes."""
     import runtime.memory
     from training.builders import check_memory
-    from training.distributed import Parallel
+    from training.parallel.distributed import Parallel
 
     base = ["--model.n_layer=8", "--model.n_embd=256", "--model.n_head=4", "--model.block_size=64",
             "--train.batch_size=2", "--train.device=cpu", "--wandb.mode=disabled"]

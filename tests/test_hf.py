@@ -299,7 +299,7 @@ def test_the_model_card_gives_the_config_data_val_loss_bits_per_byte_and_trainin
     import json
 
     from checkpoint import save_checkpoint
-    from training.config import Config, load_config
+    from training.config.sections import Config, load_config
 
     cfg = Config()
     cfg.data.dataset, cfg.train.max_iters = "shakespeare", 30

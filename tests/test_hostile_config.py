@@ -29,11 +29,11 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 
 from errors import UserError
-from training import budget
+from training.timing import budget
 from training.builders import check_memory
-from training.config import Config, load_config
-from training.metrics import MetricsLog
-from training.schedule import lr_at
+from training.config.sections import Config, load_config
+from training.report.metrics import MetricsLog
+from training.timing.schedule import lr_at
 
 from test_hostile_counts import SPECIAL_FLOATS, SPECIAL_INTS
 
@@ -344,7 +344,7 @@ def test_resume_drops_a_metrics_line_nested_too_deep(tmp_path, capsys):
 
 def test_resume_refuses_a_metrics_file_past_the_bound_unread(tmp_path, monkeypatch):
     """The read is bounded: a file over the limit (here 1 KiB instead of 1 GiB) is one line, untouched."""
-    import training.metrics as metrics
+    import training.report.metrics as metrics
 
     monkeypatch.setattr(metrics, "MAX_METRICS_BYTES", 1024)
     path = tmp_path / "metrics.jsonl"

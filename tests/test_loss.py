@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from model import GPT, GPTConfig
 from model.fused_ce import linear_cross_entropy
 from runtime.loss_path import LMLoss
-from training.evaluate import evaluate
+from training.report.evaluate import evaluate
 from training.step import train_step
 
 V, C = 53, 8

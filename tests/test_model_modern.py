@@ -17,7 +17,7 @@ from checkpoint.model_config import model_config_problem
 from model.fused_ce import linear_cross_entropy
 from model.gpt import apply_rotary, rotary_cos_sin
 from runtime.loss_path import LMLoss
-from training.config import load_config
+from training.config.sections import load_config
 from training.optim import Muon, make_optimizers, split_for_muon
 from training.step import train_step
 

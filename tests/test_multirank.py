@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from checkpoint import load_checkpoint
-from training.distributed import CONTROL_TIMEOUT
+from training.parallel.distributed import CONTROL_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -103,7 +103,7 @@ def _steps(model, optimizers, batches):
 def test_muon_ns_steps_reaches_the_newton_schulz_iteration():
     """train.muon_ns_steps sets how many iterations each Muon step runs: the update equals the textbook
     quintic iteration written here, run that many times on the Nesterov momentum."""
-    from training.config import load_config
+    from training.config.sections import load_config
     from training.builders import build_optimizers
 
     cfg = load_config(["--config", "shakespeare_char_modern", "--train.muon_ns_steps=2", "--train.weight_decay=0"])
@@ -133,7 +133,7 @@ def test_muon_orthogonalises_q_k_and_v_separately_when_split(split):
     the q, k and v rows one by one, each scaled as a square matrix; without it, on the whole (3C, C) matrix
     scaled by sqrt(3). The other matrices are unchanged by the switch."""
     from training.builders import build_optimizers
-    from training.config import load_config
+    from training.config.sections import load_config
 
     cfg = load_config(["--config", "shakespeare_char_modern", "--train.weight_decay=0",
                        f"--train.muon_split_qkv={str(split).lower()}"])

@@ -338,7 +338,7 @@ def test_a_start_refused_after_the_claim_leaves_no_marker_behind(tmp_path, data_
     """train.py claims (and marks) its out_dir before the data: a refusal then (here data.root inside the
     out_dir) removes the marker again, so the folder is not a hidden obstacle for the next run."""
     import train
-    from training.config import load_config
+    from training.config.sections import load_config
 
     out = tmp_path / "work"
     argv = ["--data.tokenizer=char", f"--data.root={out / 'prepared'}", f"--train.out_dir={out}", "--train.device=cpu",

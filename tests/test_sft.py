@@ -21,7 +21,7 @@ from data import DataConfig, prepare_data
 from data.chat_loader import ChatBatchLoader
 from data.tasks import ALPHABET, generate, pretrain_text, write_jsonl
 from data.tokenizer import CharTokenizer
-from training.config import load_config
+from training.config.sections import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ONE_THREAD = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

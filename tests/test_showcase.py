@@ -1,4 +1,4 @@
-"""training/showcase.py: samples and attention maps during training. An offline wandb run holds the sample
+"""training/report/showcase.py: samples and attention maps during training. An offline wandb run holds the sample
 table and the pictures at the steps asked for (read back from its files); the text is what the model of
 that step writes with the fixed seed (an independent sampling loop); a resumed run logs the same table;
 samples and maps leave the training trajectory bit for bit as it was; bad values are one line before
@@ -26,9 +26,9 @@ from data import DataConfig, load_meta, prepare_data, tokenizer_entry
 from errors import UserError
 from faults import InjectedCrash, inject
 from model import GPT, GPTConfig
-from training.config import load_config
-from training.schedule import Cadence
-from training.showcase import build_showcase
+from training.config.sections import load_config
+from training.timing.schedule import Cadence
+from training.report.showcase import build_showcase
 
 from test_multirank import argv as multirank_argv, two_ranks
 from test_train import _one_thread, _wandb_records, run, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
@@ -188,7 +188,7 @@ def test_a_resumed_runs_sample_table_equals_the_uninterrupted_runs(tmp_path, dat
 REPLAY = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from training.wandb_logger import WandbLogger
+from training.report.wandb_logger import WandbLogger
 history = [{"iter": 2, "train/loss": 1.5, "samples": [{"prompt": "ROMEO:", "text": "hi"}], "elapsed_s": 3.0}]
 logger = WandbLogger(mode="offline", project="p", run_name="", run_id="replay01", out_dir=sys.argv[2], config={},
                      history=history)
@@ -326,7 +326,8 @@ def test_any_showcase_setting_is_accepted_as_valid_or_refused_in_one_line_naming
     assert not bad, f"accepted bad values of {bad}: {values}"
     if cfg.eval.sample_interval:
         given = values["sample_prompts"]
-        assert [t for t, _ in showcase.prompts] == ([given] if isinstance(given, str) else given or ["ROMEO:", "JULIET:"])
+        given = ([given] if given.strip() else []) if isinstance(given, str) else given  # "": the default
+        assert [t for t, _ in showcase.prompts] == (given or ["ROMEO:", "JULIET:"])
 
 
 def char_entry_of_a_newline() -> dict:
@@ -362,7 +363,7 @@ def test_two_ranks_sample_and_draw_at_the_intervals_and_finish(tmp_path, data_ro
 
 
 def test_a_prompt_in_brackets_stays_one_string_and_an_empty_one_means_the_default():
-    from training.config import load_config
+    from training.config.sections import load_config
 
     assert load_config(["--eval.sample_prompts=[Enter ROMEO]"]).eval.sample_prompts == ["[Enter ROMEO]"]
     assert load_config(['--eval.sample_prompts=["ROMEO:", "JULIET:"]']).eval.sample_prompts == ["ROMEO:", "JULIET:"]

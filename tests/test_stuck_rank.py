@@ -102,8 +102,8 @@ PATIENT = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-from training.distributed import dist_from_env, destroy_distributed
-from training.signals import StopFlag
+from training.parallel.distributed import dist_from_env, destroy_distributed
+from training.parallel.signals import StopFlag
 par = dist_from_env(timeout_s=3.0)
 par.join(torch.device("cpu"))
 stop = StopFlag(par).install()

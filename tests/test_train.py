@@ -22,7 +22,7 @@ from faults import inject
 from model import GPT, GPTConfig
 from checkpoint.export import export_hf
 from checkpoint import load_checkpoint
-from training.config import load_config
+from training.config.sections import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -398,7 +398,7 @@ def test_a_global_batch_not_divisible_by_ranks_is_refused(tmp_path, data_root, m
 def test_ranks_that_do_not_divide_the_micro_steps_share_the_global_batch_in_smaller_micro_batches(batch, accum, world,
                                                                                                     split):
     from training.builders import fixed_batch
-    from training.distributed import Parallel
+    from training.parallel.distributed import Parallel
 
     t = load_config([f"--train.batch_size={batch}", f"--train.grad_accum_steps={accum}"]).train
     d = fixed_batch(t, Parallel(world_size=world))
@@ -463,7 +463,7 @@ def test_wandb_offline_run_has_summary_and_config_and_resume_reuses_the_id(tmp_p
 
 
 def test_wandb_online_without_api_key_falls_back_to_offline_with_hint(tmp_path):
-    from training.wandb_logger import resolve_mode
+    from training.report.wandb_logger import resolve_mode
 
     no_key = {"NETRC": str(tmp_path / "no_netrc")}
     mode, hint = resolve_mode("online", no_key)
@@ -618,7 +618,7 @@ def test_logs_are_plain_lines_when_stdout_is_not_a_terminal(tmp_path, data_root,
 
 
 def test_a_terminal_gets_the_progress_bar_instead(capsys):
-    from training.metrics import Progress
+    from training.report.metrics import Progress
 
     progress = Progress(4, 0, interactive=True)
     for step in range(1, 5):
@@ -654,11 +654,11 @@ def test_after_kill_9_every_logged_step_reaches_wandb_exactly_once(tmp_path, dat
 
 
 def test_the_offline_reader_stops_at_a_torn_record_and_finds_the_last_step(tmp_path):
-    """training.wandb_logger.last_offline_step reads what a killed process left: a file cut mid-record
+    """training.report.wandb_logger.last_offline_step reads what a killed process left: a file cut mid-record
     (or with a damaged byte) yields the steps before the damage, as this test's own reader counts them."""
     import wandb
 
-    from training.wandb_logger import last_offline_step
+    from training.report.wandb_logger import last_offline_step
 
     run = wandb.init(project="p", id="tornrun1", dir=str(tmp_path), mode="offline",
                      settings=wandb.Settings(console="off", silent=True))

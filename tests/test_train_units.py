@@ -12,11 +12,11 @@ import torch
 
 from model import GPT, GPTConfig
 from checkpoint import load_checkpoint, save_checkpoint
-from training.mfu import gpu_peak_flops, mfu, peak_flops
+from training.report.mfu import gpu_peak_flops, mfu, peak_flops
 from training.optim import make_optimizer
 from training.rng import get_rng_state, set_rng_state
-from training.schedule import lr_at
-from training.signals import StopFlag
+from training.timing.schedule import lr_at
+from training.parallel.signals import StopFlag
 
 SCHED = dict(lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=110)
 
@@ -110,7 +110,7 @@ def test_first_signal_sets_the_flag_second_interrupts():
 def test_metrics_are_strict_json_with_null_for_non_finite_values_and_a_resume_drops_the_redone_steps(tmp_path):
     import json
 
-    from training.metrics import MetricsLog
+    from training.report.metrics import MetricsLog
 
     log = MetricsLog(tmp_path)
     for i, loss in enumerate([3.0, float("inf"), float("nan"), 2.5], start=1):
@@ -128,7 +128,7 @@ def test_a_damaged_metrics_line_is_dropped_with_a_note_and_the_run_stays_resumab
     says so in one line, and keeps the rest."""
     import json
 
-    from training.metrics import MetricsLog
+    from training.report.metrics import MetricsLog
 
     (tmp_path / "metrics.jsonl").write_bytes(b'{"iter": 1, "train/loss": 3.0}\n{"iter": 2, "train/lo\xff\xfess": 2.9}\n'
                                              b'not json\n{"iter": 3, "train/loss": 2.8}\n{"iter": 4, "train/loss": 2.7}\n')

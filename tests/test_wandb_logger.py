@@ -1,4 +1,4 @@
-"""training/wandb_logger.py from the outside: an unreachable wandb server is decided within seconds in one
+"""training/report/wandb_logger.py from the outside: an unreachable wandb server is decided within seconds in one
 line, and wandb's own noise stays off the console."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _logger_script(out_dir: Path, mode: str, extra: str = "") -> str:
     return (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{extra}\n"
-            "from training.wandb_logger import WandbLogger\n"
+            "from training.report.wandb_logger import WandbLogger\n"
             f"l = WandbLogger(mode={mode!r}, project='p', run_name='', run_id='probe123', out_dir={str(out_dir)!r}, "
             "config={})\n"
             "print('MODE', l.mode, 'ENABLED', l.enabled, flush=True)\n"
@@ -44,7 +44,7 @@ def test_online_with_a_key_and_no_server_goes_offline_within_seconds_in_one_line
 
 
 def test_a_server_that_accepts_but_never_answers_is_given_up_on_within_the_probe_timeout():
-    from training.wandb_logger import PROBE_TIMEOUT_S, unreachable
+    from training.report.wandb_logger import PROBE_TIMEOUT_S, unreachable
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -91,7 +91,7 @@ def test_whatever_wandb_core_prints_goes_to_a_log_file_not_the_console(tmp_path)
     stderr; they land in <out_dir>/wandb/wandb-core-stderr.log."""
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    bypass = "import training.wandb_logger as w; w.unusable_dir_variable = lambda env=None: ''"
+    bypass = "import training.report.wandb_logger as w; w.unusable_dir_variable = lambda env=None: ''"
     r = _run(_logger_script(tmp_path / "out", "offline", bypass), {"WANDB_CACHE_DIR": str(blocker / "sub")})
     assert r.returncode == 0, r.stderr
     assert " INFO " not in r.stderr and " ERROR " not in r.stderr, r.stderr
@@ -147,7 +147,7 @@ def test_a_wandb_init_that_never_returns_is_given_up_on_and_training_goes_on(tmp
     and the run goes on without wandb, instead of hanging."""
     import wandb
 
-    import training.wandb_logger as wl
+    import training.report.wandb_logger as wl
 
     monkeypatch.setattr(wl, "START_LIMIT_S", 0.5)
     monkeypatch.setattr(wandb, "init", lambda **kw: time.sleep(60))

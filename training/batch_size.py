@@ -33,8 +33,8 @@ from runtime.loss_path import LMLoss
 from runtime.memory import HEADROOM, available_bytes, training_bytes
 from runtime.precision import autocast
 
-from .config import AUTO_BATCH, TrainSection
-from .distributed import Parallel
+from .config.sections import AUTO_BATCH, TrainSection
+from .parallel.distributed import Parallel
 from .plan import Batch, Decision
 from .step import forward_backward_probe
 

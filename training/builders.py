@@ -11,7 +11,7 @@ so what a benchmark times is what train.py runs.
 
 Hardware switches are applied here from outside the model, one line each, and the loss is an object of
 its own (runtime/loss_path.py's LMLoss) that the step and the evals call: nothing is set on the model.
-Which ranks take part is the parallel context's (training/distributed.py) answer, never a test of
+Which ranks take part is the parallel context's (training/parallel/distributed.py) answer, never a test of
 train.parallel here.
 """
 from __future__ import annotations
@@ -37,11 +37,11 @@ from runtime.memory import check_fits, keep_freed_memory, training_bytes
 from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, sharded_param_dtype, training_dtype
 
 from .batch_size import divisors, measure_batch, reapply_batch
-from .config import ARCH_KEYS, AUTO_BATCH, Config, TrainSection
-from .distributed import Parallel
+from .config.sections import ARCH_KEYS, AUTO_BATCH, Config, TrainSection
+from .parallel.distributed import Parallel
 from .float8 import convert_to_float8
 from .init_from import initial_model
-from .mfu import peak_flops
+from .report.mfu import peak_flops
 from .optim import Muon, make_optimizers
 from .plan import Batch, Decision, RunPlan
 from .rng import RNGState
@@ -269,14 +269,14 @@ def shard_model(model: GPT, t: TrainSection, par: Parallel, device: torch.device
     """Activation checkpointing per block (train.activation_checkpointing), then FSDP (sharded, several
     ranks): in place, before the optimizers are built, which must see the sharded parameters. The
     parameters are gathered in bf16 where the run trains in bf16 on a device that has it natively.
-    training/sharding.py is imported only where it is used: FSDP, DTensor and DCP cost ~1 s of a start-up."""
+    training/parallel/sharding.py is imported only where it is used: FSDP, DTensor and DCP cost ~1 s of a start-up."""
     if par.sharded:
-        from .sharding import apply_fsdp
+        from .parallel.sharding import apply_fsdp
 
         return apply_fsdp(model, par, device, param_dtype=sharded_param_dtype(device, dtype),
                           activation_checkpointing=t.activation_checkpointing)
     if t.activation_checkpointing:
-        from .sharding import checkpoint_blocks
+        from .parallel.sharding import checkpoint_blocks
 
         checkpoint_blocks(model)
     return model
@@ -286,7 +286,7 @@ def build_optimizers(model: GPT, t: TrainSection, device: torch.device,
                      par: Parallel | None = None) -> list[torch.optim.Optimizer]:
     muon_class = Muon
     if par is not None and par.sharded:  # sharded (shard_model): Muon orthogonalises whole matrices, gathered
-        from .sharding import ShardedMuon as muon_class
+        from .parallel.sharding import ShardedMuon as muon_class
     return make_optimizers(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
                            device_type=device.type, kind=t.optimizer, muon_lr=t.muon_lr,
                            muon_momentum=t.muon_momentum, muon_ns_steps=t.muon_ns_steps,
@@ -340,7 +340,7 @@ def build_checkpointer(out_dir: Path, par: Parallel, *, trainer: Trainer, plan: 
     """Every stateful part, registered once: the same mapping is saved and restored. The RNG streams
     come last, so that restoring nothing after them consumes a random number."""
     if par.sharded:  # the layout follows train.parallel, on any number of ranks
-        from .sharding import ShardedModelState, ShardedOptimizerState
+        from .parallel.sharding import ShardedModelState, ShardedOptimizerState
     model, optimizers = trainer.model, trainer.step.optimizers
     ckpt = Checkpointer(out_dir, is_main=par.is_main, sharded=par.sharded)
     ckpt.register_static("model_config", model_config_dict(model))

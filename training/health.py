@@ -7,8 +7,8 @@ import torch
 
 from errors import UserError
 
-from .distributed import Parallel
-from .metrics import METRICS_NAME
+from .parallel.distributed import Parallel
+from .report.metrics import METRICS_NAME
 from .step import StepOutput
 
 

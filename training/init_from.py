@@ -12,7 +12,7 @@ from model import GPT
 from checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
 
 from .chat import grow_vocab
-from .config import ARCH_KEYS, Config, ModelSection
+from .config.sections import ARCH_KEYS, Config, ModelSection
 
 
 def resumed_init_from(saved: dict[str, Any], cfg: Config, where: str) -> tuple[Config, list[str]]:

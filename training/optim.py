@@ -161,7 +161,7 @@ def make_optimizers(model: nn.Module, *, lr: float, weight_decay: float, betas: 
                     ns_dtype: torch.dtype | None = None,
                     muon_class: type[Muon] | None = None) -> list[torch.optim.Optimizer]:
     """The optimizers of a training run. Each param group records its peak learning rate as
-    "initial_lr"; the schedule scales every group by the same factor (training/schedule.py). Muon's
+    "initial_lr"; the schedule scales every group by the same factor (training/timing/schedule.py). Muon's
     Newton-Schulz dtype: `ns_dtype`, by default the device's fastest native one (bf16 on CUDA and on
     CPUs with AMX / AVX512-BF16, fp32 elsewhere). `muon_class`: Muon, or a subclass for sharded weights."""
     if kind == "adamw":

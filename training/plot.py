@@ -22,7 +22,7 @@ from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, js
 from locks import remove_stale_temps
 from ownership import check_output
 
-from .metrics import METRICS_NAME
+from .report.metrics import METRICS_NAME
 
 
 MAX_METRICS_BYTES = 1 << 30  # ~3M logged steps; a larger (or endless: /dev/zero) file is refused, not read

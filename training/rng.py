@@ -50,7 +50,7 @@ class RNGState:
     """
 
     def __init__(self, par=None):
-        self.par = par  # training.distributed.Parallel (None: one process)
+        self.par = par  # training.parallel.distributed.Parallel (None: one process)
         self.note = ""
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """A training run as the loop sees it (`Run`, built once at set-up), and the loop's two units of
-work, which the time budget (training/budget.py) times too, so that nothing about ranks or batches can
+work, which the time budget (training/timing/budget.py) times too, so that nothing about ranks or batches can
 differ between what is timed and what runs:
 
     out = step_at(r, i, lr)                       # optimizer step i on this rank's micro-batches
@@ -17,17 +17,17 @@ import torch
 from checkpoint import Checkpointer
 
 from .builders import Trainer
-from .config import Config
-from .distributed import Parallel
-from .evaluate import evaluate, evaluate_full
-from .metrics import MetricsLog, Progress
+from .config.sections import Config
+from .parallel.distributed import Parallel
+from .report.evaluate import evaluate, evaluate_full
+from .report.metrics import MetricsLog, Progress
 from .plan import RunPlan
-from .schedule import apply_lr, lr_at
-from .showcase import Showcase
-from .signals import StopFlag
+from .timing.schedule import apply_lr, lr_at
+from .report.showcase import Showcase
+from .parallel.signals import StopFlag
 from .state import TrainState
 from .step import StepOutput
-from .wandb_logger import WandbLogger
+from .report.wandb_logger import WandbLogger
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Run:
     clock: Clock = Clock(0.0, 0.0)
     step_s: float = 0.0  # the last step's wall time: how long a signal lets a step run on
 
-    # the two names Showcase (training/showcase.py) reads of the run; everything else reads r.trainer
+    # the two names Showcase (training/report/showcase.py) reads of the run; everything else reads r.trainer
     model = property(lambda self: self.trainer.model)
     amp = property(lambda self: self.trainer.amp)
 

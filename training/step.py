@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 if TYPE_CHECKING:
-    from .distributed import Parallel
+    from .parallel.distributed import Parallel
 
 
 @dataclass

@@ -43,7 +43,7 @@ class StopFlag:
     def __init__(self, par=None, saved: Callable[[], str] = lambda: "", *, watch_parent: bool = False) -> None:
         self.requested = False
         self.reason = ""
-        self.par = par  # training.distributed.Parallel: what the main thread waits in, if anything
+        self.par = par  # training.parallel.distributed.Parallel: what the main thread waits in, if anything
         self.saved = saved  # what is on disk, for the line (e.g. "out/ckpt.pt holds iter 40")
         self._previous: dict[int, object] = {}
         self._pipe: tuple[int, int] | None = None

@@ -39,7 +39,7 @@ class Due:
     eval: bool
     checkpoint: bool
     hellaswag: bool = False
-    sample: bool = False  # eval.sample_interval: text from the fixed prompts (training/showcase.py)
+    sample: bool = False  # eval.sample_interval: text from the fixed prompts (training/report/showcase.py)
     inspect: bool = False  # eval.inspect_interval: the attention maps and surprisal of the fixed val snippet
 
 

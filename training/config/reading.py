@@ -288,11 +288,11 @@ def _int_or_none(value: Any) -> int | None:
 def _coerce_list(value: Any, item: Any, name: str, source: str) -> list:
     """A list[item] from a YAML list, or from a string: a YAML flow list (`["ROMEO:", "JULIET:"]`, how the
     command line writes one) when it starts with "[" and holds a quote or a comma (so a prompt such as
-    "[Enter ROMEO]" stays one string), "" the empty list (the default), else a list of that one string.
+    "[Enter ROMEO]" stays one string), "" or "[]" the empty list (the default), else a list of that one string.
     Items are coerced one by one, except that a list of strings takes only strings: a YAML `- 42` is
     refused, not guessed."""
     where = f"{source}: {name}"
-    if isinstance(value, str) and not value.strip():
+    if isinstance(value, str) and (not value.strip() or value.strip() == "[]"):  # "" or [] (json.dumps of []): empty
         value = []
     elif isinstance(value, str) and value.strip().startswith("[") and any(c in value for c in "\"',"):
         loader = _UniqueKeyLoader(value)

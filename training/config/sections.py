@@ -1,7 +1,7 @@
 """The training config: typed dataclass sections with defaults, a YAML that overrides only what it
 changes, and `--section.key=value` CLI overrides on top. Every key is one `setting(...)` (settings.py)
 that carries its help line, whether a resume may change it, and its check; every bad value is a
-one-line UserError. Reading YAML and argv is training/config_io.py.
+one-line UserError. Reading YAML and argv is training/config/reading.py.
 
     cfg = load_config(["--config", "small", "--train.lr=3e-4", "--wandb.mode", "disabled"])
     cfg.to_dict()  ->  nested dict of plain values;  Config.from_dict(d)  ->  the same Config
@@ -25,11 +25,11 @@ from runtime.precision import DTYPE_NAMES
 from settings import (Freezable, all_of, at_least, at_most, check_fields, help_of, in_range, may_change_on_resume,
                       not_blank, one_of, setting, value_before)
 
-from . import config_io
-from .float8 import RECIPES as FLOAT8_RECIPES
-from .optim import OPTIMIZERS
+from . import reading
+from ..float8 import RECIPES as FLOAT8_RECIPES
+from ..optim import OPTIMIZERS
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 MAX_DURATION_S = 1e9
@@ -83,7 +83,7 @@ def _sample_prompts(prompts: list) -> str | None:
             return f"prompt {i} must be a string, got {p!r:.80}; quote it"
         if not p:
             return f"prompt {i} is empty: a sample starts from its prompt; remove it ([] = the data's default prompts)"
-        if not config_io.utf8(p):  # a command line's bytes that are not UTF-8 (or a \ud800 escape): untokenizable
+        if not reading.utf8(p):  # a command line's bytes that are not UTF-8 (or a \ud800 escape): untokenizable
             return f"prompt {i} is not valid UTF-8 text, got {p!r:.80}; write it in UTF-8"
         if len(p) > MAX_PROMPT_CHARS:
             return f"prompt {i} is {len(p):,} characters, over {MAX_PROMPT_CHARS}; shorten it"
@@ -285,7 +285,7 @@ class Config(Freezable):
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "Config":
         cfg = cls()
-        config_io.apply_overrides(cfg, d, source=source)
+        reading.apply_overrides(cfg, d, source=source)
         return cfg
 
     def validate(self) -> None:
@@ -307,7 +307,7 @@ class Config(Freezable):
 
 
 def section_keys() -> dict[str, list[str]]:
-    return config_io.section_keys(Config())
+    return reading.section_keys(Config())
 
 
 # ----------------------------------------------------------------------------------------- CLI / YAML
@@ -328,13 +328,13 @@ def load_config(argv: list[str] | None) -> Config:
         print(HELP + "\n" + describe_defaults())
         raise SystemExit(0)
     print_config = "--print-config" in argv
-    config_name, overrides = config_io.parse_argv([a for a in argv if a != "--print-config"], section_keys())
+    config_name, overrides = reading.parse_argv([a for a in argv if a != "--print-config"], section_keys())
     cfg = Config()
     if config_name is not None:
-        path = config_io.find_config_file(config_name, CONFIG_DIR)
-        config_io.apply_overrides(cfg, config_io.read_yaml(path), source=str(path))
+        path = reading.find_config_file(config_name, CONFIG_DIR)
+        reading.apply_overrides(cfg, reading.read_yaml(path), source=str(path))
     for key, value in overrides:
-        config_io.apply_overrides(cfg, config_io.nest(key, value), source="command line")
+        reading.apply_overrides(cfg, reading.nest(key, value), source="command line")
     cfg.validate()
     cfg.freeze()  # from here on every decision goes into the run plan (training/plan.py), never into cfg
     if print_config:

@@ -8,7 +8,7 @@ timing leaves no trace in the run. From those figures, the set-up time already s
 of the checkpoint writes, `plan` fixes max_iters (at most the config's, which is the plan tuned on a
 fast machine) and scales warmup_iters with it; the cosine decay ends at the new max_iters. Evals stay
 every eval_interval steps, and the last step evaluates as always. One round of samples and one of the
-attention maps (training/showcase.py, when eval.sample_interval / eval.inspect_interval are on) are
+attention maps (training/report/showcase.py, when eval.sample_interval / eval.inspect_interval are on) are
 timed too, and counted ceil(n / interval) times, as the loop runs them.
 
 The timing runs the loop's own units of work (step_at and evaluate_splits), so every
@@ -31,9 +31,9 @@ import torch
 
 from errors import UserError
 
-from .config import parse_duration
-from .plan import Decision, Schedule
-from .run import Run, evaluate_splits, step_at
+from ..config.sections import parse_duration
+from ..plan import Decision, Schedule
+from ..run import Run, evaluate_splits, step_at
 from .schedule import lr_at
 
 WARMUP = 2  # steps run before the timed ones (first-call costs, compile)

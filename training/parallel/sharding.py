@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Shard
 from model import GPT
 
 from .distributed import Parallel
-from .optim import Muon
+from ..optim import Muon
 
 
 def apply_fsdp(model: GPT, par: Parallel, device: torch.device, *, param_dtype: torch.dtype | None,

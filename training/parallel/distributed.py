@@ -22,7 +22,7 @@ A rank that stops answering ends the others: every collective waits at most trai
 collective and the step it waited in. What may legitimately take long on rank 0 alone (preparing a
 large dataset, a download, rank 0's eval, a checkpoint write) is waited for on a second, patient group
 (`patient=True`). While a rank waits, `waiting` says in what and since when: a SIGTERM or Ctrl-C that
-arrives then ends the process within seconds (training/signals.py), instead of after the timeout.
+arrives then ends the process within seconds (training/parallel/signals.py), instead of after the timeout.
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ class Parallel:
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         """The step's module: DDP where several ranks each hold the whole model; FSDP shards in place
-        (training/sharding.py), so its module is used as it is."""
+        (training/parallel/sharding.py), so its module is used as it is."""
         if not self.ddp_buckets:
             return model
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .optim import Muon
+from ..optim import Muon
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

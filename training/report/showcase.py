@@ -20,7 +20,7 @@ logs the same table at the same steps as the run that was never interrupted.
     showcase = build_showcase(cfg, tokenizer)   # set-up: prompts checked, before the model is built
     record |= r.showcase.after_step(r, due)           # the loop: whatever is due; the record for metrics.jsonl
 
-training/budget.py times one round of each (`samples`, `inspect`) into a time budget's plan.
+training/timing/budget.py times one round of each (`samples`, `inspect`) into a time budget's plan.
 """
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ from fileio import atomic_write_bytes
 from model.generate import generate
 from runtime.text import DEFAULT_PROMPT
 
-from .chat import DEFAULT_QUESTIONS, MarkedTokenizer, chat_prompts
-from .config import Config
-from .schedule import Due
+from ..chat import DEFAULT_QUESTIONS, MarkedTokenizer, chat_prompts
+from ..config.sections import Config
+from ..timing.schedule import Due
 
 SAMPLES = "samples"  # the metrics.jsonl record's key and the wandb table's
 COLUMNS = ["step", "prompt", "text"]
