@@ -110,3 +110,29 @@ def test_a_damaged_or_misplaced_template_entry_is_one_line(tmp_path):
                {**template.to_dict(), "markers": {m: 50300 + k for k, m in enumerate(template.to_dict()["markers"])}})
     with pytest.raises(UserError, match="markers take ids up to 50260 but the model has only 50257 rows"):
         export(tmp_path / "c", {"tokenizer": "gpt2", "chars": None}, 50257, template.to_dict())
+
+
+def test_the_exported_models_greedy_reply_through_transformers_equals_chat_py(gpt2_export):
+    """issue 42's export must-show: the same checkpoint, exported, answers through transformers' generate
+    exactly what `python chat.py` (piped, greedy) answers; a reply ends at the first marker or end-of-text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import GPT2LMHeadModel
+
+    tok, template, model, out = gpt2_export
+    root = Path(__file__).resolve().parents[1]
+    message, new = "What is 2 + 2?", 6
+    run = subprocess.run([sys.executable, str(root / "chat.py"), "--checkpoint", str(out.parent / "run"),
+                          "--max-new-tokens", str(new), "--dtype", "float32", "--device", "cpu"],
+                         input=message + "\n", capture_output=True, text=True, timeout=120, cwd=root)
+    assert run.returncode == 0, run.stderr
+    ours = run.stdout.rstrip("\n").replace("\\n", "\n").replace("\\r", "\r").replace("\\\\", "\\")
+    prompt = template.encode_prompt(tok, [{"role": "user", "content": message}])
+    hf = GPT2LMHeadModel.from_pretrained(out).eval()
+    with torch.no_grad():
+        ids = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                          pad_token_id=tok.eot)[0, len(prompt):].tolist()
+    stop = next((i for i, t in enumerate(ids) if t >= template.base or t == tok.eot), len(ids))
+    assert stop > 0 and ours == tok.decode(ids[:stop]), (ours, ids)  # (a reply of at least one token)
