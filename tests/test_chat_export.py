@@ -112,25 +112,38 @@ def test_a_damaged_or_misplaced_template_entry_is_one_line(tmp_path):
         export(tmp_path / "c", {"tokenizer": "gpt2", "chars": None}, 50257, template.to_dict())
 
 
-def test_the_exported_models_greedy_reply_through_transformers_equals_chat_py(gpt2_export):
+def test_the_exported_models_greedy_reply_through_transformers_equals_chat_py(tmp_path):
     """issue 42's export must-show: the same checkpoint, exported, answers through transformers' generate
-    exactly what `python chat.py` (piped, greedy) answers; a reply ends at the first marker or end-of-text."""
+    exactly what `python chat.py` (piped, greedy) answers; a reply ends at the first marker or end-of-text.
+    The model's weights are scaled up and its marker rows zeroed, so its greedy reply is text (a reply that
+    ended at once would make the comparison empty)."""
     import subprocess
     import sys
     from pathlib import Path
 
     from transformers import GPT2LMHeadModel
 
-    tok, template, model, out = gpt2_export
+    tok = get_tokenizer("gpt2")
+    template = template_for(tok)
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=50304)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(10.0) if p.dim() == 2 else None
+        model.transformer.wte.weight[template.base:] = 0.0  # (tied: the markers' logits are 0, below the top)
+    payload = {"model": model.state_dict(), "model_config": dataclasses.asdict(model.config),
+               "tokenizer": {"tokenizer": "gpt2", "chars": None}, "chat_template": template.to_dict()}
+    save_checkpoint(tmp_path / "run" / "ckpt.pt", payload)
+    checkpoint.export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
     root = Path(__file__).resolve().parents[1]
     message, new = "What is 2 + 2?", 6
-    run = subprocess.run([sys.executable, str(root / "chat.py"), "--checkpoint", str(out.parent / "run"),
+    run = subprocess.run([sys.executable, str(root / "chat.py"), "--checkpoint", str(tmp_path / "run"),
                           "--max-new-tokens", str(new), "--dtype", "float32", "--device", "cpu"],
                          input=message + "\n", capture_output=True, text=True, timeout=120, cwd=root)
     assert run.returncode == 0, run.stderr
     ours = run.stdout.rstrip("\n").replace("\\n", "\n").replace("\\r", "\r").replace("\\\\", "\\")
     prompt = template.encode_prompt(tok, [{"role": "user", "content": message}])
-    hf = GPT2LMHeadModel.from_pretrained(out).eval()
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
         ids = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
                           pad_token_id=tok.eot)[0, len(prompt):].tolist()
