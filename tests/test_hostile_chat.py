@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from checkpoint import load_for_inference, save_checkpoint
 from chat_models import CHARS, char_tok, save_chat_checkpoint, tiny_chat_model
+from data import DataConfig
 from data.chat_template import MARKERS, ChatTemplate
+from data.conversations import NOT_TEXT, chat_rows, fault_kind
 from errors import UserError
 from model import GPT, GPTConfig
 
@@ -52,3 +54,26 @@ def test_class_chat_template_base_other_than_the_tokenizers_is_refused(tmp_path_
     with pytest.raises(UserError, match=f"puts <\\|system\\|> at id {base}, but .* {BASE} ids") as e:
         load_for_inference(str(path))
     assert "fine-tune again" in str(e.value) and "\n" not in str(e.value)
+
+
+@given(n_turns=st.integers(1, 3), data=st.data())
+def test_class_lone_surrogate_in_a_conversation_row_is_a_bad_row_counted_as_not_text(tmp_path_factory, n_turns, data):
+    # {"content": "x\ud800"} is valid JSON; prepare with the char or a BPE tokenizer died in the tokenizer
+    # (UnicodeEncodeError traceback) after the row had been accepted
+    messages = [{"role": ("user", "assistant")[i % 2], "content": "ab"} for i in range(2 * n_turns)]
+    hit = data.draw(st.integers(0, len(messages) - 1))
+    code = data.draw(st.integers(0xD800, 0xDFFF))
+    at = data.draw(st.integers(0, 2))
+    content = "ab"[:at] + "@" + "ab"[at:]
+    row = json.dumps({"messages": messages}).replace('"ab"', json.dumps(content), hit + 1).replace(
+        json.dumps(content), '"ab"', hit).replace("@", f"\\u{code:04x}")
+    path = tmp_path_factory.mktemp("rows") / "chats.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n" + row + "\n", encoding="utf-8")
+    cfg = DataConfig(dataset=str(path), format="chat")
+    with pytest.raises(UserError) as e:
+        list(chat_rows(cfg).read())
+    msg = str(e.value)
+    assert msg.startswith(f"{path}, row 2: message {hit + 1} ") and f"\\u{code:04x}" in msg and "\n" not in msg, msg
+    assert fault_kind(msg.split(", row 2: ")[1]) == NOT_TEXT
+    skipped = chat_rows(dataclasses.replace(cfg, skip_bad_rows=True))
+    assert len(list(skipped.read())) == 1 and skipped.skipped() == {NOT_TEXT: 1}
