@@ -60,6 +60,10 @@ class Quit(Exception):
     pass
 
 
+class CommandLineError(UserError):
+    """A line starting with '/' that could not be read: a command's error, which writes nothing on stdout."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python chat.py", description="Chat with a fine-tuned model (the reply streamed).")
     p.add_argument("--checkpoint", default=None, type=path_arg,
@@ -79,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate_args(args: argparse.Namespace) -> None:
+    if args.system is not None:  # argv's undecodable bytes are lone surrogates here (surrogateescape)
+        args.system = utf8_arg(args.system, "--system")
     if args.temperature is not None:
         check_temperature(args.temperature)
     check_top_k(args.top_k)
@@ -94,6 +100,16 @@ def validate_args(args: argparse.Namespace) -> None:
         raise UserError("stdout is closed, so the replies have nowhere to go; run with stdout open")
 
 
+def utf8_arg(text: str, option: str) -> str:
+    """An option's text as typed, or a one-line UserError where its bytes are not UTF-8."""
+    raw = os.fsencode(text)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{option} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte offset {e.start}); pass it "
+                        "as UTF-8") from None
+
+
 def note(msg: str) -> None:
     to_stderr(f"chat.py: {msg}")
 
@@ -106,22 +122,24 @@ def read_message(raw, where: str) -> str | None:
     line = raw.readline(MAX_MESSAGE_BYTES + 1)
     if not line:
         return None
+    # a refused line that was meant as a command gets no empty stdout line (piped: one line per message)
+    refused = CommandLineError if line.startswith(b"/") and not line.startswith(b"//") else UserError
     if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
         while (rest := raw.readline(MAX_MESSAGE_BYTES)) and not rest.endswith(b"\n"):
             pass
-        raise UserError(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
+        raise refused(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
                         "send a shorter message")
     line = line.rstrip(b"\n").rstrip(b"\r")
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
+        raise refused(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
                         "as UTF-8") from None
 
 
 def run_command(session: ChatSession, line: str) -> str:
     """Do the command on `line` ('/name arg'); what to tell the user. Quit for /quit; UserError for a bad one."""
-    name, _, arg = line[1:].partition(" ")
+    name, arg = (line[1:].split(maxsplit=1) + ["", ""])[:2]  # any whitespace after the name: "/clear\t" too
     if name == "quit":
         raise Quit
     if name == "clear":
@@ -213,7 +231,8 @@ def chat_piped(session: ChatSession, raw, out) -> int:
             line = read_message(raw, f"line {lineno} of stdin")
         except UserError as e:
             to_stderr(f"error: {e}")
-            out.write("\n")
+            if not isinstance(e, CommandLineError):
+                out.write("\n")
             continue
         if line is None:
             return 0

@@ -77,3 +77,42 @@ def test_class_lone_surrogate_in_a_conversation_row_is_a_bad_row_counted_as_not_
     assert fault_kind(msg.split(", row 2: ")[1]) == NOT_TEXT
     skipped = chat_rows(dataclasses.replace(cfg, skip_bad_rows=True))
     assert len(list(skipped.read())) == 1 and skipped.skipped() == {NOT_TEXT: 1}
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# every whitespace str.split() splits on that a terminal or a script can put after a command's name
+SPACES = [c for c in map(chr, range(0x3000 + 1)) if c.isspace() and c not in "\n\r\x1c\x1d\x1e\x85\u2028\u2029"]
+
+
+@pytest.fixture(scope="module")
+def chat_ckpt(tmp_path_factory):
+    return save_chat_checkpoint(tmp_path_factory.mktemp("chat") / "ckpt.pt", tiny_chat_model(end_bias=5.0))
+
+
+def chat(args, stdin: bytes) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "chat.py"), "--device", "cpu", "--max-new-tokens", "4",
+                           *map(str, args)], input=stdin, cwd=ROOT, capture_output=True, timeout=120, env=ENV)
+
+
+def test_class_command_then_any_whitespace_is_that_command_and_bad_command_lines_write_no_reply_line(chat_ckpt):
+    # "/clear\t" was "unknown command '/clear'; the commands are /clear, ..."; and a command line that is not
+    # UTF-8 or over 1 MiB wrote an empty reply line, so stdout no longer had one line per message
+    lines = [f"/temperature{s}0.5" for s in SPACES] + [f"/clear{s}" for s in SPACES]
+    stdin = "".join(line + "\n" for line in lines).encode() + b"hi\n"
+    bad_commands = [b"/system \xff", b"/temperature \xc3", b"/system " + b"a" * (2**20 + 10)]
+    stdin += b"".join(b + b"\n" + b"hi\n" for b in bad_commands)
+    r = chat(["--checkpoint", chat_ckpt], stdin)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "unknown command" not in err and "Traceback" not in err, err
+    assert err.count("temperature 0.5") == len(SPACES) and err.count("conversation is cleared") == len(SPACES), err
+    assert err.count("error: ") == len(bad_commands), err
+    assert r.stdout.count(b"\n") == 1 + len(bad_commands), r.stdout  # one line per message "hi", none else
+
+
+@pytest.mark.parametrize("text", [b"ab\xffc", b"\xc3", b"\xed\xa0\x80", b"\x80x"])  # (a subprocess each)
+def test_class_system_argument_not_utf8_is_one_line(chat_ckpt, text):
+    # argv's undecodable bytes reach Python as lone surrogates: the char tokenizer's traceback
+    r = subprocess.run([sys.executable, str(ROOT / "chat.py"), "--checkpoint", str(chat_ckpt), "--system", text],
+                       input=b"hi\n", cwd=ROOT, capture_output=True, timeout=120, env=ENV)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 2 and err.startswith("error: --system is not valid UTF-8") and err.count("\n") == 1, err
