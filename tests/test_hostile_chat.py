@@ -116,3 +116,15 @@ def test_class_system_argument_not_utf8_is_one_line(chat_ckpt, text):
                        input=b"hi\n", cwd=ROOT, capture_output=True, timeout=120, env=ENV)
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 2 and err.startswith("error: --system is not valid UTF-8") and err.count("\n") == 1, err
+
+
+@given(digits=st.integers(4301, 6000),
+       row=st.sampled_from(['{"messages": [{"role": "user", "content": @}]}', '{"x": @}', '{"messages": [@]}']))
+def test_class_row_with_an_integer_over_pythons_digit_limit_says_so(tmp_path_factory, digits, row):
+    # int()'s own message ended "use sys.set_int_max_str_digits() to increase the limit": a fix for Python code
+    row = row.replace("@", "7" * digits)
+    path = tmp_path_factory.mktemp("rows") / "chats.jsonl"
+    path.write_text(row + "\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        list(chat_rows(DataConfig(dataset=str(path), format="chat")).read())
+    assert "more than 4300 digits" in str(e.value) and "sys." not in str(e.value), str(e.value)

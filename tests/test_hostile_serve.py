@@ -82,3 +82,12 @@ def test_class_lone_surrogate_in_any_text_field_is_400_naming_the_field(app, whe
 def test_class_n_below_one_is_refused_without_asking_for_n_requests(app, n):
     msg = assert_openai_400(post(app, "/v1/chat/completions", f'{{"messages": {USER}, "n": {n}}}'), "n", "must be 1")
     assert "requests instead" not in msg, msg  # "send 0 requests instead" was the old advice
+
+
+@given(field=st.sampled_from(["max_tokens", "seed", "n", "temperature", "x"]), digits=st.integers(4301, 6000))
+def test_class_integer_over_pythons_digit_limit_anywhere_says_so_not_how_to_raise_the_limit(app, field, digits):
+    # int()'s own message ended "use sys.set_int_max_str_digits() to increase the limit": a fix for Python code
+    r = post(app, "/v1/chat/completions", f'{{"messages": {USER}, "{field}": {"7" * digits}}}')
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "invalid_json", r.text
+    assert "more than 4300 digits" in err["message"] and "sys." not in err["message"], err
