@@ -398,7 +398,8 @@ def json_loads(text: str | bytes):
     except ValueError as e:  # int()'s own limit, whose text says to raise it with sys.set_int_max_str_digits()
         if isinstance(e, json.JSONDecodeError) or "integer string conversion" not in str(e):
             raise
-        limit, doc = sys.get_int_max_str_digits(), text if isinstance(text, str) else ""
+        limit = sys.get_int_max_str_digits()
+        doc = text if isinstance(text, str) else text.decode("utf-8", "replace")  # (for the line and column)
         at = re.search(r"\d{%d}" % (limit + 1), doc)
         raise json.JSONDecodeError(f"an integer of more than {limit} digits", doc, at.start() if at else 0) from None
 
