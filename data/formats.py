@@ -87,7 +87,7 @@ def _open_bytes(path: Path, compression: str | None):
     try:  # buffered: readline(limit) for JSON Lines, which pyarrow's stream lacks
         return io.BufferedReader(pa.input_stream(str(path), compression=compression))
     except (OSError, ValueError) as e:
-        raise UserError(f"cannot open {path} as {compression} ({e}); check the file") from None
+        raise UserError(f"cannot open {path} as {compression} ({short_error(e)}); check the file") from None
 
 
 def files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | None, source: Source | None = None) -> Iterator[Piece]:
@@ -295,7 +295,7 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise UserError(f"{path} is not a readable parquet file ({e}); check the file") from None
+        raise UserError(f"{path} is not a readable parquet file ({short_error(e)}); check the file") from None
     names = pf.schema_arrow.names
     if fld not in names:
         setting = "data.messages_field" if kind.chat else "data.text_field"

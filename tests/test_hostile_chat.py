@@ -19,6 +19,7 @@ from chat_models import CHARS, char_tok, save_chat_checkpoint, tiny_chat_model
 from data import DataConfig
 from data.chat_template import MARKERS, ChatTemplate
 from data.conversations import NOT_TEXT, chat_rows, fault_kind
+from data.sources import open_source
 from errors import UserError
 from model import GPT, GPTConfig
 
@@ -128,3 +129,16 @@ def test_class_row_with_an_integer_over_pythons_digit_limit_says_so(tmp_path_fac
     with pytest.raises(UserError) as e:
         list(chat_rows(DataConfig(dataset=str(path), format="chat")).read())
     assert "more than 4300 digits" in str(e.value) and "sys." not in str(e.value), str(e.value)
+
+
+@given(middle=st.binary(max_size=64), cut=st.integers(0, 64), fmt=st.sampled_from(["chat", "text"]))
+def test_class_unreadable_parquet_is_one_line(tmp_path_factory, middle, cut, fmt):
+    # pyarrow's footer error holds a newline ("Couldn't deserialize thrift: No more data to read.\n"), which
+    # went into the UserError as it was: a two-line error
+    path = tmp_path_factory.mktemp("pq") / "rows.parquet"
+    # a footer of `cut` bytes (of garbage) that the file can hold, so the reader gets as far as parsing it
+    path.write_bytes(b"PAR1" + middle + min(cut, len(middle)).to_bytes(4, "little") + b"PAR1")
+    with pytest.raises(UserError) as e:
+        list(chat_rows(DataConfig(dataset=str(path), format="chat")).read()) if fmt == "chat" else \
+            list(open_source(DataConfig(dataset=str(path)), None).read(None))
+    assert "\n" not in str(e.value) and str(path) in str(e.value), str(e.value)
