@@ -142,3 +142,23 @@ def test_class_unreadable_parquet_is_one_line(tmp_path_factory, middle, cut, fmt
         list(chat_rows(DataConfig(dataset=str(path), format="chat")).read()) if fmt == "chat" else \
             list(open_source(DataConfig(dataset=str(path)), None).read(None))
     assert "\n" not in str(e.value) and str(path) in str(e.value), str(e.value)
+
+
+@given(form=st.sampled_from(["lines", "array"]), fmt=st.sampled_from(["chat", "text"]),
+       gz=st.booleans(), n=st.integers(1, 4))
+def test_class_utf8_bom_at_the_start_of_a_json_file_is_not_data(tmp_path_factory, form, fmt, gz, n):
+    # Windows tools start UTF-8 files with a BOM: row 1 was "not valid JSON (Unexpected UTF-8 BOM ...)"
+    import gzip
+
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+            if fmt == "chat" else {"text": f"doc {i}"} for i in range(n)]
+    body = json.dumps(rows) if form == "array" else "".join(json.dumps(r) + "\n" for r in rows)
+    raw = b"\xef\xbb\xbf" + body.encode()
+    path = tmp_path_factory.mktemp("bom") / ("rows.json" + (".gz" if gz else ""))
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    if fmt == "chat":
+        got = [c.messages for c in chat_rows(DataConfig(dataset=str(path), format="chat")).read()]
+        assert got == [r["messages"] for r in rows]
+    else:
+        got = "".join(p.text for p in open_source(DataConfig(dataset=str(path)), None).read(None))
+        assert all(r["text"] in got for r in rows) and "\ufeff" not in got, got
