@@ -40,7 +40,7 @@ import sys
 import threading
 
 from checkpoint import default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr
+from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, utf8_arg
 from fileio import path_arg, point_at_devnull
 from runtime.chat_session import ChatSession
 from runtime.decoding import setup_decoding
@@ -98,16 +98,6 @@ def validate_args(args: argparse.Namespace) -> None:
                         "messages in")
     if sys.stdout is None:
         raise UserError("stdout is closed, so the replies have nowhere to go; run with stdout open")
-
-
-def utf8_arg(text: str, option: str) -> str:
-    """An option's text as typed, or a one-line UserError where its bytes are not UTF-8."""
-    raw = os.fsencode(text)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{option} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte offset {e.start}); pass it "
-                        "as UTF-8") from None
 
 
 def note(msg: str) -> None:

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chat_models import char_tok, tiny_chat_model
+from chat_models import char_tok, save_chat_checkpoint, tiny_chat_model
 from data.chat_template import template_for
 import server.app
 from server.app import Served, create_app
 from server.engine import Engine
 from server.schema import Limits
 
+ROOT = Path(__file__).resolve().parents[1]
 TOK = char_tok()
 
 
@@ -91,3 +96,14 @@ def test_class_integer_over_pythons_digit_limit_anywhere_says_so_not_how_to_rais
     err = r.json()["error"]
     assert r.status_code == 400 and err["code"] == "invalid_json", r.text
     assert "more than 4300 digits" in err["message"] and "sys." not in err["message"], err
+
+
+@pytest.mark.parametrize("name", [b"m\xff", b"\xed\xa0\x80", b"\xc3"])  # (a subprocess each)
+def test_class_model_name_not_utf8_is_one_line_before_serving(tmp_path, name):
+    # the server started, and every JSON reply naming the model (/v1/models, /health, chat) was a 500
+    ckpt = save_chat_checkpoint(tmp_path / "ckpt.pt", tiny_chat_model())
+    r = subprocess.run([sys.executable, str(ROOT / "serve.py"), "--checkpoint", str(ckpt), "--port", "0",
+                        "--model-name", name], cwd=ROOT, capture_output=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 2 and err.startswith("error: --model-name is not valid UTF-8") and err.count("\n") == 1, err
