@@ -252,7 +252,10 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
                 _bad_row(path, line_no, f"it is not UTF-8 (bad byte at column {e.start + 1})", source, cfg)
                 continue
             except ValueError as e:
-                _bad_row(path, line_no, f"it is not valid JSON ({e})", source, cfg)
+                # rows ended by a lone \r (old Mac line ends) read as one line: say so, not just "Extra data"
+                lone_cr = getattr(e, "msg", "") == "Extra data" and b"\r" in line.rstrip()
+                cr = "; its rows end in a lone \\r (carriage return): end them with \\n" if lone_cr else ""
+                _bad_row(path, line_no, f"it is not valid JSON ({e}){cr}", source, cfg)
                 continue
             if not isinstance(obj, dict):
                 _bad_row(path, line_no, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)

@@ -162,3 +162,16 @@ def test_class_utf8_bom_at_the_start_of_a_json_file_is_not_data(tmp_path_factory
     else:
         got = "".join(p.text for p in open_source(DataConfig(dataset=str(path)), None).read(None))
         assert all(r["text"] in got for r in rows) and "\ufeff" not in got, got
+
+
+@given(before=st.integers(0, 3), crs=st.integers(2, 4), fmt=st.sampled_from(["chat", "text"]))
+def test_class_rows_ended_by_a_lone_carriage_return_are_named_as_such(tmp_path_factory, before, crs, fmt):
+    # rows ended by \r alone read as one line: the error was only "Extra data: line 1 column 93"
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+                       if fmt == "chat" else {"text": f"doc {i}"}) for i in range(before + crs)]
+    path = tmp_path_factory.mktemp("cr") / "rows.jsonl"
+    path.write_bytes(("".join(r + "\r\n" for r in rows[:before]) + "\r".join(rows[before:]) + "\n").encode())
+    cfg = DataConfig(dataset=str(path), format=fmt)
+    with pytest.raises(UserError) as e:
+        list(chat_rows(cfg).read()) if fmt == "chat" else list(open_source(cfg, None).read(None))
+    assert f"row {before + 1}: " in str(e.value) and "lone \\r (carriage return)" in str(e.value), str(e.value)
