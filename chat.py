@@ -118,18 +118,19 @@ def read_message(raw, where: str) -> str | None:
         while (rest := raw.readline(MAX_MESSAGE_BYTES)) and not rest.endswith(b"\n"):
             pass
         raise refused(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
-                        "send a shorter message")
+                      "send a shorter message")
     line = line.rstrip(b"\n").rstrip(b"\r")
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError as e:
         raise refused(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
-                        "as UTF-8") from None
+                      "as UTF-8") from None
 
 
 def run_command(session: ChatSession, line: str) -> str:
     """Do the command on `line` ('/name arg'); what to tell the user. Quit for /quit; UserError for a bad one."""
-    name, arg = (line[1:].split(maxsplit=1) + ["", ""])[:2]  # any whitespace after the name: "/clear\t" too
+    # any whitespace after the name ("/clear\t" too), none before it ("/ clear" is no command)
+    name, arg = (([] if line[1:2].isspace() else line[1:].split(maxsplit=1)) + ["", ""])[:2]
     if name == "quit":
         raise Quit
     if name == "clear":
