@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate_args(args: argparse.Namespace) -> None:
     if args.system is not None:  # argv's undecodable bytes are lone surrogates here (surrogateescape)
-        args.system = utf8_arg(args.system, "--system")
+        # a blank one is none, as `/system   ` removes it (no training row has a blank message: never seen)
+        args.system = utf8_arg(args.system, "--system") if args.system.strip() else None
     if args.temperature is not None:
         check_temperature(args.temperature)
     check_top_k(args.top_k)

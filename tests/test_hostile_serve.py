@@ -98,7 +98,7 @@ def test_class_integer_over_pythons_digit_limit_anywhere_says_so_not_how_to_rais
     assert "more than 4300 digits" in err["message"] and "sys." not in err["message"], err
 
 
-@pytest.mark.parametrize("name", [b"m\xff", b"\xed\xa0\x80", b"\xc3"])  # (a subprocess each)
+@pytest.mark.parametrize("name", [b"m\xff", b"\xed\xa0\x80"])  # (a subprocess each)
 def test_class_model_name_not_utf8_is_one_line_before_serving(tmp_path, name):
     # the server started, and every JSON reply naming the model (/v1/models, /health, chat) was a 500
     ckpt = save_chat_checkpoint(tmp_path / "ckpt.pt", tiny_chat_model())
