@@ -40,7 +40,7 @@ import sys
 import threading
 
 from checkpoint import default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr
+from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, utf8_arg
 from fileio import path_arg, point_at_devnull
 from runtime.chat_session import ChatSession
 from runtime.decoding import setup_decoding
@@ -58,6 +58,10 @@ COMMANDS = "/clear, /system TEXT, /temperature X, /quit"
 
 class Quit(Exception):
     pass
+
+
+class CommandLineError(UserError):
+    """A line starting with '/' that could not be read: a command's error, which writes nothing on stdout."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate_args(args: argparse.Namespace) -> None:
+    if args.system is not None:  # argv's undecodable bytes are lone surrogates here (surrogateescape)
+        # a blank one is none, as `/system   ` removes it (no training row has a blank message: never seen)
+        args.system = utf8_arg(args.system, "--system") if args.system.strip() else None
     if args.temperature is not None:
         check_temperature(args.temperature)
     check_top_k(args.top_k)
@@ -106,22 +113,25 @@ def read_message(raw, where: str) -> str | None:
     line = raw.readline(MAX_MESSAGE_BYTES + 1)
     if not line:
         return None
+    # a refused line that was meant as a command gets no empty stdout line (piped: one line per message)
+    refused = CommandLineError if line.startswith(b"/") and not line.startswith(b"//") else UserError
     if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
         while (rest := raw.readline(MAX_MESSAGE_BYTES)) and not rest.endswith(b"\n"):
             pass
-        raise UserError(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
-                        "send a shorter message")
+        raise refused(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
+                      "send a shorter message")
     line = line.rstrip(b"\n").rstrip(b"\r")
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
-                        "as UTF-8") from None
+        raise refused(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
+                      "as UTF-8") from None
 
 
 def run_command(session: ChatSession, line: str) -> str:
     """Do the command on `line` ('/name arg'); what to tell the user. Quit for /quit; UserError for a bad one."""
-    name, _, arg = line[1:].partition(" ")
+    # any whitespace after the name ("/clear\t" too), none before it ("/ clear" is no command)
+    name, arg = (([] if line[1:2].isspace() else line[1:].split(maxsplit=1)) + ["", ""])[:2]
     if name == "quit":
         raise Quit
     if name == "clear":
@@ -213,7 +223,8 @@ def chat_piped(session: ChatSession, raw, out) -> int:
             line = read_message(raw, f"line {lineno} of stdin")
         except UserError as e:
             to_stderr(f"error: {e}")
-            out.write("\n")
+            if not isinstance(e, CommandLineError):
+                out.write("\n")
             continue
         if line is None:
             return 0

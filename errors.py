@@ -28,6 +28,17 @@ def short_error(e: BaseException, limit: int = 160) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
+def utf8_arg(text: str, option: str) -> str:
+    """A text option as typed (argv's undecodable bytes reach Python as lone surrogates, which no encoder
+    takes: a traceback later, or a server whose every JSON reply fails), or a one-line UserError."""
+    raw = os.fsencode(text)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{option} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte offset {e.start}); pass it "
+                        "as UTF-8") from None
+
+
 def write_fix(e: OSError, otherwise: str) -> str:
     """The fix to name when writing failed with `e`: space for a full disk or quota, permissions for a
     refused write, and `otherwise` (another place to write) in every case: "free some space" would be

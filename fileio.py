@@ -33,6 +33,7 @@ import re
 import secrets
 import shutil
 import stat
+import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -394,6 +395,13 @@ def json_loads(text: str | bytes):
         return json.loads(text)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+    except ValueError as e:  # int()'s own limit, whose text says to raise it with sys.set_int_max_str_digits()
+        if isinstance(e, json.JSONDecodeError) or "integer string conversion" not in str(e):
+            raise
+        limit = sys.get_int_max_str_digits()
+        doc = text if isinstance(text, str) else text.decode("utf-8", "replace")  # (for the line and column)
+        at = re.search(r"\d{%d}" % (limit + 1), doc)
+        raise json.JSONDecodeError(f"an integer of more than {limit} digits", doc, at.start() if at else 0) from None
 
 
 # what temp_name makes; the start time is absent from names written by earlier versions

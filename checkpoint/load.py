@@ -134,6 +134,11 @@ def load_for_inference(spec: str) -> LoadedModel:
     if tok.vocab_size > loaded.model.config.vocab_size:
         raise UserError(f"{loaded.description}: the tokenizer has {tok.vocab_size} ids but the model only "
                         f"{loaded.model.config.vocab_size}; use a model trained with this tokenizer")
+    template = loaded.chat_template
+    if template is not None and template.base != tok.vocab_size:  # below: markers would be ids of text
+        raise UserError(f"{loaded.description}: its chat template puts <|system|> at id {template.base}, but the "
+                        f"markers start right above the {tok.name} tokenizer's {tok.vocab_size} ids; the chat_template "
+                        "entry is damaged: use another checkpoint or fine-tune again")
     return loaded
 
 

@@ -96,8 +96,8 @@ class ChatTemplate:
         if d.get("name") != NAME:
             raise UserError(fix.format(f"name {str(d.get('name'))[:40]!r}, not {NAME!r}"))
         markers = d["markers"]
-        if sorted(markers) != sorted(MARKERS):
-            raise UserError(fix.format(f"its markers are {', '.join(map(str, markers))[:80]}, not {', '.join(MARKERS)}"))
+        if set(markers) != set(MARKERS):  # (not sorted(): keys of several types, 1 and "<|user|>", don't sort)
+            raise UserError(fix.format(f"its markers are {', '.join(map(repr, markers))[:80]}, not {', '.join(MARKERS)}"))
         base = markers[MARKERS[0]]
         if isinstance(base, bool) or not isinstance(base, int) or base < 1:
             raise UserError(fix.format(f"{MARKERS[0]} has id {str(base)[:20]!r}"))

@@ -79,6 +79,9 @@ def file_kind(path: Path) -> tuple[str, str | None]:
     return "text", compression
 
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
+
+
 def _open_bytes(path: Path, compression: str | None):
     if compression is None:
         return open(path, "rb")
@@ -87,7 +90,7 @@ def _open_bytes(path: Path, compression: str | None):
     try:  # buffered: readline(limit) for JSON Lines, which pyarrow's stream lacks
         return io.BufferedReader(pa.input_stream(str(path), compression=compression))
     except (OSError, ValueError) as e:
-        raise UserError(f"cannot open {path} as {compression} ({e}); check the file") from None
+        raise UserError(f"cannot open {path} as {compression} ({short_error(e)}); check the file") from None
 
 
 def files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | None, source: Source | None = None) -> Iterator[Piece]:
@@ -219,7 +222,7 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
     text in cfg.text_field. Each line is parsed by the standard library's json (its C scanner), which
     names a bad row's line directly and holds one row at a time; see ROW_MAX_BYTES for why not pyarrow."""
     with _open_bytes(path, compression) as f:
-        head = f.read(64).lstrip()
+        head = f.read(64).removeprefix(BOM).lstrip()
     if head.startswith(b"["):
         yield from _json_array_pieces(path, compression, index, first, cfg, source)
         return
@@ -236,6 +239,8 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
             if len(line) > ROW_MAX_BYTES and not line.endswith(b"\n"):
                 raise UserError(f"{path}, row {line_no}: it is over {ROW_MAX_BYTES:,} bytes on one line, too big to "
                                 f"read as one document; split that document into several rows")
+            if line_no == 1 and line.startswith(BOM):  # Windows tools start a UTF-8 file with one: not data
+                line = line[len(BOM):]
             if not line.strip():
                 continue
             row += 1
@@ -247,7 +252,10 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
                 _bad_row(path, line_no, f"it is not UTF-8 (bad byte at column {e.start + 1})", source, cfg)
                 continue
             except ValueError as e:
-                _bad_row(path, line_no, f"it is not valid JSON ({e})", source, cfg)
+                # rows ended by a lone \r (old Mac line ends) read as one line: say so, not just "Extra data"
+                lone_cr = getattr(e, "msg", "") == "Extra data" and b"\r" in line.rstrip()
+                cr = "; its rows end in a lone \\r (carriage return): end them with \\n" if lone_cr else ""
+                _bad_row(path, line_no, f"it is not valid JSON ({e}){cr}", source, cfg)
                 continue
             if not isinstance(obj, dict):
                 _bad_row(path, line_no, f"it is a JSON {type(obj).__name__}, not an object", source, cfg)
@@ -267,7 +275,7 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
     with _open_bytes(path, compression) as f:
         raw = f.read(JSON_ARRAY_MAX + 1)
     try:
-        rows = json_loads(raw.decode("utf-8"))
+        rows = json_loads(raw.removeprefix(BOM).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); fix it, or write it as JSON Lines") from None
     kind = row_kind(cfg)
@@ -295,7 +303,7 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise UserError(f"{path} is not a readable parquet file ({e}); check the file") from None
+        raise UserError(f"{path} is not a readable parquet file ({short_error(e)}); check the file") from None
     names = pf.schema_arrow.names
     if fld not in names:
         setting = "data.messages_field" if kind.chat else "data.text_field"

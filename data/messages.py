@@ -37,7 +37,7 @@ KINDS = [(k, re.compile(p)) for k, p in (
     (NOT_AN_OBJECT, r"message \d+ is a \w+, not an object"),
     (NO_ROLE_OR_CONTENT, r"message \d+ has no '(role|content)'$"),
     (UNKNOWN_ROLE, r"message \d+ has role "),
-    (NOT_TEXT, r"message \d+ \(\w+\) has (null|a \w+) as content, not text$"),
+    (NOT_TEXT, r"message \d+ \(\w+\) has ((null|a \w+) as content, not text$|a lone surrogate )"),
     (EMPTY, r"message \d+ \(\w+\) has empty content$"),
     (SYSTEM_NOT_FIRST, r"message \d+ is a system turn;"),
     (NOT_ALTERNATING, r"message \d+ is an? (user|assistant) turn |its last message \(\d+\) is a user turn|"
@@ -73,6 +73,11 @@ def message_fault(messages: Any, prompt: bool = False) -> str | None:
             return f"message {k} ({role}) has {what} as content, not text"
         if not content.strip():
             return f"message {k} ({role}) has empty content"
+        try:  # JSON's "\ud800" escape: valid JSON, not text; the char and BPE tokenizers fail on it
+            content.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (f"message {k} ({role}) has a lone surrogate (\\u{ord(content[e.start]):04x} at character "
+                    f"{e.start}) in its content, not text; write the character itself or a surrogate pair")
     turns = list(messages)
     if turns and turns[0]["role"] == "system":
         turns = turns[1:]

@@ -19,7 +19,7 @@ import torch
 import uvicorn
 
 from checkpoint import default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, short_error, to_stderr
+from errors import ArgumentParser, UserError, short_error, to_stderr, utf8_arg
 from fileio import path_arg
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
@@ -66,6 +66,8 @@ def check_args(args) -> None:
             raise UserError(f"{name} must be > 0 and at most 86400 seconds, got {value}")
     if args.threads is not None and not 1 <= args.threads <= 1024:
         raise UserError(f"--threads must be in 1..1024, got {args.threads}")
+    if args.model_name is not None:  # not UTF-8: every JSON reply that names the model would fail (a 500)
+        args.model_name = utf8_arg(args.model_name, "--model-name")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
 

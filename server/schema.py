@@ -76,11 +76,20 @@ def _number(body: dict, name: str, default, low: float, high: float, *, low_open
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(name, f"must be a number, got {type(value).__name__}", "invalid_type")
+    # NaN and inf are floats; an int is compared exactly (math.isfinite(10**400) would raise OverflowError)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(name, f"must be a finite number, got {value}")
     if value < low or value > high or (low_open and value == low):
-        raise _bad(name, f"must be {'>' if low_open else '>='} {low} and <= {high}, got {value}")
+        raise _bad(name, f"must be {'>' if low_open else '>='} {low} and <= {high}, got {_shown(value)}")
     return float(value)
+
+
+def _shown(value) -> str:
+    """A number as the error shows it: an integer of 4000 digits is cut, not echoed whole."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
 
 
 def _integer(body: dict, name: str, low: int, high: int) -> int | None:
@@ -90,7 +99,7 @@ def _integer(body: dict, name: str, low: int, high: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(name, f"must be an integer, got {type(value).__name__}", "invalid_type")
     if not low <= value <= high:
-        raise _bad(name, f"must be between {low} and {high}, got {value}")
+        raise _bad(name, f"must be between {low} and {high}, got {_shown(value)}")
     return value
 
 
@@ -118,6 +127,8 @@ def check_params(body: dict, limits: Limits) -> Params:
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
         raise _bad("n", f"must be an integer, got {type(n).__name__}", "invalid_type")
+    if n is not None and n < 1:
+        raise _bad("n", f"must be 1 (one reply per request), got {n}; leave it out")
     if n not in (None, 1):
         raise _bad("n", f"only n=1 is supported, got {n}; send {n} requests instead (they decode together)",
                    "unsupported_value")
@@ -154,21 +165,34 @@ def _stops(value) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise _bad("stop", "must be a string or a list of strings", "invalid_type")
+    for s in stops:
+        _text(s, "stop")
     if len(stops) > MAX_STOP or any(not s or len(s) > 256 for s in stops):
         raise _bad("stop", f"at most {MAX_STOP} non-empty strings of at most 256 characters")
     return tuple(stops)
 
 
+def _text(value: str, where: str) -> str:
+    """`value`, or 400 where it holds a lone UTF-16 surrogate: JSON's "\\ud800" escape is valid JSON but not
+    text, and no tokenizer takes it (the char and BPE ones fail on it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _bad(where, f"holds a lone surrogate (\\u{ord(value[e.start]):04x} at character {e.start}), which is "
+                   "not text; send valid Unicode (a surrogate pair, or the character itself)") from None
+    return value
+
+
 def _content(value, where: str) -> str:
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if isinstance(value, list):  # content parts: only text ones
         texts = []
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise _bad(where, "content parts must be {\"type\": \"text\", \"text\": \"...\"}; this model "
                            "reads text only", "invalid_type")
-            texts.append(part["text"])
+            texts.append(_text(part["text"], where))
         return "".join(texts)
     raise _bad(where, f"content must be a string, got {type(value).__name__}", "invalid_type")
 
@@ -210,7 +234,7 @@ def check_prompt(body: dict, vocab: int) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt
+        return _text(prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if not all(0 <= t < vocab for t in prompt):
             raise _bad("prompt", f"token ids must be in [0, {vocab})")
