@@ -388,16 +388,27 @@ path_arg.checks_path = path_arg_path.checks_path = optional_path_arg.checks_path
 optional_path_arg.empty_ok = True
 
 
+class _LongInteger(ValueError):
+    """An integer literal past Python's int() digit limit (sys.get_int_max_str_digits)."""
+
+
+def _json_int(digits: str) -> int:
+    limit = sys.get_int_max_str_digits()  # (0: no limit)
+    if limit and len(digits.lstrip("-")) > limit:
+        raise _LongInteger(digits[:20])
+    return int(digits)
+
+
 def json_loads(text: str | bytes):
     """json.loads, where a document nested deeper than the parser recurses (RecursionError, a traceback)
-    is the JSONDecodeError (a ValueError) that every reader of ours already reports in one line."""
+    and an integer past int()'s digit limit (whose own text says to raise it with
+    sys.set_int_max_str_digits()) are the JSONDecodeError (a ValueError) every reader of ours reports in
+    one line, the integer's with its line and column."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_json_int)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
-    except ValueError as e:  # int()'s own limit, whose text says to raise it with sys.set_int_max_str_digits()
-        if isinstance(e, json.JSONDecodeError) or "integer string conversion" not in str(e):
-            raise
+    except _LongInteger:
         limit = sys.get_int_max_str_digits()
         doc = text if isinstance(text, str) else text.decode("utf-8", "replace")  # (for the line and column)
         at = re.search(r"\d{%d}" % (limit + 1), doc)
