@@ -35,14 +35,13 @@ if __name__ == "__main__":  # before the heavy imports below: Ctrl-C during star
 
 import argparse
 import os
-import signal
 import sys
-import threading
 
 from checkpoint import default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, utf8_arg
-from fileio import path_arg, point_at_devnull
+from errors import ArgumentParser, UserError, run_cli, utf8_arg
+from fileio import path_arg
 from runtime.chat_session import ChatSession
+from runtime.chat_terminal import converse, note
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name
@@ -51,17 +50,7 @@ from runtime.sampling import Sampling, check_temperature, check_top_k, check_top
 if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again
     errors.start_up_done()
 
-MAX_MESSAGE_BYTES = 2**20  # far past any context; a line of /dev/zero is refused, not read forever
 MAX_NEW_TOKENS = 1_000_000
-COMMANDS = "/clear, /system TEXT, /temperature X, /quit"
-
-
-class Quit(Exception):
-    pass
-
-
-class CommandLineError(UserError):
-    """A line starting with '/' that could not be read: a command's error, which writes nothing on stdout."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,159 +90,6 @@ def validate_args(args: argparse.Namespace) -> None:
         raise UserError("stdout is closed, so the replies have nowhere to go; run with stdout open")
 
 
-def note(msg: str) -> None:
-    to_stderr(f"chat.py: {msg}")
-
-
-# ---------------------------------------------------------------------------------- input
-
-def read_message(raw, where: str) -> str | None:
-    """The next line of `raw` (bytes) as text without its line end; None at the end of input. A line over
-    MAX_MESSAGE_BYTES (skipped to its end) or not valid UTF-8 is a one-line UserError."""
-    line = raw.readline(MAX_MESSAGE_BYTES + 1)
-    if not line:
-        return None
-    # a refused line that was meant as a command gets no empty stdout line (piped: one line per message)
-    refused = CommandLineError if line.startswith(b"/") and not line.startswith(b"//") else UserError
-    if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
-        while (rest := raw.readline(MAX_MESSAGE_BYTES)) and not rest.endswith(b"\n"):
-            pass
-        raise refused(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
-                      "send a shorter message")
-    line = line.rstrip(b"\n").rstrip(b"\r")
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise refused(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
-                      "as UTF-8") from None
-
-
-def run_command(session: ChatSession, line: str) -> str:
-    """Do the command on `line` ('/name arg'); what to tell the user. Quit for /quit; UserError for a bad one."""
-    # any whitespace after the name ("/clear\t" too), none before it ("/ clear" is no command)
-    name, arg = (([] if line[1:2].isspace() else line[1:].split(maxsplit=1)) + ["", ""])[:2]
-    if name == "quit":
-        raise Quit
-    if name == "clear":
-        session.clear()
-        return "the conversation is cleared" + (" (the system message stays)" if session.messages else "")
-    if name == "system":
-        session.set_system(arg.strip())
-        return "the system message is set" if arg.strip() else "the system message is removed"
-    if name == "temperature":
-        try:
-            value = float(arg)
-        except ValueError:
-            raise UserError(f"/temperature takes a number, got {arg.strip()!r}; e.g. /temperature 0.8, or 0 for "
-                            "greedy") from None
-        session.sampling.temperature = check_temperature(value, "/temperature")
-        return f"temperature {value:g}" + (" (greedy)" if value == 0 else "")
-    raise UserError(f"unknown command {line.split()[0]!r}; the commands are {COMMANDS} (start a message with // to "
-                    "send one that begins with '/')")
-
-
-def is_command(line: str) -> bool:
-    return line.startswith("/") and not line.startswith("//")
-
-
-def message_text(line: str) -> str:
-    return line[1:] if line.startswith("//") else line
-
-
-def escape(text: str) -> str:
-    """One reply on one line: backslash, newline and carriage return written as \\\\, \\n, \\r."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-
-
-# ---------------------------------------------------------------------------------- the two modes
-
-def chat_at_terminal(session: ChatSession, raw, out) -> int:
-    note(f"type a message; commands: {COMMANDS}; Ctrl-C stops a reply, Ctrl-D (or Ctrl-C here) quits")
-    while True:
-        try:  # the prompt's write is inside: a Ctrl-C that lands as it is shown still quits cleanly
-            out.write("you> ")
-            out.flush()
-            line = read_message(raw, "the message")
-        except KeyboardInterrupt:
-            out.write("\n")
-            return 0
-        except UserError as e:
-            to_stderr(f"error: {e}")
-            continue
-        if line is None:
-            out.write("\n")
-            return 0
-        if line.strip() and terminal_turn(session, line, out) is Quit:
-            return 0
-
-
-def terminal_turn(session: ChatSession, line: str, out):
-    """One command or one message and its streamed reply; Quit for /quit. Ctrl-C anywhere in it stops
-    the reply, not the chat: what was said stays in the conversation."""
-    pieces = None
-    try:
-        if is_command(line):
-            note(run_command(session, line))
-            return None
-        pieces = session.reply(message_text(line))
-        out.write("bot> ")
-        out.flush()
-        for piece in pieces:
-            out.write(piece)
-            out.flush()
-        out.write("\n")
-    except Quit:
-        return Quit
-    except UserError as e:
-        to_stderr(f"error: {e}")
-    except KeyboardInterrupt:
-        if pieces is not None:
-            pieces.close()
-        out.write("\n")
-        note("reply stopped (Ctrl-C at the prompt quits)")
-    out.flush()
-    return None
-
-
-def chat_piped(session: ChatSession, raw, out) -> int:
-    lineno = 0
-    while True:
-        lineno += 1
-        try:
-            line = read_message(raw, f"line {lineno} of stdin")
-        except UserError as e:
-            to_stderr(f"error: {e}")
-            if not isinstance(e, CommandLineError):
-                out.write("\n")
-            continue
-        if line is None:
-            return 0
-        if not line.strip():
-            continue
-        if is_command(line):  # its answer, or its error, on stderr only: stdout has one line per message
-            try:
-                note(run_command(session, line))
-            except Quit:
-                return 0
-            except UserError as e:
-                to_stderr(f"error: line {lineno} of stdin: {e}")
-            continue
-        try:
-            pieces = session.reply(message_text(line))
-        except UserError as e:
-            to_stderr(f"error: line {lineno} of stdin: {e}")
-            out.write("\n")
-            continue
-        try:
-            for piece in pieces:
-                out.write(escape(piece))
-                out.flush()
-        finally:  # also on Ctrl-C: the reply's line is ended before `interrupted`
-            pieces.close()
-            out.write("\n")
-            out.flush()
-
-
 # ---------------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,30 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                           decode_fn=ready.decode_fn, seed=seed, notice=note)
     note(f"{loaded.description}, {tok.name} tokenizer, context {loaded.model.config.block_size} tokens; {device}, "
          f"{dtype_name(ready.dtype)}; temperature {temperature:g}; seed {seed}")
-    out = sys.stdout
-    if hasattr(out, "reconfigure"):
-        out.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?', not a crash
-    raw = getattr(sys.stdin, "buffer", None) or _TextAsBytes(sys.stdin)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return chat_at_terminal(session, raw, out) if interactive else chat_piped(session, raw, out)
-    except BrokenPipeError:  # e.g. `... | python chat.py | head -1`: the reader left, nothing more to say
-        point_at_devnull(sys.stdout)
-        return 0
-    except OSError as e:
-        point_at_devnull(sys.stdout)
-        raise UserError(f"cannot write the reply to stdout ({short_error(e)}); free some space where it goes") from None
-
-
-class _TextAsBytes:
-    """A text-only stdin (a test's replacement) read as the bytes it was given."""
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def readline(self, limit: int = -1) -> bytes:
-        return self.stream.readline(limit).encode("utf-8", "surrogateescape")
+    return converse(session, interactive)
 
 
 if __name__ == "__main__":

@@ -85,11 +85,10 @@ def test_piped_stdin_gives_one_greedy_reply_line_per_message(chat_ckpt):
 
 
 def test_the_piped_format_escapes_backslashes_and_line_ends():
-    sys.path.insert(0, str(ROOT))
-    import chat as chat_script  # the entry script's own helper, against hand-written lines
+    from runtime.chat_terminal import escape  # the piped format's helper, against hand-written lines
 
-    assert chat_script.escape("a\\b\nc\r\n") == "a\\\\b\\nc\\r\\n"
-    assert unescape(chat_script.escape("x\\n\n")) == "x\\n\n"
+    assert escape("a\\b\nc\r\n") == "a\\\\b\\nc\\r\\n"
+    assert unescape(escape("x\\n\n")) == "x\\n\n"
 
 
 def test_commands_and_bad_lines_are_one_line_each_and_the_chat_goes_on(chat_ckpt):
