@@ -28,15 +28,19 @@ def short_error(e: BaseException, limit: int = 160) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
-def utf8_arg(text: str, option: str) -> str:
-    """A text option as typed (argv's undecodable bytes reach Python as lone surrogates, which no encoder
-    takes: a traceback later, or a server whose every JSON reply fails), or a one-line UserError."""
-    raw = os.fsencode(text)
+def utf8_text(raw: bytes, what: str, fix: str, error: type[UserError] = UserError) -> str:
+    """`raw` as text, or one line naming the first byte that is not UTF-8 and where it is:
+    "<what> is not valid UTF-8 (byte 0x.. at byte offset N); <fix>" (an `error`, a UserError)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{option} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte offset {e.start}); pass it "
-                        "as UTF-8") from None
+        raise error(f"{what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte offset {e.start}); {fix}") from None
+
+
+def utf8_arg(text: str, option: str) -> str:
+    """A text option as typed (argv's undecodable bytes reach Python as lone surrogates, which no encoder
+    takes: a traceback later, or a server whose every JSON reply fails), or a one-line UserError."""
+    return utf8_text(os.fsencode(text), option, "pass it as UTF-8")
 
 
 def write_fix(e: OSError, otherwise: str) -> str:

@@ -22,9 +22,8 @@ import torch
 from errors import UserError
 
 from .chat_prep import chat_of_meta
-from .loader import _GOLDEN, _check_int, _mix64
+from .loader import StepLoader, _check_int
 from .manifest import load_meta, shard_files
-from .shards import SPLITS
 
 PAD_MULTIPLE = 16  # a batch is padded to its longest row rounded up to this: few distinct shapes for compile
 SCAN_TOKENS = 1 << 24  # the conversation scan reads the stream in pieces of this many tokens
@@ -99,27 +98,19 @@ def chat_index(data_dir: str | os.PathLike, meta: dict, split: str, block_size: 
     return _index(str(data_dir), meta["tokens_sha256"], split, block_size)
 
 
-class ChatBatchLoader:
+class ChatBatchLoader(StepLoader):
     """BatchLoader's surface (get_batch, sequential_batch, num_windows, state_dict) over conversations: x the
     ids, y the next ids with -1 where nothing is trained; rows padded to the batch's longest conversation
     (rounded up to PAD_MULTIPLE, at most block_size)."""
 
     def __init__(self, data_dir: str | os.PathLike, split: str, *, block_size: int, batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu"):
-        if split not in SPLITS:
-            raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-        for name, value, low in (("block_size", block_size, 1), ("batch_size", batch_size, 1), ("seed", seed, 0),
-                                 ("world_size", world_size, 1)):
-            _check_int(name, value, low)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise UserError(f"rank must be a whole number in [0, {world_size}), got {rank!r}; check the launcher's RANK and WORLD_SIZE")
-        self.meta = load_meta(data_dir)
+        super().__init__(data_dir, split, block_size=block_size, batch_size=batch_size, seed=seed, rank=rank,
+                         world_size=world_size, device=device)
         self.template = chat_of_meta(self.meta, data_dir)
         if self.template is None:
             raise UserError(f"{data_dir} holds documents, not conversations; set data.format: chat (and data.messages_field, "
                             "if the messages are not in 'messages') so that train.py prepares the conversations")
-        self.split, self.block_size, self.batch_size, self.seed = split, block_size, batch_size, seed
-        self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self._path = Path(data_dir)
         self._stream = _Stream([p for p, _ in shard_files(self._path, self.meta, split)], np.dtype(self.meta["dtype"]))
         top = 2 * self.meta["chat"]["vocab_size"]
@@ -133,18 +124,13 @@ class ChatBatchLoader:
                             f"{block_size + 1} tokens; raise model.block_size, or add shorter conversations")
         info = self.meta["splits"][split]
         self.bytes_per_token: float = info["bytes"] / max(info["tokens"], 1)
-        self._split_id = SPLITS.index(split)
         self._pad = self.meta["eot"]  # any valid id: padding is never a target and never attended by a real token
 
     def conversations(self, step: int, micro_step: int = 0) -> np.ndarray:
         """Which conversation each row of this rank takes at (step, micro_step): BatchLoader.offsets' rule."""
         _check_int("step", step, 0)
         _check_int("micro_step", micro_step, 0)
-        key = np.random.SeedSequence([self.seed, self._split_id, step]).generate_state(1, np.uint64)[0]
-        first = (micro_step * self.world_size + self.rank) * self.batch_size
-        index = np.arange(first, first + self.batch_size, dtype=np.uint64)
-        n = np.uint64(len(self.index.starts))
-        return (_mix64(key + (index + np.uint64(1)) * _GOLDEN) % n).astype(np.int64)
+        return self.draw(step, micro_step, len(self.index.starts))
 
     def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         return self._rows(self.conversations(step, micro_step))
@@ -173,21 +159,4 @@ class ChatBatchLoader:
             ids, counted = t >> 1, (t & 1).astype(bool)
             x[r, : len(t) - 1] = ids[:-1]
             y[r, : len(t) - 1] = np.where(counted[1:], ids[1:], -1)
-        x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
-        if self.device.type == "cuda":
-            return x_t.pin_memory().to(self.device, non_blocking=True), y_t.pin_memory().to(self.device, non_blocking=True)
-        return x_t.to(self.device), y_t.to(self.device)
-
-    def state_dict(self) -> dict:
-        return {"tokens_sha256": self.meta["tokens_sha256"], "split": self.split, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("tokens_sha256") != self.meta["tokens_sha256"]:
-            raise UserError(
-                f"the checkpoint was trained on different data than {self._path} holds (tokens fingerprint "
-                f"{str(state.get('tokens_sha256'))[:12]} vs {self.meta['tokens_sha256'][:12]}); resume with the same "
-                f"data, or start a new run")
-        if state.get("split") != self.split:
-            raise UserError(f"loader state is for the {state.get('split')!r} split, not {self.split!r}; load each loader's own state")
-        _check_int("seed", state.get("seed"), 0)
-        self.seed = state["seed"]
+        return self.to_device(torch.from_numpy(x), torch.from_numpy(y))

@@ -31,7 +31,62 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise UserError(f"{name} must be a whole number >= {minimum}, got {value!r}; set it to {minimum} or more")
 
 
-class BatchLoader:
+class StepLoader:
+    """What every loader of ours shares (BatchLoader: windows of documents; data/chat_loader.py's
+    ChatBatchLoader: whole conversations): its integers checked once, the rows of (step, micro_step) as a
+    pure function of (seed, split, step, global sample index), the hand-off to the device, and the state a
+    checkpoint keeps of it. A subclass sets `_path`, the folder its checkpoint state names."""
+
+    def __init__(self, data_dir: str | os.PathLike, split: str, *, block_size: int, batch_size: int, seed: int,
+                 rank: int, world_size: int, device: str | torch.device):
+        if split not in SPLITS:
+            raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+        _check_int("block_size", block_size, 1)
+        _check_int("batch_size", batch_size, 1)
+        _check_int("seed", seed, 0)
+        _check_int("world_size", world_size, 1)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise UserError(f"rank must be a whole number in [0, {world_size}), got {rank!r}; check the launcher's RANK and WORLD_SIZE")
+        self.meta = load_meta(data_dir)
+        self.split, self.block_size, self.batch_size, self.seed = split, block_size, batch_size, seed
+        self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+        self._split_id = SPLITS.index(split)
+
+    def draw(self, step: int, micro_step: int, n: int) -> np.ndarray:
+        """Each of this rank's rows at (step, micro_step) as an index in [0, n)."""
+        # One SeedSequence hash per call turns (seed, split, step) into a well-mixed key; the rows then
+        # index a SplitMix64 stream with that key by their global sample index.
+        key = np.random.SeedSequence([self.seed, self._split_id, step]).generate_state(1, np.uint64)[0]
+        first = (micro_step * self.world_size + self.rank) * self.batch_size
+        index = np.arange(first, first + self.batch_size, dtype=np.uint64)
+        # the modulo bias is below n / 2**64: nothing for any real corpus
+        return (_mix64(key + (index + np.uint64(1)) * _GOLDEN) % np.uint64(n)).astype(np.int64)
+
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self) -> dict:
+        """Plain values for a checkpoint; the step itself lives in the training loop's state. The data is
+        identified by its tokens (meta.json's tokens_sha256), so a resume checks it trains on the same
+        tokens, whatever happened to the source files' timestamps."""
+        return {"tokens_sha256": self.meta["tokens_sha256"], "split": self.split, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("tokens_sha256") != self.meta["tokens_sha256"]:
+            raise UserError(
+                f"the checkpoint was trained on different data than {self._path} holds (tokens fingerprint "
+                f"{str(state.get('tokens_sha256'))[:12]} vs {self.meta['tokens_sha256'][:12]}); resume with the same "
+                f"data, or start a new run"
+            )
+        if state.get("split") != self.split:
+            raise UserError(f"loader state is for the {state.get('split')!r} split, not {self.split!r}; load each loader's own state")
+        _check_int("seed", state.get("seed"), 0)
+        self.seed = state["seed"]
+
+
+class BatchLoader(StepLoader):
     """Draws `batch_size` windows of `block_size + 1` tokens per call from a split's token files (the
     shards of format v2, read through memmaps as one stream; train.bin / val.bin of format v1).
 
@@ -53,15 +108,8 @@ class BatchLoader:
         world_size: int = 1,
         device: str | torch.device = "cpu",
     ):
-        if split not in SPLITS:
-            raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-        _check_int("block_size", block_size, 1)
-        _check_int("batch_size", batch_size, 1)
-        _check_int("seed", seed, 0)
-        _check_int("world_size", world_size, 1)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise UserError(f"rank must be a whole number in [0, {world_size}), got {rank!r}; check the launcher's RANK and WORLD_SIZE")
-        self.meta = load_meta(data_dir)
+        super().__init__(data_dir, split, block_size=block_size, batch_size=batch_size, seed=seed, rank=rank,
+                         world_size=world_size, device=device)
         if self.meta.get("chat") is not None:
             raise UserError(f"{data_dir} holds conversations (data.format chat), not documents; set data.format: chat "
                             "to fine-tune on them (ChatBatchLoader), or prepare documents for pretraining")
@@ -71,20 +119,12 @@ class BatchLoader:
                 f"the {split} split of {data_dir} has {info['tokens']} tokens, fewer than block_size + 1 = "
                 f"{block_size + 1}; lower block_size, or prepare more text (or a larger val_fraction for val)"
             )
-        self.split = split
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.device = torch.device(device)
         self.bytes_per_token: float = info["bytes"] / info["tokens"]
         self._files = shard_files(Path(data_dir), self.meta, split)
         self._path = self._files[0][0].parent
         self._dtype = np.dtype(self.meta["dtype"])
         sizes = [p.stat().st_size // self._dtype.itemsize for p, _ in self._files]
         self._starts = np.cumsum([0] + sizes)  # where each file begins in the split's stream
-        self._split_id = SPLITS.index(split)
         self._n_starts = info["tokens"] - block_size  # window starts 0 .. tokens - block_size - 1
         self._check_token_range()
 
@@ -108,13 +148,7 @@ class BatchLoader:
     def offsets(self, step: int, micro_step: int = 0) -> np.ndarray:
         """Start of each row's window for this rank at (step, micro_step): counts >= 0 from the loop (the
         loader's own integers were checked once, when it was made)."""
-        # One SeedSequence hash per call turns (seed, split, step) into a well-mixed key; the rows then
-        # index a SplitMix64 stream with that key by their global sample index.
-        key = np.random.SeedSequence([self.seed, self._split_id, step]).generate_state(1, np.uint64)[0]
-        first = (micro_step * self.world_size + self.rank) * self.batch_size
-        index = np.arange(first, first + self.batch_size, dtype=np.uint64)
-        # the modulo bias is below n / 2**64: nothing for any real corpus
-        return (_mix64(key + (index + np.uint64(1)) * _GOLDEN) % np.uint64(self._n_starts)).astype(np.int64)
+        return self.draw(step, micro_step, self._n_starts)
 
     def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), both int64 (batch_size, block_size), y shifted one token ahead of x."""
@@ -122,10 +156,7 @@ class BatchLoader:
 
     def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         windows = torch.from_numpy(windows.astype(np.int64))
-        x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-        if self.device.type == "cuda":
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device), y.to(self.device)
+        return self.to_device(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
 
     def num_windows(self) -> int:
         """How many non-overlapping windows of block_size + 1 tokens (sharing their ends) the split holds."""
@@ -156,21 +187,3 @@ class BatchLoader:
             start += len(part)
             i += 1
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def state_dict(self) -> dict:
-        """Plain values for a checkpoint; the step itself lives in the training loop's state. The data is
-        identified by its tokens (meta.json's tokens_sha256), so a resume checks it trains on the same
-        tokens, whatever happened to the source files' timestamps."""
-        return {"tokens_sha256": self.meta["tokens_sha256"], "split": self.split, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("tokens_sha256") != self.meta["tokens_sha256"]:
-            raise UserError(
-                f"the checkpoint was trained on different data than {self._path} holds (tokens fingerprint "
-                f"{str(state.get('tokens_sha256'))[:12]} vs {self.meta['tokens_sha256'][:12]}); resume with the same "
-                f"data, or start a new run"
-            )
-        if state.get("split") != self.split:
-            raise UserError(f"loader state is for the {state.get('split')!r} split, not {self.split!r}; load each loader's own state")
-        _check_int("seed", state.get("seed"), 0)
-        self.seed = state["seed"]

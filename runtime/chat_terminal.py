@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from errors import UserError, short_error, to_stderr
+from errors import UserError, short_error, to_stderr, utf8_text
 from fileio import point_at_devnull
 from runtime.chat_session import ChatSession
 from runtime.sampling import check_temperature
@@ -45,12 +45,7 @@ def read_message(raw, where: str) -> str | None:
             pass
         raise refused(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
                       "send a shorter message")
-    line = line.rstrip(b"\n").rstrip(b"\r")
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise refused(f"{where} is not valid UTF-8 (byte 0x{line[e.start]:02x} at byte offset {e.start}); send it "
-                      "as UTF-8") from None
+    return utf8_text(line.rstrip(b"\n").rstrip(b"\r"), where, "send it as UTF-8", refused)
 
 
 def run_command(session: ChatSession, line: str) -> str:
