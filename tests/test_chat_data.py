@@ -12,7 +12,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import data.prepare
@@ -236,3 +236,15 @@ def test_train_py_refuses_a_bad_conversation_row_in_one_line(tmp_path):
     with pytest.raises(UserError) as e:
         train.train(cfg)
     assert str(e.value).startswith(f"{path}, row 2: message 1 (user) has a int as content, not text;"), str(e.value)
+
+
+@given(value=st.text(max_size=30).filter(lambda v: v.strip() not in ("text", "chat")))
+def test_class_bad_data_format_is_one_line_naming_the_key_from_the_command_line(value):
+    """data.format's whole class of bad values (any other text, blank, control characters), through train.py's
+    config entry: one line naming data.format, never a traceback or a silent fallback to text."""
+    from training.config.sections import load_config
+
+    assume("\x00" not in value)  # (argv cannot hold a NUL)
+    with pytest.raises(UserError) as e:
+        load_config([f"--data.format={value}"])
+    assert "\n" not in str(e.value) and "data.format" in str(e.value), str(e.value)
