@@ -57,9 +57,8 @@ from errors import ArgumentParser, UserError, run_cli, short_error
 from fileio import _start_time, atomic_write_bytes, check_output_not_input, check_writable_dir, output_target, path_arg
 from ownership import check_output
 from locks import pid_alive
-from runtime.device import resolve_device
-from runtime.memory import keep_freed_memory
-from runtime.precision import allow_tf32, cpu_native_bf16, dtype_name, training_dtype
+from runtime.device import resolve_device, use_device
+from runtime.precision import cpu_native_bf16, dtype_name, training_dtype
 from training.float8 import RECIPES as FLOAT8_RECIPES, check_float8
 from training.report.mfu import peak_flops
 
@@ -257,9 +256,7 @@ def main(argv=None) -> int:
     busy_before = cpu_busy_fraction(0.2 if args.quick else 1.0)
     use = CoreUse()
     machine = cpu_info() | (gpu_info(device) if cuda else {})
-    allow_tf32(device)  # as train.py does
-    if not cuda:  # as train.py does on a CPU; process-wide, so the baseline rows get it too (ratios conservative)
-        keep_freed_memory()
+    use_device(device)  # train.py's settings; process-wide, so the baseline rows get them too (ratios conservative)
 
     # the dtypes timed, and the peaks MFU is measured against (on a CPU a matmul probe of each dtype)
     auto_dtype = training_dtype("auto", device)[0]  # on CUDA; on a CPU each shape times its own (below)

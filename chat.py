@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="the system message (default: none)")
     p.add_argument("--temperature", type=float, default=None,
                    help="0 means greedy (default: 0.8 at a terminal, 0 with stdin piped)")
-    p.add_argument("--top-k", type=int, default=200, help="keep the K most likely tokens (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=Sampling.top_k, help="keep the K most likely tokens (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="the longest reply in tokens (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, shown on stderr)")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     validate_args(args)
     interactive = sys.stdin.isatty()
-    temperature = args.temperature if args.temperature is not None else (0.8 if interactive else 0.0)
+    temperature = args.temperature if args.temperature is not None else (Sampling.temperature if interactive else 0.0)
     spec = args.checkpoint if args.checkpoint is not None else default_checkpoint()
     device = resolve_device(args.device, option="--device")
     loaded = load_for_inference(spec)

@@ -57,7 +57,7 @@ from runtime.device import resolve_device
 from runtime.decoding import decode_compile, setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
-from runtime.sampling import check_repetition_penalty, check_temperature, check_top_k, check_top_p
+from runtime.sampling import Sampling, check_repetition_penalty, check_temperature, check_top_k, check_top_p
 from runtime.text import DEFAULT_PROMPT, StreamPrinter
 
 if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     decoding = p.add_argument_group("decoding")
     decoding.add_argument("--num-samples", type=int, default=1, help="samples per prompt (default: %(default)s)")
     decoding.add_argument("--max-new-tokens", type=int, default=500, help="tokens generated per sample (default: %(default)s)")
-    decoding.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
-    decoding.add_argument("--top-k", type=int, default=200, help="keep the K most likely tokens (default: %(default)s)")
+    decoding.add_argument("--temperature", type=float, default=Sampling.temperature, help="0 means greedy (default: %(default)s)")
+    decoding.add_argument("--top-k", type=int, default=Sampling.top_k, help="keep the K most likely tokens (default: %(default)s)")
     decoding.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 turns it off (default: %(default)s)")
     decoding.add_argument("--min-p", type=float, default=0.0,
                           help="keep the tokens at least MIN_P times as likely as the top one; 0 turns it off "

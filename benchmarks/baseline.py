@@ -20,9 +20,12 @@ import torch
 from model import GPT
 from runtime.loss_path import LMLoss
 from runtime.precision import autocast
+from training.config.sections import TrainSection
 from training.optim import param_groups
 
-LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 1e-3, 0.1, (0.9, 0.99), 1.0  # training/config/sections.py's defaults
+_DEFAULTS = TrainSection()  # train.py's defaults: the baseline trains with the same hyperparameters
+LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = (_DEFAULTS.lr, _DEFAULTS.weight_decay, (_DEFAULTS.beta1, _DEFAULTS.beta2),
+                                      _DEFAULTS.grad_clip)
 
 FULL_LOGITS = LMLoss()  # nanoGPT's loss: the full logits, then F.cross_entropy
 

@@ -34,6 +34,7 @@ from locks import remove_stale_temps
 from ownership import EXPORT, check_output, check_target
 
 from model.gpt import GPT
+from runtime.sampling import Sampling
 
 from .format import resolve_checkpoint_path
 from .hf import write_hf_model
@@ -51,7 +52,7 @@ GPT2_BPE = {
 }
 GPT2_VOCAB = 50257
 EOT, EOT_TEXT = 50256, "<|endoftext|>"
-SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 200}  # sample.py's defaults
+SAMPLING = {"do_sample": True, "temperature": Sampling.temperature, "top_k": Sampling.top_k}
 
 
 def refusal(model: GPT, tokenizer: dict) -> str | None:
@@ -99,9 +100,10 @@ def bpe_tokenizer_files(bpe: str, block_size: int) -> tuple[dict[str, bytes], in
 
 
 def generation_config(model: GPT, eot: int = EOT) -> bytes:
-    """sample.py's sampling defaults, and at most block_size tokens in all (the prompt included):
-    transformers does not crop the context as sample.py does, and a longer sequence runs past GPT-2's
-    position table (IndexError) or past the positions a rotary model was trained on. max_length rather
+    """The sampling defaults (runtime/sampling.py), and at most block_size tokens in all (the prompt
+    included): transformers does not crop the context to its last block_size tokens as our generation
+    does, and a longer sequence runs past GPT-2's position table (IndexError) or past the positions a
+    rotary model was trained on. max_length rather
     than max_new_tokens, which would override it; pipeline() adds its own max_new_tokens only when
     max_length is set."""
     config = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot, **SAMPLING,

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from fileio import atomic_write, atomic_write_bytes, json_loads
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
-from model.hf import config_from_hf, cropped_state, gpt2_tensors, gpt_from_hf, hf_config
+from model.hf import HF_ACTIVATIONS, config_from_hf, cropped_state, gpt2_tensors, hf_config, state_from_hf
 
 from .model_config import model_config_problem
 from model.hf_modern import hf_format, llama_config, llama_tensors, qwen3_config, smallgpt_config
@@ -50,15 +50,74 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def from_pretrained(name_or_dir: str, **overrides) -> GPT:
-    """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...)."""
+    """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...). What the
+    directory holds is checked here, before anything is built: ValueError naming what does not fit."""
     path = _resolve_dir(name_or_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    config = config_from_hf(json_loads((path / "config.json").read_text()), **overrides)
+    hf = json_loads((path / "config.json").read_text())
+    problem = hf_config_problem(hf)
+    if problem:
+        raise ValueError(problem)
+    config = config_from_hf(hf, **overrides)
     problem = model_config_problem(config, prefix="config.json's ")
     if problem:  # checked before anything is built: an absurd size would spin even on the meta device
         raise ValueError(problem)
-    return gpt_from_hf(config, _read_state_dict(path))
+    state = state_from_hf(_read_state_dict(path), config.tie_embeddings)
+    with torch.device("meta"):  # the shapes only: a config.json that disagrees with its weights (or asks for an
+        expected = GPT(config).state_dict()  # absurd size) is refused before any memory is spent on it
+    problem = tensors_problem(state, expected, config.tie_embeddings)
+    if problem:
+        raise ValueError(problem)
+    model = GPT(config)
+    model.load_state_dict(state, strict=False)  # strict=False only for a tied lm_head.weight
+    return model
+
+
+HF_SIZES = ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")  # config.json's, under HF's names
+HF_FLAGS = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "scale_attn_weights", "tie_word_embeddings")
+
+
+def hf_config_problem(hf) -> str | None:
+    """What in HF GPT-2's config.json (parsed) this GPT cannot read or express, named as config.json names
+    it; None if nothing. Every field config_from_hf reads is checked here, its type first."""
+    if not isinstance(hf, dict):
+        return f"config.json holds a {type(hf).__name__}, not a JSON object"
+    for name in HF_SIZES:
+        value = hf.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            return f"config.json's {name} must be a positive integer, got {value!r:.40}"
+    act = hf.get("activation_function", "gelu_new")
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
+        return f"unsupported activation_function {act!r:.40} in config.json; expected one of {sorted(HF_ACTIVATIONS)}"
+    if hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
+        return f"unsupported n_inner={hf['n_inner']!r:.40} in config.json: this GPT uses 4 * n_embd"
+    for flag in HF_FLAGS:
+        if flag in hf and not isinstance(hf[flag], bool):
+            return f"config.json's {flag} must be true or false, got {hf[flag]!r:.40}"
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if hf.get(flag):
+            return f"unsupported {flag}=true in config.json"
+    if hf.get("scale_attn_weights") is False:
+        return "unsupported scale_attn_weights=false in config.json"
+    eps = hf.get("layer_norm_epsilon", 1e-5)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
+        return f"config.json's layer_norm_epsilon must be a number in (0, 1), got {eps!r:.40}"
+    return None
+
+
+def tensors_problem(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tied: bool) -> str | None:
+    """What keeps HF weights (under our names) from loading into a model of `expected`'s shapes."""
+    unexpected = sorted(state.keys() - expected.keys())
+    if unexpected:
+        return f"unexpected tensor {unexpected[0]!r} in the HF checkpoint"
+    missing = sorted({k for k in expected if k != "lm_head.weight" or not tied} - state.keys())
+    if missing:
+        return f"the HF checkpoint lacks {missing[:4]}"
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            return f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(expected[key].shape)}"
+    return None
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:

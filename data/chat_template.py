@@ -47,6 +47,11 @@ class ChatTemplate:
         """The smallest model vocabulary that holds every marker."""
         return self.base + len(MARKERS)
 
+    def stop_ids(self, tok) -> frozenset[int]:
+        """What ends an assistant's reply: every marker (<|end|>, or a model starting a turn of its own) and
+        the tokenizer's end-of-text. chat.py and serve.py stop on these."""
+        return frozenset(range(self.base, self.vocab_size)) | {tok.eot}
+
     def _content(self, tok, message: dict, index: int) -> list[int]:
         try:
             ids = tok.encode(message["content"])

@@ -225,7 +225,8 @@ def load_resume_state(out: Path, build: str, fingerprint: str, say) -> dict | No
         return None
     try:
         state = json_loads(path.read_text(encoding="utf-8"))
-        assert state["fingerprint"] == fingerprint
+        if state["fingerprint"] != fingerprint:  # another build's record (not an assert: python -O skips those)
+            return None
         itemsize = np.dtype(state["dtype"]).itemsize
         for split in SPLITS:
             st = state["splits"][split]
@@ -240,7 +241,7 @@ def load_resume_state(out: Path, build: str, fingerprint: str, say) -> dict | No
             if st["partial"] and (not partial.is_file() or partial.stat().st_size < st["partial"] * itemsize):
                 say(f"{partial.name} of the interrupted prepare is shorter than recorded; starting over")
                 return None
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     return state
 

@@ -41,9 +41,11 @@ def read_rows(path: str | Path) -> list[dict]:
             continue
         try:
             row = json_loads(line)
-            messages = row["messages"]
-            assert messages[-1]["role"] == "assistant" and isinstance(messages[-1]["content"], str)
-        except (ValueError, KeyError, TypeError, IndexError, AssertionError):
+            last = row["messages"][-1]
+            answered = last["role"] == "assistant" and isinstance(last["content"], str)
+        except (ValueError, KeyError, TypeError, IndexError):
+            answered = False
+        if not answered:  # not an assert: python -O would skip it
             raise UserError(f"{path}, row {n}: not a conversation ending with the assistant's answer; fix that row "
                             "or regenerate the file with `python -m data.tasks`") from None
         rows.append(row)

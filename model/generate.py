@@ -203,8 +203,7 @@ class CachedSequence:
         return self.block_size - len(self.ids)
 
     def append(self, ids: Sequence[int]) -> None:
-        if len(self.ids) + len(ids) > self.block_size:
-            raise ValueError(f"{len(self.ids) + len(ids)} ids do not fit in block_size {self.block_size}")
+        assert len(self.ids) + len(ids) <= self.block_size, "the caller keeps a conversation within the context"
         self.ids.extend(ids)
 
     def reset(self, ids: Sequence[int] = ()) -> None:
@@ -215,8 +214,7 @@ class CachedSequence:
     @torch.inference_mode()
     def logits(self) -> torch.Tensor:
         new = self.ids[self.cached:]
-        if not new:
-            raise ValueError("no new ids to run: append the last sampled id first")
+        assert new, "no new ids to run: append the last sampled id first"
         self._fit(len(self.ids))
         device = self.model.transformer.wte.weight.device
         idx = torch.tensor([new], dtype=torch.long, device=device)
@@ -282,10 +280,9 @@ def generate_stream(
     logits_to_probs; the penalty applies to every token of the row so far (the whole prompt and all it
     generated, not only the window), as in HF transformers.
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token (start an empty prompt from EOT)")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    # the callers (sample.py's options, serve's requests, a chat turn) bound these where a user gives them
+    assert prompts and all(len(p) for p in prompts), "every prompt needs a token (start an empty one from EOT)"
+    assert max_new_tokens >= 1, max_new_tokens
     decode_fn = decode_fn or decode_one_token
     block_size = model.config.block_size
     device = model.transformer.wte.weight.device

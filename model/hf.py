@@ -3,7 +3,7 @@
 Our parameter names are GPT-2's, so the only change is that HF's Conv1D stores its weight as
 (in, out) where nn.Linear stores (out, in): those four matrices per block are transposed.
 
-    model = gpt_from_hf(config_json, hf_state_dict)   # HF GPT-2 -> ours
+    state = state_from_hf(hf_state_dict, tie_embeddings=True)  # HF GPT-2 -> our names and layouts
     tensors = gpt2_tensors(model)                      # ours -> HF GPT-2's model.safetensors
 
 The files themselves are read and written by checkpoint/hf.py; the whole export (tokenizer, generation
@@ -22,18 +22,8 @@ HF_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none
 
 
 def config_from_hf(hf: dict, **overrides) -> GPTConfig:
-    """Our config from HF GPT-2's config.json (a dict); checkpoint/model_config.py checks what it holds."""
-    act = hf.get("activation_function", "gelu_new")
-    if act not in HF_ACTIVATIONS:
-        raise ValueError(f"unsupported activation_function {act!r} in config.json; expected one of {sorted(HF_ACTIVATIONS)}")
-    n_inner = hf.get("n_inner")
-    if n_inner not in (None, 4 * hf["n_embd"]):
-        raise ValueError(f"unsupported n_inner={n_inner} in config.json: this GPT uses 4 * n_embd")
-    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-        if hf.get(flag):
-            raise ValueError(f"unsupported {flag}=true in config.json")
-    if hf.get("scale_attn_weights") is False:
-        raise ValueError("unsupported scale_attn_weights=false in config.json")
+    """Our config from HF GPT-2's config.json (a dict). checkpoint/hf.py refuses first what this GPT cannot
+    express (hf_config_problem) and checks the result (checkpoint/model_config.py)."""
     fields = dict(
         block_size=hf["n_positions"],
         vocab_size=hf["vocab_size"],
@@ -41,7 +31,7 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
         n_head=hf["n_head"],
         n_embd=hf["n_embd"],
         bias=True,
-        gelu_approximate=HF_ACTIVATIONS[act],
+        gelu_approximate=HF_ACTIVATIONS[hf.get("activation_function", "gelu_new")],
         layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
         dropout=0.0,
@@ -50,32 +40,19 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
     return GPTConfig(**fields)
 
 
-def gpt_from_hf(config: GPTConfig, hf_sd: dict[str, torch.Tensor]) -> GPT:
-    """Our GPT from its config (config_from_hf) and HF GPT-2's state dict: the names are the same, the four
-    Conv1D matrices per block are transposed. Raises ValueError naming what does not fit."""
-    with torch.device("meta"):  # the shapes only: a config.json that disagrees with its weights (or asks for an
-        ours = GPT(config).state_dict()  # absurd size) is refused below before any memory is spent on it
-    converted = {}
+def state_from_hf(hf_sd: dict[str, torch.Tensor], tie_embeddings: bool) -> dict[str, torch.Tensor]:
+    """HF GPT-2's state dict under our names: the same names (with "transformer." where the original
+    OpenAI-converted files lack it), the four Conv1D matrices per block transposed, the causal-mask buffers
+    of older HF versions and a tied head left out. checkpoint/hf.py checks the result against the model's
+    shapes before anything is built."""
+    ours = {}
     for key, tensor in hf_sd.items():
         if not key.startswith(("transformer.", "lm_head.")):
-            key = "transformer." + key  # the original OpenAI-converted files have no "transformer." prefix
-        if key.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # causal-mask buffers of older HF versions, not weights
-        if key == "lm_head.weight" and config.tie_embeddings:
-            continue  # tied to wte
-        if key not in ours:
-            raise ValueError(f"unexpected tensor {key!r} in the HF checkpoint")
-        converted[key] = tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor
-    ours_names = {k for k in ours if k != "lm_head.weight" or not config.tie_embeddings}
-    missing = ours_names - converted.keys()
-    if missing:
-        raise ValueError(f"the HF checkpoint lacks {sorted(missing)[:4]}")
-    for key, tensor in converted.items():
-        if tensor.shape != ours[key].shape:
-            raise ValueError(f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(ours[key].shape)}")
-    model = GPT(config)
-    model.load_state_dict(converted, strict=False)  # strict=False only for a tied lm_head.weight
-    return model
+            key = "transformer." + key
+        if key.endswith((".attn.bias", ".attn.masked_bias")) or (key == "lm_head.weight" and tie_embeddings):
+            continue
+        ours[key] = tensor.t() if key.endswith(CONV1D_SUFFIXES) else tensor
+    return ours
 
 
 def hf_config(model: GPT, eos_token_id: int | None, vocab_size: int | None = None) -> dict:

@@ -62,7 +62,7 @@ class ChatSession:
         self.notice = notice
         self.seq = CachedSequence(model, decode_fn)
         # a reply never holds a marker or end-of-text: the model writing one has finished its turn
-        self.stops = {template.base + i for i in range(template.vocab_size - template.base)} | {tok.eot}
+        self.stops = template.stop_ids(tok)
         self.turns: list[Turn] = []
         if system:
             self.set_system(system)

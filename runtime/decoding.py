@@ -62,8 +62,7 @@ def prepack_for_cpu(model) -> bool:
 
 class CompiledDecode:
     """decode_one_token compiled; if torch.compile fails (no C++ compiler, an unsupported backend) the
-    step is redone with the plain function and decoding goes on without compile: the policy training
-    follows too (runtime/device.py's with_compile_fallback)."""
+    step is redone with the plain function and decoding goes on without compile (with_compile_fallback)."""
 
     def __init__(self, device: torch.device, say: Callable[[str], None]):
         # on CUDA, batch-1 decoding of a small model is bound by kernel launches: CUDA graphs

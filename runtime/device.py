@@ -8,6 +8,9 @@ import torch
 
 from errors import UserError, short_error
 
+from .memory import keep_freed_memory
+from .precision import allow_tf32
+
 T = TypeVar("T")
 
 
@@ -61,3 +64,12 @@ def with_compile_fallback(run: Callable[[], T], *, compiled: bool, go_eager: Cal
     say(f"warning: torch.compile failed ({failure}); continuing without it")
     go_eager()
     return run()
+
+
+def use_device(device: torch.device) -> None:
+    """The process-wide settings a run takes on its device, set by train.py's chain (training/builders.py)
+    and by bench.py through this one function: TF32 matmuls on a GPU; on a CPU, the memory a step frees
+    kept for the next step (no page faults per step)."""
+    allow_tf32(device)
+    if device.type == "cpu":
+        keep_freed_memory()

@@ -88,8 +88,7 @@ def create_app(served: Served) -> FastAPI:
                            "use POST /v1/completions, or serve a checkpoint trained with sft.yaml",
                            param="model", code="model_not_chat")
         prompt = _encode(lambda: t.encode_prompt(served.tokenizer, messages, add_generation_prompt=True), "messages")
-        # every marker ends the reply (chat.py's rule too): <|end|>, or a model that starts a turn of its own
-        stop_ids = frozenset(range(t.base, t.vocab_size)) | {served.tokenizer.eot}
+        stop_ids = t.stop_ids(served.tokenizer)
         decode = lambda ids: t.decode(served.tokenizer, ids)  # noqa: E731
         return await respond(request, served, prompt, params, stop_ids, t.vocab_size, decode, chat=True)
 
@@ -102,7 +101,7 @@ def create_app(served: Served) -> FastAPI:
         prompt = check_prompt(body, tok.vocab_size)
         if isinstance(prompt, str):
             text = prompt
-            # an empty prompt starts from end-of-text, as sample.py does
+            # an empty prompt starts from end-of-text: generation needs a token to condition on
             prompt = _encode(lambda: tok.encode(text), "prompt") or [tok.eot]
         if params.max_tokens is None:
             params = _with_tokens(params, COMPLETION_DEFAULT_TOKENS)

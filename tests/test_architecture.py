@@ -267,27 +267,43 @@ def test_nothing_sets_a_loss_attribute_on_the_model():
 
 
 def user_error_raises(trees: dict[str, ast.AST]) -> list[str]:
-    """Under model/: any use of errors.UserError; in the model itself and its fused loss (model/gpt.py,
-    model/fused_ce.py), any raise at all (they assert what they assume, as nanoGPT does)."""
+    """Under model/: any use of errors.UserError, and any raise at all: the model, its generation loop, its
+    fused loss and its HF mapping assert what they assume (as nanoGPT does); what a user's input or file
+    gets wrong is found at the edges (the config, checkpoint/, the entry points, the server)."""
     offenders = []
     for module, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) == "UserError":
                 offenders.append(f"{module}:{node.lineno} UserError")
+            if isinstance(node, ast.alias) and node.name == "UserError":
+                offenders.append(f"{module}:{node.lineno} imports UserError")
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "errors":
                 offenders.append(f"{module}:{node.lineno} imports errors")
-            if isinstance(node, ast.Raise) and module in ("model.gpt", "model.fused_ce"):
+            if isinstance(node, ast.Raise):
                 offenders.append(f"{module}:{node.lineno} raises")
     return offenders
 
 
 def test_model_raises_no_user_errors():
     """User errors are found and said at the edges (the config, the checkpoint loader, the entry points),
-    never in the model: GPTConfig's rules live in checkpoint/model_config.py, and GPT.forward asserts."""
+    never in model/: GPTConfig's rules live in checkpoint/model_config.py, what an HF directory holds is
+    checked by checkpoint/hf.py, prompts and token counts by their callers; model/ asserts."""
     trees = {m: t for m, t in _product_trees().items() if m == "model" or m.startswith("model.")}
-    assert "model.gpt" in trees and not user_error_raises(trees)
+    assert {"model.gpt", "model.hf", "model.generate", "model.fused_ce"} <= trees.keys()
+    assert not user_error_raises(trees), user_error_raises(trees)
     old = ast.parse("from errors import UserError\ndef forward():\n    raise ValueError('too long')\n")
-    assert len(user_error_raises({"model.gpt": old})) == 2
+    assert len(user_error_raises({"model.hf": old})) == 3
+
+
+def test_no_product_module_catches_an_assertion():
+    """An assert is what the code assumes, never an input check: python -O skips asserts, so a check that
+    catches AssertionError would pass anything there (data/shards.py's resume record was one)."""
+    def catches(tree: ast.AST) -> list[int]:
+        return [h.lineno for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) and h.type is not None
+                and any(isinstance(n, ast.Name) and n.id == "AssertionError" for n in ast.walk(h.type))]
+    offenders = [f"{m}:{line}" for m, tree in _product_trees().items() for line in catches(tree)]
+    assert not offenders, offenders
+    assert catches(ast.parse("try:\n    assert x\nexcept (KeyError, AssertionError):\n    pass\n")) == [3]
 
 
 def test_nothing_under_model_mentions_the_cpu_isa_packing_or_threads():
@@ -504,15 +520,44 @@ def test_no_object_changes_its_class():
     assert not offenders, offenders
 
 
-def test_the_model_raises_no_user_errors():
-    """model/ knows nothing of users: it asserts and raises ValueError; the config's rules say it in one line."""
-    offenders = [m for m, tree in _product_trees().items() if m.split(".")[0] == "model"
-                 and any(isinstance(n, (ast.Name, ast.alias)) and getattr(n, "id", getattr(n, "name", None)) == "UserError"
-                         for n in ast.walk(tree))]
-    assert not offenders, offenders
-
-
 def test_trainings_top_level_holds_at_most_15_files():
     """The chain and the loop stand at training/'s top; parallelism, the config and the reports have rooms."""
     top = sorted(p.name for p in (ROOT / "training").iterdir() if p.is_file() and p.suffix == ".py")
     assert len(top) <= 15, top
+
+
+REFERENCE = re.compile(r"\b((?:[a-z_]+/)*[a-z_]+\.py)'s ([A-Za-z_][A-Za-z0-9_]*)")
+PARITY = re.compile(r"\b(?:as|like) [a-z_/]+\.py (?:does|do|did)\b|\bfollows too\b|'s rule too\b")
+
+
+def dangling_references(files: dict[str, str]) -> list[str]:
+    """Prose that names another file's function or constant ("runtime/loss_path.py's CHUNK_BYTES") where the
+    file or the name is gone, and prose that says some code behaves as another file does ("as sample.py
+    does"): a reference that nothing checks rots silently, so the first must resolve and the second is an
+    import instead. Names are identifiers with an underscore or a capital (not all capitals: FSDP, DDP)."""
+    found = []
+    for where, text in files.items():
+        for i, line in enumerate(text.splitlines(), 1):
+            if PARITY.search(line):
+                found.append(f"{where}:{i}: {PARITY.search(line).group(0)!r}")
+            for path, name in REFERENCE.findall(line):
+                if not ("_" in name or any(c.isupper() for c in name)) or name.isupper() and "_" not in name:
+                    continue
+                target = next((p for p in (ROOT / path, (ROOT / where).parent / path) if p.is_file()), None)
+                defined = target is not None and re.search(
+                    rf"^\s*(?:(?:async )?def|class)\s+{name}\b|^\s*(?:\w+\s*,\s*)*{name}\b(?:\s*,\s*\w+)*\s*(?::[^=]*)?="
+                    rf"|\bself\.{name}\s*=",
+                    target.read_text(encoding="utf-8"), re.M)
+                if not defined:
+                    found.append(f"{where}:{i}: {path}'s {name}")
+    return found
+
+
+def test_prose_references_to_other_files_resolve():
+    files = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in project_modules().values()}
+    assert not dangling_references(files), dangling_references(files)
+    old = {"runtime/decoding.py": "# the policy training follows too (runtime/device.py's with_compile_fallback)\n"
+                                  "x = 1  # as train.py does\n# model/gpt.py's no_such_function, model/gpt.py's NoSuchClass\n"
+                                  "# runtime/loss_path.py's CHUNK_BYTES, bench.py's FSDP rows\n"}
+    assert [f.split(": ", 1)[1] for f in dangling_references(old)] == [
+        "'follows too'", "'as train.py does'", "model/gpt.py's no_such_function", "model/gpt.py's NoSuchClass"]

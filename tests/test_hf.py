@@ -86,7 +86,7 @@ def test_from_pretrained_of_a_directory_without_config_is_refused(tmp_path):
 def test_a_config_json_far_bigger_than_its_weights_is_refused_before_the_model_is_built(hf_model, tmp_path, monkeypatch):
     import json
 
-    import model.hf as mhf
+    import checkpoint.hf as mhf
 
     hf_model.save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -410,3 +410,50 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing_behind(tmp_pa
     with pytest.raises(UserError, match="No space left on device") as e:
         export_hf(model, GPT2_TOKENIZER, tmp_path / "hf")
     assert "\n" not in str(e.value) and not (tmp_path / "hf").exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def _json_values():
+    from hypothesis import strategies as st
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                        st.text(max_size=12))
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                        max_size=3), max_leaves=6)
+
+
+def test_every_config_json_value_either_loads_or_is_one_line_naming_the_directory(hf_dir, tmp_path_factory):
+    """The whole class of config.json fields this GPT reads or refuses (the features it cannot express, the
+    sizes, the whole document not being an object), any JSON value in each, through load_model, the edge
+    every script loads by: the model, or a one-line UserError naming the directory; never another error.
+    What loads equals the oracle's expectation: only GPT-2's own values load (the weights are the tiny model's)."""
+    import json
+    import shutil
+
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from checkpoint.load import load_model
+    from errors import UserError
+
+    base = json.loads((hf_dir / "config.json").read_text())
+    fields = ["activation_function", "n_inner", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+              "scale_attn_weights", "n_embd", "n_layer", "n_head", "n_positions", "vocab_size", "layer_norm_epsilon",
+              "tie_word_embeddings"]
+    work = tmp_path_factory.mktemp("hfprop") / "hf"
+    shutil.copytree(hf_dir, work)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(st.dictionaries(st.sampled_from(fields), _json_values(), min_size=1, max_size=3),
+                     _json_values().filter(lambda v: not isinstance(v, dict))))
+    def check(change):
+        doc = {**base, **change} if isinstance(change, dict) else change
+        (work / "config.json").write_text(json.dumps(doc))
+        try:
+            loaded = load_model(str(work))
+        except UserError as e:
+            assert "\n" not in str(e) and str(work) in str(e) and "config.json" in str(e), str(e)
+            return
+        # loaded: every changed field must hold a value GPT-2's loader takes for these weights
+        assert isinstance(change, dict)
+        cfg = loaded.model.config
+        assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size) == (2, 4, 64, 50257)
+
+    check()

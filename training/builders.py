@@ -30,11 +30,11 @@ from errors import UserError
 from model import GPT, GPTConfig
 from runtime.choices import auto_dtype
 from runtime.attention import fastest_kernel, use_kernel
-from runtime.device import with_compile_fallback
+from runtime.device import use_device, with_compile_fallback
 from runtime.loss_path import (DEFAULT_PRODUCT, WEIGHT_GRAD_PRODUCTS, LMLoss, choose_loss_chunk_rows,
                                choose_weight_grad_product, loss_path, weight_grad_product_available)
-from runtime.memory import check_fits, keep_freed_memory, training_bytes
-from runtime.precision import DTYPE_BY_NAME, allow_tf32, autocast, dtype_name, make_scaler, sharded_param_dtype, training_dtype
+from runtime.memory import check_fits, training_bytes
+from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name, make_scaler, sharded_param_dtype, training_dtype
 
 from .batch_size import divisors, measure_batch, reapply_batch
 from .config.sections import ARCH_KEYS, AUTO_BATCH, Config, TrainSection
@@ -152,14 +152,12 @@ def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, 
     t, block = cfg.train, cfg.model.block_size
     rows = plan.settle("loss_chunk_rows", par.decide(lambda: loss_chunk_rows_for(t, device, model)))  # rank 0's GPU
     loss = loss_path(device, compiled=t.compile, vocab_size=model.config.vocab_size, rows=rows)
-    if device.type == "cpu":
-        keep_freed_memory()  # the next step reuses what this one frees: no page faults per step
+    use_device(device)  # TF32 on a GPU; a CPU keeps what a step frees for the next
     first = 1 if t.batch_size == AUTO_BATCH else t.batch_size  # the dtype is timed at this micro-batch
     first_loaders = loaders(first)
     name = plan.settle("dtype", config_dtype(t.dtype, device) or plan.kept("dtype") or par.decide(
         lambda: measure_dtype(model, loss, first_loaders[0].get_batch(0, 0), device, t, first, par)))
     dtype = DTYPE_BY_NAME[name]
-    allow_tf32(device)
     float8_layers = convert_to_float8(model, t.float8)  # before FSDP and the optimizers: it swaps modules
     model = shard_model(model, t, par, device, dtype)  # activation checkpointing, FSDP: before the optimizers
     batch = plan.settle("batch", fixed_batch(t, par) or reapply_batch(t, plan.kept("batch"), par) or measure_batch(

@@ -40,6 +40,7 @@ from eval.figures import Inspection, attention_figure, figure_png, surprisal_fig
 from eval.inspect import inspect_tokens
 from fileio import atomic_write_bytes
 from model.generate import generate
+from runtime.sampling import Sampling
 from runtime.text import DEFAULT_PROMPT
 
 from ..chat import DEFAULT_QUESTIONS, MarkedTokenizer, chat_prompts
@@ -48,7 +49,7 @@ from ..timing.schedule import Due
 
 SAMPLES = "samples"  # the metrics.jsonl record's key and the wandb table's
 COLUMNS = ["step", "prompt", "text"]
-TEMPERATURE, TOP_K = 0.8, 200  # sample.py's defaults
+TEMPERATURE, TOP_K = Sampling.temperature, Sampling.top_k
 DEFAULT_PROMPTS = {SHAKESPEARE: ["ROMEO:", "JULIET:"]}  # by data.dataset; other data: sample.py's (a new line)
 INSPECT_TOKENS = 64  # the attention grid stays readable (eval/figures.py labels at most 64 tokens an axis)
 INSPECT_DIR = "inspect"
