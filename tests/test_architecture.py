@@ -561,3 +561,14 @@ def test_prose_references_to_other_files_resolve():
                                   "# runtime/loss_path.py's CHUNK_BYTES, bench.py's FSDP rows\n"}
     assert [f.split(": ", 1)[1] for f in dangling_references(old)] == [
         "'follows too'", "'as train.py does'", "model/gpt.py's no_such_function", "model/gpt.py's NoSuchClass"]
+
+
+def test_the_run_forwards_nothing():
+    """Run is the loop's record of what set_up built: its fields, read where they live (r.trainer.model), with
+    no forwarding properties or setters that make one thing answer to two names."""
+    import dataclasses
+
+    from training.run import Run
+
+    assert not [name for name, value in vars(Run).items() if isinstance(value, property)]
+    assert {f.name for f in dataclasses.fields(Run)} >= {"trainer", "plan", "state", "checkpointer", "log"}

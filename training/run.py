@@ -74,10 +74,6 @@ class Run:
     clock: Clock = Clock(0.0, 0.0)
     step_s: float = 0.0  # the last step's wall time: how long a signal lets a step run on
 
-    # the two names Showcase (training/report/showcase.py) reads of the run; everything else reads r.trainer
-    model = property(lambda self: self.trainer.model)
-    amp = property(lambda self: self.trainer.amp)
-
 
 def lr_of_plan(plan: RunPlan, t, i: int) -> float:
     """The learning rate of step i under the plan's schedule (warmup, cosine to min_lr at max_iters)."""

@@ -109,13 +109,13 @@ class Showcase:
         forwards as the evals, whatever the sharding), a fixed number of forwards on every rank."""
         if not r.par.evaluates:
             return None
-        model, tok = r.model, self.tok
+        model, tok = r.trainer.model, self.tok
         eot = self.template.end if self.template is not None else tok.eot  # MarkedTokenizer: the chat vocab
         generator = torch.Generator(device=r.device).manual_seed(self.seed)  # private: no run stream moves
         was_training = model.training
         model.eval()
         try:
-            with r.amp():
+            with r.trainer.amp():
                 out = generate(model, [ids for _, ids in self.prompts], self.tokens, temperature=TEMPERATURE,
                                top_k=TOP_K, generator=generator, eot=eot, stop_at_eot=False, use_cache=False,
                                vocab_size=tok.vocab_size)
@@ -151,7 +151,7 @@ class Showcase:
         if self.snippet is None:
             x, _ = r.trainer.eval_loaders["val"].sequential_batch(0)  # windows in order: row 0 starts the split
             self.snippet = x[0, :INSPECT_TOKENS].tolist()
-        insp = inspect_tokens(r.model, self.tok, self.snippet, description=f"iter {r.state.iter}")
+        insp = inspect_tokens(r.trainer.model, self.tok, self.snippet, description=f"iter {r.state.iter}")
         if not r.par.is_main:
             return None
         return insp, {"attention.png": figure_png(attention_figure(insp)),
