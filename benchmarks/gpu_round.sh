@@ -3,6 +3,7 @@
 # (issue "GPU: right by default ..."). Run from the project's root with nanoGPT's anchors copied beside it:
 #   cp -r ../shared/anchors .anchors && cp -r ../shared/tiktoken_cache ../shared/data .anchors/
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
+#   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
 # Steps run in order of importance; each has its own time cap, and a step that would not fit in what is
 # left of the budget is skipped (said in summary.txt), so a cut run still reports the first ones.
 # Lines of training output are stamped with the seconds since the command started (val loss against
@@ -22,6 +23,7 @@ for line in sys.stdin:
 # step NAME CAP_S COMMAND...: run it (stamped, into logs/NAME.log) if CAP_S still fits the budget
 step() {
   local name=$1 cap=$2; shift 2
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local left=$(( BUDGET - ($(date +%s) - T0) ))
   if [ "$left" -lt "$cap" ]; then say "== $name: skipped (cap ${cap}s, ${left}s left)"; return; fi
   local s=$(date +%s%N)
@@ -56,6 +58,12 @@ step nanogpt_char 110 bash -c "cd $A/nanogpt && $PY train.py config/train_shakes
 step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.out_dir=/tmp/gr_char
 # (2026-11-27: compile and start-up took 49 s of the 83 s to val 1.47; eager, and AdamW, are the next to try)
 step ours_char_eager 100 $PY train.py --config shakespeare_char_gpu --train.compile=false --train.out_dir=/tmp/gr_char_eager
+# what a char step spends its GPU time on (2026-11-27: ~2x nanoGPT's step): the top kernels, eager and
+# compiled, with Muon as shipped and with AdamW; then the whole run with AdamW, to val 1.47 against the clock
+step char_profile 150 bash -c "$PY -m benchmarks.gpu_step_profile --config shakespeare_char_gpu --steps 30 --top 15 && \
+  $PY -m benchmarks.gpu_step_profile --config shakespeare_char_gpu --steps 30 --top 15 --set train.optimizer=adamw"
+step ours_char_adamw 100 $PY train.py --config shakespeare_char_gpu --train.optimizer=adamw --train.lr=1e-3 \
+  --train.out_dir=/tmp/gr_char_adamw
 # 6. small.yaml as a newcomer runs it, then what bounds its step (launches or the GPU)
 step small 80 $PY train.py --config small.yaml --train.out_dir=/tmp/gr_small
 step small_profile 80 $PY -m benchmarks.gpu_step_profile
