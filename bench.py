@@ -75,7 +75,7 @@ EXTRA_SECTIONS = ("budget", "profile", "corpus", "fsdp", "serve")
 # upper bounds are far past any useful run (hours at most), so a typo of a few zeros more is refused
 # instead of running for ever. 2**20 tokens a corpus shard: 16k files at most for the largest corpus.
 COUNT_BOUNDS = {"warmup": (0, 10_000), "iters": (1, 100_000), "rounds": (1, 1_000), "repeats": (1, 1_000),
-                "new_tokens": (1, 1024), "prompt_len": (1, 1024), "loss_steps": (1, 100_000),
+                "new_tokens": (1, 1024), "prompt_len": (1, 1024), "loss_steps": (1, 100_000), "loss_noise_runs": (0, 16),
                 "prepare_rss_mb": (0, 1 << 16), "corpus_mb": (1, 1 << 16), "corpus_shard_tokens": (1 << 20, 1 << 40),
                 "corpus_procs": (0, 1024)}
 DECODE_CONTEXT = 1024  # the decode rows' model is GPT-2 124M
@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-hf", action="store_true", help="decode: leave out transformers' generate")
     p.add_argument("--loss-steps", type=int, default=None, help="steps of the same-loss check (default 200; quick 5)")
     p.add_argument("--loss-tol", type=float, default=0.02, help="same-loss tolerance in nats (default %(default)s)")
+    p.add_argument("--loss-noise-runs", type=int, default=None, help="same-loss check: the baseline run again this many "
+                   "times, its spread beside ours (default 1 on a GPU, 0 on a CPU, where runs are bitwise equal)")
+    p.add_argument("--loss-deterministic", action="store_true", help="same-loss check: torch's deterministic "
+                   "algorithms (and cuBLAS's fixed workspace, for the whole process: use it with --only loss): runs on "
+                   "a GPU then differ only where the math does")
     p.add_argument("--prepare-rss-mb", type=int, default=0, help="also prepare a synthetic source of this many MB "
                    "and report its peak RSS (default: off)")
     p.add_argument("--corpus-mb", type=int, default=4096, help="corpus: size of the generated jsonl corpus in MB "
@@ -140,6 +145,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, k) is None:
             setattr(args, k, v)
     for k, (least, most) in COUNT_BOUNDS.items():  # every count bounded: each row's work is, before any is built
+        if getattr(args, k) is None:  # decided later by the device (--loss-noise-runs)
+            continue
         if getattr(args, k) < least:
             raise UserError(f"--{k.replace('_', '-')} must be >= {least}, got {getattr(args, k)}")
         if getattr(args, k) > most:
@@ -243,6 +250,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.loss_deterministic:  # read when cuBLAS makes its handle, at the first matmul: before any
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     device = resolve_device(args.device, option="--device")
     cuda = device.type == "cuda"
     for recipe in args.float8_recipes:  # one line now, not after minutes of other rows
@@ -310,10 +319,15 @@ def main(argv=None) -> int:
                 with contextlib.suppress(UserError):
                     data_dir = prepare_data(DataConfig(root=str(Path(tmp) / "loss")), progress=False)
             shape = (QUICK_GPU if args.quick else GPT2_124M) if cuda else CPU_SHAPES[0]
-            report["loss_check"] = loss_check(shape, device=device, dtype=auto_dtype if cuda else None, compiled=compile_,
-                                              steps=args.loss_steps, eval_batches=2 if args.quick else 20,
-                                              data_dir=data_dir, tolerance=args.loss_tol, say=say,
-                                              noise_reference=cuda)
+            was = torch.are_deterministic_algorithms_enabled()
+            torch.use_deterministic_algorithms(args.loss_deterministic or was, warn_only=True)  # warn: ops without run
+            try:
+                report["loss_check"] = loss_check(
+                    shape, device=device, dtype=auto_dtype if cuda else None, compiled=compile_, steps=args.loss_steps,
+                    eval_batches=2 if args.quick else 20, data_dir=data_dir, tolerance=args.loss_tol, say=say,
+                    noise_runs=(1 if cuda else 0) if args.loss_noise_runs is None else args.loss_noise_runs)
+            finally:
+                torch.use_deterministic_algorithms(was)
 
         if "corpus" in args.sections:
             procs = args.corpus_procs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")

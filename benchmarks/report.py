@@ -114,7 +114,12 @@ def print_report(report: dict, print=print) -> None:
         print(f"\nsame loss after {lc['steps']} steps ({lc['data']}, same init and batches; val = {lc['eval_batches']} "
               f"fixed held-out batches, fp32): baseline {lc['base_val_loss']:.4f}, ours ({lc['ours_dtype']}) "
               f"{lc['ours_val_loss']:.4f}, difference {lc['diff_val_loss']:+.4f}"
-              + (f" (two runs of the baseline itself: {lc['noise']:.4f})" if lc.get("noise") is not None else "")
+              + (f" (the baseline run again: {', '.join(f'{d:+.4f}' for d in lc['noise_val_diffs'])})"
+                 if lc.get("noise_val_diffs") else "")
+              + (f"; the first step whose train loss differs from the baseline's, bit for bit: "
+                 + ", ".join(f"{name} {'none' if i is None else i}" for name, i in lc["first_differing_step"].items())
+                 + (" (deterministic algorithms)" if lc.get("deterministic") else "")
+                 if "first_differing_step" in lc else "")
               + f"; largest difference of the per-step train losses over the first {lc['early_steps']} steps: "
               f"{lc['early_max_diff']:.4f}; verdict on the {lc['verdict_on']}: "
               f"{'agree' if lc['agree'] else 'DIFFER'} (tolerance {lc['tolerance']}; lr {lc.get('schedule', 'constant')}); mean train loss of the last "

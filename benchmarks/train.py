@@ -246,7 +246,7 @@ def largest_batch(rows: list[dict], shape: Shape, device: torch.device, headroom
 # ------------------------------------------------------------------------------------------ same loss
 
 def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_batches: int, data_dir: Path | None,
-               tolerance: float, say, noise_reference: bool = False) -> dict:
+               tolerance: float, say, noise_runs: int = 0) -> dict:
     """The baseline and ours from the same init on the same batches for `steps` steps, under the same
     learning-rate schedule (nanoGPT's: linear warm-up over the first tenth, cosine to a tenth of the peak
     at the last step), then both evaluated by training.report.evaluate.evaluate (the eval train.py runs) in fp32
@@ -260,7 +260,13 @@ def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_
     did two runs of the baseline itself (noise_reference: the same graph, only atomic adds differ). The
     drift is the optimiser amplifying rounding at a high, undecayed lr, not a difference of the math:
     with the lr annealed, as every real run is, the runs end in the same basin, and what is left of the
-    difference is what the check is for."""
+    difference is what the check is for.
+
+    noise_runs: the baseline run again that many times, from the same init on the same batches: how far
+    a run is from itself (on a GPU, atomic adds and kernel choices differ between runs; on a CPU the runs
+    are bitwise equal). Each run's per-step losses are kept, and the first step whose loss differs from
+    the baseline's, bit for bit, is reported for ours and for each re-run: a difference of the math shows
+    in ours at the first step while the re-runs still agree there; noise enters the re-runs alike."""
     if data_dir is not None:
         train = BatchLoader(data_dir, "train", block_size=shape.block_size, batch_size=shape.batch_size, seed=1337,
                             device=device)
@@ -281,18 +287,26 @@ def loss_check(shape: Shape, *, device, dtype, compiled: bool, steps: int, eval_
     base_losses = torch.stack([base(i, lrs[i]) for i in range(steps)]).tolist()
     ours_losses = torch.stack([ours(i, lrs[i]) for i in range(steps)]).tolist()
     steps_run = [("base", base), ("ours", ours)]
-    if noise_reference:
+    again_losses = []
+    for k in range(noise_runs):
         again = baseline_step(shape, weights, device, get_train)
-        torch.stack([again(i, lrs[i]) for i in range(steps)])
-        steps_run.append(("again", again))
+        again_losses.append(torch.stack([again(i, lrs[i]) for i in range(steps)]).tolist())
+        steps_run.append((f"again{k}", again))
     vals = {name: evaluate(step.model, step.loss, {"val": val}, eval_batches, lambda: autocast(device, torch.float32))["val"]
             for name, step in steps_run}
-    noise = abs(vals["again"] - vals["base"]) if noise_reference else 0.0
+    noise_diffs = [vals[f"again{k}"] - vals["base"] for k in range(noise_runs)]
+
+    def first_differing(losses: list[float]) -> int | None:  # bit for bit: the step where two runs part
+        return next((i for i, (a, b) in enumerate(zip(base_losses, losses)) if a != b), None)
     tail = min(20, steps)
     early = max(abs(a - b) for a, b in zip(base_losses[:tail], ours_losses[:tail]))
     val_diff = vals["ours"] - vals["base"]
     return {
-        "noise": noise if noise_reference else None, "early_steps": tail, "early_max_diff": early,
+        "noise": max(map(abs, noise_diffs)) if noise_runs else None, "noise_val_diffs": noise_diffs,
+        "first_differing_step": {"ours": first_differing(ours_losses),
+                                 **{f"again{k}": first_differing(a) for k, a in enumerate(again_losses)}},
+        "again_train_losses": again_losses, "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "early_steps": tail, "early_max_diff": early,
         "verdict_on": "final val loss", "schedule": f"warm-up {max(1, steps // 10)}, cosine {LR:g} -> {LR / 10:g}",
         "steps": steps, "data": source, "eval_batches": eval_batches, "ours_dtype": dtype_name(dtype),
         "base_val_loss": vals["base"], "ours_val_loss": vals["ours"], "diff_val_loss": val_diff,

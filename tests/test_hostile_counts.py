@@ -89,7 +89,7 @@ SPECIAL_VALUE = {"--num-samples": "100000000000000000000000", "--max-new-tokens"
 # ------------------------------------------------------------------------------------------ bench.py
 
 BENCH_INTS = ["--warmup", "--iters", "--rounds", "--repeats", "--new-tokens", "--prompt-len", "--loss-steps",
-              "--prepare-rss-mb", "--corpus-mb", "--corpus-shard-tokens", "--corpus-procs", "--threads"]
+              "--loss-noise-runs", "--prepare-rss-mb", "--corpus-mb", "--corpus-shard-tokens", "--corpus-procs", "--threads"]
 BENCH_FLOATS = ["--loss-tol", "--budget-s"]
 BENCH_LISTS = ["--batch-sizes", "--vocabs", "--loss-chunks"]
 
@@ -97,7 +97,7 @@ BENCH_LISTS = ["--batch-sizes", "--vocabs", "--loss-chunks"]
 def bench_work_is_bounded(args) -> bool:
     """Every loop of every row ends: at most 10**6 steps of each, 10**5 corpus shard files, finite times."""
     steps = (args.warmup + args.iters, args.rounds, args.repeats * (args.prompt_len + args.new_tokens),
-             args.loss_steps, args.corpus_procs, args.prepare_rss_mb)
+             args.loss_steps, args.corpus_procs, args.prepare_rss_mb, args.loss_noise_runs or 0)
     files = args.corpus_mb * 2**20 / args.corpus_shard_tokens  # a token is at least a byte
     lists = [n for n in (*args.batch_size_list, *args.vocab_list, *args.loss_chunk_sizes) if n != "max"]
     return (all(0 <= n <= 10**6 for n in steps) and files <= 10**5 and all(0 < n <= 10**7 for n in lists)
