@@ -3,6 +3,7 @@ heavy dependencies; and a checkpoint's save and restore cover the same states.""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -54,9 +55,15 @@ def _resolve(node: ast.ImportFrom, module: str, is_pkg: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.AST:
+    """A file's syntax tree, parsed once per test process (the tests only read the trees)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def imports_of(module: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, bool]]:
     """(project module imported, inside a function?) for every import statement of `module`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     local_nodes = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                    for n in ast.walk(f)}
     out = []
@@ -143,7 +150,7 @@ def test_project_imports_have_no_cycles():
 def test_function_local_imports_are_only_for_optional_heavy_dependencies():
     offenders = []
     for module, path in project_modules().items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         for func in ast.walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -224,7 +231,7 @@ def test_saving_and_restoring_cover_the_same_states(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------ one owner each
 
 def _product_trees() -> dict[str, ast.AST]:
-    return {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in project_modules().items()}
+    return {m: parsed(p) for m, p in project_modules().items()}
 
 
 def loss_attribute_sets(trees: dict[str, ast.AST]) -> list[str]:
@@ -365,7 +372,7 @@ def test_only_the_checkpoint_module_opens_checkpoint_files():
 # ------------------------------------------------------------------------------------ one plan, one chain
 
 def _function(module: str, name: str) -> ast.FunctionDef:
-    tree = ast.parse(project_modules()[module].read_text(encoding="utf-8"))
+    tree = parsed(project_modules()[module])
     return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
 
 

@@ -65,31 +65,22 @@ def test_bench_quick_smoke(tmp_path, capsys):
             assert row[key] > 0, (row["name"], key)
 
 
-def test_bench_loss_check_runs(tmp_path, capsys):
+def test_bench_loss_check_runs_and_its_rerun_of_the_baseline_is_bitwise_equal_on_a_cpu(tmp_path, capsys):
+    """The check's report; and --loss-noise-runs runs the baseline again from the same init on the same
+    batches: on a CPU every op is deterministic, so the re-run's per-step losses equal the baseline's bit for
+    bit (no first differing step) and its val loss to the last bit; --loss-deterministic is on for the check only."""
     out_json = tmp_path / "bench.json"
-    assert bench.main([*QUICK, "--device", "cpu", "--only", "loss", "--loss-steps", "2", "--json", str(out_json)]) == 0
+    assert bench.main([*QUICK, "--device", "cpu", "--only", "loss", "--loss-steps", "3", "--loss-noise-runs", "1",
+                       "--loss-deterministic", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "same loss after 2 steps" in out
+    assert "same loss after 3 steps" in out and "the baseline run again: +0.0000" in out
     lc = json.loads(out_json.read_text())["loss_check"]
     for key in ("base_val_loss", "ours_val_loss", "diff_val_loss", "agree", "data"):
         assert key in lc
-
-
-def test_the_loss_checks_reruns_of_the_baseline_are_bitwise_equal_on_a_cpu(tmp_path, capsys):
-    """--loss-noise-runs runs the baseline again from the same init on the same batches: on a CPU every op is
-    deterministic, so each re-run's per-step losses equal the baseline's bit for bit (the first differing step
-    is none) and its val loss is the same to the last bit; --loss-deterministic is on for the check only."""
-    import torch
-
-    out_json = tmp_path / "bench.json"
-    assert bench.main([*QUICK, "--device", "cpu", "--only", "loss", "--loss-steps", "3", "--loss-noise-runs", "2",
-                       "--loss-deterministic", "--json", str(out_json)]) == 0
-    lc = json.loads(out_json.read_text())["loss_check"]
-    assert lc["noise_val_diffs"] == [0.0, 0.0] and lc["noise"] == 0.0 and lc["deterministic"] is True
-    assert lc["first_differing_step"]["again0"] is None and lc["first_differing_step"]["again1"] is None
-    assert lc["again_train_losses"] == [lc["base_train_losses"]] * 2
+    assert lc["noise_val_diffs"] == [0.0] and lc["noise"] == 0.0 and lc["deterministic"] is True
+    assert lc["first_differing_step"]["again0"] is None
+    assert lc["again_train_losses"] == [lc["base_train_losses"]]
     assert not torch.are_deterministic_algorithms_enabled()  # the process is left as it was
-    assert "the baseline run again: +0.0000, +0.0000" in capsys.readouterr().out
 
 
 def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monkeypatch, capsys):

@@ -81,28 +81,12 @@ def losses(out: Path) -> dict[int, float]:
             if "train/loss" in r}
 
 
-def test_two_ranks_with_dropout_resume_bitwise_equal_to_an_uninterrupted_run(tmp_path, data_root):
-    """Each rank saves and gets back its own RNG streams: with dropout, rank 1 drawing rank 0's masks
-    after a resume changes the weights (measured before the fix: max |dw| = 0.097)."""
-    r = two_ranks(argv(tmp_path / "full", data_root))
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = two_ranks(argv(tmp_path / "resumed", data_root), SMALLGPT_TEST_INTERRUPT_AFTER="3")
-    assert r.returncode == 0, r.stderr[-3000:]
-    ck = load_checkpoint(tmp_path / "resumed")
-    assert ck["train"]["iter"] == 3 and len(ck["rng"]["ranks"]) == 2
-    assert not torch.equal(ck["rng"]["ranks"][0]["torch"], ck["rng"]["ranks"][1]["torch"])  # own streams
-    r = two_ranks(argv(tmp_path / "resumed", data_root))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resuming" in r.stdout
-    assert losses(tmp_path / "resumed") == losses(tmp_path / "full")  # every logged step once, same values
-    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "resumed")
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
-
-
-def test_two_ranks_fine_tuning_on_conversations_killed_9_resume_bitwise_equal(tmp_path):
-    """data.format chat on 2 ranks: every rank's rows are its share of the step's conversations (a pure function
-    of the step), so a kill -9 of both and a rerun end bitwise where the uninterrupted run ends."""
+def test_two_ranks_with_dropout_killed_9_resume_bitwise_equal_to_an_uninterrupted_run(tmp_path):
+    """Each rank saves and gets back its own RNG streams: with dropout, rank 1 drawing rank 0's masks after a
+    resume changes the weights (measured before the fix: max |dw| = 0.097). And every rank's rows are its share
+    of the step's rows, a pure function of the step (data/loader.py's StepLoader, shared by the text and the
+    conversation loaders), here with data.format chat: a kill -9 of both ranks and a rerun end bitwise where
+    the uninterrupted run ends."""
     from data.tasks import generate, write_jsonl
 
     write_jsonl(tmp_path / "t.jsonl", generate(300, 4, seed=2)[0])
@@ -111,7 +95,9 @@ def test_two_ranks_fine_tuning_on_conversations_killed_9_resume_bitwise_equal(tm
     r = two_ranks(argv(tmp_path / "full", tmp_path / "prepared", *chat))
     assert r.returncode == 0, r.stderr[-3000:]
     r = two_ranks(argv(tmp_path / "killed", tmp_path / "prepared", *chat), SMALLGPT_TEST_KILL_AFTER="5")
-    assert r.returncode == -signal.SIGKILL and load_checkpoint(tmp_path / "killed")["train"]["iter"] == 4
+    ck = load_checkpoint(tmp_path / "killed")
+    assert r.returncode == -signal.SIGKILL and ck["train"]["iter"] == 4 and len(ck["rng"]["ranks"]) == 2
+    assert not torch.equal(ck["rng"]["ranks"][0]["torch"], ck["rng"]["ranks"][1]["torch"])  # own streams
     r = two_ranks(argv(tmp_path / "killed", tmp_path / "prepared", *chat))
     assert r.returncode == 0 and "resuming" in r.stdout, r.stderr[-3000:]
     assert losses(tmp_path / "killed") == losses(tmp_path / "full")
