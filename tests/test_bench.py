@@ -240,9 +240,11 @@ def test_the_floor_under_the_bpe_step_leaves_half_nanogpts_step_minus_the_head_p
     assert "head_floor" not in bench.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0}})["bpe_fp32"]
 
 
-def test_bench_prints_nanogpts_own_step_and_the_floor_under_ours(tmp_path, capsys):
+def test_bench_prints_nanogpts_own_step_the_floor_under_ours_and_other_loss_chunk_sizes(tmp_path, capsys):
+    """One run of the training rows (they take seconds each) for both: nanoGPT's own step and the floor under
+    ours; and --loss-chunks' rows, on the BPE shape only."""
     d = _fake_nanogpt(tmp_path, [400.0] * 101)
-    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--nanogpt-dir", str(d)]) == 0
+    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--nanogpt-dir", str(d), "--loss-chunks", "64"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"nanoGPT's own train.py \(.*, the median of iterations 20-100\): 400.0 ms a step; ours fp32 "
                      r"\d+\.\d\dx \(target >= 2.0x\)", out), out
@@ -253,6 +255,7 @@ def test_bench_prints_nanogpts_own_step_and_the_floor_under_ours(tmp_path, capsy
     assert floor, out
     parts, total, left = [float(floor.group(i)) for i in (2, 3, 4)], float(floor.group(5)), float(floor.group(6))
     assert total == pytest.approx(sum(parts), abs=0.15) and left == pytest.approx(200.0 - total, abs=0.15)
+    check_loss_chunk_rows(out)
 
 
 def test_the_head_floor_times_each_product_by_a_library_that_computes_it_right():
@@ -283,9 +286,8 @@ def test_the_head_floor_times_each_product_by_a_library_that_computes_it_right()
     assert {p["by"] for p in real["products"].values()} <= set(real["libraries"]) and "torch.mm" in real["libraries"]
 
 
-def test_bench_times_other_loss_chunk_sizes_on_the_bpe_shape_only(capsys):
-    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--loss-chunks", "64"]) == 0
-    out = capsys.readouterr().out
+def check_loss_chunk_rows(out: str) -> None:
+    """--loss-chunks 64: its rows are on the BPE shape only, beside the chunks train.py takes."""
     rows = choose_loss_chunk_rows(torch.device("cpu"), compiled=False, vocab_size=50257)  # what train.py takes
     assert re.search(r"BPE train\s+ours float32, loss chunks of 64 ", out) and f"chunks of {rows} (auto)" in out
     # which dtype `auto` marks for the char shape depends on the CPU (on a near-tie, on the moment): one, either
