@@ -8,13 +8,14 @@ Llama and Qwen3 layouts) is model/hf.py and model/hf_modern.py; this file moves 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from fileio import atomic_write, atomic_write_bytes, json_loads
+from fileio import atomic_write, atomic_write_bytes, json_loads, path_kind
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
 from model.hf import HF_ACTIVATIONS, config_from_hf, cropped_state, gpt2_tensors, hf_config, state_from_hf
@@ -41,11 +42,18 @@ def _resolve_dir(name_or_dir: str) -> Path:
         ) from e
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the first one there is read, as transformers does
+
+
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "model.safetensors").is_file():
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    for name in WEIGHT_FILES:
+        if not os.path.lexists(path / name):
+            continue
+        if not (path / name).is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
+            raise ValueError(f"its {name} is {path_kind(path / name)}, not a file")
+        if name == "model.safetensors":
+            return load_file(str(path / name))
+        return torch.load(path / name, map_location="cpu", weights_only=True)
     raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
 
 

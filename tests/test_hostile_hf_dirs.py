@@ -1,0 +1,147 @@
+"""HF GPT-2 directories (config.json + model.safetensors or pytorch_model.bin) as hostile inputs, through every
+entry point that takes one: sample.py, chat.py, serve.py, eval.hellaswag, checkpoint.export (all --checkpoint)
+and train.py (--model.init_from). Each bad directory is one `error:` line naming what is wrong in it, exit
+status 2, no traceback, no library warning on stderr; the directory is left as it was and nothing is written
+(no export, no checkpoint).
+
+The classes: a weight file that is not a regular file (a FIFO, a device, a directory, a socket, a broken
+link); a pytorch_model.bin that is not a dict of named tensors; weights of a dtype that is not floating
+point; NaN or inf in any weight; a config.json too large to be one; a config.json of another model type
+(Llama, Qwen3, this project's own remote-code export).
+
+One tiny HF directory (transformers' own GPT2LMHeadModel.save_pretrained) is made per module and copied.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+transformers = pytest.importorskip("transformers")
+
+import chat  # noqa: E402
+import eval.hellaswag as hellaswag  # noqa: E402
+import sample  # noqa: E402
+import server.cli as serve_cli  # noqa: E402
+import train  # noqa: E402
+from checkpoint.export import main as export_main  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from test_hostile_kinds import SAMPLE_FAST, assert_one_line, run_entry  # noqa: E402
+from test_multirank import argv as tiny_train_argv  # noqa: E402
+
+N_POSITIONS = 32  # tiny_train_argv's model.block_size: train.py gets as far as loading the weights
+
+
+@pytest.fixture(scope="module")
+def hf_base(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hf-base")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8,
+                                                                 n_positions=N_POSITIONS, vocab_size=50257))
+    model.save_pretrained(path)
+    item = {"ctx": "A man sits down.", "endings": ["He eats.", "He runs.", "It rains.", "She sings."], "label": 0}
+    (path.parent / "hs.jsonl").write_text(json.dumps(item) + "\n")
+    return path
+
+
+@pytest.fixture
+def no_serving(monkeypatch):
+    """serve.py loads the model before it listens: a directory that loads would serve for ever."""
+    def listen(host, port):
+        raise AssertionError("the directory loaded, and serve.py went on to listen")
+    monkeypatch.setattr(serve_cli, "listen", listen)
+
+
+def entries(data_root: Path):
+    """name -> (main, argv for the HF directory `d` with scratch folder `t`, the outputs it may write)."""
+    hs = lambda d: Path(d).parent / "hs.jsonl"  # noqa: E731 (beside every directory made here)
+    return {
+        "sample.py": (sample.main, lambda d, t: ["--checkpoint", d, *SAMPLE_FAST, "--prompt", "hi"]),
+        "chat.py": (chat.main, lambda d, t: ["--checkpoint", d, "--max-new-tokens", "2"]),
+        "serve.py": (serve_cli.main, lambda d, t: ["--checkpoint", d, "--port", "0"]),
+        "eval.hellaswag": (hellaswag.main, lambda d, t: ["--checkpoint", d, "--data", hs(d), "--device", "cpu"]),
+        "checkpoint.export": (export_main, lambda d, t: ["--checkpoint", d, "--out", t / "export"]),
+        "train.py init_from": (train.main, lambda d, t: tiny_train_argv(t / "run", data_root, "--data.tokenizer=gpt2",
+                                                                        f"--model.init_from={d}")),
+    }
+
+
+ENTRIES = list(entries(Path()))
+
+
+def snapshot(folder: Path) -> dict[str, object]:
+    """Each name in `folder`: its kind, and a regular file's bytes (a sparse one's size only)."""
+    seen = {}
+    for p in sorted(folder.iterdir()):
+        st_ = os.lstat(p)
+        if p.is_symlink() or not p.is_file():
+            seen[p.name] = (st_.st_mode, os.readlink(p) if p.is_symlink() else None)
+        else:
+            seen[p.name] = p.read_bytes() if st_.st_size < 2**24 else (st_.st_size, st_.st_mtime_ns)
+    return seen
+
+
+def refused(entry: str, hf_dir: Path, scratch: Path, data_root: Path, capsys, *words: str) -> str:
+    """Run `entry` on `hf_dir`: one line with `words`, no warning or traceback, nothing changed or written."""
+    main, argv = entries(data_root)[entry]
+    before = snapshot(hf_dir)
+    code, out, err = run_entry(main, argv(hf_dir, scratch), capsys)
+    line = assert_one_line(code, err, str(hf_dir), *words)
+    assert "Warning" not in err and "warn(" not in err, err  # a library's warning: more lines than the one
+    assert snapshot(hf_dir) == before
+    assert not (scratch / "export").exists()
+    assert not (scratch / "run").exists() or not any((scratch / "run").iterdir()), list((scratch / "run").iterdir())
+    return line
+
+
+def copy_of(base: Path, where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copy(base.parent / "hs.jsonl", where / "hs.jsonl")
+    return Path(shutil.copytree(base, where / "hf"))
+
+
+# each example runs a whole command: a fifth of the profile's examples per entry (4 in CI, 60 with dev)
+FEW = settings(max_examples=max(3, settings().max_examples // 5))
+
+
+# --------------------------------------------------------------------- a weight file that is not a file
+
+def make_not_a_file(kind: str, path: Path) -> None:
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":  # a read would wait for a writer for ever
+        os.mkfifo(path)
+    elif kind in ("zero_device", "null_device"):  # through a link: the real device is never at stake
+        path.symlink_to("/dev/zero" if kind == "zero_device" else "/dev/null")
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))
+    elif kind == "symlink_loop":
+        path.symlink_to(path.name)
+    else:
+        assert kind == "dangling_symlink"
+        path.symlink_to("nothing-here")
+
+
+NOT_A_FILE = ("directory", "fifo", "zero_device", "null_device", "socket", "symlink_loop", "dangling_symlink")
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin"])
+def test_a_weight_file_that_is_not_a_regular_file_is_named_with_its_kind(hf_base, data_root, tmp_path, capsys,
+                                                                        no_serving, entry, name):
+    """Before: "holds neither model.safetensors nor pytorch_model.bin", of a directory that holds one."""
+    for kind in NOT_A_FILE:
+        hf = copy_of(hf_base, tmp_path / kind)
+        (hf / "model.safetensors").unlink()  # (a good one would be read first, as transformers does)
+        make_not_a_file(kind, hf / name)
+        refused(entry, hf, tmp_path / kind, data_root, capsys, name, "not a file")
