@@ -125,6 +125,9 @@ def tensors_problem(state: dict[str, torch.Tensor], expected: dict[str, torch.Te
     for key, tensor in state.items():
         if tensor.shape != expected[key].shape:
             return f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(expected[key].shape)}"
+    for key, tensor in state.items():  # after the shapes: no value of a tensor that does not fit is looked at
+        if not torch.isfinite(tensor).all():  # sampling would fail on them, training stop at its first step
+            return f"non-finite weights (NaN or inf in {key})"
     return None
 
 

@@ -145,3 +145,33 @@ def test_a_weight_file_that_is_not_a_regular_file_is_named_with_its_kind(hf_base
         (hf / "model.safetensors").unlink()  # (a good one would be read first, as transformers does)
         make_not_a_file(kind, hf / name)
         refused(entry, hf, tmp_path / kind, data_root, capsys, name, "not a file")
+
+
+# --------------------------------------------------------------------- NaN or inf in a weight
+
+def with_tensor(base: Path, where: Path, change) -> Path:
+    """A copy of `base` whose model.safetensors holds change(state) instead."""
+    hf = copy_of(base, where)
+    state = load_file(str(hf / "model.safetensors"))
+    save_file(change(state), str(hf / "model.safetensors"), metadata={"format": "pt"})
+    return hf
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@FEW
+@given(which=st.integers(0, 10**6), at=st.floats(0, 1), value=st.sampled_from([float("nan"), float("inf"), -float("inf")]))
+def test_nan_or_inf_in_any_weight_is_one_line_naming_the_tensor(hf_base, data_root, capsys, entry, which, at, value):
+    """Before: sample.py a traceback (torch.multinomial), serve.py served it, the export wrote it, eval.hellaswag
+    scored it and train.py stopped at its first step blaming the learning rate."""
+    names = sorted(load_file(str(hf_base / "model.safetensors")))
+    name = names[which % len(names)]
+
+    def poison(state):
+        flat = state[name].flatten().clone()
+        flat[min(int(at * flat.numel()), flat.numel() - 1)] = value
+        return {**state, name: flat.view_as(state[name])}
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = with_tensor(hf_base, Path(tmp), poison)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(serve_cli, "listen", lambda host, port: pytest.fail("the directory loaded; serve.py listened"))
+            refused(entry, hf, Path(tmp), data_root, capsys, "non-finite", name)
