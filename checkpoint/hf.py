@@ -125,6 +125,8 @@ def tensors_problem(state: dict[str, torch.Tensor], expected: dict[str, torch.Te
     for key, tensor in state.items():
         if tensor.shape != expected[key].shape:
             return f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(expected[key].shape)}"
+        if not tensor.is_floating_point():  # load_state_dict would cast ints, bools, complex numbers silently
+            return f"{key} holds {str(tensor.dtype).removeprefix('torch.')} values, not floating point ones"
     for key, tensor in state.items():  # after the shapes: no value of a tensor that does not fit is looked at
         if not torch.isfinite(tensor).all():  # sampling would fail on them, training stop at its first step
             return f"non-finite weights (NaN or inf in {key})"

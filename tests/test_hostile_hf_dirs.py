@@ -175,3 +175,33 @@ def test_nan_or_inf_in_any_weight_is_one_line_naming_the_tensor(hf_base, data_ro
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(serve_cli, "listen", lambda host, port: pytest.fail("the directory loaded; serve.py listened"))
             refused(entry, hf, Path(tmp), data_root, capsys, "non-finite", name)
+
+
+# --------------------------------------------------------------------- weights that are not floating point
+
+NOT_FLOATS = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.complex64]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@FEW
+@given(which=st.integers(0, 10**6), dtype=st.sampled_from(NOT_FLOATS), every=st.booleans())
+def test_weights_of_a_dtype_that_is_not_floating_point_are_one_line_naming_the_tensor(hf_base, data_root, capsys,
+                                                                                      entry, which, dtype, every):
+    """One tensor, or all of them, of the right shape and a dtype GPT-2's weights never have. Before: cast
+    silently (a complex one with a ComplexWarning), and the model sampled, served, exported or trained."""
+    names = sorted(load_file(str(hf_base / "model.safetensors")))
+    name = names[which % len(names)]
+    changed = lambda state: {k: v.to(dtype) if every or k == name else v for k, v in state.items()}  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = with_tensor(hf_base, Path(tmp), changed)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(serve_cli, "listen", lambda host, port: pytest.fail("the directory loaded; serve.py listened"))
+            refused(entry, hf, Path(tmp), data_root, capsys, str(dtype).removeprefix("torch."), "not floating point",
+                    *([] if every else [name]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_weights_in_another_floating_dtype_still_load(hf_base, tmp_path, capsys, dtype):
+    hf = with_tensor(hf_base, tmp_path, lambda state: {k: v.to(dtype) for k, v in state.items()})
+    code, out, err = run_entry(sample.main, ["--checkpoint", hf, *SAMPLE_FAST, "--prompt", "hi"], capsys)
+    assert code == 0 and "Traceback" not in err, err
