@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -53,8 +55,24 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"its {name} is {path_kind(path / name)}, not a file")
         if name == "model.safetensors":
             return load_file(str(path / name))
-        return torch.load(path / name, map_location="cpu", weights_only=True)
+        return _read_bin(path / name)
     raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
+
+
+def _read_bin(path: Path) -> dict[str, torch.Tensor]:
+    """pytorch_model.bin: read without running code from it (weights_only), and a dict of named tensors."""
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"its {path.name} holds objects that would run code when loaded (refused), or is not a "
+                         "PyTorch file") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        what = type(state).__name__ if not isinstance(state, dict) else "dict with entries that are not named tensors"
+        raise ValueError(f"its {path.name} holds a {what}, not a dict of named tensors")
+    return state
 
 
 def from_pretrained(name_or_dir: str, **overrides) -> GPT:

@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -94,9 +95,11 @@ def refused(entry: str, hf_dir: Path, scratch: Path, data_root: Path, capsys, *w
     """Run `entry` on `hf_dir`: one line with `words`, no warning or traceback, nothing changed or written."""
     main, argv = entries(data_root)[entry]
     before = snapshot(hf_dir)
-    code, out, err = run_entry(main, argv(hf_dir, scratch), capsys)
+    with warnings.catch_warnings(record=True) as warned:  # (pytest takes them off stderr: recorded here)
+        warnings.simplefilter("always")
+        code, out, err = run_entry(main, argv(hf_dir, scratch), capsys)
     line = assert_one_line(code, err, str(hf_dir), *words)
-    assert "Warning" not in err and "warn(" not in err, err  # a library's warning: more lines than the one
+    assert not warned, [str(w.message) for w in warned]  # on stderr, each more lines than the one
     assert snapshot(hf_dir) == before
     assert not (scratch / "export").exists()
     assert not (scratch / "run").exists() or not any((scratch / "run").iterdir()), list((scratch / "run").iterdir())
@@ -205,3 +208,51 @@ def test_weights_in_another_floating_dtype_still_load(hf_base, tmp_path, capsys,
     hf = with_tensor(hf_base, tmp_path, lambda state: {k: v.to(dtype) for k, v in state.items()})
     code, out, err = run_entry(sample.main, ["--checkpoint", hf, *SAMPLE_FAST, "--prompt", "hi"], capsys)
     assert code == 0 and "Traceback" not in err, err
+
+
+# --------------------------------------------------------------------- a pytorch_model.bin that is no state dict
+
+class RunsCode:
+    """Unpickling calls open(marker, "w"): refused by weights_only, never run."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def bin_payloads(state: dict, marker: Path) -> dict[str, tuple[object, str]]:
+    """name -> (what pytorch_model.bin holds, a word its line has)."""
+    return {
+        "a list of the tensors": (list(state.values()), "holds a list"),
+        "one tensor": (torch.zeros(3), "holds a Tensor"),
+        "a number": (5, "holds a int"),
+        "None": (None, "holds a NoneType"),
+        "integer keys": ({i: v for i, v in enumerate(state.values())}, "not named tensors"),
+        "a string among the tensors": ({**state, "transformer.ln_f.bias": "hello"}, "not named tensors"),
+        "None among the tensors": ({**state, "transformer.ln_f.bias": None}, "not named tensors"),
+        "lists for tensors": ({k: v.tolist() for k, v in state.items()}, "not named tensors"),
+        "code (torch.save)": ({"x": RunsCode(marker)}, "run code"),
+        "code (a plain pickle)": ({"x": RunsCode(marker)}, "run code"),
+    }
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_pytorch_model_bin_that_is_not_a_dict_of_named_tensors_is_one_line(hf_base, data_root, tmp_path, capsys,
+                                                                            no_serving, entry):
+    """Before: "cannot read the HF GPT-2 weights (AttributeError)", and the code-holding pickle's line came
+    after torch's three-line "Detected pickle protocol 4" warning."""
+    import pickle
+
+    state = {k: v for k, v in load_file(str(hf_base / "model.safetensors")).items()}
+    marker = tmp_path / "MARKER"
+    for i, (case, (payload, words)) in enumerate(bin_payloads(state, marker).items()):
+        hf = copy_of(hf_base, tmp_path / str(i))
+        (hf / "model.safetensors").unlink()
+        if case == "code (a plain pickle)":
+            (hf / "pytorch_model.bin").write_bytes(pickle.dumps(payload, protocol=4))
+        else:
+            torch.save(payload, hf / "pytorch_model.bin")
+        line = refused(entry, hf, tmp_path / str(i), data_root, capsys, "pytorch_model.bin", words)
+        assert not marker.exists(), (case, line)
