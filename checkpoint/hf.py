@@ -81,7 +81,7 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     path = _resolve_dir(name_or_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    hf = json_loads((path / "config.json").read_text())
+    hf = json_loads(_read_config(path / "config.json"))
     problem = hf_config_problem(hf)
     if problem:
         raise ValueError(problem)
@@ -98,6 +98,20 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     model = GPT(config)
     model.load_state_dict(state, strict=False)  # strict=False only for a tied lm_head.weight
     return model
+
+
+MAX_CONFIG_BYTES = 2**20  # GPT-2's config.json is under 1 KB; a bigger file is not one (a sparse 20 GB file: refused unread)
+
+
+def _read_config(path: Path) -> bytes:
+    """config.json's bytes (a regular file: from_pretrained checked), at most MAX_CONFIG_BYTES of them."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(MAX_CONFIG_BYTES + 1) if size <= MAX_CONFIG_BYTES else b""
+    if size > MAX_CONFIG_BYTES or len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"its config.json is larger than {MAX_CONFIG_BYTES // 2**20} MiB ({max(size, len(data))} "
+                         "bytes), which no GPT-2 config.json is")
+    return data
 
 
 HF_SIZES = ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")  # config.json's, under HF's names

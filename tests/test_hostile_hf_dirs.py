@@ -256,3 +256,21 @@ def test_a_pytorch_model_bin_that_is_not_a_dict_of_named_tensors_is_one_line(hf_
             torch.save(payload, hf / "pytorch_model.bin")
         line = refused(entry, hf, tmp_path / str(i), data_root, capsys, "pytorch_model.bin", words)
         assert not marker.exists(), (case, line)
+
+
+# --------------------------------------------------------------------- a config.json too large to be one
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_config_json_larger_than_any_is_refused_by_its_size_unread(hf_base, data_root, tmp_path, capsys, no_serving,
+                                                                     entry):
+    """A valid config.json padded past 1 MiB, and a sparse 64 GiB one. Before: read whole (read_text: the
+    sparse one was 64 GiB of memory, or a MemoryError), and the padded one loaded."""
+    doc = (hf_base / "config.json").read_bytes()
+    for i, size in enumerate((2**20 + 1, 64 * 2**30)):
+        hf = copy_of(hf_base, tmp_path / str(i))
+        if size <= 2**24:
+            (hf / "config.json").write_bytes(doc + b" " * (size - len(doc)))
+        else:
+            with open(hf / "config.json", "r+b") as f:
+                f.truncate(size)
+        refused(entry, hf, tmp_path / str(i), data_root, capsys, "config.json", "larger than 1 MiB", str(size))
