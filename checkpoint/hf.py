@@ -123,6 +123,10 @@ def hf_config_problem(hf) -> str | None:
     it; None if nothing. Every field config_from_hf reads is checked here, its type first."""
     if not isinstance(hf, dict):
         return f"config.json holds a {type(hf).__name__}, not a JSON object"
+    model_type = hf.get("model_type", "gpt2")  # (absent in some old GPT-2 configs)
+    if model_type != "gpt2":  # a Llama's or Qwen3's config.json would be refused for lacking n_positions
+        return (f"config.json's model_type is {model_type!r:.40}: only GPT-2 directories load here; for an "
+                "export of ours, pass its checkpoint")  # (short: _load_hf keeps 160 characters)
     for name in HF_SIZES:
         value = hf.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

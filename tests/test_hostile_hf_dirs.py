@@ -274,3 +274,39 @@ def test_a_config_json_larger_than_any_is_refused_by_its_size_unread(hf_base, da
             with open(hf / "config.json", "r+b") as f:
                 f.truncate(size)
         refused(entry, hf, tmp_path / str(i), data_root, capsys, "config.json", "larger than 1 MiB", str(size))
+
+
+# --------------------------------------------------------------------- a config.json of another model type
+
+def other_model_types(tmp: Path, base: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (an HF directory of another model type, its model_type): this project's own Llama, Qwen3 and
+    remote-code exports (checkpoint.export writes them), and GPT-2's weights under a config naming another type."""
+    from checkpoint.hf import write_hf_model
+    from model import GPT, GPTConfig
+
+    modern = dict(pos_embedding="rope", norm="rmsnorm", mlp_act="swiglu", bias=False)
+    made = {}
+    for fmt, extra in (("llama", {}), ("qwen3", dict(qk_norm=True)), ("smallgpt", dict(logit_softcap=30.0))):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=50257, block_size=N_POSITIONS, n_layer=1, n_head=2, n_embd=8, **modern, **extra))
+        hf = tmp / fmt / "hf"
+        hf.mkdir(parents=True)
+        assert write_hf_model(model, hf, 50257, 50256) == fmt
+        made[f"our {fmt} export"] = (hf, fmt)
+    for kind in ("mistral", "gpt_neox", ""):
+        hf = copy_of(base, tmp / f"named-{kind}")
+        (hf / "config.json").write_text(json.dumps({**json.loads((base / "config.json").read_text()), "model_type": kind}))
+        made[f"GPT-2 weights, model_type {kind!r}"] = (hf, kind)
+    for hf, _ in made.values():
+        shutil.copy(base.parent / "hs.jsonl", hf.parent / "hs.jsonl")
+    return made
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_config_json_of_another_model_type_is_one_line_naming_it(hf_base, data_root, tmp_path, capsys, no_serving,
+                                                                   entry):
+    """Before: a Llama or Qwen3 directory was refused for lacking n_positions, this project's remote-code export
+    for lacking GPT-2's biases (each with "re-export it": no re-export helps), and GPT-2 weights under another
+    model_type loaded as GPT-2."""
+    for case, (hf, model_type) in other_model_types(tmp_path, hf_base).items():
+        refused(entry, hf, hf.parent, data_root, capsys, f"model_type is {model_type!r}", "only GPT-2")
