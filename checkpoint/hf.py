@@ -79,8 +79,10 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...). What the
     directory holds is checked here, before anything is built: ValueError naming what does not fit."""
     path = _resolve_dir(name_or_dir)
-    if not (path / "config.json").is_file():
+    if not os.path.lexists(path / "config.json"):
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
+    if not (path / "config.json").is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
+        raise ValueError(f"its config.json is {path_kind(path / 'config.json')}, not a file")
     hf = json_loads(_read_config(path / "config.json"))
     problem = hf_config_problem(hf)
     if problem:

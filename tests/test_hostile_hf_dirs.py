@@ -139,13 +139,17 @@ NOT_A_FILE = ("directory", "fifo", "zero_device", "null_device", "socket", "syml
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin"])
-def test_a_weight_file_that_is_not_a_regular_file_is_named_with_its_kind(hf_base, data_root, tmp_path, capsys,
-                                                                        no_serving, entry, name):
-    """Before: "holds neither model.safetensors nor pytorch_model.bin", of a directory that holds one."""
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "config.json"])
+def test_a_file_of_the_directory_that_is_not_a_regular_file_is_named_with_its_kind(hf_base, data_root, tmp_path,
+                                                                                   capsys, no_serving, entry, name):
+    """Before: "holds neither model.safetensors nor pytorch_model.bin", of a directory that holds one, and
+    for config.json "no ckpt.pt or ckpt.dcp in directory": not taken for an HF directory at all."""
     for kind in NOT_A_FILE:
         hf = copy_of(hf_base, tmp_path / kind)
-        (hf / "model.safetensors").unlink()  # (a good one would be read first, as transformers does)
+        if name != "config.json":  # (a good model.safetensors would be read first, as transformers does)
+            (hf / "model.safetensors").unlink()
+        if (hf / name).exists():
+            (hf / name).unlink()
         make_not_a_file(kind, hf / name)
         refused(entry, hf, tmp_path / kind, data_root, capsys, name, "not a file")
 
