@@ -1,6 +1,6 @@
 """HF GPT-2 directories (config.json + model.safetensors or pytorch_model.bin) as hostile inputs, through every
-entry point that takes one: sample.py, chat.py, serve.py, eval.hellaswag, checkpoint.export (all --checkpoint)
-and train.py (--model.init_from). Each bad directory is one `error:` line naming what is wrong in it, exit
+entry point that takes one: sample.py, chat.py, serve.py, eval.hellaswag, eval.inspect, checkpoint.export (all
+--checkpoint) and train.py (--model.init_from). Each bad directory is one `error:` line naming what is wrong in it, exit
 status 2, no traceback, no library warning on stderr; the directory is left as it was and nothing is written
 (no export, no checkpoint).
 
@@ -30,6 +30,7 @@ transformers = pytest.importorskip("transformers")
 
 import chat  # noqa: E402
 import eval.hellaswag as hellaswag  # noqa: E402
+import eval.inspect as inspect_  # noqa: E402
 import sample  # noqa: E402
 import server.cli as serve_cli  # noqa: E402
 import train  # noqa: E402
@@ -70,6 +71,7 @@ def entries(data_root: Path):
         "chat.py": (chat.main, lambda d, t: ["--checkpoint", d, "--max-new-tokens", "2"]),
         "serve.py": (serve_cli.main, lambda d, t: ["--checkpoint", d, "--port", "0"]),
         "eval.hellaswag": (hellaswag.main, lambda d, t: ["--checkpoint", d, "--data", hs(d), "--device", "cpu"]),
+        "eval.inspect": (inspect_.main, lambda d, t: ["--checkpoint", d, "--text", "To be", "--out", t / "pictures"]),
         "checkpoint.export": (export_main, lambda d, t: ["--checkpoint", d, "--out", t / "export"]),
         "train.py init_from": (train.main, lambda d, t: tiny_train_argv(t / "run", data_root, "--data.tokenizer=gpt2",
                                                                         f"--model.init_from={d}")),
@@ -102,7 +104,8 @@ def refused(entry: str, hf_dir: Path, scratch: Path, data_root: Path, capsys, *w
     assert not warned, [str(w.message) for w in warned]  # on stderr, each more lines than the one
     assert snapshot(hf_dir) == before
     assert not (scratch / "export").exists()
-    assert not (scratch / "run").exists() or not any((scratch / "run").iterdir()), list((scratch / "run").iterdir())
+    for made in ("run", "pictures"):  # made before the model is loaded, and left empty
+        assert not (scratch / made).exists() or not any((scratch / made).iterdir()), list((scratch / made).iterdir())
     return line
 
 
@@ -226,8 +229,9 @@ class RunsCode:
         return (open, (str(self.marker), "w"))
 
 
-def bin_payloads(state: dict, marker: Path) -> dict[str, tuple[object, str]]:
-    """name -> (what pytorch_model.bin holds, a word its line has)."""
+def bin_payloads(marker: Path) -> dict[str, tuple[object, str]]:
+    """name -> (what pytorch_model.bin holds, a word its line has). Small: the class is the kind of object."""
+    state = {"transformer.wte.weight": torch.zeros(4, 8), "transformer.ln_f.bias": torch.zeros(8)}
     return {
         "a list of the tensors": (list(state.values()), "holds a list"),
         "one tensor": (torch.zeros(3), "holds a Tensor"),
@@ -242,24 +246,34 @@ def bin_payloads(state: dict, marker: Path) -> dict[str, tuple[object, str]]:
     }
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_a_pytorch_model_bin_that_is_not_a_dict_of_named_tensors_is_one_line(hf_base, data_root, tmp_path, capsys,
-                                                                            no_serving, entry):
-    """Before: "cannot read the HF GPT-2 weights (AttributeError)", and the code-holding pickle's line came
-    after torch's three-line "Detected pickle protocol 4" warning."""
+@pytest.fixture(scope="module")
+def bad_bins(hf_base, tmp_path_factory) -> tuple[list[Path], Path]:
+    """An HF directory per payload (pytorch_model.bin, no model.safetensors), and the marker none may create."""
     import pickle
 
-    state = {k: v for k, v in load_file(str(hf_base / "model.safetensors")).items()}
-    marker = tmp_path / "MARKER"
-    for i, (case, (payload, words)) in enumerate(bin_payloads(state, marker).items()):
-        hf = copy_of(hf_base, tmp_path / str(i))
+    root = tmp_path_factory.mktemp("bins")
+    marker = root / "MARKER"
+    made = []
+    for i, (case, (payload, words)) in enumerate(bin_payloads(marker).items()):
+        hf = copy_of(hf_base, root / str(i))
         (hf / "model.safetensors").unlink()
         if case == "code (a plain pickle)":
             (hf / "pytorch_model.bin").write_bytes(pickle.dumps(payload, protocol=4))
         else:
             torch.save(payload, hf / "pytorch_model.bin")
+        made.append((hf, words))
+    return made, marker
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_pytorch_model_bin_that_is_not_a_dict_of_named_tensors_is_one_line(bad_bins, data_root, tmp_path, capsys,
+                                                                            no_serving, entry):
+    """Before: "cannot read the HF GPT-2 weights (AttributeError)", and the code-holding pickle's line came
+    after torch's three-line "Detected pickle protocol 4" warning."""
+    made, marker = bad_bins
+    for i, (hf, words) in enumerate(made):
         line = refused(entry, hf, tmp_path / str(i), data_root, capsys, "pytorch_model.bin", words)
-        assert not marker.exists(), (case, line)
+        assert not marker.exists(), line
 
 
 # --------------------------------------------------------------------- a config.json too large to be one
