@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from errors import short_error
 from fileio import atomic_write, atomic_write_bytes, json_loads, path_kind
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
@@ -54,7 +55,10 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         if not (path / name).is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
             raise ValueError(f"its {name} is {path_kind(path / name)}, not a file")
         if name == "model.safetensors":
-            return load_file(str(path / name))
+            try:
+                return load_file(str(path / name))
+            except SafetensorError as e:  # a truncated file, a header that is not safetensors' JSON, bad offsets
+                raise ValueError(f"its {name} is damaged or not a safetensors file ({short_error(e, 80)})") from None
         return _read_bin(path / name)
     raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
 

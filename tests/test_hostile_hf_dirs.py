@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 transformers = pytest.importorskip("transformers")
 
@@ -328,3 +328,38 @@ def test_a_config_json_of_another_model_type_is_one_line_naming_it(hf_base, data
     model_type loaded as GPT-2."""
     for case, (hf, model_type) in other_model_types(tmp_path, hf_base).items():
         refused(entry, hf, hf.parent, data_root, capsys, f"model_type is {model_type!r}", "only GPT-2")
+
+
+# --------------------------------------------------------------------- model.safetensors that is not one
+
+@pytest.fixture(scope="module")
+def safetensors_bytes(hf_base) -> bytes:
+    return (hf_base / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@FEW
+@example(cut=0.0, header=None, declared=None).via("zero bytes")
+@example(cut=0.5, header=b"[1, 2, 3]", declared=None).via("JSON, not safetensors' header")
+@example(cut=0.5, header=None, declared=2**62).via("a header length past any file")
+@given(cut=st.floats(0, 1, exclude_max=True), header=st.one_of(st.none(), st.binary(max_size=64)),
+       declared=st.one_of(st.none(), st.integers(0, 2**64 - 1)))
+def test_a_damaged_model_safetensors_is_one_line_naming_it(hf_base, safetensors_bytes, data_root, capsys, entry, cut,
+                                                          header, declared):
+    """Any bytes as its header, any declared header length (its first 8 bytes), cut anywhere. Before: one line
+    saying "SafetensorError", naming neither the file nor what is wrong with it."""
+    import struct
+
+    data = safetensors_bytes
+    if header is not None:
+        (n,) = struct.unpack("<Q", data[:8])
+        data = struct.pack("<Q", len(header)) + header + data[8 + n:]
+    if declared is not None:
+        data = struct.pack("<Q", declared) + data[8:]
+    data = data[:int(cut * len(data))] if header is None and declared is None else data
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = copy_of(hf_base, Path(tmp))
+        (hf / "model.safetensors").write_bytes(data)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(serve_cli, "listen", lambda host, port: pytest.fail("the directory loaded; serve.py listened"))
+            refused(entry, hf, Path(tmp), data_root, capsys, "model.safetensors", "damaged or not a safetensors file")
