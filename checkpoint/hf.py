@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -72,10 +73,16 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError:
         raise ValueError(f"its {path.name} holds objects that would run code when loaded (refused), or is not a "
                          "PyTorch file") from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in state.items()):
-        what = type(state).__name__ if not isinstance(state, dict) else "dict with entries that are not named tensors"
-        raise ValueError(f"its {path.name} holds a {what}, not a dict of named tensors")
+    except (RuntimeError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise ValueError(f"its {path.name} is damaged or not a PyTorch file ({short_error(e, 80)})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"its {path.name} holds a {type(state).__name__}; expected a dict of named tensors")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            what = (f"the key {key!r:.40}, not a name" if not isinstance(key, str) else
+                    f"a {value.layout} tensor" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}")
+            what += "" if not isinstance(key, str) else f" under {key!r:.40}"
+            raise ValueError(f"its {path.name} holds {what}; expected a dict of named tensors")
     return state
 
 

@@ -237,13 +237,28 @@ def bin_payloads(marker: Path) -> dict[str, tuple[object, str]]:
         "one tensor": (torch.zeros(3), "holds a Tensor"),
         "a number": (5, "holds a int"),
         "None": (None, "holds a NoneType"),
-        "integer keys": ({i: v for i, v in enumerate(state.values())}, "not named tensors"),
-        "a string among the tensors": ({**state, "transformer.ln_f.bias": "hello"}, "not named tensors"),
-        "None among the tensors": ({**state, "transformer.ln_f.bias": None}, "not named tensors"),
-        "lists for tensors": ({k: v.tolist() for k, v in state.items()}, "not named tensors"),
+        "integer keys": ({i: v for i, v in enumerate(state.values())}, "a dict of named tensors"),
+        "a string among the tensors": ({**state, "transformer.ln_f.bias": "hello"}, "a dict of named tensors"),
+        "None among the tensors": ({**state, "transformer.ln_f.bias": None}, "a dict of named tensors"),
+        "lists for tensors": ({k: v.tolist() for k, v in state.items()}, "a dict of named tensors"),
+        "sparse tensors": ({k: v.to_sparse() for k, v in state.items()}, "torch.sparse_coo tensor"),
         "code (torch.save)": ({"x": RunsCode(marker)}, "run code"),
         "code (a plain pickle)": ({"x": RunsCode(marker)}, "run code"),
+        "no bytes": (b"", "damaged or not a PyTorch file"),
+        "a zip that is not torch's": (zipped({"hello.txt": b"hi"}), "damaged or not a PyTorch file"),
+        "torch's zip cut in half": (None, "damaged or not a PyTorch file"),
     }
+
+
+def zipped(files: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +274,12 @@ def bad_bins(hf_base, tmp_path_factory) -> tuple[list[Path], Path]:
         (hf / "model.safetensors").unlink()
         if case == "code (a plain pickle)":
             (hf / "pytorch_model.bin").write_bytes(pickle.dumps(payload, protocol=4))
+        elif isinstance(payload, bytes):  # the file's bytes as they are
+            (hf / "pytorch_model.bin").write_bytes(payload)
+        elif payload is None and "cut" in case:
+            torch.save(load_file(str(hf_base / "model.safetensors")), hf / "pytorch_model.bin")
+            whole = (hf / "pytorch_model.bin").read_bytes()
+            (hf / "pytorch_model.bin").write_bytes(whole[:len(whole) // 2])
         else:
             torch.save(payload, hf / "pytorch_model.bin")
         made.append((hf, words))
@@ -268,8 +289,8 @@ def bad_bins(hf_base, tmp_path_factory) -> tuple[list[Path], Path]:
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_a_pytorch_model_bin_that_is_not_a_dict_of_named_tensors_is_one_line(bad_bins, data_root, tmp_path, capsys,
                                                                             no_serving, entry):
-    """Before: "cannot read the HF GPT-2 weights (AttributeError)", and the code-holding pickle's line came
-    after torch's three-line "Detected pickle protocol 4" warning."""
+    """Before: "cannot read the HF GPT-2 weights (AttributeError)" (or RuntimeError, EOFError), and the
+    code-holding pickle's line came after torch's three-line "Detected pickle protocol 4" warning."""
     made, marker = bad_bins
     for i, (hf, words) in enumerate(made):
         line = refused(entry, hf, tmp_path / str(i), data_root, capsys, "pytorch_model.bin", words)
