@@ -4,16 +4,16 @@ entry point that takes one: sample.py, chat.py, serve.py, eval.hellaswag, eval.i
 status 2, no traceback, no library warning on stderr; the directory is left as it was and nothing is written
 (no export, no checkpoint).
 
-The classes: a weight file that is not a regular file (a FIFO, a device, a directory, a socket, a broken
-link); a pytorch_model.bin that is not a dict of named tensors; weights of a dtype that is not floating
-point; NaN or inf in any weight; a config.json too large to be one; a config.json of another model type
-(Llama, Qwen3, this project's own remote-code export).
+The classes: a file of the directory (config.json, model.safetensors, pytorch_model.bin) that is not a
+regular file (a FIFO, a device, a directory, a socket, a broken link); a pytorch_model.bin that is damaged or
+not a dict of named dense tensors, or holds code; a damaged model.safetensors (any header, any declared header
+length, cut anywhere); weights of a dtype that is not floating point; NaN or inf in any weight; a config.json
+too large to be one; a config.json of another model type (Llama, Qwen3, this project's remote-code export).
 
 One tiny HF directory (transformers' own GPT2LMHeadModel.save_pretrained) is made per module and copied.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
