@@ -8,13 +8,18 @@ Llama and Qwen3 layouts) is model/hf.py and model/hf_modern.py; this file moves 
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import warnings
+import zipfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from fileio import atomic_write, atomic_write_bytes, json_loads
+from errors import short_error
+from fileio import atomic_write, atomic_write_bytes, json_loads, path_kind
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
 from model.hf import HF_ACTIVATIONS, config_from_hf, cropped_state, gpt2_tensors, hf_config, state_from_hf
@@ -41,21 +46,55 @@ def _resolve_dir(name_or_dir: str) -> Path:
         ) from e
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the first one there is read, as transformers does
+
+
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "model.safetensors").is_file():
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    for name in WEIGHT_FILES:
+        if not os.path.lexists(path / name):
+            continue
+        if not (path / name).is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
+            raise ValueError(f"its {name} is {path_kind(path / name)}, not a file")
+        if name == "model.safetensors":
+            try:
+                return load_file(str(path / name))
+            except SafetensorError as e:  # a truncated file, a header that is not safetensors' JSON, bad offsets
+                raise ValueError(f"its {name} is damaged or not a safetensors file ({short_error(e, 80)})") from None
+        return _read_bin(path / name)
     raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
+
+
+def _read_bin(path: Path) -> dict[str, torch.Tensor]:
+    """pytorch_model.bin: read without running code from it (weights_only), and a dict of named tensors."""
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"its {path.name} holds objects that would run code when loaded (refused), or is not a "
+                         "PyTorch file") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise ValueError(f"its {path.name} is damaged or not a PyTorch file ({short_error(e, 80)})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"its {path.name} holds a {type(state).__name__}; expected a dict of named tensors")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            what = (f"the key {key!r:.40}, not a name" if not isinstance(key, str) else
+                    f"a {value.layout} tensor" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}")
+            what += "" if not isinstance(key, str) else f" under {key!r:.40}"
+            raise ValueError(f"its {path.name} holds {what}; expected a dict of named tensors")
+    return state
 
 
 def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...). What the
     directory holds is checked here, before anything is built: ValueError naming what does not fit."""
     path = _resolve_dir(name_or_dir)
-    if not (path / "config.json").is_file():
+    if not os.path.lexists(path / "config.json"):
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    hf = json_loads((path / "config.json").read_text())
+    if not (path / "config.json").is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
+        raise ValueError(f"its config.json is {path_kind(path / 'config.json')}, not a file")
+    hf = json_loads(_read_config(path / "config.json"))
     problem = hf_config_problem(hf)
     if problem:
         raise ValueError(problem)
@@ -74,6 +113,20 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     return model
 
 
+MAX_CONFIG_BYTES = 2**20  # GPT-2's config.json is under 1 KB; a bigger file is not one (a sparse 20 GB file: refused unread)
+
+
+def _read_config(path: Path) -> bytes:
+    """config.json's bytes (a regular file: from_pretrained checked), at most MAX_CONFIG_BYTES of them."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(MAX_CONFIG_BYTES + 1) if size <= MAX_CONFIG_BYTES else b""
+    if size > MAX_CONFIG_BYTES or len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"its config.json is larger than {MAX_CONFIG_BYTES // 2**20} MiB ({max(size, len(data))} "
+                         "bytes), which no GPT-2 config.json is")
+    return data
+
+
 HF_SIZES = ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")  # config.json's, under HF's names
 HF_FLAGS = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "scale_attn_weights", "tie_word_embeddings")
 
@@ -83,6 +136,10 @@ def hf_config_problem(hf) -> str | None:
     it; None if nothing. Every field config_from_hf reads is checked here, its type first."""
     if not isinstance(hf, dict):
         return f"config.json holds a {type(hf).__name__}, not a JSON object"
+    model_type = hf.get("model_type", "gpt2")  # (absent in some old GPT-2 configs)
+    if model_type != "gpt2":  # a Llama's or Qwen3's config.json would be refused for lacking n_positions
+        return (f"config.json's model_type is {model_type!r:.40}: only GPT-2 directories load here; for an "
+                "export of ours, pass its checkpoint")  # (short: _load_hf keeps 160 characters)
     for name in HF_SIZES:
         value = hf.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -117,6 +174,11 @@ def tensors_problem(state: dict[str, torch.Tensor], expected: dict[str, torch.Te
     for key, tensor in state.items():
         if tensor.shape != expected[key].shape:
             return f"shape mismatch for {key}: HF {tuple(tensor.shape)} vs ours {tuple(expected[key].shape)}"
+        if not tensor.is_floating_point():  # load_state_dict would cast ints, bools, complex numbers silently
+            return f"{key} holds {str(tensor.dtype).removeprefix('torch.')} values, not floating point ones"
+    for key, tensor in state.items():  # after the shapes: no value of a tensor that does not fit is looked at
+        if not torch.isfinite(tensor).all():  # sampling would fail on them, training stop at its first step
+            return f"non-finite weights (NaN or inf in {key})"
     return None
 
 

@@ -89,7 +89,8 @@ def is_hub_name(spec: str) -> bool:
 
 def is_hf_dir(spec: str) -> bool:
     path = Path(spec).expanduser()
-    return path.is_dir() and not (path / CKPT_NAME).is_file() and (path / "config.json").is_file()
+    # config.json of any kind (a FIFO, a broken link): from_pretrained names what it is
+    return path.is_dir() and not (path / CKPT_NAME).is_file() and os.path.lexists(path / "config.json")
 
 
 def load_model(spec: str, **overrides: Any) -> LoadedModel:
