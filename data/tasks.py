@@ -20,13 +20,14 @@ import random
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
-from fileio import atomic_write_bytes
+from fileio import atomic_write_bytes, check_writable_dir, output_target, path_arg
 
 MAX_NUMBER = 99
 WORDS = ("cat dog sun red fox lamp tree fish bird moon star rain blue cold warm milk bread stone river house "
          "green apple cloud wind door book road hill boat frog king").split()
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 KINDS = ("arithmetic", "reverse", "format", "count")
+FILES = ("train.jsonl", "heldout.jsonl", "pretrain.txt")  # what --out receives
 ALPHABET = "".join(sorted(set(LETTERS + LETTERS.upper() + "0123456789" + " \n?:+-[]")))
 
 
@@ -128,17 +129,19 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m data.tasks", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="folder for train.jsonl, heldout.jsonl and pretrain.txt")
+    p.add_argument("--out", required=True, type=path_arg, help="folder for train.jsonl, heldout.jsonl and pretrain.txt")
     p.add_argument("--train", type=int, default=10000, help="training conversations")
     p.add_argument("--heldout", type=int, default=400, help="held-out conversations")
     p.add_argument("--pretrain-lines", type=int, default=20000, help="lines of plain text for pretraining")
     p.add_argument("--max-number", type=int, default=MAX_NUMBER, help="arithmetic on numbers from 10 to this")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if not 20 <= args.max_number <= 99 or args.train < 2 or args.heldout < 0:
         raise UserError("--max-number needs to be from 20 to 99, --train >= 2 and --heldout >= 0")
+    out = Path(args.out)  # checked before it is created, and before any work
+    check_writable_dir(out, "--out")
+    for name in FILES:  # a link or a folder at one of its names: refused now, not after the others are written
+        output_target(out / name, "--out's", follow=False)
     train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "heldout.jsonl", heldout)

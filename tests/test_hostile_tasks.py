@@ -1,0 +1,95 @@
+"""Hostile inputs to the verifiable-tasks CLIs (python -m data.tasks, python -m eval.chat_tasks), found from
+outside: each class is one line on stderr naming the problem and the fix, exit 2, no traceback, nothing
+written or overwritten."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from errors import run_cli
+
+SMALL = ["--train", "20", "--heldout", "4", "--pretrain-lines", "3"]
+
+
+def cli(main, argv, capsys) -> tuple[int, str]:
+    """(exit code, stderr) of `main(argv)` run as its CLI runs it; a traceback fails the test by itself."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: main([str(a) for a in argv]))
+    return e.value.code, capsys.readouterr().err
+
+
+def one_line(code: int, err: str, *words: str) -> None:
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (code, err)
+    assert all(w in err for w in words), err
+
+
+def snapshot(folder: Path) -> dict:
+    """Every entry under `folder`: a regular file's bytes, a link's target, else its kind."""
+    return {str(p): os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else p.is_dir()
+            for p in sorted(folder.rglob("*"))}
+
+
+def _out_kind(tmp: Path, kind: str) -> Path | str:
+    if kind == "file":
+        (tmp / "f").write_text("keep"); return tmp / "f"
+    if kind == "under a file":
+        (tmp / "f").write_text("keep"); return tmp / "f" / "sub"
+    if kind == "fifo":
+        os.mkfifo(tmp / "p"); return tmp / "p"
+    if kind == "broken symlink":
+        os.symlink(tmp / "nowhere" / "x", tmp / "l"); return tmp / "l"
+    if kind == "symlink loop":
+        os.symlink(tmp / "loop", tmp / "loop"); return tmp / "loop"
+    if kind == "device":
+        return Path("/dev/full")
+    if kind == "name too long":
+        return tmp / ("x" * 300)
+    if kind == "empty":
+        return ""  # (not Path(""), which is ".")
+    if kind.startswith("a folder at "):  # one of the three outputs is a folder or a link: none is written
+        name = kind.removeprefix("a folder at ")
+        (tmp / "o").mkdir()
+        for other in ("train.jsonl", "heldout.jsonl", "pretrain.txt"):
+            (tmp / "o" / other).write_text("keep")
+        (tmp / "o" / name).unlink()
+        (tmp / "o" / name).mkdir()
+        return tmp / "o"
+    if kind == "a link at pretrain.txt":
+        (tmp / "o").mkdir()
+        for other in ("train.jsonl", "heldout.jsonl"):
+            (tmp / "o" / other).write_text("keep")
+        (tmp / "elsewhere").write_text("keep")
+        os.symlink(tmp / "elsewhere", tmp / "o" / "pretrain.txt")
+        return tmp / "o"
+    raise AssertionError(kind)
+
+
+OUT_KINDS = ["file", "under a file", "fifo", "broken symlink", "symlink loop", "device", "name too long", "empty",
+             "a folder at train.jsonl", "a folder at heldout.jsonl", "a folder at pretrain.txt", "a link at pretrain.txt"]
+
+
+@pytest.mark.parametrize("kind", OUT_KINDS)
+def test_class_tasks_out_that_is_no_writable_folder_is_one_line_and_writes_nothing(tmp_path, capsys, kind):
+    # --out was mkdir'ed as it came: a file, a FIFO, /dev/full, a dangling link or a long name was a
+    # FileExistsError/OSError traceback, '' wrote into the current folder, and a folder at heldout.jsonl
+    # was refused only after train.jsonl had been replaced
+    from data.tasks import main
+
+    out = _out_kind(tmp_path, kind)
+    before = snapshot(tmp_path)
+    code, err = cli(main, ["--out", out, *SMALL], capsys)
+    one_line(code, err)
+    assert "--out" in err or "symlink" in err, err
+    assert snapshot(tmp_path) == before
+
+
+def test_class_tasks_bad_numbers_create_no_out_folder(tmp_path, capsys):
+    # the folder was created before the numbers were checked
+    from data.tasks import main
+
+    code, err = cli(main, ["--out", tmp_path / "new", "--train", "1"], capsys)
+    one_line(code, err, "--train")
+    assert not (tmp_path / "new").exists()
