@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import contextlib
+import io
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from errors import run_cli
 
@@ -19,6 +24,14 @@ def cli(main, argv, capsys) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: main([str(a) for a in argv]))
     return e.value.code, capsys.readouterr().err
+
+
+def _cli(main, argv, _=None) -> tuple[int, str]:
+    """cli without capsys (a hypothesis test's examples share one fixture)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+        run_cli(lambda: main([str(a) for a in argv]))
+    return e.value.code, err.getvalue()
 
 
 def one_line(code: int, err: str, *words: str) -> None:
@@ -93,3 +106,36 @@ def test_class_tasks_bad_numbers_create_no_out_folder(tmp_path, capsys):
     code, err = cli(main, ["--out", tmp_path / "new", "--train", "1"], capsys)
     one_line(code, err, "--train")
     assert not (tmp_path / "new").exists()
+
+
+BOUNDS = {"--train": (2, 1_000_000), "--heldout": (0, 100_000), "--pretrain-lines": (0, 2_000_000),
+          "--max-number": (20, 99)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(option=st.sampled_from(sorted(BOUNDS)), below=st.booleans(), by=st.integers(1, 10**30))
+def test_class_tasks_counts_out_of_range_are_refused_before_any_work(tmp_path_factory, option, below, by):
+    # --train/--pretrain-lines 10**30 ran until memory ran out (a list of that many rows), --heldout 10**30
+    # drew 1000 questions per missing one, and --pretrain-lines -5 wrote a file of one line without a word
+    from data.tasks import main
+
+    lo, hi = BOUNDS[option]
+    out = tmp_path_factory.mktemp("counts") / "new"
+    code, err = _cli(main, ["--out", out, *SMALL, option, lo - by if below else hi + by])
+    one_line(code, err, option.removeprefix("--").split("-")[0])
+    assert not out.exists()
+
+
+@settings(max_examples=20, deadline=None)
+@given(top=st.integers(20, 99), over=st.integers(1, 400))
+def test_class_tasks_heldout_over_the_arithmetic_questions_there_are_is_refused_by_arithmetic(tmp_path_factory, top, over):
+    # --max-number 20 --heldout 400 drew 100,000 questions before "train.jsonl holds nearly every ..."
+    from data.tasks import arithmetic_questions, main
+
+    heldout = 4 * arithmetic_questions(top) + over
+    if heldout > BOUNDS["--heldout"][1]:
+        return
+    out = tmp_path_factory.mktemp("held") / "new"
+    code, err = _cli(main, ["--out", out, *SMALL, "--heldout", heldout, "--max-number", top], None)
+    one_line(code, err, "--heldout", "--max-number")
+    assert not out.exists()
