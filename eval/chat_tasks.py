@@ -11,6 +11,7 @@ Prints the accuracy per kind and overall, and with --json the numbers as one JSO
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -20,22 +21,23 @@ import torch
 from checkpoint import load_model
 from data import tokenizer_from_meta
 from data.chat_template import ChatTemplate, template_for
-from errors import ArgumentParser, UserError, run_cli
-from fileio import json_loads
+from errors import ArgumentParser, UserError, run_cli, utf8_text
+from fileio import json_loads, path_arg, read_user_file
 from model.generate import generate
 from model.vocab import grow_vocab
 
+MAX_TASKS_BYTES = 256 * 2**20  # data/tasks.py's largest train.jsonl is about 100 MB; a bigger file is refused unread
 MAX_NEW_TOKENS = 24  # every answer of data/tasks.py is shorter; a reply that runs on is wrong anyway
 
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of a tasks .jsonl: each {"messages": [user, assistant], "kind"?}; one line for a bad row."""
     rows = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read --tasks {path} ({type(e).__name__}); name a .jsonl written by "
-                        "`python -m data.tasks`") from None
+    fix = "name a .jsonl written by `python -m data.tasks`"
+    text = utf8_text(read_user_file(path, "--tasks", fix=fix, limit=MAX_TASKS_BYTES), f"--tasks {path}", fix)
+    # rows end at \n, \r\n or \r, which JSON text never holds raw; not str.splitlines(), which also splits
+    # inside a row at U+2028, U+0085 and the like (valid in a JSON string); a Windows BOM is not data
+    lines = re.split(r"\r\n|\r|\n", text.removeprefix("\ufeff"))
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -94,7 +96,7 @@ def load_chat_model(spec: str):
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m eval.chat_tasks", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="a checkpoint file or out_dir (or an HF GPT-2 name/dir)")
-    p.add_argument("--tasks", required=True, help="held-out rows: heldout.jsonl of `python -m data.tasks`")
+    p.add_argument("--tasks", required=True, type=path_arg, help="held-out rows: heldout.jsonl of `python -m data.tasks`")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
     args = p.parse_args(argv)

@@ -139,3 +139,78 @@ def test_class_tasks_heldout_over_the_arithmetic_questions_there_are_is_refused_
     code, err = _cli(main, ["--out", out, *SMALL, "--heldout", heldout, "--max-number", top], None)
     one_line(code, err, "--heldout", "--max-number")
     assert not out.exists()
+
+
+def _tasks_kind(tmp: Path, kind: str) -> str:
+    p = tmp / "t.jsonl"
+    if kind == "directory":
+        p.mkdir()
+    elif kind == "fifo nobody writes":
+        os.mkfifo(p)
+    elif kind == "sparse 1 TB":
+        with open(p, "wb") as f:
+            f.truncate(10**12)
+    elif kind == "broken symlink":
+        os.symlink(tmp / "nowhere", p)
+    elif kind == "not UTF-8":
+        p.write_bytes(b'{"messages": [{"role": "user", "content": "\xff"}]}\n')
+    elif kind == "empty file":
+        p.write_bytes(b"")
+    elif kind == "empty name":
+        return ""
+    elif kind == "name too long":
+        return str(tmp / ("x" * 300))
+    elif kind == "name not UTF-8":
+        return str(tmp) + "/t\udcff.jsonl"
+    return str(p)
+
+
+TASKS_KINDS = ["directory", "fifo nobody writes", "sparse 1 TB", "broken symlink", "not UTF-8", "empty file",
+               "empty name", "name too long", "name not UTF-8"]
+
+
+@pytest.mark.parametrize("kind", TASKS_KINDS)
+def test_class_tasks_file_that_cannot_be_read_is_one_line_bounded_and_before_the_model(tmp_path, capsys, kind):
+    # the file was read whole (Path.read_text): a sparse 1 TB file was "out of memory ... lower the batch
+    # size", a FIFO nobody writes hung for ever; '' was "cannot read --tasks  (IsADirectoryError)"
+    import signal
+
+    from eval.chat_tasks import main
+
+    tasks = _tasks_kind(tmp_path, kind)
+    def waited(signum, frame):
+        raise TimeoutError("--tasks was waited on for 20 s")
+
+    old = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(20)  # (the FIFO waited for ever)
+    try:  # the checkpoint is missing too: the tasks file is read first, so its line is the one said
+        code, err = cli(main, ["--checkpoint", tmp_path / "no-checkpoint", "--tasks", tasks], capsys)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    one_line(code, err, "no rows" if kind in ("empty file", "fifo nobody writes") else "--tasks")
+    assert "memory" not in err and "checkpoint" not in err, err
+
+
+ROW = st.fixed_dictionaries({"kind": st.sampled_from(["arithmetic", "count"]), "messages": st.tuples(
+    st.fixed_dictionaries({"role": st.just("user"), "content": st.text(st.characters(codec="utf-8"), min_size=1,
+                                                                    max_size=8).filter(str.strip)}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.sampled_from(["1", "a\u2028b", "x\x85y"])}))
+    .map(list)})
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(ROW, min_size=1, max_size=4), end=st.sampled_from(["\n", "\r\n", "\r"]), bom=st.booleans(),
+       raw=st.booleans())
+def test_class_tasks_rows_are_read_whatever_their_line_ends_bom_or_unicode_line_separators(tmp_path_factory, rows, end,
+                                                                                            bom, raw):
+    # str.splitlines() split a row at a raw U+2028, U+0085, \x1c... inside its JSON strings, and a BOM made
+    # row 1 "not a conversation": valid rows refused as bad ones
+    import json
+
+    from eval.chat_tasks import read_rows
+
+    path = tmp_path_factory.mktemp("rows") / "t.jsonl"
+    body = "".join(json.dumps(r, ensure_ascii=not raw) + end for r in rows)
+    path.write_bytes(b"\xef\xbb\xbf" * bom + body.encode("utf-8", "surrogatepass"))
+    assert read_rows(path) == rows
