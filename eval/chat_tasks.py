@@ -21,7 +21,8 @@ import torch
 from checkpoint import load_model
 from data import tokenizer_from_meta
 from data.chat_template import ChatTemplate, template_for
-from errors import ArgumentParser, UserError, run_cli, utf8_text
+from data.messages import message_fault
+from errors import ArgumentParser, UserError, run_cli, short_error, utf8_text
 from fileio import json_loads, path_arg, read_user_file
 from model.generate import generate
 from model.vocab import grow_vocab
@@ -30,30 +31,57 @@ MAX_TASKS_BYTES = 256 * 2**20  # data/tasks.py's largest train.jsonl is about 10
 MAX_NEW_TOKENS = 24  # every answer of data/tasks.py is shorter; a reply that runs on is wrong anyway
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a tasks .jsonl: each {"messages": [user, assistant], "kind"?}; one line for a bad row."""
-    rows = []
+def row_fault(row) -> str | None:
+    """What keeps a parsed tasks row from being scored (a clause), or None."""
+    if not isinstance(row, dict):
+        return f"it is {'null' if row is None else 'a ' + type(row).__name__}, not an object with messages"
+    if "messages" not in row:
+        return "it has no 'messages'"
+    kind = row.get("kind", "all")
+    if not isinstance(kind, str) or not kind.strip():  # (a list was an unhashable-type traceback, 5 and "x" unsortable)
+        return f"its kind is {'empty' if isinstance(kind, str) else 'a ' + type(kind).__name__}, not a name"
+    return message_fault(row["messages"])  # every turn text, alternating, the last the assistant's non-empty answer
+
+
+def numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) of a tasks .jsonl: each {"messages": [user, assistant], "kind"?}; one line naming
+    the row and what is wrong with it for a bad row."""
     fix = "name a .jsonl written by `python -m data.tasks`"
     text = utf8_text(read_user_file(path, "--tasks", fix=fix, limit=MAX_TASKS_BYTES), f"--tasks {path}", fix)
     # rows end at \n, \r\n or \r, which JSON text never holds raw; not str.splitlines(), which also splits
     # inside a row at U+2028, U+0085 and the like (valid in a JSON string); a Windows BOM is not data
     lines = re.split(r"\r\n|\r|\n", text.removeprefix("\ufeff"))
+    rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json_loads(line)
-            last = row["messages"][-1]
-            answered = last["role"] == "assistant" and isinstance(last["content"], str)
-        except (ValueError, KeyError, TypeError, IndexError):
-            answered = False
-        if not answered:  # not an assert: python -O would skip it
-            raise UserError(f"{path}, row {n}: not a conversation ending with the assistant's answer; fix that row "
-                            "or regenerate the file with `python -m data.tasks`") from None
-        rows.append(row)
+        except ValueError as e:
+            fault = f"not valid JSON ({short_error(e)})"
+        else:
+            fault = row_fault(row)
+        if fault:  # not an assert: python -O would skip it
+            raise UserError(f"{path}, row {n}: {fault}; fix that row or regenerate the file with `python -m data.tasks`")
+        rows.append((n, row))
     if not rows:
         raise UserError(f"{path} holds no rows; generate them with `python -m data.tasks --out DIR`")
     return rows
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a tasks .jsonl (numbered_rows without the line numbers)."""
+    return [row for _, row in numbered_rows(path)]
+
+
+def check_encodable(numbered: Sequence[tuple[int, dict]], tok, template: ChatTemplate, path) -> None:
+    """Every row's prompt and answer in the model's tokenizer (a char model's vocabulary), or one line naming
+    the row: before any scoring, not as the batch that holds it comes up."""
+    for n, row in numbered:
+        try:
+            template.encode_conversation(tok, row["messages"])  # (the prompt's turns, then the answer's)
+        except UserError as e:
+            raise UserError(f"{path}, row {n}: {e}") from None
 
 
 @torch.no_grad()
@@ -102,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    rows = read_rows(args.tasks)
+    numbered = numbered_rows(args.tasks)
     model, tok, template, note = load_chat_model(args.checkpoint)
+    check_encodable(numbered, tok, template, args.tasks)
+    rows = [row for _, row in numbered]
     if note:
         print(f"{args.checkpoint} has no chat template: {note}")
     result = score(model, tok, template, rows, args.batch_size)

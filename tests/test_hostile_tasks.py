@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import contextlib
+import json
 import io
 
 import pytest
@@ -214,3 +215,54 @@ def test_class_tasks_rows_are_read_whatever_their_line_ends_bom_or_unicode_line_
     body = "".join(json.dumps(r, ensure_ascii=not raw) + end for r in rows)
     path.write_bytes(b"\xef\xbb\xbf" * bom + body.encode("utf-8", "surrogatepass"))
     assert read_rows(path) == rows
+
+
+def _row(user="What is 12 + 13?", answer="25", **kw) -> dict:
+    return {"kind": "arithmetic", **kw, "messages": [{"role": "user", "content": user},
+                                                    {"role": "assistant", "content": answer}]}
+
+
+BAD_ROWS = {  # every shape of row that is JSON but no task to score; (the raw line, as written)
+    "list": "[1, 2]", "number": "5", "null": "null", "string": '"hi"', "no messages": '{"kind": "count"}',
+    "messages a string": '{"messages": "ab"}', "messages an object": '{"messages": {"a": 1}}',
+    "messages empty": '{"messages": []}',
+    "last from the user": json.dumps({"messages": [{"role": "user", "content": "x"}]}),
+    "only an assistant turn": json.dumps({"messages": [{"role": "assistant", "content": "x"}]}),
+    "a message not an object": json.dumps({"messages": [1, {"role": "assistant", "content": "x"}]}),
+    "a role nobody knows": json.dumps({"messages": [{"role": "bob", "content": "x"}, {"role": "assistant", "content": "x"}]}),
+    "question not text": json.dumps(_row(user=7)), "answer not text": json.dumps(_row(answer=5)),
+    "answer null": json.dumps(_row(answer=None)), "empty question": json.dumps(_row(user="")),
+    "empty answer": json.dumps(_row(answer="")), "blank answer": json.dumps(_row(answer=" \t")),
+    "lone surrogate in the question": json.dumps(_row(user="a@")).replace("@", "\\ud800"),
+    "lone surrogate in the answer": json.dumps(_row(answer="a@")).replace("@", "\\udfff"),
+    "kind a list": json.dumps(_row(kind=[1])), "kind an object": json.dumps(_row(kind={"a": 1})),
+    "kind a number": json.dumps(_row(kind=5)), "kind null": json.dumps(_row(kind=None)),
+    "kind empty": json.dumps(_row(kind="")),
+    "two system turns": json.dumps({"messages": [{"role": "system", "content": "s"}] * 2 + _row()["messages"]}),
+    "an integer of 5000 digits": json.dumps(_row()).replace('"25"}', '"25", "n": ' + "7" * 5000 + "}"),
+    "nested 100000 deep": "[" * 100_000 + "]" * 100_000,
+    "not JSON": "{messages",
+    "question outside a char model's vocabulary": json.dumps(_row(user="é€☃")),
+    "answer outside a char model's vocabulary": json.dumps(_row(answer="€")),
+}
+
+
+@pytest.fixture(scope="module")
+def chat_ckpt(tmp_path_factory):
+    from chat_models import save_chat_checkpoint, tiny_chat_model
+
+    return save_chat_checkpoint(tmp_path_factory.mktemp("chat") / "ckpt.pt", tiny_chat_model(end_bias=5.0))
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ROWS))
+def test_class_tasks_row_that_is_no_task_to_score_is_one_line_naming_its_row(tmp_path, capsys, chat_ckpt, name):
+    # a kind that is not a name was a TypeError traceback (unhashable, or unsortable with the others); a bad
+    # question was "the prompt: message 1 ..." with no file or row, after the model was loaded; an empty
+    # answer scored whenever the model said nothing, a lone surrogate or a character outside a char
+    # model's vocabulary in it could never be matched: counted wrong, silently
+    from eval.chat_tasks import main
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(_row()) + "\n\n" + BAD_ROWS[name] + "\n" + json.dumps(_row()) + "\n")
+    code, err = cli(main, ["--checkpoint", chat_ckpt, "--tasks", tasks], capsys)
+    one_line(code, err, f"{tasks}, row 3: ")
