@@ -123,7 +123,8 @@ def load_chat_model(spec: str):
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m eval.chat_tasks", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="a checkpoint file or out_dir (or an HF GPT-2 name/dir)")
+    p.add_argument("--checkpoint", required=True, type=path_arg,
+                   help="a checkpoint file or out_dir (or an HF GPT-2 name/dir)")
     p.add_argument("--tasks", required=True, type=path_arg, help="held-out rows: heldout.jsonl of `python -m data.tasks`")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")

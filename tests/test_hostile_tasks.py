@@ -266,3 +266,14 @@ def test_class_tasks_row_that_is_no_task_to_score_is_one_line_naming_its_row(tmp
     tasks.write_text(json.dumps(_row()) + "\n\n" + BAD_ROWS[name] + "\n" + json.dumps(_row()) + "\n")
     code, err = cli(main, ["--checkpoint", chat_ckpt, "--tasks", tasks], capsys)
     one_line(code, err, f"{tasks}, row 3: ")
+
+
+@pytest.mark.parametrize("value", ["", "x" * 300, "ck\udcff.pt", "a\0b"])
+def test_class_tasks_checkpoint_value_that_is_no_usable_path_is_argparses_one_line(tmp_path, capsys, value):
+    # --checkpoint was the one path option of the chat CLIs without path_arg: '' was "no ckpt.pt in directory ."
+    from eval.chat_tasks import main
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(_row()) + "\n")
+    code, err = cli(main, ["--checkpoint", value, "--tasks", tasks], capsys)
+    one_line(code, err, "argument --checkpoint", "give a usable path")
