@@ -20,13 +20,17 @@ import random
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
-from fileio import atomic_write_bytes
+from fileio import atomic_write_bytes, check_writable_dir, output_target, path_arg
 
 MAX_NUMBER = 99
+# the most of each that one run makes (about 100 MB of text each): a larger count is refused before any work,
+# not found out by running out of memory (or, for --heldout, by drawing 1000 questions per missing one)
+MAX_TRAIN, MAX_HELDOUT, MAX_PRETRAIN_LINES = 1_000_000, 100_000, 2_000_000
 WORDS = ("cat dog sun red fox lamp tree fish bird moon star rain blue cold warm milk bread stone river house "
          "green apple cloud wind door book road hill boat frog king").split()
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 KINDS = ("arithmetic", "reverse", "format", "count")
+FILES = ("train.jsonl", "heldout.jsonl", "pretrain.txt")  # what --out receives
 ALPHABET = "".join(sorted(set(LETTERS + LETTERS.upper() + "0123456789" + " \n?:+-[]")))
 
 
@@ -70,6 +74,14 @@ def task(rng: random.Random, kind: str | None = None, top: int = MAX_NUMBER) -> 
     kind = kind or KINDS[rng.randrange(len(KINDS))]
     question, answer = arithmetic(rng, top) if kind == "arithmetic" else MAKERS[kind](rng)
     return {"kind": kind, "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+
+def arithmetic_questions(top: int) -> int:
+    """How many different questions arithmetic(rng, top) asks."""
+    pairs = [(a, b) for a in range(10, top + 1) for b in range(10, top + 1)]
+    adds = sum(a % 10 + b % 10 < 10 and a // 10 + b // 10 < 10 for a, b in pairs)
+    subs = sum(a >= b and a % 10 >= b % 10 and a // 10 > b // 10 for a, b in pairs)
+    return adds + subs
 
 
 def question_of(row: dict) -> str:
@@ -128,17 +140,26 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m data.tasks", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="folder for train.jsonl, heldout.jsonl and pretrain.txt")
+    p.add_argument("--out", required=True, type=path_arg, help="folder for train.jsonl, heldout.jsonl and pretrain.txt")
     p.add_argument("--train", type=int, default=10000, help="training conversations")
     p.add_argument("--heldout", type=int, default=400, help="held-out conversations")
     p.add_argument("--pretrain-lines", type=int, default=20000, help="lines of plain text for pretraining")
     p.add_argument("--max-number", type=int, default=MAX_NUMBER, help="arithmetic on numbers from 10 to this")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if not 20 <= args.max_number <= 99 or args.train < 2 or args.heldout < 0:
-        raise UserError("--max-number needs to be from 20 to 99, --train >= 2 and --heldout >= 0")
+    if not 20 <= args.max_number <= 99 or not 2 <= args.train <= MAX_TRAIN or not 0 <= args.heldout <= MAX_HELDOUT \
+            or not 0 <= args.pretrain_lines <= MAX_PRETRAIN_LINES:
+        raise UserError(f"--max-number needs to be from 20 to 99, --train from 2 to {MAX_TRAIN:,}, --heldout from 0 to "
+                        f"{MAX_HELDOUT:,} and --pretrain-lines from 0 to {MAX_PRETRAIN_LINES:,}; got {args.max_number}, "
+                        f"{args.train}, {args.heldout} and {args.pretrain_lines}"[:300])
+    asked, there = -(-args.heldout // len(KINDS)), arithmetic_questions(args.max_number)
+    if asked > there:
+        raise UserError(f"--heldout {args.heldout} asks for {asked} arithmetic questions, but --max-number "
+                        f"{args.max_number} makes only {there}; ask for at most {there * len(KINDS)} held-out rows")
+    out = Path(args.out)  # checked before it is created, and before any work
+    check_writable_dir(out, "--out")
+    for name in FILES:  # a link or a folder at one of its names: refused now, not after the others are written
+        output_target(out / name, "--out's", follow=False)
     train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "heldout.jsonl", heldout)

@@ -11,6 +11,7 @@ Prints the accuracy per kind and overall, and with --json the numbers as one JSO
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -20,38 +21,67 @@ import torch
 from checkpoint import load_model
 from data import tokenizer_from_meta
 from data.chat_template import ChatTemplate, template_for
-from errors import ArgumentParser, UserError, run_cli
-from fileio import json_loads
+from data.messages import message_fault
+from errors import ArgumentParser, UserError, run_cli, short_error, utf8_text
+from fileio import json_loads, path_arg, read_user_file
 from model.generate import generate
 from model.vocab import grow_vocab
 
+MAX_TASKS_BYTES = 256 * 2**20  # data/tasks.py's largest train.jsonl is about 100 MB; a bigger file is refused unread
 MAX_NEW_TOKENS = 24  # every answer of data/tasks.py is shorter; a reply that runs on is wrong anyway
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a tasks .jsonl: each {"messages": [user, assistant], "kind"?}; one line for a bad row."""
+def row_fault(row) -> str | None:
+    """What keeps a parsed tasks row from being scored (a clause), or None."""
+    if not isinstance(row, dict):
+        return f"it is {'null' if row is None else 'a ' + type(row).__name__}, not an object with messages"
+    if "messages" not in row:
+        return "it has no 'messages'"
+    kind = row.get("kind", "all")
+    if not isinstance(kind, str) or not kind.strip():  # (a list was an unhashable-type traceback, 5 and "x" unsortable)
+        return f"its kind is {'empty' if isinstance(kind, str) else 'a ' + type(kind).__name__}, not a name"
+    return message_fault(row["messages"])  # every turn text, alternating, the last the assistant's non-empty answer
+
+
+def numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) of a tasks .jsonl: each {"messages": [user, assistant], "kind"?}; one line naming
+    the row and what is wrong with it for a bad row."""
+    fix = "name a .jsonl written by `python -m data.tasks`"
+    text = utf8_text(read_user_file(path, "--tasks", fix=fix, limit=MAX_TASKS_BYTES), f"--tasks {path}", fix)
+    # rows end at \n, \r\n or \r, which JSON text never holds raw; not str.splitlines(), which also splits
+    # inside a row at U+2028, U+0085 and the like (valid in a JSON string); a Windows BOM is not data
+    lines = re.split(r"\r\n|\r|\n", text.removeprefix("\ufeff"))
     rows = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read --tasks {path} ({type(e).__name__}); name a .jsonl written by "
-                        "`python -m data.tasks`") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json_loads(line)
-            last = row["messages"][-1]
-            answered = last["role"] == "assistant" and isinstance(last["content"], str)
-        except (ValueError, KeyError, TypeError, IndexError):
-            answered = False
-        if not answered:  # not an assert: python -O would skip it
-            raise UserError(f"{path}, row {n}: not a conversation ending with the assistant's answer; fix that row "
-                            "or regenerate the file with `python -m data.tasks`") from None
-        rows.append(row)
+        except ValueError as e:
+            fault = f"not valid JSON ({short_error(e)})"
+        else:
+            fault = row_fault(row)
+        if fault:  # not an assert: python -O would skip it
+            raise UserError(f"{path}, row {n}: {fault}; fix that row or regenerate the file with `python -m data.tasks`")
+        rows.append((n, row))
     if not rows:
         raise UserError(f"{path} holds no rows; generate them with `python -m data.tasks --out DIR`")
     return rows
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a tasks .jsonl (numbered_rows without the line numbers)."""
+    return [row for _, row in numbered_rows(path)]
+
+
+def check_encodable(numbered: Sequence[tuple[int, dict]], tok, template: ChatTemplate, path) -> None:
+    """Every row's prompt and answer in the model's tokenizer (a char model's vocabulary), or one line naming
+    the row: before any scoring, not as the batch that holds it comes up."""
+    for n, row in numbered:
+        try:
+            template.encode_conversation(tok, row["messages"])  # (the prompt's turns, then the answer's)
+        except UserError as e:
+            raise UserError(f"{path}, row {n}: {e}") from None
 
 
 @torch.no_grad()
@@ -93,15 +123,18 @@ def load_chat_model(spec: str):
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m eval.chat_tasks", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="a checkpoint file or out_dir (or an HF GPT-2 name/dir)")
-    p.add_argument("--tasks", required=True, help="held-out rows: heldout.jsonl of `python -m data.tasks`")
+    p.add_argument("--checkpoint", required=True, type=path_arg,
+                   help="a checkpoint file or out_dir (or an HF GPT-2 name/dir)")
+    p.add_argument("--tasks", required=True, type=path_arg, help="held-out rows: heldout.jsonl of `python -m data.tasks`")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    rows = read_rows(args.tasks)
+    numbered = numbered_rows(args.tasks)
     model, tok, template, note = load_chat_model(args.checkpoint)
+    check_encodable(numbered, tok, template, args.tasks)
+    rows = [row for _, row in numbered]
     if note:
         print(f"{args.checkpoint} has no chat template: {note}")
     result = score(model, tok, template, rows, args.batch_size)

@@ -275,6 +275,6 @@ def test_the_evaluation_names_a_bad_tasks_file_in_one_line(tmp_path):
     from eval.chat_tasks import main as eval_main
 
     (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
-    for path, words in ((tmp_path / "missing.jsonl", "cannot read --tasks"), (tmp_path / "bad.jsonl", "row 1")):
+    for path, words in ((tmp_path / "missing.jsonl", "--tasks .* does not exist"), (tmp_path / "bad.jsonl", "row 1")):
         with pytest.raises(UserError, match=words):
             eval_main(["--checkpoint", str(tmp_path), "--tasks", str(path)])
