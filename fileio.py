@@ -442,7 +442,9 @@ def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int) 
             raise UserError(f"{what} {p} is {path_kind(p)}; pass a file") from None
         raise UserError(f"cannot read {what} {p} ({e.strerror or short_error(e)}); check its permissions") from None
     if data is None or len(data) > limit:
-        raise UserError(f"{what} {p} is larger than {limit / 2**20:.0f} MiB, the most this reads; pass a smaller file")
+        size = f" ({st.st_size} bytes)" if data is None else ""
+        raise UserError(f"{what} {p} is larger than {limit / 2**20:.0f} MiB{size}, the most this reads; pass a smaller "
+                        "file")
     return data
 
 

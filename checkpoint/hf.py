@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from errors import short_error
-from fileio import atomic_write, atomic_write_bytes, json_loads, path_kind
+from fileio import atomic_write, atomic_write_bytes, json_loads, path_kind, read_user_file
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
 from model.hf import HF_ACTIVATIONS, config_from_hf, cropped_state, gpt2_tensors, hf_config, state_from_hf
@@ -46,6 +46,7 @@ def _resolve_dir(name_or_dir: str) -> Path:
         ) from e
 
 
+MAX_CONFIG_BYTES = 2**20  # GPT-2's config.json is under 1 KB; a bigger file is not one (a sparse 20 GB file: refused unread)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the first one there is read, as transformers does
 
 
@@ -94,7 +95,8 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
     if not (path / "config.json").is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
         raise ValueError(f"its config.json is {path_kind(path / 'config.json')}, not a file")
-    hf = json_loads(_read_config(path / "config.json"))
+    hf = json_loads(read_user_file(path / "config.json", "config.json", limit=MAX_CONFIG_BYTES,
+                                   fix="pass an HF GPT-2 directory"))
     problem = hf_config_problem(hf)
     if problem:
         raise ValueError(problem)
@@ -111,20 +113,6 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     model = GPT(config)
     model.load_state_dict(state, strict=False)  # strict=False only for a tied lm_head.weight
     return model
-
-
-MAX_CONFIG_BYTES = 2**20  # GPT-2's config.json is under 1 KB; a bigger file is not one (a sparse 20 GB file: refused unread)
-
-
-def _read_config(path: Path) -> bytes:
-    """config.json's bytes (a regular file: from_pretrained checked), at most MAX_CONFIG_BYTES of them."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        data = f.read(MAX_CONFIG_BYTES + 1) if size <= MAX_CONFIG_BYTES else b""
-    if size > MAX_CONFIG_BYTES or len(data) > MAX_CONFIG_BYTES:
-        raise ValueError(f"its config.json is larger than {MAX_CONFIG_BYTES // 2**20} MiB ({max(size, len(data))} "
-                         "bytes), which no GPT-2 config.json is")
-    return data
 
 
 HF_SIZES = ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")  # config.json's, under HF's names

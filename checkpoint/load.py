@@ -149,6 +149,8 @@ def _load_hf(spec: str, **overrides: Any) -> LoadedModel:
     except FileNotFoundError as e:
         raise UserError(f"cannot load {spec!r}: {' '.join(str(e).split())[:160]}; pass a checkpoint file, "
                         "a training out_dir, or an HF GPT-2 directory") from None
+    except UserError:  # already one line naming the file (fileio's bounded reader)
+        raise
     except (ValueError, KeyError, TypeError, OSError) as e:  # bad config.json or weights
         raise UserError(f"{spec} is not a usable HF GPT-2 directory ({short_error(e)}); "
                         "re-export it or pass another path") from None
