@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from errors import run_cli
+from test_hostile_kinds import make_kind
 
 SMALL = ["--train", "20", "--heldout", "4", "--pretrain-lines", "3"]
 
@@ -142,21 +143,20 @@ def test_class_tasks_heldout_over_the_arithmetic_questions_there_are_is_refused_
     assert not out.exists()
 
 
+# the kinds of path every path option meets (tests/test_hostile_kinds.py's make_kind), under this file's names
+SHARED_KINDS = {"directory": "directory", "fifo nobody writes": "fifo", "broken symlink": "dangling_symlink",
+                "empty file": "empty"}
+
+
 def _tasks_kind(tmp: Path, kind: str) -> str:
     p = tmp / "t.jsonl"
-    if kind == "directory":
-        p.mkdir()
-    elif kind == "fifo nobody writes":
-        os.mkfifo(p)
+    if kind in SHARED_KINDS:
+        make_kind(SHARED_KINDS[kind], p)
     elif kind == "sparse 1 TB":
         with open(p, "wb") as f:
             f.truncate(10**12)
-    elif kind == "broken symlink":
-        os.symlink(tmp / "nowhere", p)
     elif kind == "not UTF-8":
         p.write_bytes(b'{"messages": [{"role": "user", "content": "\xff"}]}\n')
-    elif kind == "empty file":
-        p.write_bytes(b"")
     elif kind == "empty name":
         return ""
     elif kind == "name too long":
