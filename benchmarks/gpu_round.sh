@@ -4,6 +4,9 @@
 #   cp -r ../shared/anchors .anchors && cp -r ../shared/tiktoken_cache ../shared/data .anchors/
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
 #   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
+# Next (not yet run on a GPU): the graphed training step first, then the same-loss question, then the rest
+#   ONLY="small_profile small small_eager nanogpt_char ours_char_graph loss" bash benchmarks/gpu_round.sh 540
+#   ONLY="loss_det char_profile ours_char_adamw ours_bpe auto_16gb auto_24gb float8" bash benchmarks/gpu_round.sh 540
 # Steps run in order of importance; each has its own time cap, and a step that would not fit in what is
 # left of the budget is skipped (said in summary.txt), so a cut run still reports the first ones.
 # Lines of training output are stamped with the seconds since the command started (val loss against
@@ -56,17 +59,21 @@ step ours_124m 130 $PY train.py --config gpt2_124m --data.dataset=shakespeare --
 step nanogpt_char 110 bash -c "cd $A/nanogpt && $PY train.py config/train_shakespeare_char.py --max_iters=2500 \
   --lr_decay_iters=2500 --wandb_log=False --always_save_checkpoint=False --out_dir=/tmp/gr_ngc"
 step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.out_dir=/tmp/gr_char
-# (2026-11-27: compile and start-up took 49 s of the 83 s to val 1.47; eager, and AdamW, are the next to try)
-step ours_char_eager 100 $PY train.py --config shakespeare_char_gpu --train.compile=false --train.out_dir=/tmp/gr_char_eager
-# what a char step spends its GPU time on (2026-11-27: ~2x nanoGPT's step): the top kernels, eager and
+# (2026-11-27: compile and start-up took 49 s of the 83 s to val 1.47.) Without compile the step is replayed as
+# one CUDA graph (training/graph_step.py: no compile, a capture of ~1 s): the same run to val 1.47 that way
+step ours_char_graph 100 $PY train.py --config shakespeare_char_gpu --train.compile=false --train.out_dir=/tmp/gr_char_graph
+# what a char step spends its GPU time on (2026-11-27: ~2x nanoGPT's step): the top kernels, eager, graphed and
 # compiled, with Muon as shipped and with AdamW; then the whole run with AdamW, to val 1.47 against the clock
 step char_profile 150 bash -c "$PY -m benchmarks.gpu_step_profile --config shakespeare_char_gpu --steps 30 --top 15 && \
   $PY -m benchmarks.gpu_step_profile --config shakespeare_char_gpu --steps 30 --top 15 --set train.optimizer=adamw"
 step ours_char_adamw 100 $PY train.py --config shakespeare_char_gpu --train.optimizer=adamw --train.lr=1e-3 \
   --train.out_dir=/tmp/gr_char_adamw
-# 6. small.yaml as a newcomer runs it, then what bounds its step (launches or the GPU)
+# 6. small.yaml as a newcomer runs it (its step replayed as one CUDA graph, the default since 2026-11-27's
+#    second session), then what bounds its step: eager, graphed, compiled (2026-11-27, eager: 13.9 ms a step,
+#    GPU busy 2.1 ms); the graphed step's first losses against the eager step's
 step small 80 $PY train.py --config small.yaml --train.out_dir=/tmp/gr_small
-step small_profile 80 $PY -m benchmarks.gpu_step_profile
+step small_eager 80 $PY train.py --config small.yaml --train.cuda_graph=false --train.out_dir=/tmp/gr_small_eager
+step small_profile 100 $PY -m benchmarks.gpu_step_profile
 step sample 30 $PY sample.py --checkpoint /tmp/gr_small --seed 1 --max-new-tokens 200
 # 7. the same-loss check, 200 steps under nanoGPT's schedule, beside three re-runs of the baseline (its own
 #    spread) and the first step where each run parts from the baseline bit for bit; then all of it under

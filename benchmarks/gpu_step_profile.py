@@ -1,12 +1,16 @@
 """What bounds a small model's training step on a GPU: kernel launches, or the GPU's own work.
 
 Builds small.yaml's run with train.py's chain (training/builders.py's build_trainer; random tokens),
-then for the eager step and the compiled one: the wall time of a step (host-synced), the GPU's busy time
-in it and the kernels it launches (torch.profiler), and for compile its first call (the compile's cost).
+then for each way to run the step (eager: train.cuda_graph=false; graph: the step replayed as one CUDA
+graph, training/graph_step.py, train.py's default on a GPU; compiled: train.compile=true) the wall time of
+a step (host-synced), the GPU's busy time in it and the kernels it launches (torch.profiler), the first
+step's time (the capture's or the compile's cost included) and the first steps' losses, which the graph's
+must equal the eager step's (to the last bits: the graph's AdamW reads its rate in fp32).
 A step whose GPU time is a small part of its wall time is bound by launches: fewer, larger kernels
 (compile, CUDA graphs) are then what makes it faster, not a faster GPU.
 
     python -m benchmarks.gpu_step_profile [--config small.yaml] [--steps 50] [--top 12] [--set train.optimizer=adamw]
+                                          [--modes eager,graph,compiled]
 
 --set takes train.py's --section.key=value overrides (without the dashes), e.g. to time the char GPU config's
 step with AdamW instead of Muon; --top lists the kernels that take the most GPU time, summed over a step
@@ -23,7 +27,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from model import GPT
-from training.builders import build_trainer
+from training import builders
 from training.config.sections import load_config
 from training.parallel.distributed import Parallel
 from training.plan import RunPlan
@@ -32,11 +36,16 @@ from training.plan import RunPlan
 CHAR_VOCAB = 65  # tiny shakespeare's characters
 
 
-def profile_step(config: str, compile: bool, steps: int, overrides: list[str] = (), top: int = 0,
+MODES = ("eager", "graph", "compiled")
+LOSS_STEPS = 8  # the first steps whose losses are compared between the modes
+
+
+def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), top: int = 0,
                  device: torch.device = torch.device("cuda")) -> dict:
-    """On a CPU (a smoke run of this script) the "kernels" are the aten ops and their self CPU time."""
-    cfg = load_config(["--config", config, *[f"--{o}" for o in overrides], f"--train.compile={compile}",
-                       "--wandb.mode=disabled"])
+    """On a CPU (a smoke run of this script) the "kernels" are the aten ops and their self CPU time, and
+    the graph mode runs uncaptured."""
+    cfg = load_config(["--config", config, *[f"--{o}" for o in overrides], f"--train.compile={mode == 'compiled'}",
+                       f"--train.cuda_graph={mode == 'graph'}", "--wandb.mode=disabled"])
     t, block = cfg.train, cfg.model.block_size
     cuda = device.type == "cuda"
     torch.manual_seed(t.seed)
@@ -49,13 +58,19 @@ def profile_step(config: str, compile: bool, steps: int, overrides: list[str] = 
         def get_batch(self, i: int, micro: int = 0):
             return batch
 
-    trainer = build_trainer(cfg, Parallel(), device, model, RunPlan(), lambda micro: (Batches(), {}),
-                            say=lambda line: None)
+    plan, rule = RunPlan(), builders.step_graph_for
+    if mode == "graph" and not cuda:  # the rule decides as on a GPU, so that a CPU smoke run takes the same path
+        builders.step_graph_for = lambda cfg, par, device, dtype: rule(cfg, par, torch.device("cuda"), dtype)
+    try:
+        trainer = builders.build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}),
+                                         say=lambda line: print("   ", line))
+    finally:
+        builders.step_graph_for = rule
     s = time.perf_counter()
-    trainer.step([batch]).loss.item()
+    losses = [trainer.step([batch]).loss.item()]
     first_s = time.perf_counter() - s
-    for _ in range(5):
-        trainer.step([batch])
+    for _ in range(LOSS_STEPS - 1):  # past the graph's warm-up and its capture
+        losses.append(trainer.step([batch]).loss.item())
     if cuda:
         torch.cuda.synchronize()
     walls = []
@@ -77,7 +92,8 @@ def profile_step(config: str, compile: bool, steps: int, overrides: list[str] = 
     by_name = collections.Counter()
     for e in kernels:
         by_name[e.name[:90]] += time_us[id(e)] / 1e3 / 10
-    return {"compiled": compile, "first_step_s": round(first_s, 2), "step_ms": round(wall_ms, 3),
+    return {"mode": mode, "graphed": plan.step_graph, "losses": losses, "first_step_s": round(first_s, 2),
+            "step_ms": round(wall_ms, 3),
             "gpu_busy_ms": round(busy_ms, 3), "kernels_per_step": len(kernels) // 10,
             "gpu_busy_share": round(busy_ms / wall_ms, 3),
             "top_kernels_ms": [(name, round(ms, 3)) for name, ms in by_name.most_common(top)]}
@@ -90,16 +106,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=0, help="list the N kernels that take the most GPU time")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a config override")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (aten ops for kernels)")
-    p.add_argument("--eager-only", action="store_true", help="leave out the compiled step")
+    p.add_argument("--modes", default=",".join(MODES), help=f"which of {', '.join(MODES)} to time")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{args.config} {' '.join(args.set)} on {where}, torch {torch.__version__}")
-    for compile in (False,) if args.eager_only else (False, True):
-        row = profile_step(args.config, compile, args.steps, args.set, args.top, device)
-        print(f"{'compiled' if compile else 'eager':8s} first step {row['first_step_s']:6.2f} s, then {row['step_ms']:6.2f} ms "
+    eager_losses = None
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            raise SystemExit(f"error: --modes takes {', '.join(MODES)}, got {mode!r}")
+        row = profile_step(args.config, mode, args.steps, args.set, args.top, device)
+        print(f"{mode:8s} first step {row['first_step_s']:6.2f} s, then {row['step_ms']:6.2f} ms "
               f"a step, GPU busy {row['gpu_busy_ms']:.2f} ms of it ({row['gpu_busy_share']:.0%}), "
-              f"{row['kernels_per_step']} kernels a step", flush=True)
+              f"{row['kernels_per_step']} kernels a step" + ("" if row["graphed"] or mode != "graph" else
+                                                            " (the plan did not graph it)"), flush=True)
+        if mode == "eager":
+            eager_losses = row["losses"]
+        elif eager_losses is not None:
+            diff = max(abs(a - b) for a, b in zip(row["losses"], eager_losses))
+            print(f"         first {LOSS_STEPS} losses against eager's: max |diff| {diff:.3g}"
+                  + (" (bit for bit)" if row["losses"] == eager_losses else ""), flush=True)
         for name, ms in row["top_kernels_ms"]:
             print(f"    {ms:8.3f} ms  {name}", flush=True)
     return 0

@@ -115,9 +115,9 @@ def trainer_for(shape: Shape, weights, device: torch.device, dtype: str, compile
 
 
 def no_fallback(line: str) -> None:
-    """What the step says when compile failed and it goes on eager: in a benchmark that is an error, or a
-    'compiled' row would time eager code."""
-    raise RuntimeError(f"torch.compile failed in the benchmark: {line}")
+    """What the step says when compile (or the CUDA-graphed step) failed and it goes on eager: in a benchmark
+    that is an error, or a 'compiled' (graphed) row would time eager code."""
+    raise RuntimeError(f"the step fell back to eager in the benchmark: {line}")
 
 
 def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, compiled: bool,

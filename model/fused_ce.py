@@ -75,7 +75,7 @@ def _exp2_sums_(z, block_rows):
     return total
 
 
-def _exp_shifted_(z, t, again, block_rows):
+def _exp_shifted_(z, t, again, block_rows, always_shift=False):
     """z (V, n), logits in base 2 (log2(e) times the natural ones) <- the softmax's numerators
     2^(z - shift) in place; returns the per-column loss logsumexp (natural) - logit[target] (n,), the
     numerators' sums (1, n) and z (the same buffer). The division by the sums is left to the (n, C)
@@ -86,12 +86,15 @@ def _exp_shifted_(z, t, again, block_rows):
     subtraction are two of the few passes over the (V, n) logits, which don't fit in any cache (77 MB at
     384 x 50257), and logits are rarely large. When a column's sum shows it was not safe (SAFE_SUMS),
     `again()` computes z again into the same buffer, and it is shifted by its max. The check reads n
-    numbers on the host: a sync per chunk, a few per step."""
+    numbers on the host: a sync per chunk, a few per step. `always_shift`: the max shift straight away, no
+    host read (a GPU: a sync stalls its queue of launches, and a CUDA graph can hold none; its passes are
+    cheap)."""
     target_z = z.gather(0, t)  # (1, n)
-    total = _exp2_sums_(z, block_rows)  # (1, n)
-    if bool(((total >= SAFE_SUMS[0]) & (total <= SAFE_SUMS[1])).all()):
-        return (total.log() - target_z * LN2).squeeze(0), total, z
-    z = again()
+    if not always_shift:
+        total = _exp2_sums_(z, block_rows)  # (1, n)
+        if bool(((total >= SAFE_SUMS[0]) & (total <= SAFE_SUMS[1])).all()):
+            return (total.log() - target_z * LN2).squeeze(0), total, z
+        z = again()
     zmax = z.amax(dim=0, keepdim=True)  # (1, n)
     total = _exp2_sums_(z.sub_(zmax), block_rows)
     return ((zmax - target_z) * LN2 + total.log()).squeeze(0), total, z
@@ -117,7 +120,8 @@ def add_weight_grad(grad_w, de, x_scaled, product=None):
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows, weight_grad_mm):
+    def forward(ctx, x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows, weight_grad_mm,
+                always_shift):
         N, V = x.shape[0], weight.shape[0]
         acc = torch.promote_types(compute_dtype, torch.float32)  # softmax and gradient sums
         keep = (targets != -1).to(acc)
@@ -138,7 +142,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 return z, (_softcap_(z, softcap, tanh_flat, LOG2E) if softcap else None)
 
             z, th = logits()
-            losses[rows], total, z = _exp_shifted_(z, t, again=lambda: logits()[0], block_rows=exp_block_rows)
+            losses[rows], total, z = _exp_shifted_(z, t, again=lambda: logits()[0], block_rows=exp_block_rows,
+                                                   always_shift=always_shift)
             # d loss / d logits = softmax - onehot(target) = (e - total * onehot) / total on kept rows, 0 on
             # ignored ones; the 1/n_keep comes in backward, in fp32 (in fp16 it would underflow).
             e = z.scatter_add_(0, t, -total)
@@ -166,11 +171,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # In place: a fresh 25 MB grad_w costs page faults and a pass. A second backward through the same
         # graph (retain_graph) would fail loudly on the version check, never silently scale twice.
         return (grad_x.mul_(scale).to(ctx.dtypes[0]), grad_w.mul_(scale).to(ctx.dtypes[1]),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 @torch.no_grad()
-def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows):
+def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows, always_shift):
     keep = targets != -1
     acc = torch.promote_types(compute_dtype, torch.float32)
     total = torch.zeros((), dtype=acc, device=x.device)
@@ -186,7 +191,7 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block
             return z
 
         per_row, _, _ = _exp_shifted_(logits(), targets[rows].clamp(min=0).unsqueeze(0), again=logits,
-                                      block_rows=exp_block_rows)
+                                      block_rows=exp_block_rows, always_shift=always_shift)
         total += (per_row * keep[rows]).sum()
     return total / keep.sum().clamp(min=1)
 
@@ -197,7 +202,7 @@ def _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          chunk_rows: int, softcap: float = 0.0, *, exp_block_rows: int | None = None,
                          weight_grad_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                         ) -> torch.Tensor:
+                         always_shift: bool = False) -> torch.Tensor:
     """mean over targets != -1 of cross_entropy(x @ weight.T, targets), without the full logits.
 
     x (N, C), weight (V, C), targets (N,). Under autocast the matmuls run in the autocast dtype, the
@@ -206,12 +211,13 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     exp_block_rows: exponentiate and sum the (V, n) logits that many rows at a time (None: all at once).
     weight_grad_mm(a, b) -> a @ b: the product (V, n) @ (n, C) of the weight's gradient when the matmuls
     run in x's own dtype (None: torch.mm); some CPUs run that shape much faster in another library.
+    always_shift: shift each column by its max without first trying without (_exp_shifted_): no host read.
     """
     compute_dtype = _compute_dtype(x)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         # autocast must not re-cast inside the Function: the dtypes are chosen explicitly above
         with torch.autocast(x.device.type, enabled=False):
             return _LinearCrossEntropy.apply(x, weight, targets, chunk_rows, compute_dtype, softcap,
-                                             exp_block_rows, weight_grad_mm)
+                                             exp_block_rows, weight_grad_mm, always_shift)
     with torch.autocast(x.device.type, enabled=False):
-        return _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows)
+        return _loss_only(x, weight, targets, chunk_rows, compute_dtype, softcap, exp_block_rows, always_shift)

@@ -17,7 +17,9 @@ largest tensor. Where the logits go depends on the hardware:
   log-softmax into few kernels; the chunked path stays eager (a graph break) and runs many small
   launches (see the GPU rows of bench.py for the measurement).
 - CUDA without compile: chunks sized from free memory, so a chunk's fp32 logits take at most 1/16 of
-  it (at most 8192 rows): few launches, bounded memory.
+  it (at most 8192 rows): few launches, bounded memory. Each chunk's softmax is shifted by its max at once
+  (always_shift), where a CPU first tries it unshifted and checks on the host: a GPU's step then reads
+  nothing on the host, so its launches queue ahead and it can be one CUDA graph (training/graph_step.py).
 
 How a chunk runs on a CPU (model/fused_ce.py's options, set here too):
 - its (V, n) logits are exponentiated and summed EXP_BLOCK_BYTES at a time, each block summed while it
@@ -169,6 +171,7 @@ class LMLoss:
     chunk_rows: int | None = None
     exp_block_rows: int | None = None
     product: str = DEFAULT_PRODUCT
+    always_shift: bool = False  # a chunk's softmax shifted by its max without a host check first (a GPU's)
 
     def __call__(self, model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return model(idx, output=_HeadLoss(self, targets))
@@ -183,7 +186,8 @@ class LMLoss:
 
             return linear_cross_entropy(h, gpt.lm_head.weight, t, chunk_rows=self.chunk_rows,
                                         softcap=gpt.config.logit_softcap, exp_block_rows=self.exp_block_rows,
-                                        weight_grad_mm=WEIGHT_GRAD_PRODUCTS[self.product])
+                                        weight_grad_mm=WEIGHT_GRAD_PRODUCTS[self.product],
+                                        always_shift=self.always_shift)
         logits = gpt.head(h)
         # bf16/fp16 logits are upcast for the softmax; fp32 and fp64 stay as they are. A sum over the counted
         # targets, then / their count: F.cross_entropy's own mean is NaN where every target is -1.
@@ -210,4 +214,6 @@ def loss_path(device: torch.device, *, compiled: bool, vocab_size: int, rows: in
     comparison); the blocks a chunk is exponentiated in (choose_exp_block_rows). The weight gradient's
     product is a measured choice a run makes once and keeps (choose_weight_grad_product): `product`."""
     rows = choose_loss_chunk_rows(device, compiled=compiled, vocab_size=vocab_size) if rows == "auto" else rows
-    return LMLoss(rows, choose_exp_block_rows(device, rows), product)
+    # a CPU tries each chunk unshifted and checks on the host (one pass less over logits that fit no cache);
+    # elsewhere the host read would stall the queue of launches, and a CUDA-graphed step can't hold it
+    return LMLoss(rows, choose_exp_block_rows(device, rows), product, always_shift=device.type != "cpu")

@@ -13,6 +13,8 @@ the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_TERM_SIGNAL=SIGHUP     with TERM_AFTER: send this signal instead of SIGTERM
     SMALLGPT_TEST_COMPILE_BACKEND=name   torch.compile uses this backend (e.g. aot_eager: Dynamo traces and
                                          AOTAutograd runs the compiled path, without Inductor's C++ builds)
+    SMALLGPT_TEST_STEP_GRAPH=1           the run plan's step_graph rule decides as on a CUDA device (on this
+                                         CPU the graphed step then runs uncaptured: training/graph_step.py)
     SMALLGPT_TEST_KILL_AFTER=k           SIGKILL this process right after its k-th step (before that step is logged)
     SMALLGPT_TEST_KILL_IN_SAVE=k         SIGKILL this process in the middle of writing its k-th checkpoint
                                          (k = 1, 2, ...): half the bytes are in the temp file, none renamed
@@ -138,6 +140,11 @@ if __name__ == "__main__":
     if os.environ.get("SMALLGPT_TEST_COMPILE_BACKEND"):
         import functools
         torch.compile = functools.partial(torch.compile, backend=os.environ["SMALLGPT_TEST_COMPILE_BACKEND"])
+    if os.environ.get("SMALLGPT_TEST_STEP_GRAPH"):
+        from training import builders
+
+        rule = builders.step_graph_for
+        builders.step_graph_for = lambda cfg, par, device, dtype: rule(cfg, par, torch.device("cuda"), dtype)
     if "SMALLGPT_TEST_KILL_IN_SAVE" in os.environ:
         kill_in_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SAVE"]))
     if "SMALLGPT_TEST_KILL_IN_SHARDED_SAVE" in os.environ:

@@ -51,6 +51,9 @@ FACTORS: dict[str, tuple[str, ...]] = {
     "modern": ("off", "on"),
     "show": ("off", "on"),  # eval.sample_interval and eval.inspect_interval: samples and attention maps while training
     "sft": ("off", "on"),  # fine-tuning on conversations: data.format chat (configs/sft.yaml), data/tasks.py's rows
+    # train.cuda_graph with the plan's rule deciding as on a GPU (tests/faults.py's SMALLGPT_TEST_STEP_GRAPH): where
+    # the row allows it, the graphed step runs uncaptured on this CPU; elsewhere the plan says why not
+    "graph": ("off", "on"),
 }
 MAX_ITERS = 6
 
@@ -61,6 +64,17 @@ def refusal(row: dict[str, str]) -> str | None:
     if row.get("hswag") == "on" and row.get("tok", "gpt2") == "char":
         return "character-level tokenizer"
     return None
+
+
+# graph on runs the graphed step only where the plan's rule allows it (one process, a fixed micro-batch, no compile,
+# no activation checkpointing, no conversations); elsewhere the run is graph off's (the rule's exclusions are
+# tests/test_graph_step.py's). So those pairs are not asked for, and a graph-on row holds these values.
+GRAPH_NEEDS = {"ranks": "1", "batch": "4", "compile": "off", "ackpt": "off", "sft": "off"}
+
+
+def inert(row: dict[str, str]) -> bool:
+    """Whether a (partial) row sets graph on where the graphed step can't run: a pair no row needs to hold."""
+    return row.get("graph") == "on" and any(row.get(f, v) != v for f, v in GRAPH_NEEDS.items())
 
 
 def pairs_of(row: dict[str, str]) -> set[tuple[tuple[str, str], tuple[str, str]]]:
@@ -79,7 +93,7 @@ def rows(seed: int = 0, candidates: int = 20) -> list[dict[str, str]]:
     with that pair set (only that pair is exercised: the run stops at its one-line refusal)."""
     rng = random.Random(seed)
     refused = sorted(p for p in all_pairs() if refusal(dict(p)))
-    uncovered = all_pairs() - set(refused)
+    uncovered = {p for p in all_pairs() if not inert(dict(p))} - set(refused)
     out: list[dict[str, str]] = []
     while uncovered:
         best, gain = None, -1
@@ -89,7 +103,7 @@ def rows(seed: int = 0, candidates: int = 20) -> list[dict[str, str]]:
             order = [n for n in FACTORS if n not in row]
             rng.shuffle(order)
             for n in order:
-                options = [v for v in FACTORS[n] if refusal({**row, n: v}) is None]
+                options = [v for v in FACTORS[n] if refusal({**row, n: v}) is None and not inert({**row, n: v})]
                 scores = [(len(pairs_of({**row, n: v}) & uncovered), rng.random(), v) for v in options]
                 row[n] = max(scores)[2]
             row = {n: row[n] for n in FACTORS}
@@ -141,6 +155,7 @@ def row_args(row: dict[str, str], work: Path, native_bf16: bool) -> list[str]:
     a.append(f"--train.optimizer={row['optim']}")
     a.append(f"--train.activation_checkpointing={row['ackpt'] == 'on'}")
     a.append(f"--train.compile={row['compile'] == 'on'}")
+    a.append(f"--train.cuda_graph={row['graph'] == 'on'}")
     a.append(f"--train.dtype={'bfloat16' if row['dtype'] == 'bf16' and native_bf16 else 'float32'}")
     a.append(f"--train.eval_full={row['evfull'] == 'on'}")
     if row["hswag"] == "on":
@@ -240,7 +255,8 @@ def ckpt_written(out_dir: Path) -> bool:
 
 def run_row(i: int, row: dict[str, str], work: Path, seed: int, native_bf16: bool) -> tuple[str, str]:
     """(what was checked, result) for one row; raises RowFailed with the first error line."""
-    env = {**env_for(work), **({"SMALLGPT_TEST_COMPILE_BACKEND": "aot_eager"} if row["compile"] == "on" else {})}
+    env = {**env_for(work), **({"SMALLGPT_TEST_COMPILE_BACKEND": "aot_eager"} if row["compile"] == "on" else {}),
+           **({"SMALLGPT_TEST_STEP_GRAPH": "1"} if row["graph"] == "on" else {})}
     args = row_args(row, work, native_bf16)
     ranks = processes(row)
     out = work / f"row{i:02d}"
@@ -272,6 +288,8 @@ def run_row(i: int, row: dict[str, str], work: Path, seed: int, native_bf16: boo
     check(full[0] == 0, "uninterrupted run", full)
     check(cut[0] == 0, f"run stopped by SIGTERM at {k}", cut)
     check(f"stopped by SIGTERM after iter {k};" in cut[1], f"no 'stopped by SIGTERM after iter {k}' line", cut)
+    if row["graph"] == "on":  # the plan took the graphed step (a row that can't hold it is never made: inert)
+        check("training step replayed as one CUDA graph" in full[1], "the plan did not take the graphed step", full)
     resumed = logged(Path(f"{out}-resume.log"), launch([*args, f"--train.out_dir={out}-resumed"], env, 1))
     check(resumed[0] == 0, "resume (1 process)", resumed)
     check(f"at iter {k}" in resumed[1] and "resuming" in resumed[1], f"resume did not start at iter {k}", resumed)
@@ -413,7 +431,8 @@ def print_table(table: list[dict[str, str]], numbers: list[int], results: dict, 
           "(tests/faults.py's SMALLGPT_TEST_COMPILE_BACKEND: Dynamo + AOTAutograd, no Inductor C++ builds); "
           "init ckpt = model.init_from a 2-step run of the same tokenizer and model options; modern = rope, rmsnorm, "
           "qk_norm, swiglu, untied head; show on = samples (8 tokens) and attention maps every 3 steps; sft on = "
-          "data.format chat on data/tasks.py's conversations (init ckpt: a source run on their plain text); weights: the resumed run's final weights against the uninterrupted run's, bitwise, "
+          "data.format chat on data/tasks.py's conversations (init ckpt: a source run on their plain text); graph on = "
+          "train.cuda_graph with the plan deciding as on a GPU (the graphed step, uncaptured on this CPU); weights: the resumed run's final weights against the uninterrupted run's, bitwise, "
           "but for fsdp2 rows within twice the difference of the same run on 1 process (FSDP's numerics differ across "
           "world sizes by design); greedy text: sample.py --temperature 0, 32 tokens, float32" + ("" if native else "; bf16>f32: this CPU has no native bf16, so the "
                                             "row ran float32"))

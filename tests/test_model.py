@@ -254,8 +254,9 @@ def test_a_bad_config_is_a_problem_naming_the_field(kwargs, field):
 # ---------------------------------------------------------------- fused head + loss
 
 
-@pytest.mark.parametrize("exp_block_rows", [None, 7, 5000])  # the whole chunk; blocks, the last partial; > V
-def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits(exp_block_rows):
+@pytest.mark.parametrize("exp_block_rows, always_shift", [(None, False), (7, False), (5000, False), (None, True)],
+                         ids=["chunk", "blocks", "blocks>V", "always-shift"])  # always-shift: a GPU's, no host read
+def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits(exp_block_rows, always_shift):
     from model.fused_ce import linear_cross_entropy
 
     torch.manual_seed(0)
@@ -266,14 +267,14 @@ def test_fused_loss_and_gradients_equal_torch_cross_entropy_on_full_logits(exp_b
     expected = F.cross_entropy(x @ w.t(), targets, ignore_index=-1)
     ex, ew = torch.autograd.grad(expected * 3, (x, w))
     # 300 rows: the last chunk is partial
-    got = linear_cross_entropy(x, w, targets, chunk_rows=64, exp_block_rows=exp_block_rows)
+    got = linear_cross_entropy(x, w, targets, chunk_rows=64, exp_block_rows=exp_block_rows, always_shift=always_shift)
     gx, gw = torch.autograd.grad(got * 3, (x, w))
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     torch.testing.assert_close(gx, ex, rtol=0, atol=1e-10)
     torch.testing.assert_close(gw, ew, rtol=0, atol=1e-10)
     with torch.no_grad():  # the loss-only path (evaluation)
-        torch.testing.assert_close(linear_cross_entropy(x, w, targets, chunk_rows=64, exp_block_rows=exp_block_rows),
-                                   expected, rtol=0, atol=1e-10)
+        torch.testing.assert_close(linear_cross_entropy(x, w, targets, chunk_rows=64, exp_block_rows=exp_block_rows,
+                                                        always_shift=always_shift), expected, rtol=0, atol=1e-10)
 
 
 def test_the_weight_gradient_product_given_from_outside_makes_the_weight_gradient_of_every_chunk():
@@ -349,7 +350,8 @@ def test_fused_loss_gradients_are_exact_whether_or_not_a_chunk_needs_the_max_shi
     torch.testing.assert_close(gw.double(), ew, rtol=1e-4, atol=1e-6)
 
 
-def test_fused_loss_is_exact_when_every_logit_is_far_below_zero():
+@pytest.mark.parametrize("always_shift", [False, True])
+def test_fused_loss_is_exact_when_every_logit_is_far_below_zero(always_shift):
     # Logits around -100: exp(z) underflows fp32 for every entry, so the unshifted try must see it (its
     # sums are ~0) and shift by the max; else the loss is -inf and the gradients NaN.
     from model.fused_ce import linear_cross_entropy
@@ -362,13 +364,14 @@ def test_fused_loss_is_exact_when_every_logit_is_far_below_zero():
     xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     expected = F.cross_entropy(xd @ wd.t(), targets)
     ex, ew = torch.autograd.grad(expected, (xd, wd))
-    got = linear_cross_entropy(x, w, targets, chunk_rows=8)
+    got = linear_cross_entropy(x, w, targets, chunk_rows=8, always_shift=always_shift)
     gx, gw = torch.autograd.grad(got, (x, w))
     assert abs(got.item() - expected.item()) < 1e-4
     torch.testing.assert_close(gx.double(), ex, rtol=1e-3, atol=1e-6)
     torch.testing.assert_close(gw.double(), ew, rtol=1e-3, atol=1e-6)
     with torch.no_grad():
-        assert abs(linear_cross_entropy(x, w, targets, chunk_rows=8).item() - expected.item()) < 1e-4
+        loss = linear_cross_entropy(x, w, targets, chunk_rows=8, always_shift=always_shift)
+        assert abs(loss.item() - expected.item()) < 1e-4
 
 
 def test_a_second_backward_through_the_fused_loss_fails_loudly_rather_than_scaling_twice():

@@ -46,6 +46,7 @@ from .optim import Muon, make_optimizers
 from .plan import Batch, Decision, RunPlan
 from .rng import RNGState
 from .state import OptimizerState, ScalerState, TrainState
+from .graph_step import GraphedStep
 from .step import StepOutput, forward_backward_probe, train_step
 
 
@@ -171,7 +172,8 @@ def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, 
     optimizers = build_optimizers(model, t, device, par)
     scaler = make_scaler(device, dtype)
     amp = lambda: autocast(device, dtype)  # noqa: E731
-    step = Stepper(model, loss, optimizers, scaler, t, par, device, amp, say, plan)  # compile, DDP
+    plan.settle("step_graph", step_graph_for(cfg, par, device, dtype))
+    step = Stepper(model, loss, optimizers, scaler, t, par, device, amp, say, plan)  # compile, DDP, CUDA graph
     plan.settle("peak_flops", par.decide(lambda: peak_flops_for(t, device, dtype)))  # for MFU: one probe, on rank 0
     return Trainer(model, step, amp, batch.accum // par.world_size, train_loader, eval_loaders, float8_layers)
 
@@ -181,6 +183,23 @@ def build_trainer(cfg: Config, par: Parallel, device: torch.device, model: GPT, 
 def loss_chunk_rows_for(t: TrainSection, device: torch.device, model: GPT) -> Decision[int | None]:
     rows = choose_loss_chunk_rows(device, compiled=t.compile, vocab_size=model.config.vocab_size)
     return Decision(rows, f"fused LM-head loss in chunks of {rows} rows" if rows else "")
+
+
+def step_graph_for(cfg: Config, par: Parallel, device: torch.device, dtype: torch.dtype) -> Decision[bool]:
+    """Replay the training step as one CUDA graph (training/graph_step.py) where nothing in the step needs the
+    host or changes shape: on one CUDA device, train.cuda_graph on, and none of what the list below names.
+    (A compiled step is Inductor's to launch: compile and the graph are two answers to the same cost.)"""
+    t = cfg.train
+    if device.type != "cuda" or not t.cuda_graph or t.compile:
+        return Decision(False)
+    why_not = [why for no, why in (
+        (par.enabled, "several ranks"), (dtype == torch.float16, "float16's GradScaler reads the host"),
+        (t.float8 != "off", "train.float8"), (t.activation_checkpointing, "activation checkpointing"),
+        (t.batch_size == AUTO_BATCH, "batch_size auto (sized to the memory of an eager step)"),
+        (cfg.data.format == "chat", "conversations' batches change shape")) if no]
+    if why_not:
+        return Decision(False, f"training step eager, not one CUDA graph: {'; '.join(why_not)}")
+    return Decision(True, "training step replayed as one CUDA graph (train.cuda_graph=false: eager)")
 
 
 def config_dtype(name: str, device: torch.device) -> Decision[str] | None:
@@ -303,7 +322,8 @@ def parallelize(model: GPT, t: TrainSection, par: Parallel, device: torch.device
 class Stepper:
     """train_step on the parallelized model; if torch.compile fails (no C++ compiler for Inductor on a
     CPU, an unsupported GPU) the step is redone from the same state without compile, and the run goes on
-    eager (with_compile_fallback)."""
+    eager (with_compile_fallback). Where the plan's step_graph says so, the step replays as one CUDA graph
+    (training/graph_step.py), which goes eager by itself if its capture fails."""
 
     def __init__(self, model: GPT, loss: LMLoss, optimizers, scaler, t: TrainSection, par: Parallel, device, amp,
                  say, plan: RunPlan | None = None):
@@ -311,12 +331,24 @@ class Stepper:
         self.t, self.par, self.device, self.plan = t, par, device, plan
         self.model = parallelize(model, t, par, device)
         self.compiled = t.compile
+        self.graphed = (GraphedStep(self.eager_step, optimizers, model, capture=device.type == "cuda",
+                                    say=self.graph_off) if plan is not None and plan.step_graph else None)
 
     def __call__(self, batches) -> StepOutput:
-        return with_compile_fallback(
-            lambda: train_step(self.model, self.loss, self.optimizers, self.scaler, batches, amp=self.amp,
-                               grad_clip=self.t.grad_clip, par=self.par),
-            compiled=self.compiled, go_eager=self.go_eager, say=self.say)
+        if self.graphed is not None:
+            return self.graphed(batches)
+        return with_compile_fallback(lambda: self.eager_step(batches), compiled=self.compiled,
+                                     go_eager=self.go_eager, say=self.say)
+
+    def eager_step(self, batches) -> StepOutput:
+        return train_step(self.model, self.loss, self.optimizers, self.scaler, batches, amp=self.amp,
+                          grad_clip=self.t.grad_clip, par=self.par)
+
+    def graph_off(self, why: str) -> None:
+        """The graphed step went eager (graph_step.py says why): the plan says so too."""
+        self.say(f"warning: {why}")
+        if self.plan is not None:
+            self.plan.revise("step_graph", Decision(False, why))
 
     def go_eager(self) -> None:
         for opt in self.optimizers:

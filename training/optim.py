@@ -136,12 +136,16 @@ class Muon(torch.optim.Optimizer):
             for i, p in enumerate(params):
                 by_shape[(*p.shape, self.pieces.get(p, 1))].append(i)
             lr, wd = group["lr"], group["weight_decay"]
+            on_device = isinstance(lr, torch.Tensor)  # a recorded step reads its rate there (training/graph_step.py)
             for (rows, cols, pieces), idx in by_shape.items():
                 ortho = self.orthogonalize([updates[i] for i in idx], group, pieces)
                 scale = math.sqrt(max(1.0, rows / pieces / cols))
                 for k, i in enumerate(idx):
                     params[i].mul_(1 - lr * wd)
-                    params[i].add_(ortho[k], alpha=-lr * scale)
+                    if on_device:
+                        params[i].sub_(ortho[k] * (lr * scale))
+                    else:
+                        params[i].add_(ortho[k], alpha=-lr * scale)
         return loss
 
 

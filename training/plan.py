@@ -7,6 +7,7 @@
     batch             Batch(micro_batch, accum): sequences per micro-step per rank / global micro-steps
     schedule          Schedule(max_iters, warmup_iters) (train.max_iters, or what train.time_budget leaves)
     peak_flops        the device's peak, for MFU (train.peak_flops, or a table / a probe)
+    step_graph        whether the training step replays as one CUDA graph (training/graph_step.py)
 
 The rule, the same for every decision, written where each is made (the chain, training/builders.py):
 
@@ -18,7 +19,7 @@ The rule, the same for every decision, written where each is made (the chain, tr
   3. else measured now: by rank 0, its answer shared with every rank (Parallel.decide), or, for what every
      rank must take part in (the memory a micro-batch needs, the steps a budget times), by every rank,
      which agree among themselves.
-A decision that describes this machine rather than the run (loss_chunk_rows, peak_flops) is not kept:
+A decision that describes this machine rather than the run (loss_chunk_rows, peak_flops, step_graph) is not kept:
 `kept` has none for it. The config itself is never changed: the loop reads the schedule from here.
 
 The plan is saved as one checkpoint entry and printed as one block. Its saved form is checked where
@@ -49,7 +50,7 @@ class Schedule(NamedTuple):
 
 # a decision whose value has several fields, saved one field each (the others: one field of their name)
 GROUPS: dict[str, type] = {"batch": Batch, "schedule": Schedule}
-NOT_KEPT = {"loss_chunk_rows", "peak_flops"}  # facts of this machine, decided again on every start
+NOT_KEPT = {"loss_chunk_rows", "peak_flops", "step_graph"}  # facts of this machine, decided again on every start
 DERIVED = {"accum"}  # a kept batch may lack it (format 2): the chain derives it from the global batch
 
 
@@ -110,6 +111,7 @@ class RunPlan:
     max_iters = property(lambda self: self.schedule.max_iters)
     warmup_iters = property(lambda self: self.schedule.warmup_iters)
     peak_flops = property(lambda self: self.value("peak_flops"))
+    step_graph = property(lambda self: bool(self.value("step_graph", False)))
 
     def lines(self) -> list[str]:
         """The plan as printed at start: one line per decision, in the order they were made (each line says

@@ -183,6 +183,10 @@ class TrainSection(Freezable):
                                    before=False)
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16", resume=True, check=one_of(*DTYPE_NAMES))
     compile: bool = setting(False, "torch.compile the training forward/backward", resume=True)
+    cuda_graph: bool = setting(True, "on one CUDA device, replay the training step as one CUDA graph: a small model's "
+                                     "step costs its kernels, not their launches (not with compile, several ranks, "
+                                     "float16, float8, activation checkpointing, batch_size auto or conversations)",
+                               resume=True)
     float8: str = setting("off", "float8 matmuls in the blocks' Linear layers (torchao; CUDA compute capability 8.9+: "
                                  "H100, L4, RTX 4090; pays with compile): off | tensorwise | rowwise", resume=True,
                           check=one_of("off", *FLOAT8_RECIPES))

@@ -1,0 +1,219 @@
+"""The graphed training step (training/graph_step.py), which a GPU replays as one CUDA graph, run uncaptured on
+the CPU: the same static buffers, tensor learning rates and calls. Against the eager train_step from the same
+weights, on the same batches and dropout streams, under a changing learning rate: AdamW's steps equal it bit
+for bit, Muon's (which multiplies by its rate on the device instead of a float) to float rounding. The recorded
+step reads nothing on the host (a capture would fail on it), a replaced optimizer state is recorded again,
+and the run plan's rule says where the graph runs."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import train
+from checkpoint import load_checkpoint
+from model import GPT, GPTConfig
+from runtime.loss_path import LMLoss
+from runtime.precision import make_scaler
+from training.builders import step_graph_for
+from training import builders
+from training.config.sections import load_config
+from training.plan import Decision
+from training.graph_step import WARMUP_STEPS, GraphedStep, _disagreement
+from training.optim import make_optimizers
+from training.parallel.distributed import Parallel
+from training.step import StepOutput, train_step
+from training.timing.schedule import apply_lr, lr_at
+
+LR = 3e-3
+
+
+CHAR_GPU = {"pos_embedding": "rope", "qk_norm": True, "mlp_act": "relu2"}  # shakespeare_char_gpu.yaml's model
+
+
+def setup(kind: str, **model_options):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=61, dropout=0.1,
+                          **model_options)).train()
+    return model, make_optimizers(model, lr=LR, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", kind=kind,
+                                  muon_lr=0.02, ns_dtype=torch.float32)
+
+
+def bound_step(model, optimizers, loss=LMLoss()):
+    scaler = make_scaler(torch.device("cpu"), torch.float32)
+    return lambda batches: train_step(model, loss, optimizers, scaler, batches, amp=contextlib.nullcontext,
+                                      grad_clip=0.5)
+
+
+def batches_at(i: int, accum: int = 2):
+    g = torch.Generator().manual_seed(100 + i)
+    out = []
+    for _ in range(accum):
+        x = torch.randint(0, 61, (3, 16), generator=g)
+        y = torch.randint(0, 61, (3, 16), generator=g)
+        y[0, :5] = -1  # some targets not counted, as a conversation's are
+        out.append((x, y))
+    return out
+
+
+def run(step, optimizers, steps: int, seed: int = 7) -> list[StepOutput]:
+    torch.manual_seed(seed)  # dropout's stream
+    outs = []
+    for i in range(steps):
+        apply_lr(optimizers, lr_at(i, lr=LR, min_lr=LR / 10, warmup_iters=3, max_iters=steps), LR)
+        outs.append(step(batches_at(i)))
+    return outs
+
+
+@pytest.mark.parametrize("kind", ["adamw", "muon"])
+def test_static_step_equals_the_eager_step(kind):
+    model, opts = setup(kind)
+    twin, twin_opts = copy.deepcopy(model), None
+    twin_opts = make_optimizers(twin, lr=LR, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", kind=kind,
+                                muon_lr=0.02, ns_dtype=torch.float32)
+    eager = run(bound_step(model, opts), opts, 8)
+    graphed = GraphedStep(bound_step(twin, twin_opts), twin_opts, twin, capture=False, say=print)
+    static = run(graphed, twin_opts, 8)
+    assert graphed.static and graphed.rates  # it ran on its own buffers
+    for e, s in zip(eager, static):
+        if kind == "adamw":
+            assert torch.equal(e.loss, s.loss) and torch.equal(e.grad_norm, s.grad_norm)
+        else:
+            torch.testing.assert_close(s.loss, e.loss, rtol=1e-5, atol=0)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        if kind == "adamw":
+            assert torch.equal(p, q), name
+        else:
+            # float rounding (~1e-7), which Adam's normalised step may lift to ~1e-6 where a gradient is ~0
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-5, msg=name)
+    # the floats are back: the log and the checkpoint see the schedule's numbers, never the device tensors
+    assert all(isinstance(g["lr"], float) for o in twin_opts for g in o.param_groups)
+    # and the rate did change between steps: a rate read once at record time would not have followed it
+    assert len({round(float(e.loss), 6) for e in eager}) > 1
+
+
+class HostReads(TorchDispatchMode):
+    """Every op that hands a device value to the host or makes a shape from one: a capture fails on these."""
+    HOST = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "unique", "_unique2", "item", "equal"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name in self.HOST:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind, loss, options", [
+    ("adamw", LMLoss(), {}), ("muon", LMLoss(), CHAR_GPU), ("adamw", LMLoss(chunk_rows=16, always_shift=True), {}),
+    ("muon", LMLoss(), {"norm": "rmsnorm", "mlp_act": "swiglu", "tie_embeddings": False, "logit_softcap": 15.0})],
+    ids=["adamw", "muon-char-gpu", "fused-chunks", "modern"])
+def test_the_recorded_step_reads_nothing_on_the_host(kind, loss, options):
+    """Both loss paths a GPU's eager step takes: the full logits (a small vocabulary) and the fused head in
+    chunks as a GPU runs them (runtime/loss_path.py's loss_path: no exp blocks, each chunk shifted by its max
+    without a host check)."""
+    model, opts = setup(kind, **options)
+    graphed = GraphedStep(bound_step(model, opts, loss), opts, model, capture=False, say=print)
+    run(graphed, opts, WARMUP_STEPS + 1)  # the state made, the buffers recorded
+    with HostReads() as mode:
+        graphed._rated(graphed.static)
+    assert mode.seen == []
+    with HostReads() as mode:  # the mode does see them: a float() of a loss is one
+        float(graphed._rated(graphed.static).loss)
+    assert mode.seen == ["_local_scalar_dense"]
+
+
+def test_a_replaced_optimizer_state_is_recorded_again():
+    """The time budget puts its timed steps back with load_state_dict, which makes new state tensors: a graph
+    would still write the old addresses. The next step notices and records again; its steps stay equal to
+    the eager step's from the same restored state."""
+    model, opts = setup("adamw")
+    twin = copy.deepcopy(model)
+    twin_opts = make_optimizers(twin, lr=LR, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", kind="adamw")
+    graphed = GraphedStep(bound_step(twin, twin_opts), twin_opts, twin, capture=False, say=print)
+    run(bound_step(model, opts), opts, WARMUP_STEPS + 1)
+    run(graphed, twin_opts, WARMUP_STEPS + 1)
+    recorded = graphed.addresses
+    assert recorded
+    for a, b in ((opts, twin_opts),):
+        for o, t in zip(a, b):
+            o.load_state_dict(copy.deepcopy(o.state_dict()))
+            t.load_state_dict(copy.deepcopy(t.state_dict()))
+    e, s = run(bound_step(model, opts), opts, 2, seed=9), run(graphed, twin_opts, 2, seed=9)
+    assert graphed.addresses != recorded
+    assert all(torch.equal(x.loss, y.loss) for x, y in zip(e, s))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+@pytest.mark.parametrize("argv, device, world, expected", [
+    ([], "cpu", 1, (False, "")),
+    ([], "cuda", 1, (True, "one CUDA graph")),
+    (["--train.cuda_graph=false"], "cuda", 1, (False, "")),
+    (["--train.compile=true"], "cuda", 1, (False, "")),
+    ([], "cuda", 2, (False, "several ranks")),
+    (["--train.dtype=float16"], "cuda", 1, (False, "float16")),
+    (["--train.activation_checkpointing=true"], "cuda", 1, (False, "activation checkpointing")),
+    (["--train.batch_size=auto", "--train.global_batch_size=64"], "cuda", 1, (False, "batch_size auto")),
+])
+def test_the_plan_graphs_the_step_where_nothing_in_it_needs_the_host(argv, device, world, expected):
+    cfg = load_config(argv)
+    par = Parallel(world_size=world) if world > 1 else Parallel()
+    dtype = torch.float16 if "float16" in " ".join(argv) else torch.bfloat16
+    d = step_graph_for(cfg, par, torch.device(device), dtype)
+    assert d.value is expected[0] and expected[1] in d.note
+
+
+def test_a_disagreeing_first_replay_is_named():
+    p0 = [torch.zeros(3)]
+    after = [torch.full((3,), 1e-3)]
+    same = StepOutput(torch.tensor(2.0), torch.tensor(1.0))
+    assert _disagreement(same, same, p0, after, after) == ""
+    assert "loss" in _disagreement(same, StepOutput(torch.tensor(2.5), torch.tensor(1.0)), p0, after, after)
+    nan_norm = StepOutput(torch.tensor(2.0), torch.tensor(math.nan))
+    assert "gradient norm" in _disagreement(same, nan_norm, p0, after, after)
+    assert "update" in _disagreement(same, same, p0, after, [torch.full((3,), 2e-3)])
+
+
+def test_a_run_with_the_graphed_step_trains_as_the_eager_run(tmp_path, data_root, monkeypatch):
+    """train.py with the plan's step_graph on (forced: this is a CPU, where the step runs uncaptured), evals
+    between steps and a resume: the same losses and the same checkpoint as the eager run, bit for bit."""
+    def argv(out, iters):
+        return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=1",
+                "--model.n_head=2", "--model.n_embd=32", "--model.block_size=16", "--model.dropout=0.1",
+                "--train.batch_size=4", "--train.grad_accum_steps=2", f"--train.max_iters={iters}",
+                "--train.warmup_iters=3", "--train.lr=3e-3", "--train.eval_interval=3", "--train.eval_iters=2",
+                "--train.log_interval=1", "--train.dtype=float32", "--train.device=cpu", "--train.peak_flops=1e11",
+                "--wandb.mode=disabled"]
+
+    train.train(load_config(argv(tmp_path / "eager", 5)))
+    eager = train.train(load_config(argv(tmp_path / "eager", 10)))
+    lines = []
+    monkeypatch.setattr(builders, "step_graph_for", lambda *a: Decision(True, "graphed (forced by the test)"))
+    real = GraphedStep._record
+    monkeypatch.setattr(GraphedStep, "_record", lambda self, b: lines.append(1) or real(self, b))
+    graphed = train.train(load_config(argv(tmp_path / "graphed", 5)))  # recorded at step 4, after the warm-up
+    graphed = train.train(load_config(argv(tmp_path / "graphed", 10)))  # resumed: warmed up and recorded anew
+    assert len(lines) == 2
+    assert eager["losses"] == graphed["losses"] and len(graphed["losses"]) == 5
+    a, b = load_checkpoint(tmp_path / "eager"), load_checkpoint(tmp_path / "graphed")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["optimizer"] == b["optimizer"] if not isinstance(a["optimizer"], dict) else all(
+        torch.equal(x, y) for x, y in zip(_tensors(a["optimizer"]), _tensors(b["optimizer"])))
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            yield from _tensors(obj[k])
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)

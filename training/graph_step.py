@@ -1,0 +1,206 @@
+"""The training step replayed as one CUDA graph, for a model whose step is bound by kernel launches.
+
+small.yaml's 4 x 128 model takes 13.9 ms a step on one H100, of which the GPU is busy 2.1 ms: 324
+kernels, each costing more to launch from Python than to run (benchmarks/results/h100-2026-11-27/
+small_profile.log). A CUDA graph records the step's kernels once and replays them with one launch. A
+graph replays fixed memory addresses, so everything the step reads and writes stays where it is:
+
+- the micro-batches: static (x, y) buffers, this step's tokens copied in before each replay;
+- the learning rate: one device tensor per param group, filled before each replay and read by the
+  optimizers inside the recorded step (fused AdamW takes a tensor rate; Muon multiplies by it);
+- the parameters and the optimizer state, updated in place by the step. What replaces them (the time
+  budget puts its timed steps back with load_state_dict) is noticed by their addresses before the next
+  step, and the step is recorded again.
+
+What is recorded is train_step itself (training/step.py) on those buffers. The first WARMUP_STEPS steps
+of a process run eagerly (on a GPU on a side stream, as torch's make_graphed_callables warms up): they
+make the optimizer state and the lazy initialisations that must not happen inside a capture. The first
+replay is checked against the eager step from the same state (the same tokens and dropout offsets, so the
+same kernels on the same inputs); where they differ, or the capture fails, the run says so in one line and
+goes on eagerly.
+
+On a CPU (the tests) the same static step runs uncaptured: the same buffers, tensor rates and calls, so
+its equality with the eager train_step is checked without a GPU.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from errors import short_error
+
+from .step import StepOutput
+
+WARMUP_STEPS = 3  # eager steps before the capture (torch's whole-network capture example warms up 3)
+Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+class GraphedStep:
+    """step(batches) as train_step runs it, replayed as one CUDA graph where `capture`, else run
+    uncaptured on the same static buffers. `step` is train_step bound to the run's model, loss,
+    optimizers and scaler; `optimizers` and `model` are what it updates in place.
+
+    Every step of such a run, the eager ones too (the warm-up, the check, a fallback), reads its learning
+    rates from the same device tensors, so which steps were replayed never changes a bit: a run resumed
+    in another process (whose warm-up falls on other steps) trains as the uninterrupted one."""
+
+    def __init__(self, step: Callable[[Batches], StepOutput], optimizers: Sequence[torch.optim.Optimizer],
+                 model: torch.nn.Module, *, capture: bool, say: Callable[[str], None]):
+        self.step, self.optimizers, self.model, self.capture, self.say = step, optimizers, model, capture, say
+        self.groups = [g for opt in optimizers for g in opt.param_groups]
+        device = next(model.parameters()).device
+        self.rates = [torch.zeros((), dtype=_rate_dtype(opt, device), device=device)
+                      for opt in optimizers for _ in opt.param_groups]
+        self.warmed = 0
+        self.eager = False  # the capture failed or disagreed: the eager step from here on
+        self.static: list[tuple[torch.Tensor, torch.Tensor]] = []  # the batches the graph reads
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: StepOutput | None = None  # what the graph writes
+        self.addresses: tuple[int, ...] = ()  # of every tensor the graph updates in place, when recorded
+
+    def __call__(self, batches: Batches) -> StepOutput:
+        if self.eager:
+            return self._eager(batches)
+        if self.warmed < WARMUP_STEPS:
+            self.warmed += 1
+            return _on_side_stream(lambda: self._eager(batches)) if self.capture else self._eager(batches)
+        moved = self._state_addresses() != self.addresses  # the state was replaced (a restore)
+        if not self.static or moved or self._shapes(batches) != self._shapes(self.static):
+            return self._record(batches)
+        return self._replay(batches)
+
+    # ----------------------------------------------------------------------------------- the step
+    def _rated(self, batches: Batches) -> StepOutput:
+        """train_step on `batches`, each param group's rate read from its tensor (filled beforehand)."""
+        saved = [(g["lr"], g.get("capturable")) for g in self.groups]
+        for rate, group in zip(self.rates, self.groups):
+            group["lr"] = rate
+            if "capturable" in group:  # torch's optimizers refuse a capture unless told it is one
+                group["capturable"] = True
+        try:
+            return self.step(batches)
+        finally:  # the floats back: the schedule, the log and the checkpoint see what they always saw
+            for (lr, capturable), group in zip(saved, self.groups):
+                group["lr"] = lr
+                if capturable is not None:
+                    group["capturable"] = capturable
+
+    def _fill_rates(self) -> None:
+        """The schedule's rates (set as floats on the groups) into the tensors the step reads: outside any
+        graph, since they change every step."""
+        for rate, group in zip(self.rates, self.groups):
+            rate.fill_(group["lr"])
+
+    def _eager(self, batches: Batches) -> StepOutput:
+        self._fill_rates()
+        return self._rated(batches)
+
+    def _replay(self, batches: Batches) -> StepOutput:
+        for (sx, sy), (x, y) in zip(self.static, batches):  # this step's tokens where the graph reads them
+            sx.copy_(x)
+            sy.copy_(y)
+        self._fill_rates()
+        if self.graph is None:
+            out = self._rated(self.static)
+        else:
+            self.graph.replay()
+            out = self.out
+        # copies: the graph overwrites its outputs on the next replay, and the loop keeps these
+        return StepOutput(out.loss.clone(), out.grad_norm.clone())
+
+    # ------------------------------------------------------------------------------- recording
+    def _record(self, batches: Batches) -> StepOutput:
+        """(Re)make the buffers; on a GPU record the step and check its first replay against the eager step
+        from the same state. Returns this step's output."""
+        self.graph = self.out = None
+        self.static = [(torch.empty_like(x), torch.empty_like(y)) for x, y in batches]
+        self.addresses = self._state_addresses()
+        if not self.capture:
+            return self._replay(batches)
+        before = self._snapshot()
+        expected = self._eager(batches)  # the eager step, then the state put back for the graph's
+        expected = StepOutput(expected.loss.clone(), expected.grad_norm.clone())
+        after = [p.detach().clone() for p in self.model.parameters()]
+        self._restore(before)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.out = self._rated(self.static)
+            self.graph = graph
+            got = self._replay(batches)
+        except RuntimeError as e:
+            return self._go_eager(before, batches, f"the capture failed ({short_error(e)})")
+        params = list(self.model.parameters())
+        problem = _disagreement(expected, got, before[0][:len(params)], after, params)
+        if problem:
+            return self._go_eager(before, batches, problem)
+        return got
+
+    def _go_eager(self, before, batches: Batches, why: str) -> StepOutput:
+        self.say(f"the CUDA-graphed training step is off: {why}; continuing eagerly")
+        self.graph = self.out = None
+        self.eager = True
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        self._restore(before)
+        return self._eager(batches)
+
+    def _state(self) -> list[torch.Tensor]:
+        """Every tensor a step updates in place: the parameters, then the optimizers' state."""
+        return [p.detach() for p in self.model.parameters()] + [v for opt in self.optimizers for st in opt.state.values()
+                                                                for v in st.values() if isinstance(v, torch.Tensor)]
+
+    def _state_addresses(self) -> tuple[int, ...]:
+        return tuple(t.data_ptr() for t in self._state())
+
+    def _snapshot(self):
+        """(every state tensor's value, the parameters first; the RNG streams) to put back in place."""
+        device = self.rates[0].device
+        return [t.clone() for t in self._state()], torch.cuda.get_rng_state(device), torch.get_rng_state()
+
+    def _restore(self, snapshot) -> None:
+        values, cuda_rng, cpu_rng = snapshot
+        with torch.no_grad():
+            for t, v in zip(self._state(), values):
+                t.copy_(v)
+        torch.cuda.set_rng_state(cuda_rng, self.rates[0].device)
+        torch.set_rng_state(cpu_rng)
+
+    @staticmethod
+    def _shapes(batches) -> list[tuple]:
+        return [(tuple(x.shape), tuple(y.shape)) for x, y in batches]
+
+
+def _rate_dtype(opt: torch.optim.Optimizer, device: torch.device) -> torch.dtype:
+    """The width a learning rate is read in, as a tensor, where it is read as it is as a float. CUDA's fused
+    Adam(W) kernel reads a tensor rate through a float pointer: fp32 (a float rate stays a double there, so
+    a graphed run's AdamW steps differ from a plain run's in the last bits). The CPU kernel reads a tensor
+    rate as a double, and Muon multiplies by it as by a float: fp64, the same bits as the float rate."""
+    adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
+    return torch.float32 if adam and device.type == "cuda" else torch.float64
+
+
+def _on_side_stream(fn: Callable[[], StepOutput]) -> StepOutput:
+    """fn() on a side stream, ordered after and before the current one; its outputs copied on the current
+    stream (the loop keeps them)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return StepOutput(out.loss.clone(), out.grad_norm.clone())
+
+
+def _disagreement(expected: StepOutput, got: StepOutput, before: list[torch.Tensor], after: list[torch.Tensor],
+                  params: list[torch.Tensor]) -> str:
+    """'' where the graph's first step agrees with the eager one: the same loss and gradient norm, and each
+    parameter's update the same to within a tenth of its size (one host sync, once)."""
+    for name, e, g in (("loss", expected.loss, got.loss), ("gradient norm", expected.grad_norm, got.grad_norm)):
+        e, g = float(e), float(g)
+        if not abs(e - g) <= 1e-3 * abs(e) + 1e-6:
+            return f"its first step's {name} {g:.6g} differs from the eager step's {e:.6g}"
+    for b, a, p in zip(before, after, params):
+        if float((p.detach() - a).abs().max()) > 0.1 * float((a - b).abs().max()) + 1e-12:
+            return "its first step's update differs from the eager step's"
+    return ""
