@@ -400,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         ran = [table[n - 1] for n in numbers if results[n][1] == "ok"]
         refused = [table[n - 1] for n in numbers if results[n][1] == "refused as expected"]
         covered = set().union(*map(pairs_of, ran)) | {p for r in refused for p in pairs_of(r) if refusal(dict(p))}
-        print(f"pairs covered: {len(covered)} / {len(all_pairs())}; wall time {time.perf_counter() - started:.0f} s")
+        asked = {p for p in all_pairs() if not inert(dict(p))}
+        print(f"pairs covered: {len(covered & asked)} / {len(asked)} ({len(all_pairs()) - len(asked)} not asked: graph on "
+              f"where the graphed step can't run); wall time {time.perf_counter() - started:.0f} s")
         failed = [n for n in numbers if results[n][1].startswith("FAIL")]
         if failed:
             print(f"{len(failed)} row(s) failed: {', '.join(map(str, failed))} (work dir {work}, kept)")

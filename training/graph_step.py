@@ -8,9 +8,10 @@ graph replays fixed memory addresses, so everything the step reads and writes st
 - the micro-batches: static (x, y) buffers, this step's tokens copied in before each replay;
 - the learning rate: one device tensor per param group, filled before each replay and read by the
   optimizers inside the recorded step (fused AdamW takes a tensor rate; Muon multiplies by it);
-- the parameters and the optimizer state, updated in place by the step. What replaces them (the time
-  budget puts its timed steps back with load_state_dict) is noticed by their addresses before the next
-  step, and the step is recorded again.
+- the parameters and the optimizer state, updated in place by the step. What replaces them (a resume, or
+  the time budget putting its timed steps back, with load_state_dict) is noticed by their addresses before
+  the next step, and the step is recorded again; an optimizer put back to no state at all first makes it
+  in an eager step.
 
 What is recorded is train_step itself (training/step.py) on those buffers. The first WARMUP_STEPS steps
 of a process run eagerly (on a GPU on a side stream, as torch's make_graphed_callables warms up): they
@@ -48,7 +49,6 @@ class GraphedStep:
     def __init__(self, step: Callable[[Batches], StepOutput], optimizers: Sequence[torch.optim.Optimizer],
                  model: torch.nn.Module, *, capture: bool, say: Callable[[str], None]):
         self.step, self.optimizers, self.model, self.capture, self.say = step, optimizers, model, capture, say
-        self.groups = [g for opt in optimizers for g in opt.param_groups]
         device = next(model.parameters()).device
         self.rates = [torch.zeros((), dtype=_rate_dtype(opt, device), device=device)
                       for opt in optimizers for _ in opt.param_groups]
@@ -57,18 +57,37 @@ class GraphedStep:
         self.static: list[tuple[torch.Tensor, torch.Tensor]] = []  # the batches the graph reads
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: StepOutput | None = None  # what the graph writes
-        self.addresses: tuple[int, ...] = ()  # of every tensor the graph updates in place, when recorded
+        self.recorded: tuple = ()  # what the graph was recorded for (_recorded_for): another one records again
+
+    @property
+    def groups(self) -> list[dict]:
+        """The param groups as the optimizers hold them now: load_state_dict (a resume, the time budget's
+        restore) puts in new dicts."""
+        return [g for opt in self.optimizers for g in opt.param_groups]
 
     def __call__(self, batches: Batches) -> StepOutput:
         if self.eager:
             return self._eager(batches)
-        if self.warmed < WARMUP_STEPS:
+        if self.warmed < WARMUP_STEPS or not self._state_made():
+            # an optimizer without its state (before the first step; the time budget puts back the empty state
+            # it started from) makes it in a step: no record may snapshot, nor a graph write, a state not yet made
             self.warmed += 1
             return _on_side_stream(lambda: self._eager(batches)) if self.capture else self._eager(batches)
-        moved = self._state_addresses() != self.addresses  # the state was replaced (a restore)
-        if not self.static or moved or self._shapes(batches) != self._shapes(self.static):
+        if self._recorded_for(batches) != self.recorded:
             return self._record(batches)
         return self._replay(batches)
+
+    def _recorded_for(self, batches: Batches) -> tuple:
+        """What a graph replays as it was when recorded: the addresses of every tensor it updates in place
+        (load_state_dict makes new ones), the param groups it read its rates through, the batches' shapes,
+        and train / eval mode (dropout)."""
+        return (self._state_addresses(), tuple(id(g) for g in self.groups), self._shapes(batches),
+                self.model.training)
+
+    def _state_made(self) -> bool:
+        """Whether every optimizer has made its state (its first step does; a parameter that never gets a
+        gradient never gets state, so the test is per optimizer)."""
+        return all(len(opt.state) > 0 for opt in self.optimizers)
 
     # ----------------------------------------------------------------------------------- the step
     def _rated(self, batches: Batches) -> StepOutput:
@@ -96,10 +115,13 @@ class GraphedStep:
         self._fill_rates()
         return self._rated(batches)
 
-    def _replay(self, batches: Batches) -> StepOutput:
+    def _copy_in(self, batches: Batches) -> None:
         for (sx, sy), (x, y) in zip(self.static, batches):  # this step's tokens where the graph reads them
             sx.copy_(x)
             sy.copy_(y)
+
+    def _replay(self, batches: Batches) -> StepOutput:
+        self._copy_in(batches)
         self._fill_rates()
         if self.graph is None:
             out = self._rated(self.static)
@@ -115,24 +137,29 @@ class GraphedStep:
         from the same state. Returns this step's output."""
         self.graph = self.out = None
         self.static = [(torch.empty_like(x), torch.empty_like(y)) for x, y in batches]
-        self.addresses = self._state_addresses()
+        self.recorded = self._recorded_for(batches)
         if not self.capture:
             return self._replay(batches)
-        before = self._snapshot()
+        try:  # in host memory: the device's is the step's, and the graph's pool
+            before = self._snapshot()
+        except RuntimeError as e:
+            return self._go_eager(None, batches, f"no memory for the state's copy ({short_error(e)})")
         expected = self._eager(batches)  # the eager step, then the state put back for the graph's
         expected = StepOutput(expected.loss.clone(), expected.grad_norm.clone())
-        after = [p.detach().clone() for p in self.model.parameters()]
+        params = list(self.model.parameters())
+        after = [p.detach().to("cpu", copy=True) for p in params]
         self._restore(before)
         try:
+            self._copy_in(batches)  # a capture runs nothing, but the buffers then hold real tokens all the same
+            self._fill_rates()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph):
                 self.out = self._rated(self.static)
             self.graph = graph
             got = self._replay(batches)
         except RuntimeError as e:
             return self._go_eager(before, batches, f"the capture failed ({short_error(e)})")
-        params = list(self.model.parameters())
-        problem = _disagreement(expected, got, before[0][:len(params)], after, params)
+        problem = _disagreement(expected, got, before[0][:len(params)], after, [p.detach().cpu() for p in params])
         if problem:
             return self._go_eager(before, batches, problem)
         return got
@@ -143,7 +170,8 @@ class GraphedStep:
         self.eager = True
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        self._restore(before)
+        if before is not None:
+            self._restore(before)
         return self._eager(batches)
 
     def _state(self) -> list[torch.Tensor]:
@@ -155,21 +183,25 @@ class GraphedStep:
         return tuple(t.data_ptr() for t in self._state())
 
     def _snapshot(self):
-        """(every state tensor's value, the parameters first; the RNG streams) to put back in place."""
+        """(every state tensor's value, the parameters first, in host memory; the RNG streams) to put back
+        in place."""
         device = self.rates[0].device
-        return [t.clone() for t in self._state()], torch.cuda.get_rng_state(device), torch.get_rng_state()
+        return ([t.to("cpu", copy=True) for t in self._state()], torch.cuda.get_rng_state(device),
+                torch.get_rng_state())
 
     def _restore(self, snapshot) -> None:
         values, cuda_rng, cpu_rng = snapshot
+        state = self._state()
+        assert len(state) == len(values), "the state changed shape between its copy and its restore"
         with torch.no_grad():
-            for t, v in zip(self._state(), values):
+            for t, v in zip(state, values):
                 t.copy_(v)
         torch.cuda.set_rng_state(cuda_rng, self.rates[0].device)
         torch.set_rng_state(cpu_rng)
 
     @staticmethod
-    def _shapes(batches) -> list[tuple]:
-        return [(tuple(x.shape), tuple(y.shape)) for x, y in batches]
+    def _shapes(batches) -> tuple:
+        return tuple((tuple(x.shape), tuple(y.shape)) for x, y in batches)
 
 
 def _rate_dtype(opt: torch.optim.Optimizer, device: torch.device) -> torch.dtype:
