@@ -160,31 +160,39 @@ def test_a_disagreeing_first_replay_is_named():
     assert "update" in _disagreement(same, same, p0, after, [torch.full((3,), 2e-3)])
 
 
-def test_a_run_with_the_graphed_step_trains_as_the_eager_run(tmp_path, data_root, monkeypatch):
-    """train.py with the plan's step_graph on (forced: this is a CPU, where the step runs uncaptured), evals
-    between steps and a resume: the same losses and the same checkpoint as the eager run, bit for bit."""
-    def argv(out, iters):
+@pytest.mark.parametrize("capture", [False, True], ids=["uncaptured", "capture-emulated"])
+def test_a_run_with_the_graphed_step_trains_as_the_eager_run(capture, tmp_path, data_root, monkeypatch, request):
+    """train.py with the plan's step_graph on (forced: this is a CPU), its step uncaptured or through the capture
+    path under a graph's rules (fake_cuda_graphs, below): with evals between steps, a time budget's timed steps
+    put back, and a resume, the same losses and the same checkpoints as the eager runs, bit for bit."""
+    def argv(out, iters, *extra):
         return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=1",
                 "--model.n_head=2", "--model.n_embd=32", "--model.block_size=16", "--model.dropout=0.1",
                 "--train.batch_size=4", "--train.grad_accum_steps=2", f"--train.max_iters={iters}",
                 "--train.warmup_iters=3", "--train.lr=3e-3", "--train.eval_interval=3", "--train.eval_iters=2",
                 "--train.log_interval=1", "--train.dtype=float32", "--train.device=cpu", "--train.peak_flops=1e11",
-                "--wandb.mode=disabled"]
+                "--wandb.mode=disabled", *extra]
 
-    train.train(load_config(argv(tmp_path / "eager", 5)))
-    eager = train.train(load_config(argv(tmp_path / "eager", 10)))
-    lines = []
+    def runs(name):  # a budget large enough to keep max_iters (its timing steps, then puts all back); a resume
+        budget = train.train(load_config(argv(tmp_path / f"{name}-budget", 8, "--train.time_budget=1h")))
+        train.train(load_config(argv(tmp_path / name, 5)))
+        return budget, train.train(load_config(argv(tmp_path / name, 10)))
+
+    eager = runs("eager")
     monkeypatch.setattr(builders, "step_graph_for", lambda *a: Decision(True, "graphed (forced by the test)"))
-    real = GraphedStep._record
-    monkeypatch.setattr(GraphedStep, "_record", lambda self, b: lines.append(1) or real(self, b))
-    graphed = train.train(load_config(argv(tmp_path / "graphed", 5)))  # recorded at step 4, after the warm-up
-    graphed = train.train(load_config(argv(tmp_path / "graphed", 10)))  # resumed: warmed up and recorded anew
-    assert len(lines) == 2
-    assert eager["losses"] == graphed["losses"] and len(graphed["losses"]) == 5
-    a, b = load_checkpoint(tmp_path / "eager"), load_checkpoint(tmp_path / "graphed")
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert a["optimizer"] == b["optimizer"] if not isinstance(a["optimizer"], dict) else all(
-        torch.equal(x, y) for x, y in zip(_tensors(a["optimizer"]), _tensors(b["optimizer"])))
+    if capture:
+        request.getfixturevalue("fake_cuda_graphs")
+        monkeypatch.setattr(builders, "GraphedStep", lambda *a, capture, **k: GraphedStep(*a, capture=True, **k))
+    graphed = runs("graphed")
+    for e, g in zip(eager, graphed):
+        assert e["losses"] == g["losses"]
+    assert len(graphed[0]["losses"]) == 8 and len(graphed[1]["losses"]) == 5
+    if capture:  # the graph did replay
+        assert FakeGraph.replays > 0
+    for run_ in ("-budget", ""):
+        a, b = load_checkpoint(tmp_path / f"eager{run_}"), load_checkpoint(tmp_path / f"graphed{run_}")
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        assert all(torch.equal(x, y) for x, y in zip(_tensors(a["optimizer"]), _tensors(b["optimizer"])))
 
 
 def _tensors(obj):
