@@ -136,16 +136,23 @@ class Muon(torch.optim.Optimizer):
             for i, p in enumerate(params):
                 by_shape[(*p.shape, self.pieces.get(p, 1))].append(i)
             lr, wd = group["lr"], group["weight_decay"]
-            on_device = isinstance(lr, torch.Tensor)  # a recorded step reads its rate there (training/graph_step.py)
+            # a recorded step reads its rate on the device (training/graph_step.py), where launches cost nothing;
+            # a float rate takes one foreach launch for all the matrices (a GPU's eager step is launch-bound)
+            on_device = isinstance(lr, torch.Tensor)
+            if on_device:
+                decay = 1 - lr * wd
+                for p in params:
+                    p.mul_(decay)
+            else:
+                torch._foreach_mul_(params, 1 - lr * wd)
             for (rows, cols, pieces), idx in by_shape.items():
                 ortho = self.orthogonalize([updates[i] for i in idx], group, pieces)
                 scale = math.sqrt(max(1.0, rows / pieces / cols))
-                for k, i in enumerate(idx):
-                    params[i].mul_(1 - lr * wd)
-                    if on_device:
+                if on_device:
+                    for k, i in enumerate(idx):
                         params[i].sub_(ortho[k] * (lr * scale))
-                    else:
-                        params[i].add_(ortho[k], alpha=-lr * scale)
+                else:
+                    torch._foreach_add_([params[i] for i in idx], [ortho[k] for k in range(len(idx))], alpha=-lr * scale)
         return loss
 
 
