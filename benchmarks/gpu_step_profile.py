@@ -3,10 +3,10 @@
 Builds small.yaml's run with train.py's chain (training/builders.py's build_trainer; random tokens),
 then for each way to run the step (eager: train.cuda_graph=false; graph: the step replayed as one CUDA
 graph, training/graph_step.py, train.py's default on a GPU; compiled: train.compile=true) the wall time of
-a step (host-synced), the GPU's busy time in it and the kernels it launches (torch.profiler), the first
-step's time (the capture's or the compile's cost included) and the first steps' losses beside the eager
-step's (the graph's should differ in the last bits at most: its AdamW reads the rate in fp32, and the
-attention kernels' backward may add in another order).
+a step (host-synced), the GPU's busy time in it and the kernels it launches (torch.profiler), the slowest
+of the first steps (the compile's or the capture's), and the first steps' losses (each on its own batch,
+under a changing learning rate) beside the eager step's: the graph's should differ in the last bits at
+most (its AdamW reads the rate in fp32, and attention's backward may add in another order).
 A step whose GPU time is a small part of its wall time is bound by launches: fewer, larger kernels
 (compile, CUDA graphs) are then what makes it faster, not a faster GPU.
 
@@ -32,13 +32,14 @@ from training import builders
 from training.config.sections import load_config
 from training.parallel.distributed import Parallel
 from training.plan import RunPlan
+from training.timing.schedule import apply_lr, lr_at
 
 
 CHAR_VOCAB = 65  # tiny shakespeare's characters
 
 
 MODES = ("eager", "graph", "compiled")
-LOSS_STEPS = 8  # the first steps whose losses are compared between the modes
+LOSS_STEPS = 24  # the first steps, each on its own batch and learning rate, whose losses the modes compare
 
 
 def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), top: int = 0,
@@ -52,8 +53,10 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
     torch.manual_seed(t.seed)
     vocab = cfg.model.vocab_size or (CHAR_VOCAB if cfg.data.tokenizer == "char" else 50257)
     model = GPT(cfg.model.gpt_config(vocab)).to(device)
-    tokens = torch.randint(0, vocab, (t.batch_size, block + 1), device=device)
-    batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    gen = torch.Generator().manual_seed(0)  # the same batches in every mode
+    windows = [torch.randint(0, vocab, (t.batch_size, block + 1), generator=gen).to(device) for _ in range(LOSS_STEPS)]
+    batches = [(w[:, :-1].contiguous(), w[:, 1:].contiguous()) for w in windows]
+    batch = batches[0]
 
     class Batches:
         def get_batch(self, i: int, micro: int = 0):
@@ -67,11 +70,13 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
                                          say=lambda line: print("   ", line))
     finally:
         builders.step_graph_for = rule
-    s = time.perf_counter()
-    losses = [trainer.step([batch]).loss.item()]
-    first_s = time.perf_counter() - s
-    for _ in range(LOSS_STEPS - 1):  # past the graph's warm-up and its capture
-        losses.append(trainer.step([batch]).loss.item())
+    losses, slowest_s = [], 0.0
+    for i, b in enumerate(batches):  # past the graph's warm-up and its capture, each step its own batch and rate
+        apply_lr(trainer.step.optimizers, lr_at(i, lr=t.lr, min_lr=t.min_lr, warmup_iters=4, max_iters=LOSS_STEPS),
+                 t.lr)
+        s = time.perf_counter()
+        losses.append(trainer.step([b]).loss.item())
+        slowest_s = max(slowest_s, time.perf_counter() - s)  # the compile's, or the capture's (and its check)
     if cuda:
         torch.cuda.synchronize()
     walls = []
@@ -93,7 +98,7 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
     by_name = collections.Counter()
     for e in kernels:
         by_name[e.name[:90]] += time_us[id(e)] / 1e3 / 10
-    return {"mode": mode, "graphed": plan.step_graph, "losses": losses, "first_step_s": round(first_s, 2),
+    return {"mode": mode, "graphed": plan.step_graph, "losses": losses, "slowest_step_s": round(slowest_s, 2),
             "step_ms": round(wall_ms, 3),
             "gpu_busy_ms": round(busy_ms, 3), "kernels_per_step": len(kernels) // 10,
             "gpu_busy_share": round(busy_ms / wall_ms, 3),
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         if mode not in MODES:
             raise SystemExit(f"error: --modes takes {', '.join(MODES)}, got {mode!r}")
         row = profile_step(args.config, mode, args.steps, args.set, args.top, device)
-        print(f"{mode:8s} first step {row['first_step_s']:6.2f} s, then {row['step_ms']:6.2f} ms "
+        print(f"{mode:8s} slowest step {row['slowest_step_s']:6.2f} s, then {row['step_ms']:6.2f} ms "
               f"a step, GPU busy {row['gpu_busy_ms']:.2f} ms of it ({row['gpu_busy_share']:.0%}), "
               f"{row['kernels_per_step']} kernels a step" + ("" if row["graphed"] or mode != "graph" else
                                                             " (the plan did not graph it)"), flush=True)

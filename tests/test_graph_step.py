@@ -208,10 +208,16 @@ def _tensors(obj):
 
 # ------------------------------------------------------------------- a CUDA graph's semantics, on a CPU
 
+class CaptureRefused(RuntimeError):
+    """What the emulated capture raises where a real one fails: an op that hands a device value to the host."""
+
+
 class _Recording(TorchDispatchMode):
     """Every aten op of the recorded step, run (a CPU can't defer it) and kept: tensors by reference (a graph
     keeps addresses), everything else by value (a graph keeps the numbers it was launched with). What the
-    recording writes in place is put back at its end (a real capture runs nothing)."""
+    recording writes in place is put back at its end (a real capture runs nothing). An op that reads a device
+    value on the host, or makes a shape from one (a boolean mask's index), is refused, as a capture refuses
+    the sync it needs."""
 
     def __init__(self):
         super().__init__()
@@ -219,6 +225,11 @@ class _Recording(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        masks = name in ("index", "index_put", "index_put_") and any(
+            isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in args[1] or ())
+        if name in HostReads.HOST or masks or (name == "repeat_interleave" and "output_size" not in kwargs):
+            raise CaptureRefused(f"operation not permitted when stream is capturing ({func})")
         for i, arg in enumerate(func._schema.arguments):
             value = args[i] if i < len(args) else kwargs.get(arg.name)
             if arg.alias_info is not None and arg.alias_info.is_write:
@@ -251,33 +262,56 @@ class FakeGraph:
                         o.copy_(r)
 
 
-@contextlib.contextmanager
-def _fake_capture(graph, **kwargs):
-    rng = torch.get_rng_state()
-    with _Recording() as rec:
-        yield
-    with torch.no_grad():
-        for t, before in rec.written.values():
-            t.copy_(before)
-    torch.set_rng_state(rng)  # a capture draws no random numbers: each replay does
-    graph.ops = rec.ops
-
-
 class _Stream:
     def wait_stream(self, other):
         pass
+
+
+DEFAULT_STREAM = _Stream()
+_current = [DEFAULT_STREAM]  # the current stream
+
+
+@contextlib.contextmanager
+def _fake_stream(stream):
+    """torch.cuda.stream(s): s current inside, and on the way out the stream that was current before."""
+    before, _current[0] = _current[0], stream
+    try:
+        yield
+    finally:
+        _current[0] = before
+
+
+@contextlib.contextmanager
+def _fake_capture(graph, stream=None, **kwargs):
+    """torch.cuda.graph: the capture on its stream; as torch's own exit does, a capture that fails leaves that
+    stream current (its exit ends the capture, which raises, before it leaves the stream)."""
+    rng = torch.get_rng_state()
+    before, _current[0] = _current[0], stream or _Stream()
+    rec = _Recording()
+    try:
+        with rec:
+            yield
+    finally:
+        with torch.no_grad():
+            for t, before in reversed(list(rec.written.values())):
+                t.copy_(before)
+        torch.set_rng_state(rng)  # a capture draws no random numbers: each replay does
+    _current[0] = before
+    graph.ops = rec.ops
 
 
 @pytest.fixture
 def fake_cuda_graphs(monkeypatch):
     """torch.cuda's capture, streams and RNG as GraphedStep(capture=True) calls them, emulated on the CPU."""
     FakeGraph.replays = 0
+    _current[:] = [DEFAULT_STREAM]
     for name, value in {"CUDAGraph": FakeGraph, "graph": _fake_capture, "Stream": _Stream,
-                        "current_stream": _Stream, "stream": lambda s: contextlib.nullcontext(),
+                        "current_stream": lambda device=None: _current[0], "stream": _fake_stream,
                         "get_rng_state": lambda device=None: torch.get_rng_state(),
                         "set_rng_state": lambda state, device=None: torch.set_rng_state(state)}.items():
         monkeypatch.setattr(torch.cuda, name, value)
-    return FakeGraph
+    yield FakeGraph
+    assert _current == [DEFAULT_STREAM], "a stream was left current"
 
 
 def twins(kind):
@@ -287,19 +321,24 @@ def twins(kind):
                                               kind=kind, muon_lr=0.02, ns_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("kind", ["adamw", "muon"])
-def test_replays_with_a_graphs_semantics_equal_the_eager_steps(kind, fake_cuda_graphs):
+GPU_CHUNKS = LMLoss(chunk_rows=16, always_shift=True)  # the fused head + loss as a GPU runs it (loss_path)
+
+
+@pytest.mark.parametrize("kind, loss", [("adamw", LMLoss()), ("muon", LMLoss()), ("adamw", GPU_CHUNKS),
+                                        ("muon", GPU_CHUNKS)], ids=["adamw", "muon", "adamw-chunks", "muon-chunks"])
+def test_replays_with_a_graphs_semantics_equal_the_eager_steps(kind, loss, fake_cuda_graphs):
     """The capture path (warm-up, snapshot, check, record, replay) under a graph's rules: a number read on the
     host while recording would be replayed as it was, a tensor replaced after it would be left unwritten.
     With the rate changing every step and dropout drawing anew at each replay, the steps equal the eager ones
     (AdamW bit for bit, Muon to rounding); then again after the state is put back to before the first step,
     as the time budget does (load_state_dict: new tensors, new param groups, no optimizer state)."""
     model, opts, twin, twin_opts = twins(kind)
-    graphed = GraphedStep(bound_step(twin, twin_opts), twin_opts, twin, capture=True, say=pytest.fail)
+    graphed = GraphedStep(bound_step(twin, twin_opts, loss), twin_opts, twin, capture=True, say=pytest.fail)
     start = [(copy.deepcopy(m.state_dict()), [copy.deepcopy(o.state_dict()) for o in os_])
              for m, os_ in ((model, opts), (twin, twin_opts))]
     for round_ in range(2):
-        eager, static = run(bound_step(model, opts), opts, 9, seed=round_), run(graphed, twin_opts, 9, seed=round_)
+        eager = run(bound_step(model, opts, loss), opts, 9, seed=round_)
+        static = run(graphed, twin_opts, 9, seed=round_)
         for e, s in zip(eager, static):
             if kind == "adamw":
                 assert torch.equal(e.loss, s.loss) and torch.equal(e.grad_norm, s.grad_norm)
@@ -326,3 +365,18 @@ def test_a_replay_that_disagrees_with_the_eager_step_goes_eager_in_one_line(fake
     assert [e.loss for e in eager] == [s.loss for s in static]
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
     assert graphed.eager and len(said) == 1 and "differs from the eager step's" in said[0], said
+
+
+def test_a_capture_that_is_refused_goes_eager_in_one_line(fake_cuda_graphs):
+    """The CPU's fused loss checks its sums on the host, which a capture refuses (a GPU's never does:
+    always_shift). The capture fails; the run says so in one line, its stream is the run's again (the fixture
+    checks), and every step equals the eager run's."""
+    host_check = LMLoss(chunk_rows=16)
+    model, opts, twin, twin_opts = twins("adamw")
+    said = []
+    graphed = GraphedStep(bound_step(twin, twin_opts, host_check), twin_opts, twin, capture=True, say=said.append)
+    eager, static = run(bound_step(model, opts, host_check), opts, 6), run(graphed, twin_opts, 6)
+    assert [e.loss for e in eager] == [s.loss for s in static]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+    assert graphed.eager and graphed.graph is None and len(said) == 1, said
+    assert "the capture failed (CaptureRefused: operation not permitted when stream is capturing" in said[0]

@@ -70,7 +70,10 @@ class GraphedStep:
             return self._eager(batches)
         if self.warmed < WARMUP_STEPS or not self._state_made():
             # an optimizer without its state (before the first step; the time budget puts back the empty state
-            # it started from) makes it in a step: no record may snapshot, nor a graph write, a state not yet made
+            # it started from) makes it in a step: no record may snapshot, nor a graph write, a state not yet
+            # made; a graph recorded before is let go first (its memory pool is a whole step's)
+            self.graph = self.out = None
+            self.recorded = ()
             self.warmed += 1
             return _on_side_stream(lambda: self._eager(batches)) if self.capture else self._eager(batches)
         if self._recorded_for(batches) != self.recorded:
@@ -108,7 +111,9 @@ class GraphedStep:
     def _fill_rates(self) -> None:
         """The schedule's rates (set as floats on the groups) into the tensors the step reads: outside any
         graph, since they change every step."""
-        for rate, group in zip(self.rates, self.groups):
+        groups = self.groups
+        assert len(groups) == len(self.rates), "a param group was added: its rate would be read as a float"
+        for rate, group in zip(self.rates, groups):
             rate.fill_(group["lr"])
 
     def _eager(self, batches: Batches) -> StepOutput:
@@ -146,6 +151,9 @@ class GraphedStep:
             return self._go_eager(None, batches, f"no memory for the state's copy ({short_error(e)})")
         expected = self._eager(batches)  # the eager step, then the state put back for the graph's
         expected = StepOutput(expected.loss.clone(), expected.grad_norm.clone())
+        if len(self._state()) != len(before[0]):  # the step made state for a parameter that had none: its
+            self.recorded = ()                     # output stands, and the next step records
+            return expected
         params = list(self.model.parameters())
         after = [p.detach().to("cpu", copy=True) for p in params]
         self._restore(before)
@@ -153,11 +161,15 @@ class GraphedStep:
             self._copy_in(batches)  # a capture runs nothing, but the buffers then hold real tokens all the same
             self._fill_rates()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # in a stream of our own: a capture that fails leaves torch.cuda.graph's stream current (its exit
+            # ends the capture before it leaves the stream), and this context puts the run's stream back
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
                 self.out = self._rated(self.static)
             self.graph = graph
             got = self._replay(batches)
-        except RuntimeError as e:
+        except Exception as e:  # a capture fails with whatever the op it refused raises
+            self.graph = self.out = graph = None
             return self._go_eager(before, batches, f"the capture failed ({short_error(e)})")
         problem = _disagreement(expected, got, before[0][:len(params)], after, [p.detach().cpu() for p in params])
         if problem:
@@ -194,7 +206,7 @@ class GraphedStep:
         state = self._state()
         assert len(state) == len(values), "the state changed shape between its copy and its restore"
         with torch.no_grad():
-            for t, v in zip(state, values):
+            for t, v in reversed(list(zip(state, values))):  # reversed: a view restored before what it views
                 t.copy_(v)
         torch.cuda.set_rng_state(cuda_rng, self.rates[0].device)
         torch.set_rng_state(cpu_rng)

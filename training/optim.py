@@ -136,23 +136,21 @@ class Muon(torch.optim.Optimizer):
             for i, p in enumerate(params):
                 by_shape[(*p.shape, self.pieces.get(p, 1))].append(i)
             lr, wd = group["lr"], group["weight_decay"]
-            # a recorded step reads its rate on the device (training/graph_step.py), where launches cost nothing;
-            # a float rate takes one foreach launch for all the matrices (a GPU's eager step is launch-bound)
+            # Decay, then the update, each one foreach launch for many matrices (a GPU's eager step is bound by
+            # launches). A recorded step reads its rate on the device (training/graph_step.py): cast to the
+            # weights' dtype first, as a float rate is inside the kernel (the same numbers), since foreach's fast
+            # path takes a scalar tensor of the list's own dtype only.
             on_device = isinstance(lr, torch.Tensor)
-            if on_device:
-                decay = 1 - lr * wd
-                for p in params:
-                    p.mul_(decay)
-            else:
-                torch._foreach_mul_(params, 1 - lr * wd)
+            dt = params[0].dtype
+            torch._foreach_mul_(params, (1 - lr * wd).to(dt) if on_device else 1 - lr * wd)
             for (rows, cols, pieces), idx in by_shape.items():
                 ortho = self.orthogonalize([updates[i] for i in idx], group, pieces)
                 scale = math.sqrt(max(1.0, rows / pieces / cols))
+                mine, theirs = [params[i] for i in idx], [ortho[k] for k in range(len(idx))]
                 if on_device:
-                    for k, i in enumerate(idx):
-                        params[i].sub_(ortho[k] * (lr * scale))
+                    torch._foreach_sub_(mine, torch._foreach_mul(theirs, (lr * scale).to(dt)))
                 else:
-                    torch._foreach_add_([params[i] for i in idx], [ortho[k] for k in range(len(idx))], alpha=-lr * scale)
+                    torch._foreach_add_(mine, theirs, alpha=-lr * scale)
         return loss
 
 

@@ -32,6 +32,7 @@ import torch
 from errors import UserError
 
 from ..config.sections import parse_duration
+from ..graph_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS
 from ..plan import Decision, Schedule
 from ..run import Run, evaluate_splits, step_at
 from .schedule import lr_at
@@ -95,10 +96,12 @@ def measure(r: Run) -> Timing:
             times.append(time.perf_counter() - t0)
         return times
 
-    last_warmup = run_steps(0, WARMUP)[-1]
+    # a graphed step (training/graph_step.py) warms up, then records: the steps timed are replays
+    warmup = WARMUP + (GRAPH_WARMUP_STEPS + 1 if r.plan.step_graph else 0)
+    last_warmup = run_steps(0, warmup)[-1]
     # as many timed steps as fill TIMED_S; rank 0 decides, since every rank must run as many steps
     n_timed = r.par.broadcast(min(MAX_TIMED, max(MIN_TIMED, math.ceil(TIMED_S / max(last_warmup, 1e-6)))))
-    times = run_steps(WARMUP, n_timed)
+    times = run_steps(warmup, n_timed)
     eval_s = final_s = 0.0
     for _ in range(2):  # the first call may pay one-time costs; the second is timed
         t0 = time.perf_counter()
