@@ -380,3 +380,24 @@ def test_a_capture_that_is_refused_goes_eager_in_one_line(fake_cuda_graphs):
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
     assert graphed.eager and graphed.graph is None and len(said) == 1, said
     assert "the capture failed (CaptureRefused: operation not permitted when stream is capturing" in said[0]
+
+
+def test_a_graph_whose_dropout_repeats_is_caught_at_its_second_replay(fake_cuda_graphs, monkeypatch):
+    """A graph whose replays draw the same dropout masks each time (as if the RNG's offset were baked in):
+    its first replay equals the eager step, its second does not. The second check catches it, the run says
+    so in one line and goes on eagerly, with every step equal to the eager run's."""
+    real = FakeGraph.replay
+    first_rng = []
+
+    def replay_same_masks(self):
+        first_rng.append(torch.get_rng_state()) if not first_rng else torch.set_rng_state(first_rng[0])
+        real(self)
+    monkeypatch.setattr(FakeGraph, "replay", replay_same_masks)
+    model, opts, twin, twin_opts = twins("adamw")
+    said = []
+    graphed = GraphedStep(bound_step(twin, twin_opts), twin_opts, twin, capture=True, say=said.append)
+    eager, static = run(bound_step(model, opts), opts, 8), run(graphed, twin_opts, 8)
+    assert [e.loss for e in eager] == [s.loss for s in static]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+    assert FakeGraph.replays == 2 and graphed.eager and len(said) == 1, said
+    assert "a replay's loss" in said[0]
