@@ -69,7 +69,7 @@ step char_profile 150 bash -c "$PY -m benchmarks.gpu_step_profile --config shake
 step ours_char_adamw 100 $PY train.py --config shakespeare_char_gpu --train.optimizer=adamw --train.lr=1e-3 \
   --train.out_dir=/tmp/gr_char_adamw
 # 6. small.yaml as a newcomer runs it (its step replayed as one CUDA graph, the default since 2026-11-27's
-#    second session), then what bounds its step: eager, graphed, compiled (2026-11-27, eager: 13.9 ms a step,
+#    third session), then what bounds its step: eager, graphed, compiled (2026-11-27, eager: 13.9 ms a step,
 #    GPU busy 2.1 ms); the graphed step's first losses against the eager step's
 step small 80 $PY train.py --config small.yaml --train.out_dir=/tmp/gr_small
 step small_eager 80 $PY train.py --config small.yaml --train.cuda_graph=false --train.out_dir=/tmp/gr_small_eager
