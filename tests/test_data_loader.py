@@ -6,6 +6,8 @@ import io
 import numpy as np
 import pytest
 import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from data import BatchLoader, DataConfig, prepare_data
@@ -156,3 +158,44 @@ def test_sequential_batches_predict_every_token_of_the_split_once_in_order(char_
     np.testing.assert_array_equal(xs.reshape(-1), split[: n * block])
     with pytest.raises(ValueError, match="past the"):
         ld.sequential_batch(len(batches))
+
+
+@pytest.fixture(scope="module")
+def sharded_dir(tmp_path_factory):
+    """Tiny shakespeare's characters in shards of 1000 tokens: many windows cross a file boundary."""
+    return prepare_data(DataConfig(tokenizer="char", shard_tokens=1000, root=str(tmp_path_factory.mktemp("sharded"))),
+                        progress=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_windows_are_the_streams_slices_across_shard_files(sharded_dir, data):
+    """BatchLoader._windows (one gather per file, piecewise across a boundary) against the split's stream read
+    whole (prepared_files.read_split): any starts, anywhere, in any order, repeated, at the very end, over
+    files of 1000 tokens with windows up to 2.5 files long."""
+    stream = _sharded_stream(sharded_dir)
+    block = data.draw(st.sampled_from([1, 7, 64, 999, 1000, 2500]), label="block_size")
+    ld = _LOADERS.get(block) or _LOADERS.setdefault(block, BatchLoader(sharded_dir, "train", block_size=block,
+                                                                         batch_size=1, seed=0))
+    last = len(stream) - block - 1
+    starts = data.draw(st.lists(st.one_of(st.integers(0, last), st.sampled_from([0, last, 999, 1000, 1001])),
+                                min_size=1, max_size=12), label="starts")
+    got = ld._windows(np.array(starts, dtype=np.int64))
+    assert got.shape == (len(starts), block + 1)
+    for row, start in zip(got, starts):
+        np.testing.assert_array_equal(row, stream[start: start + block + 1])
+
+
+_STREAMS: dict = {}
+_LOADERS: dict = {}  # by block size: making one checks every shard's ids
+
+
+def _sharded_stream(d) -> np.ndarray:
+    if d not in _STREAMS:
+        _STREAMS[d] = np.array(read_split(d, "train"), dtype=np.int64)
+    return _STREAMS[d]
+
+
+def test_the_sharded_split_has_many_files(sharded_dir):
+    ld = BatchLoader(sharded_dir, "train", block_size=8, batch_size=1, seed=0)
+    assert len(ld._files) > 100
