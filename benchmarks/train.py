@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from data import BatchLoader
+from checkpoint.meta import meta_model
 from model import GPT, GPTConfig
 from runtime.loss_path import choose_loss_chunk_rows
 from runtime.memory import param_count
@@ -222,8 +223,7 @@ def _other_path(chosen: int | None, device: torch.device, shape: Shape) -> int |
 
 
 def flops_per_token(shape: Shape) -> float:
-    with torch.device("meta"):  # no need for real weights to count them
-        return GPT(shape.gpt_config("sdpa")).flops_per_token(shape.block_size)
+    return meta_model(shape.gpt_config("sdpa")).flops_per_token(shape.block_size)  # no weights needed to count
 
 
 def weights_mb(shape: Shape) -> float:

@@ -24,6 +24,7 @@ from network import hub_offline_unless_reachable
 from model.gpt import GPT
 from model.hf import HF_ACTIVATIONS, config_from_hf, cropped_state, gpt2_tensors, hf_config, state_from_hf
 
+from .meta import meta_model
 from .model_config import model_config_problem
 from model.hf_modern import hf_format, llama_config, llama_tensors, qwen3_config, smallgpt_config
 
@@ -105,13 +106,17 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     if problem:  # checked before anything is built: an absurd size would spin even on the meta device
         raise ValueError(problem)
     state = state_from_hf(_read_state_dict(path), config.tie_embeddings)
-    with torch.device("meta"):  # the shapes only: a config.json that disagrees with its weights (or asks for an
-        expected = GPT(config).state_dict()  # absurd size) is refused before any memory is spent on it
-    problem = tensors_problem(state, expected, config.tie_embeddings)
+    # the shapes only: a config.json that disagrees with its weights (or asks for an absurd size) is refused
+    # before any memory is spent on it
+    model = meta_model(config)
+    problem = tensors_problem(state, model.state_dict(), config.tie_embeddings)
     if problem:
         raise ValueError(problem)
-    model = GPT(config)
-    model.load_state_dict(state, strict=False)  # strict=False only for a tied lm_head.weight
+    # the file's tensors become the parameters (no random init first, to be overwritten); strict=False only
+    # for a tied lm_head.weight, which tie_weights then points at wte's
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}  # fp32, whatever the file keeps (fp16, bf16)
+    model.load_state_dict({k: v.to(dtypes[k]) for k, v in state.items()}, strict=False, assign=True)
+    model.tie_weights()
     return model
 
 

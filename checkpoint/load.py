@@ -21,6 +21,7 @@ from model.gpt import GPT, GPTConfig
 
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
 from .hf import from_pretrained
+from .meta import meta_model
 from .model_config import model_config_problem
 
 GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
@@ -33,8 +34,7 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
         if key not in ckpt:
             raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
     config = checked_model_config(ckpt["model_config"], where, **overrides)
-    with torch.device("meta"):  # no point initialising weights that load_state_dict overwrites
-        model = GPT(config)
+    model = meta_model(config)  # no point initialising weights that load_state_dict overwrites
     try:
         # a plain dict: assign=True records itself in a state dict's _metadata, which would make every
         # later load_state_dict of the checkpoint's dict replace parameters instead of copying into them

@@ -29,7 +29,7 @@ def model_config_problem(cfg: GPTConfig, prefix: str = "GPTConfig.") -> str | No
         return f"{prefix}n_layer must be at most {MAX_LAYERS}, got {cfg.n_layer}"
     if cfg.block_size > MAX_BLOCK_SIZE:
         return f"{prefix}block_size must be at most {MAX_BLOCK_SIZE}, got {cfg.block_size}"
-    n = cfg.approx_num_params()
+    n = cfg.num_params()
     if n > MAX_PARAMS:  # refused by arithmetic: building even on the meta device would take minutes
         return (f"a model of about {n:.2g} parameters, more than the {MAX_PARAMS:.0e} this project builds; "
                 f"lower n_layer ({cfg.n_layer}), n_embd ({cfg.n_embd}) or vocab_size ({cfg.vocab_size})")

@@ -55,12 +55,20 @@ class GPTConfig:
     zero_init_proj: bool = False  # zero-init the residual projections (and an untied head): each block starts as identity
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap), which keeps them in (-cap, cap)
 
-    def approx_num_params(self) -> int:
-        """The parameter count from the config alone (embeddings, 12 * n_embd**2 + 13 * n_embd per block,
-        an untied head): at least the model's, to a few percent, with no module built."""
-        C, V, L = self.n_embd, self.vocab_size, self.n_layer
-        n = V * C * (1 if self.tie_embeddings else 2) + L * (12 * C * C + 13 * C) + 2 * C
-        return n + (self.block_size * C if self.pos_embedding == "learned" else 0)
+    def num_params(self, blocks: bool = True) -> int:
+        """The parameters GPT(self) holds (tied ones once), counted from the config alone, with no module built:
+        a model of any size is sized by arithmetic, and counting a meta-device build would cost ~1 s (its
+        random init imports torch._dynamo). blocks=False: only those outside the blocks (embeddings, final
+        norm, an untied head). The shapes are the modules' below; tests/test_config.py holds the two together."""
+        C, V, L, b = self.n_embd, self.vocab_size, self.n_layer, int(self.bias)
+        norm = C if self.norm == "rmsnorm" else C * (1 + b)  # RMSNorm: a gain; LayerNorm: a gain and a bias
+        hidden = mlp_hidden(self)
+        fc_out = 2 * hidden if self.mlp_act == "swiglu" else hidden
+        block = (2 * norm + (C * 3 * C + b * 3 * C) + (C * C + b * C)  # ln_1, ln_2, c_attn, attn.c_proj
+                 + (C * fc_out + b * fc_out) + (hidden * C + b * C))  # mlp.c_fc, mlp.c_proj
+        outside = V * C * (1 if self.tie_embeddings else 2) + norm + (self.block_size * C if self.pos_embedding ==
+                                                                        "learned" else 0)
+        return outside + (L * block if blocks else 0)
 
     def gpt2_incompatibilities(self) -> list[str]:
         """What HF's GPT-2 format can't express about this model, one short reason each ([] for GPT-2).

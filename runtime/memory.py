@@ -14,7 +14,7 @@ import os
 import torch
 
 from errors import UserError
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 HEADROOM = 0.9
 # per token per layer, the activations autograd keeps, in units of n_embd: the block's input and two
@@ -28,8 +28,7 @@ def gib(n: float) -> str:
 
 
 def param_count(config: GPTConfig) -> int:
-    with torch.device("meta"):  # counts without allocating
-        return sum(p.numel() for p in GPT(config).parameters())
+    return config.num_params()  # counted, not built
 
 
 def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_chunk_rows: int | None,
@@ -61,9 +60,7 @@ def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_
 
 def root_param_count(config: GPTConfig) -> int:
     """Parameters outside the blocks: the embeddings, the final norm and an untied head (FSDP's root unit)."""
-    with torch.device("meta"):
-        model = GPT(config)
-        return sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.transformer.h.parameters())
+    return config.num_params(blocks=False)
 
 
 def sampling_bytes(config: GPTConfig, *, rows: int, prompt_len: int) -> dict[str, int]:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from errors import UserError
 from checkpoint import load_checkpoint, save_checkpoint
@@ -254,17 +256,25 @@ def test_absurd_batches_are_refused_by_arithmetic_in_one_line(overrides, words):
     load_config(["--config", "shakespeare_char", "--train.batch_size=16", f"--train.grad_accum_steps={2**20}"])
 
 
-def test_the_parameter_count_from_the_config_bounds_the_built_models():
-    import torch
-
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({
+    "n_layer": st.integers(1, 3), "n_head": st.integers(1, 3), "head_dim": st.sampled_from([2, 4, 6]),
+    "vocab_size": st.integers(1, 97), "block_size": st.integers(1, 40), "bias": st.booleans(),
+    "tie_embeddings": st.booleans(), "pos_embedding": st.sampled_from(["learned", "rope"]),
+    "norm": st.sampled_from(["layernorm", "rmsnorm"]), "qk_norm": st.booleans(),
+    "mlp_act": st.sampled_from(["gelu", "relu2", "swiglu"])}))
+def test_the_parameter_count_from_the_config_is_the_built_models(kw):
+    """GPTConfig.num_params (arithmetic: memory estimates and the size refusal use it) against the model built,
+    over every architecture option: all of it, and what lies outside the blocks (FSDP's root unit)."""
     from model import GPT, GPTConfig
 
-    for kw in ({}, {"tie_embeddings": False, "bias": False}, {"pos_embedding": "rope", "norm": "rmsnorm", "qk_norm": True},
-               {"mlp_act": "relu2", "vocab_size": 50304}):
-        config = GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=kw.pop("vocab_size", 101), **kw)
-        with torch.device("meta"):
-            built = sum(p.numel() for p in GPT(config).parameters())
-        assert built <= config.approx_num_params() <= 1.02 * built, (kw, built)
+    kw = dict(kw)
+    head_dim = kw.pop("head_dim")
+    config = GPTConfig(n_embd=kw["n_head"] * head_dim, **kw)
+    model = GPT(config)
+    built = sum(p.numel() for p in model.parameters())  # tied parameters appear once
+    assert config.num_params() == built, (kw, built)
+    assert config.num_params(blocks=False) == built - sum(p.numel() for p in model.transformer.h.parameters())
 
 
 def test_the_model_section_holds_every_model_field_and_converts_to_gpt_config():

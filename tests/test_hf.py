@@ -86,17 +86,17 @@ def test_from_pretrained_of_a_directory_without_config_is_refused(tmp_path):
 def test_a_config_json_far_bigger_than_its_weights_is_refused_before_the_model_is_built(hf_model, tmp_path, monkeypatch):
     import json
 
-    import checkpoint.hf as mhf
+    import checkpoint.meta as meta
 
     hf_model.save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     built = []
 
-    class Recording(mhf.GPT):
+    class Recording(meta.GPT):  # every GPT from_pretrained builds comes from checkpoint/meta.py's meta_model
         def __init__(self, config):
             built.append((config.n_layer, str(torch.get_default_device())))
             super().__init__(config)
-    monkeypatch.setattr(mhf, "GPT", Recording)
+    monkeypatch.setattr(meta, "GPT", Recording)
     # one layer more than the weights have, then ~330B parameters' worth (weights of 2 tiny layers)
     for change, error in ((dict(n_layer=3), r"lacks \['transformer.h.2"),
                           (dict(n_layer=100, n_embd=16384, n_head=128), r"lacks|shape mismatch")):

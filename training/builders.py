@@ -24,6 +24,7 @@ import torch
 
 from checkpoint import Checkpointer, Resume, model_config_dict
 from checkpoint.load import checked_model_config
+from checkpoint.meta import meta_model
 from data import BatchLoader
 from data.chat_loader import ChatBatchLoader
 from errors import UserError
@@ -91,8 +92,7 @@ def build_model(cfg: Config, *, vocab_size: int, tokenizer: dict[str, Any], resu
     is never changed), and it is what the run saves and logs."""
     if resume is not None and resume.sharded:  # its weights are loaded in place, shard by shard (restore)
         runtime = {"dropout": cfg.model.dropout, "attn_backend": cfg.model.attn_backend}
-        with torch.device("meta"):
-            model = GPT(checked_model_config(resume.payload["model_config"], resume.path, **runtime))
+        model = meta_model(checked_model_config(resume.payload["model_config"], resume.path, **runtime))
         model = model.to_empty(device="cpu")
         model.tie_weights()
         notes = []
