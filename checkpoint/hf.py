@@ -51,12 +51,16 @@ MAX_CONFIG_BYTES = 2**20  # GPT-2's config.json is under 1 KB; a bigger file is 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the first one there is read, as transformers does
 
 
+def _must_be_a_file(path: Path) -> None:
+    if not path.is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
+        raise ValueError(f"its {path.name} is {path_kind(path)}, not a file")
+
+
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     for name in WEIGHT_FILES:
         if not os.path.lexists(path / name):
             continue
-        if not (path / name).is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
-            raise ValueError(f"its {name} is {path_kind(path / name)}, not a file")
+        _must_be_a_file(path / name)
         if name == "model.safetensors":
             try:
                 return load_file(str(path / name))
@@ -94,8 +98,7 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     path = _resolve_dir(name_or_dir)
     if not os.path.lexists(path / "config.json"):
         raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    if not (path / "config.json").is_file():  # a FIFO (a read would wait), a device, a directory, a broken link
-        raise ValueError(f"its config.json is {path_kind(path / 'config.json')}, not a file")
+    _must_be_a_file(path / "config.json")
     hf = json_loads(read_user_file(path / "config.json", "config.json", limit=MAX_CONFIG_BYTES,
                                    fix="pass an HF GPT-2 directory"))
     problem = hf_config_problem(hf)
