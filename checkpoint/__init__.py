@@ -5,7 +5,8 @@
 - a training run's side: out_dir.py claims the out_dir (one trainer, leftovers removed); resume.py decides
   whether and from what to resume (the best-checkpoint rule among it); checkpointer.py saves and restores
   every registered stateful part;
-- load.py: inference's side: a model from a checkpoint, an out_dir, an HF directory or a hub name;
+- load.py: inference's side: a model from a checkpoint, an out_dir, an HF directory or a hub name; meta.py:
+  the empty model (meta device, no init) that a checkpoint's or an HF directory's tensors fill;
 - locate.py: which checkpoint a script means by default, and the files it is made of;
 - __main__.py: `python -m checkpoint consolidate <out_dir>`: a sharded checkpoint as one file.
 
