@@ -6,7 +6,7 @@ so what a benchmark times is what train.py runs.
     model, cfg, notes = build_model(cfg, ...)            # fresh, resumed, another run's or HF weights
     trainer = build_trainer(cfg, par, device, model, plan, loaders)  # the chain: each decision into the plan
         loss (LMLoss) -> dtype -> float8 -> shard (activation checkpointing, FSDP) -> micro-batch -> weight-gradient
-        product -> attention kernel -> loaders -> optimizers -> scaler -> step (compile, DDP)
+        product -> attention kernel -> loaders -> optimizers -> scaler -> step graph -> step (compile, DDP, CUDA graph)
     checkpointer, rng = build_checkpointer(out_dir, par, ...)   # every stateful part, registered once
 
 Hardware switches are applied here from outside the model, one line each, and the loss is an object of
