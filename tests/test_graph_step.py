@@ -353,32 +353,33 @@ def test_replays_with_a_graphs_semantics_equal_the_eager_steps(kind, loss, fake_
     assert fake_cuda_graphs.replays >= 8 and graphed.graph is not None and not graphed.eager
 
 
+def gone_eager(steps: int, loss=LMLoss()) -> tuple[GraphedStep, list[str]]:
+    """A graphed AdamW run beside the eager one, `steps` steps: every step must equal the eager run's (the
+    fallback puts the state back before it goes on). Returns the graphed step and what it said."""
+    model, opts, twin, twin_opts = twins("adamw")
+    said = []
+    graphed = GraphedStep(bound_step(twin, twin_opts, loss), twin_opts, twin, capture=True, say=said.append)
+    eager, static = run(bound_step(model, opts, loss), opts, steps), run(graphed, twin_opts, steps)
+    assert [e.loss for e in eager] == [s.loss for s in static]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+    assert graphed.eager and graphed.graph is None and len(said) == 1, said
+    return graphed, said
+
+
 def test_a_replay_that_disagrees_with_the_eager_step_goes_eager_in_one_line(fake_cuda_graphs, monkeypatch):
     """A graph that replays nothing (a broken capture): its first replay leaves the outputs as a capture does
     (never computed) and the weights unmoved. The check sees it, says so in one line, puts the state back and
     goes on eagerly: every step then equals the eager run's."""
     monkeypatch.setattr(FakeGraph, "replay", lambda self: None)
-    model, opts, twin, twin_opts = twins("adamw")
-    said = []
-    graphed = GraphedStep(bound_step(twin, twin_opts), twin_opts, twin, capture=True, say=said.append)
-    eager, static = run(bound_step(model, opts), opts, 7), run(graphed, twin_opts, 7)
-    assert [e.loss for e in eager] == [s.loss for s in static]
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
-    assert graphed.eager and len(said) == 1 and "differs from the eager step's" in said[0], said
+    _, said = gone_eager(7)
+    assert "differs from the eager step's" in said[0]
 
 
 def test_a_capture_that_is_refused_goes_eager_in_one_line(fake_cuda_graphs):
     """The CPU's fused loss checks its sums on the host, which a capture refuses (a GPU's never does:
     always_shift). The capture fails; the run says so in one line, its stream is the run's again (the fixture
     checks), and every step equals the eager run's."""
-    host_check = LMLoss(chunk_rows=16)
-    model, opts, twin, twin_opts = twins("adamw")
-    said = []
-    graphed = GraphedStep(bound_step(twin, twin_opts, host_check), twin_opts, twin, capture=True, say=said.append)
-    eager, static = run(bound_step(model, opts, host_check), opts, 6), run(graphed, twin_opts, 6)
-    assert [e.loss for e in eager] == [s.loss for s in static]
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
-    assert graphed.eager and graphed.graph is None and len(said) == 1, said
+    _, said = gone_eager(6, LMLoss(chunk_rows=16))
     assert "the capture failed (CaptureRefused: operation not permitted when stream is capturing" in said[0]
 
 
@@ -393,11 +394,5 @@ def test_a_graph_whose_dropout_repeats_is_caught_at_its_second_replay(fake_cuda_
         first_rng.append(torch.get_rng_state()) if not first_rng else torch.set_rng_state(first_rng[0])
         real(self)
     monkeypatch.setattr(FakeGraph, "replay", replay_same_masks)
-    model, opts, twin, twin_opts = twins("adamw")
-    said = []
-    graphed = GraphedStep(bound_step(twin, twin_opts), twin_opts, twin, capture=True, say=said.append)
-    eager, static = run(bound_step(model, opts), opts, 8), run(graphed, twin_opts, 8)
-    assert [e.loss for e in eager] == [s.loss for s in static]
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
-    assert FakeGraph.replays == 2 and graphed.eager and len(said) == 1, said
-    assert "a replay's loss" in said[0]
+    _, said = gone_eager(8)
+    assert FakeGraph.replays == 2 and "a replay's loss" in said[0]
