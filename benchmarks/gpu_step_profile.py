@@ -50,6 +50,9 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
                        f"--train.cuda_graph={mode == 'graph'}", "--wandb.mode=disabled"])
     t, block = cfg.train, cfg.model.block_size
     cuda = device.type == "cuda"
+    if cuda:  # this mode's own peak: the graph's pool is held for the run, beside the evals' memory
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(t.seed)
     vocab = cfg.model.vocab_size or (CHAR_VOCAB if cfg.data.tokenizer == "char" else 50257)
     model = GPT(cfg.model.gpt_config(vocab)).to(device)
@@ -98,7 +101,9 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
     by_name = collections.Counter()
     for e in kernels:
         by_name[e.name[:90]] += time_us[id(e)] / 1e3 / 10
+    peak_gib = torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0
     return {"mode": mode, "graphed": plan.step_graph, "losses": losses, "slowest_step_s": round(slowest_s, 2),
+            "peak_reserved_gib": round(peak_gib, 2),
             "step_ms": round(wall_ms, 3),
             "gpu_busy_ms": round(busy_ms, 3), "kernels_per_step": len(kernels) // 10,
             "gpu_busy_share": round(busy_ms / wall_ms, 3),
@@ -124,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         row = profile_step(args.config, mode, args.steps, args.set, args.top, device)
         print(f"{mode:8s} slowest step {row['slowest_step_s']:6.2f} s, then {row['step_ms']:6.2f} ms "
               f"a step, GPU busy {row['gpu_busy_ms']:.2f} ms of it ({row['gpu_busy_share']:.0%}), "
-              f"{row['kernels_per_step']} kernels a step" + ("" if row["graphed"] or mode != "graph" else
-                                                            " (the plan did not graph it)"), flush=True)
+              f"{row['kernels_per_step']} kernels a step, {row['peak_reserved_gib']:.2f} GiB reserved at peak"
+              + ("" if row["graphed"] or mode != "graph" else " (the plan did not graph it)"), flush=True)
         if mode == "eager":
             eager_losses = row["losses"]
         elif eager_losses is not None:
