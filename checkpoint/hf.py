@@ -117,8 +117,9 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
         raise ValueError(problem)
     # the file's tensors become the parameters (no random init first, to be overwritten); strict=False only
     # for a tied lm_head.weight, which tie_weights then points at wte's
-    dtypes = {k: v.dtype for k, v in model.state_dict().items()}  # fp32, whatever the file keeps (fp16, bf16)
-    model.load_state_dict({k: v.to(dtypes[k]) for k, v in state.items()}, strict=False, assign=True)
+    # fp32 whatever the file keeps (fp16, bf16), and contiguous: the Conv1D matrices come transposed (a view)
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    model.load_state_dict({k: v.to(dtypes[k]).contiguous() for k, v in state.items()}, strict=False, assign=True)
     model.tie_weights()
     return model
 

@@ -39,6 +39,11 @@ def random_tokens(T=40, vocab=50257):
 def test_from_pretrained_matches_transformers_logits(hf_model, hf_dir):
     ours = from_pretrained(str(hf_dir)).eval()
     assert ours.config.n_layer == 2 and ours.config.block_size == 64
+    # filled from the file's tensors (no init first): parameters as a built model's, trainable, tied
+    for name, p in ours.named_parameters():
+        assert p.dtype == torch.float32 and p.is_contiguous() and p.requires_grad and not p.is_meta, name
+    assert ours.lm_head.weight is ours.transformer.wte.weight
+    assert not any(b.is_meta for b in ours.buffers())
     idx = random_tokens()
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), hf_model(idx).logits, rtol=0, atol=1e-4)
