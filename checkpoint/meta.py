@@ -1,6 +1,7 @@
 """GPT(config) on the meta device: its parameters' shapes and dtypes, with no storage and no values. load.py
 fills one with a checkpoint's tensors (load_state_dict(assign=True)), hf.py checks an HF directory's tensors
-against one, and a sharded resume materialises one shard by shard (training/builders.py).
+against one and then fills it with them (cast to fp32, made contiguous), and a sharded resume materialises one
+shard by shard (training/builders.py).
 
 Built under torch.device("meta") alone, the modules' random init still runs on the meta tensors: it draws
 nothing, but torch's meta normal_ imports torch._dynamo on its first call, ~0.9 s of every sample.py, chat.py

@@ -29,10 +29,6 @@ def model_config_problem(cfg: GPTConfig, prefix: str = "GPTConfig.") -> str | No
         return f"{prefix}n_layer must be at most {MAX_LAYERS}, got {cfg.n_layer}"
     if cfg.block_size > MAX_BLOCK_SIZE:
         return f"{prefix}block_size must be at most {MAX_BLOCK_SIZE}, got {cfg.block_size}"
-    n = cfg.num_params()
-    if n > MAX_PARAMS:  # refused by arithmetic: building even on the meta device would take minutes
-        return (f"a model of about {n:.2g} parameters, more than the {MAX_PARAMS:.0e} this project builds; "
-                f"lower n_layer ({cfg.n_layer}), n_embd ({cfg.n_embd}) or vocab_size ({cfg.vocab_size})")
     if cfg.n_embd % cfg.n_head != 0:
         return (f"{prefix}n_embd ({cfg.n_embd}) must be divisible by {prefix}n_head ({cfg.n_head}); "
                 "pick n_head among the divisors of n_embd")
@@ -54,4 +50,8 @@ def model_config_problem(cfg: GPTConfig, prefix: str = "GPTConfig.") -> str | No
     for name in ("bias", "qk_norm", "tie_embeddings", "zero_init_proj"):
         if not isinstance(getattr(cfg, name), bool):
             return f"{prefix}{name} must be true or false, got {getattr(cfg, name)!r}"
+    n = cfg.num_params()  # last: it reads the fields checked above
+    if n > MAX_PARAMS:  # refused by arithmetic: building even on the meta device would take minutes
+        return (f"a model of about {n:.2g} parameters, more than the {MAX_PARAMS:.0e} this project builds; "
+                f"lower n_layer ({cfg.n_layer}), n_embd ({cfg.n_embd}) or vocab_size ({cfg.vocab_size})")
     return None

@@ -54,7 +54,7 @@ class _Stream:
         self.size = int(self.starts[-1])
 
     def read(self, start: int, end: int) -> np.ndarray:
-        """Tokens [start, end), across shard boundaries (a fresh memmap each call: see BatchLoader._window)."""
+        """Tokens [start, end), across shard boundaries (a fresh memmap each call: see BatchLoader._windows)."""
         i = int(np.searchsorted(self.starts, start, side="right")) - 1
         parts = []
         while start < end and i < len(self.files):
