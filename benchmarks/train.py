@@ -11,6 +11,7 @@ Shapes:
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -116,9 +117,13 @@ def trainer_for(shape: Shape, weights, device: torch.device, dtype: str, compile
 
 
 def no_fallback(line: str) -> None:
-    """What the step says when compile (or the CUDA-graphed step) failed and it goes on eager: in a benchmark
-    that is an error, or a 'compiled' (graphed) row would time eager code."""
-    raise RuntimeError(f"the step fell back to eager in the benchmark: {line}")
+    """What the step says when compile or the CUDA-graphed step failed and it goes on eagerly. A compile
+    failure is an error here, or a 'compiled' row would time eager code; a graph's is said and the row goes on
+    (its name claims no graph), so that one GPU's failed capture does not lose the whole table."""
+    if "CUDA-graphed" in line:
+        print(line, file=sys.stderr, flush=True)
+        return
+    raise RuntimeError(f"torch.compile failed in the benchmark: {line}")
 
 
 def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, compiled: bool,
