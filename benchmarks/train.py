@@ -22,7 +22,6 @@ from data import BatchLoader
 from checkpoint.meta import meta_model
 from model import GPT, GPTConfig
 from runtime.loss_path import choose_loss_chunk_rows
-from runtime.memory import param_count
 from runtime.precision import DTYPE_BY_NAME, autocast, dtype_name
 from training.builders import Trainer, build_trainer, use_other_loss_path
 from training.config.sections import Config, ModelSection, TrainSection
@@ -232,7 +231,7 @@ def flops_per_token(shape: Shape) -> float:
 
 
 def weights_mb(shape: Shape) -> float:
-    return param_count(shape.gpt_config("sdpa")) * 4 / 2**20
+    return shape.gpt_config("sdpa").num_params() * 4 / 2**20
 
 
 def largest_batch(rows: list[dict], shape: Shape, device: torch.device, headroom: float = 0.9) -> int:

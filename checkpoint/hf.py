@@ -112,14 +112,15 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     # the shapes only: a config.json that disagrees with its weights (or asks for an absurd size) is refused
     # before any memory is spent on it
     model = meta_model(config)
-    problem = tensors_problem(state, model.state_dict(), config.tie_embeddings)
+    expected = model.state_dict()
+    problem = tensors_problem(state, expected, config.tie_embeddings)
     if problem:
         raise ValueError(problem)
     # the file's tensors become the parameters (no random init first, to be overwritten); strict=False only
-    # for a tied lm_head.weight, which tie_weights then points at wte's
-    # fp32 whatever the file keeps (fp16, bf16), and contiguous: the Conv1D matrices come transposed (a view)
-    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
-    model.load_state_dict({k: v.to(dtypes[k]).contiguous() for k, v in state.items()}, strict=False, assign=True)
+    # for a tied lm_head.weight, which tie_weights then points at wte's. In the model's dtype (fp32) whatever
+    # the file keeps (fp16, bf16), and contiguous: the Conv1D matrices come transposed (a view)
+    model.load_state_dict({k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}, strict=False,
+                          assign=True)
     model.tie_weights()
     return model
 

@@ -27,10 +27,6 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def param_count(config: GPTConfig) -> int:
-    return config.num_params()  # counted, not built
-
-
 def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_chunk_rows: int | None,
                    shards: int = 1, activation_checkpointing: bool = False) -> dict[str, int]:
     """The big allocations of one training process, in fp32 (a bf16/fp16 run needs less).
@@ -40,7 +36,7 @@ def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_
     (embeddings, head, final norm: gathered through the forward and the backward) and two blocks'
     (the one computing and the next one, prefetched). `activation_checkpointing`: only each block's input is kept across the
     forward, plus one block's activations while its backward recomputes them."""
-    n = param_count(config)
+    n = config.num_params()  # counted, not built
     tokens = batch_size * block_size
     C, V, L = config.n_embd, config.vocab_size, config.n_layer
     per_layer = tokens * C * ACTIVATIONS_PER_LAYER * 4
@@ -49,7 +45,7 @@ def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_
     activations = (tokens * C * 4 * L + per_layer) if activation_checkpointing else per_layer * L
     out = {"weights, gradients and AdamW state": -(-4 * n * 4 // shards)}
     if shards > 1:
-        root = root_param_count(config)
+        root = config.num_params(blocks=False)  # embeddings, final norm, untied head
         out["gathered units (FSDP)"] = (root + 2 * (n - root) // L) * 2 * 4
     out |= {
         "activations": activations,
@@ -58,15 +54,10 @@ def training_bytes(config: GPTConfig, *, batch_size: int, block_size: int, loss_
     return out
 
 
-def root_param_count(config: GPTConfig) -> int:
-    """Parameters outside the blocks: the embeddings, the final norm and an untied head (FSDP's root unit)."""
-    return config.num_params(blocks=False)
-
-
 def sampling_bytes(config: GPTConfig, *, rows: int, prompt_len: int) -> dict[str, int]:
     """sample.py: the model in fp32 and two candidates of the dtype probe, the KV cache of every row,
     the token buffer and the logits."""
-    n = param_count(config)
+    n = config.num_params()  # counted, not built
     C, L, V, S = config.n_embd, config.n_layer, config.vocab_size, config.block_size
     return {
         "weights (and the dtype probe's copies)": n * 4 * 3,

@@ -102,15 +102,16 @@ class GraphedStep:
     # ----------------------------------------------------------------------------------- the step
     def _rated(self, batches: Batches) -> StepOutput:
         """train_step on `batches`, each param group's rate read from its tensor (filled beforehand)."""
-        saved = [(g["lr"], g.get("capturable")) for g in self.groups]
-        for rate, group in zip(self.rates, self.groups):
+        groups = self.groups
+        saved = [(g["lr"], g.get("capturable")) for g in groups]
+        for rate, group in zip(self.rates, groups):
             group["lr"] = rate
             if "capturable" in group:  # torch's optimizers refuse a capture unless told it is one
                 group["capturable"] = True
         try:
             return self.step(batches)
         finally:  # the floats back: the schedule, the log and the checkpoint see what they always saw
-            for (lr, capturable), group in zip(saved, self.groups):
+            for (lr, capturable), group in zip(saved, groups):
                 group["lr"] = lr
                 if capturable is not None:
                     group["capturable"] = capturable
@@ -175,8 +176,7 @@ class GraphedStep:
             before = self._snapshot()
         except RuntimeError as e:
             return self._go_eager(None, batches, f"no memory for the state's copy ({short_error(e)})")
-        expected = self._eager(batches)
-        expected = StepOutput(expected.loss.clone(), expected.grad_norm.clone())
+        expected = self._eager(batches)  # its own output tensors: no replay writes them
         if len(self._state()) != len(before[0]):  # the step made state for a parameter that had none: its
             self.recorded = ()                     # output stands, and the next step records again
             return expected
