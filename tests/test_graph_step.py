@@ -191,19 +191,8 @@ def test_a_run_with_the_graphed_step_trains_as_the_eager_run(capture, tmp_path, 
         assert FakeGraph.replays > 0
     for run_ in ("-budget", ""):
         a, b = load_checkpoint(tmp_path / f"eager{run_}"), load_checkpoint(tmp_path / f"graphed{run_}")
-        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-        assert all(torch.equal(x, y) for x, y in zip(_tensors(a["optimizer"]), _tensors(b["optimizer"])))
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for k in sorted(obj, key=str):
-            yield from _tensors(obj[k])
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
+        for part in ("model", "optimizer"):  # every tensor (and number) of the nested state, exactly
+            torch.testing.assert_close(b[part], a[part], rtol=0, atol=0, msg=part)
 
 
 # ------------------------------------------------------------------- a CUDA graph's semantics, on a CPU
@@ -326,7 +315,7 @@ GPU_CHUNKS = LMLoss(chunk_rows=16, always_shift=True)  # the fused head + loss a
 
 @pytest.mark.parametrize("kind, loss", [("adamw", LMLoss()), ("muon", LMLoss()), ("adamw", GPU_CHUNKS),
                                         ("muon", GPU_CHUNKS)], ids=["adamw", "muon", "adamw-chunks", "muon-chunks"])
-def test_replays_with_a_graphs_semantics_equal_the_eager_steps(kind, loss, fake_cuda_graphs):
+def test_replays_with_a_graphs_semantics_equal_the_eager_steps(kind, loss, fake_cuda_graphs, monkeypatch):
     """The capture path (warm-up, snapshot, check, record, replay) under a graph's rules: a number read on the
     host while recording would be replayed as it was, a tensor replaced after it would be left unwritten.
     With the rate changing every step and dropout drawing anew at each replay, the steps equal the eager ones
@@ -334,6 +323,12 @@ def test_replays_with_a_graphs_semantics_equal_the_eager_steps(kind, loss, fake_
     as the time budget does (load_state_dict: new tensors, new param groups, no optimizer state)."""
     model, opts, twin, twin_opts = twins(kind)
     graphed = GraphedStep(bound_step(twin, twin_opts, loss), twin_opts, twin, capture=True, say=pytest.fail)
+    records, real_record = [], GraphedStep._record
+
+    def record(self, batches):  # a capture on a state not yet made would record its zero-fill, replayed each step
+        records.append([len(o.state) for o in twin_opts])
+        return real_record(self, batches)
+    monkeypatch.setattr(GraphedStep, "_record", record)
     start = [(copy.deepcopy(m.state_dict()), [copy.deepcopy(o.state_dict()) for o in os_])
              for m, os_ in ((model, opts), (twin, twin_opts))]
     for round_ in range(2):
@@ -351,6 +346,7 @@ def test_replays_with_a_graphs_semantics_equal_the_eager_steps(kind, loss, fake_
             for o, st in zip(os_, o_states):
                 o.load_state_dict(st)
     assert fake_cuda_graphs.replays >= 8 and graphed.graph is not None and not graphed.eager
+    assert len(records) == 2 and all(all(records_) for records_ in records), records  # each round: once, state made
 
 
 def gone_eager(steps: int, loss=LMLoss()) -> tuple[GraphedStep, list[str]]:
