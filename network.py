@@ -34,6 +34,8 @@ def unreachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> str:
             result.append("")
         except Exception as e:  # URLError (DNS, refused, TLS), timeouts, a malformed URL
             reason = getattr(e, "reason", e)
+            if isinstance(reason, TimeoutError):  # the socket's own timeout, racing the join below: the same
+                return                             # answer as the join's
             result.append(short_error(reason, 80) if isinstance(reason, BaseException) else str(reason)[:80])
 
     thread = threading.Thread(target=request, daemon=True)

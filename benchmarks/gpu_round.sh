@@ -60,7 +60,7 @@ step nanogpt_char 110 bash -c "cd $A/nanogpt && $PY train.py config/train_shakes
   --lr_decay_iters=2500 --wandb_log=False --always_save_checkpoint=False --out_dir=/tmp/gr_ngc"
 step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.out_dir=/tmp/gr_char
 # (2026-11-27: compile and start-up took 49 s of the 83 s to val 1.47.) Without compile the step is replayed as
-# one CUDA graph (training/graph_step.py: no compile, a capture of ~1 s): the same run to val 1.47 that way
+# one CUDA graph (training/graphs/step.py: no compile, a capture of ~1 s): the same run to val 1.47 that way
 step ours_char_graph 100 $PY train.py --config shakespeare_char_gpu --train.compile=false --train.out_dir=/tmp/gr_char_graph
 # what a char step spends its GPU time on (2026-11-27: ~2x nanoGPT's step): the top kernels, eager, graphed and
 # compiled, with Muon as shipped and with AdamW; then the whole run with AdamW, to val 1.47 against the clock

@@ -2,7 +2,7 @@
 
 Builds small.yaml's run with train.py's chain (training/builders.py's build_trainer; random tokens),
 then for each way to run the step (eager: train.cuda_graph=false; graph: the step replayed as one CUDA
-graph, training/graph_step.py, train.py's default on a GPU; compiled: train.compile=true) the wall time of
+graph, training/graphs/step.py, train.py's default on a GPU; compiled: train.compile=true) the wall time of
 a step (host-synced), the GPU's busy time in it and the kernels it launches (torch.profiler), the slowest
 of the first steps (the compile's or the capture's), and the first steps' losses (each on its own batch,
 under a changing learning rate) beside the eager step's: the graph's should differ in the last bits at

@@ -19,7 +19,7 @@ largest tensor. Where the logits go depends on the hardware:
 - CUDA without compile: chunks sized from free memory, so a chunk's fp32 logits take at most 1/16 of
   it (at most 8192 rows): few launches, bounded memory. Each chunk's softmax is shifted by its max at once
   (always_shift), where a CPU first tries it unshifted and checks on the host: a GPU's step then reads
-  nothing on the host, so its launches queue ahead and it can be one CUDA graph (training/graph_step.py).
+  nothing on the host, so its launches queue ahead and it can be one CUDA graph (training/graphs/step.py).
 
 How a chunk runs on a CPU (model/fused_ce.py's options, set here too):
 - its (V, n) logits are exponentiated and summed EXP_BLOCK_BYTES at a time, each block summed while it

@@ -25,6 +25,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # by hand with HYPOTHESIS_PROFILE=dev. No deadline: a shared 2-core machine makes timings erratic.
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from cuda_graphs import fake_cuda_graphs  # noqa: E402,F401 (a fixture: CUDA graphs emulated on the CPU)
+
 settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=300, deadline=None, print_blob=True,

@@ -14,7 +14,7 @@ the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_COMPILE_BACKEND=name   torch.compile uses this backend (e.g. aot_eager: Dynamo traces and
                                          AOTAutograd runs the compiled path, without Inductor's C++ builds)
     SMALLGPT_TEST_STEP_GRAPH=1           the run plan's step_graph rule decides as on a CUDA device (on this
-                                         CPU the graphed step then runs uncaptured: training/graph_step.py)
+                                         CPU the graphed step then runs uncaptured: training/graphs/step.py)
     SMALLGPT_TEST_KILL_AFTER=k           SIGKILL this process right after its k-th step (before that step is logged)
     SMALLGPT_TEST_KILL_IN_SAVE=k         SIGKILL this process in the middle of writing its k-th checkpoint
                                          (k = 1, 2, ...): half the bytes are in the temp file, none renamed

@@ -289,7 +289,7 @@ def run_row(i: int, row: dict[str, str], work: Path, seed: int, native_bf16: boo
     check(cut[0] == 0, f"run stopped by SIGTERM at {k}", cut)
     check(f"stopped by SIGTERM after iter {k};" in cut[1], f"no 'stopped by SIGTERM after iter {k}' line", cut)
     if row["graph"] == "on":  # the plan took the graphed step (a row that can't hold it is never made: inert)
-        check("training step replayed as one CUDA graph" in full[1], "the plan did not take the graphed step", full)
+        check("training step and eval forwards replayed as CUDA graphs" in full[1], "the plan did not take the graphed step", full)
     resumed = logged(Path(f"{out}-resume.log"), launch([*args, f"--train.out_dir={out}-resumed"], env, 1))
     check(resumed[0] == 0, "resume (1 process)", resumed)
     check(f"at iter {k}" in resumed[1] and "resuming" in resumed[1], f"resume did not start at iter {k}", resumed)

@@ -1,4 +1,4 @@
-"""The graphed training step (training/graph_step.py), which a GPU replays as one CUDA graph, on the CPU: run
+"""The graphed training step (training/graphs/step.py), which a GPU replays as one CUDA graph, on the CPU: run
 uncaptured (the same static buffers, tensor learning rates and calls), and through its capture path with
 torch.cuda's capture emulated under a graph's rules (each op kept with its tensors by reference and its
 numbers by value, replayed as recorded). Against the eager train_step from the same weights, on the same
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import train
+from cuda_graphs import FakeGraph, HostReads
 from checkpoint import load_checkpoint
 from model import GPT, GPTConfig
 from runtime.loss_path import LMLoss
@@ -25,7 +26,8 @@ from training.builders import step_graph_for
 from training import builders
 from training.config.sections import load_config
 from training.plan import Decision
-from training.graph_step import WARMUP_STEPS, GraphedStep, _disagreement
+from training.graphs.evals import GraphedLoss
+from training.graphs.step import WARMUP_STEPS, GraphedStep, _disagreement
 from training.optim import make_optimizers
 from training.parallel.distributed import Parallel
 from training.step import StepOutput, train_step
@@ -97,21 +99,6 @@ def test_static_step_equals_the_eager_step(kind):
 
 
 
-class HostReads(TorchDispatchMode):
-    """Every op that hands a device value to the host or makes a shape from one: a capture fails on these."""
-    HOST = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "unique", "_unique2", "item", "equal"}
-
-    def __init__(self):
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if name in self.HOST:
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("kind, loss, options", [
     ("adamw", LMLoss(), {}), ("muon", LMLoss(), CHAR_GPU), ("adamw", LMLoss(chunk_rows=16, always_shift=True), {}),
     ("muon", LMLoss(), {"norm": "rmsnorm", "mlp_act": "swiglu", "tie_embeddings": False, "logit_softcap": 15.0})],
@@ -133,7 +120,7 @@ def test_the_recorded_step_reads_nothing_on_the_host(kind, loss, options):
 
 @pytest.mark.parametrize("argv, device, world, expected", [
     ([], "cpu", 1, (False, "")),
-    ([], "cuda", 1, (True, "one CUDA graph")),
+    ([], "cuda", 1, (True, "replayed as CUDA graphs")),
     (["--train.cuda_graph=false"], "cuda", 1, (False, "")),
     (["--train.compile=true"], "cuda", 1, (False, "")),
     ([], "cuda", 2, (False, "several ranks")),
@@ -162,9 +149,10 @@ def test_a_disagreeing_first_replay_is_named():
 
 @pytest.mark.parametrize("capture", [False, True], ids=["uncaptured", "capture-emulated"])
 def test_a_run_with_the_graphed_step_trains_as_the_eager_run(capture, tmp_path, data_root, monkeypatch, request):
-    """train.py with the plan's step_graph on (forced: this is a CPU), its step uncaptured or through the capture
-    path under a graph's rules (fake_cuda_graphs, below): with evals between steps, a time budget's timed steps
-    put back, and a resume, the same losses and the same checkpoints as the eager runs, bit for bit."""
+    """train.py with the plan's step_graph on (forced: this is a CPU), its step and evals uncaptured or through
+    the capture path under a graph's rules (fake_cuda_graphs: tests/cuda_graphs.py): with evals between steps,
+    a time budget's timed steps put back, and a resume, the same losses, evals and checkpoints as the eager
+    runs, bit for bit."""
     def argv(out, iters, *extra):
         return ["--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out}", "--model.n_layer=1",
                 "--model.n_head=2", "--model.n_embd=32", "--model.block_size=16", "--model.dropout=0.1",
@@ -183,9 +171,19 @@ def test_a_run_with_the_graphed_step_trains_as_the_eager_run(capture, tmp_path, 
     if capture:
         request.getfixturevalue("fake_cuda_graphs")
         monkeypatch.setattr(builders, "GraphedStep", lambda *a, capture, **k: GraphedStep(*a, capture=True, **k))
+    evals = []  # the graphed evals of each run
+    monkeypatch.setattr(builders, "GraphedLoss", lambda loss, say, **_: evals.append(
+        GraphedLoss(loss, capture=capture, say=say)) or evals[-1])
     graphed = runs("graphed")
+    assert len(evals) == 3 and not any(e.eager for e in evals)
+    assert all(any(s.graph is not None for s in e.shapes.values()) == capture for e in evals if e.shapes)
     for e, g in zip(eager, graphed):
-        assert e["losses"] == g["losses"]
+        assert e["losses"] == g["losses"] and e["eval"] == g["eval"]
+    for run_ in ("-budget", ""):  # every eval of the run: its forwards graphed too (training/graphs/evals.py)
+        evals = [[{k: v for k, v in row.items() if k.startswith(("val/", "eval/"))}
+                  for row in map(json.loads, (tmp_path / f"{name}{run_}" / "metrics.jsonl").read_text().splitlines())
+                  if "val/loss" in row] for name in ("eager", "graphed")]
+        assert evals[0] == evals[1] and len(evals[0]) >= 2
     assert len(graphed[0]["losses"]) == 8 and len(graphed[1]["losses"]) == 5
     if capture:  # the graph did replay
         assert FakeGraph.replays > 0
@@ -193,114 +191,6 @@ def test_a_run_with_the_graphed_step_trains_as_the_eager_run(capture, tmp_path, 
         a, b = load_checkpoint(tmp_path / f"eager{run_}"), load_checkpoint(tmp_path / f"graphed{run_}")
         for part in ("model", "optimizer"):  # every tensor (and number) of the nested state, exactly
             torch.testing.assert_close(b[part], a[part], rtol=0, atol=0, msg=part)
-
-
-# ------------------------------------------------------------------- a CUDA graph's semantics, on a CPU
-
-class CaptureRefused(RuntimeError):
-    """What the emulated capture raises where a real one fails: an op that hands a device value to the host."""
-
-
-class _Recording(TorchDispatchMode):
-    """Every aten op of the recorded step, run (a CPU can't defer it) and kept: tensors by reference (a graph
-    keeps addresses), everything else by value (a graph keeps the numbers it was launched with). What the
-    recording writes in place is put back at its end (a real capture runs nothing). An op that reads a device
-    value on the host, or makes a shape from one (a boolean mask's index), is refused, as a capture refuses
-    the sync it needs."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops, self.written = [], {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func.__name__.split(".")[0]
-        masks = name in ("index", "index_put", "index_put_") and any(
-            isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in args[1] or ())
-        if name in HostReads.HOST or masks or (name == "repeat_interleave" and "output_size" not in kwargs):
-            raise CaptureRefused(f"operation not permitted when stream is capturing ({func})")
-        for i, arg in enumerate(func._schema.arguments):
-            value = args[i] if i < len(args) else kwargs.get(arg.name)
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                for t in value if isinstance(value, (list, tuple)) else [value]:
-                    if isinstance(t, torch.Tensor) and id(t) not in self.written:
-                        self.written[id(t)] = (t, t.detach().clone())
-        out = func(*args, **kwargs)
-        self.ops.append((func, args, kwargs, out))
-        return out
-
-
-class FakeGraph:
-    """torch.cuda.CUDAGraph on a CPU: replay() runs the recorded ops again on the same tensors with the same
-    numbers, each fresh result written into the tensor the recording made (where later ops read it)."""
-    replays = 0
-
-    def __init__(self):
-        self.ops = []
-
-    def replay(self):
-        FakeGraph.replays += 1
-        with torch.no_grad():
-            for func, args, kwargs, out in self.ops:
-                result = func(*args, **kwargs)
-                if func._schema.returns and func._schema.returns[0].alias_info is not None:
-                    continue  # a view or an in-place op: it wrote where the recording's output is
-                for o, r in zip(out if isinstance(out, (list, tuple)) else [out],
-                                result if isinstance(result, (list, tuple)) else [result]):
-                    if isinstance(o, torch.Tensor) and o is not r:
-                        o.copy_(r)
-
-
-class _Stream:
-    def wait_stream(self, other):
-        pass
-
-
-DEFAULT_STREAM = _Stream()
-_current = [DEFAULT_STREAM]  # the current stream
-
-
-@contextlib.contextmanager
-def _fake_stream(stream):
-    """torch.cuda.stream(s): s current inside, and on the way out the stream that was current before."""
-    before, _current[0] = _current[0], stream
-    try:
-        yield
-    finally:
-        _current[0] = before
-
-
-@contextlib.contextmanager
-def _fake_capture(graph, stream=None, **kwargs):
-    """torch.cuda.graph: the capture on its stream; as torch's own exit does, a capture that fails leaves that
-    stream current (its exit ends the capture, which raises, before it leaves the stream)."""
-    rng = torch.get_rng_state()
-    before, _current[0] = _current[0], stream or _Stream()
-    rec = _Recording()
-    try:
-        with rec:
-            yield
-    finally:
-        with torch.no_grad():
-            for t, before in reversed(list(rec.written.values())):
-                t.copy_(before)
-        torch.set_rng_state(rng)  # a capture draws no random numbers: each replay does
-    _current[0] = before
-    graph.ops = rec.ops
-
-
-@pytest.fixture
-def fake_cuda_graphs(monkeypatch):
-    """torch.cuda's capture, streams and RNG as GraphedStep(capture=True) calls them, emulated on the CPU."""
-    FakeGraph.replays = 0
-    _current[:] = [DEFAULT_STREAM]
-    for name, value in {"CUDAGraph": FakeGraph, "graph": _fake_capture, "Stream": _Stream,
-                        "current_stream": lambda device=None: _current[0], "stream": _fake_stream,
-                        "get_rng_state": lambda device=None: torch.get_rng_state(),
-                        "set_rng_state": lambda state, device=None: torch.set_rng_state(state)}.items():
-        monkeypatch.setattr(torch.cuda, name, value)
-    yield FakeGraph
-    assert _current == [DEFAULT_STREAM], "a stream was left current"
 
 
 def twins(kind):

@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -73,6 +75,21 @@ def test_a_server_that_accepts_but_never_answers_is_given_up_on_within_the_probe
             c.close()
     assert why.startswith("no answer from http://127.0.0.1:") and f"within {PROBE_TIMEOUT_S:.0f} s" in why
     assert took < PROBE_TIMEOUT_S + 1.5
+
+
+@pytest.mark.parametrize("raised", ["connect", "read"])
+def test_a_socket_timeout_that_wins_the_race_with_the_probes_own_limit_reads_the_same(raised, monkeypatch):
+    """The socket's timeout and the probe's join share one limit: whichever ends first, the line is the same
+    (the test above once read "TimeoutError: timed out", the socket's, when it won the race)."""
+    import urllib.error
+    import urllib.request
+
+    import network
+
+    def urlopen(*a, **k):  # urllib wraps a connect's timeout in a URLError; a read's comes bare
+        raise urllib.error.URLError(TimeoutError("timed out")) if raised == "connect" else TimeoutError("timed out")
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    assert network.unreachable("http://127.0.0.1:9", 2) == "no answer from http://127.0.0.1:9 within 2 s"
 
 
 def test_a_wandb_folder_variable_under_a_file_is_one_line_and_training_goes_on_without_wandb(tmp_path):

@@ -47,7 +47,8 @@ from .optim import Muon, make_optimizers
 from .plan import Batch, Decision, RunPlan
 from .rng import RNGState
 from .state import OptimizerState, ScalerState, TrainState
-from .graph_step import GraphedStep
+from .graphs.evals import GraphedLoss
+from .graphs.step import GraphedStep
 from .step import StepOutput, forward_backward_probe, train_step
 
 
@@ -186,7 +187,7 @@ def loss_chunk_rows_for(t: TrainSection, device: torch.device, model: GPT) -> De
 
 
 def step_graph_for(cfg: Config, par: Parallel, device: torch.device, dtype: torch.dtype) -> Decision[bool]:
-    """Replay the training step as one CUDA graph (training/graph_step.py) where nothing in the step needs the
+    """Replay the training step as one CUDA graph (training/graphs/step.py) where nothing in the step needs the
     host or changes shape: on one CUDA device, train.cuda_graph on, and none of what the list below names.
     (A compiled step is Inductor's to launch: compile and the graph are two answers to the same cost.)"""
     t = cfg.train
@@ -199,7 +200,8 @@ def step_graph_for(cfg: Config, par: Parallel, device: torch.device, dtype: torc
         (cfg.data.format == "chat", "conversations' batches change shape")) if no]
     if why_not:
         return Decision(False, f"training step eager, not one CUDA graph: {'; '.join(why_not)}")
-    return Decision(True, "training step replayed as one CUDA graph (train.cuda_graph=false: eager)")
+    return Decision(True, "training step and eval forwards replayed as CUDA graphs "
+                          "(train.cuda_graph=false: eager)")
 
 
 def config_dtype(name: str, device: torch.device) -> Decision[str] | None:
@@ -323,7 +325,7 @@ class Stepper:
     """train_step on the parallelized model; if torch.compile fails (no C++ compiler for Inductor on a
     CPU, an unsupported GPU) the step is redone from the same state without compile, and the run goes on
     eager (with_compile_fallback). Where the plan's step_graph says so, the step replays as one CUDA graph
-    (training/graph_step.py), which goes eager by itself if its capture fails."""
+    (training/graphs/step.py), which goes eager by itself if its capture fails."""
 
     def __init__(self, model: GPT, loss: LMLoss, optimizers, scaler, t: TrainSection, par: Parallel, device, amp,
                  say, plan: RunPlan | None = None):
@@ -331,8 +333,12 @@ class Stepper:
         self.t, self.par, self.device, self.plan = t, par, device, plan
         self.model = parallelize(model, t, par, device)
         self.compiled = t.compile
-        self.graphed = (GraphedStep(self.eager_step, optimizers, model, capture=device.type == "cuda",
-                                    say=self.graph_off) if plan is not None and plan.step_graph else None)
+        self.graphed = self.graphed_eval = None
+        if plan is not None and plan.step_graph:
+            capture = device.type == "cuda"
+            self.graphed = GraphedStep(self.eager_step, optimizers, model, capture=capture, say=self.graph_off)
+            # the evals' forwards replayed as CUDA graphs beside the step's (training/graphs/evals.py)
+            self.graphed_eval = GraphedLoss(loss, capture=capture, say=lambda why: say(f"warning: {why}"))
 
     def __call__(self, batches) -> StepOutput:
         if self.graphed is not None:
@@ -340,12 +346,17 @@ class Stepper:
         return with_compile_fallback(lambda: self.eager_step(batches), compiled=self.compiled,
                                      go_eager=self.go_eager, say=self.say)
 
+    @property
+    def eval_loss(self):
+        """The loss the evals take: the run's (go_eager may have replaced it), or its graphed replay."""
+        return self.graphed_eval if self.graphed_eval is not None else self.loss
+
     def eager_step(self, batches) -> StepOutput:
         return train_step(self.model, self.loss, self.optimizers, self.scaler, batches, amp=self.amp,
                           grad_clip=self.t.grad_clip, par=self.par)
 
     def graph_off(self, why: str) -> None:
-        """The graphed step went eager (graph_step.py says why): the plan says so too."""
+        """The graphed step went eager (graphs/step.py says why): the plan says so too."""
         self.say(f"warning: {why}")
         if self.plan is not None:
             self.plan.revise("step_graph", Decision(False, why))

@@ -137,7 +137,7 @@ class Muon(torch.optim.Optimizer):
                 by_shape[(*p.shape, self.pieces.get(p, 1))].append(i)
             lr, wd = group["lr"], group["weight_decay"]
             # Decay, then the update, each one foreach launch for many matrices (a GPU's eager step is bound by
-            # launches). A recorded step reads its rate on the device (training/graph_step.py): cast to the
+            # launches). A recorded step reads its rate on the device (training/graphs/step.py): cast to the
             # weights' dtype first, as a float rate is inside the kernel (the same numbers), since foreach's fast
             # path takes a scalar tensor of the list's own dtype only.
             on_device = isinstance(lr, torch.Tensor)

@@ -7,7 +7,7 @@
     batch             Batch(micro_batch, accum): sequences per micro-step per rank / global micro-steps
     schedule          Schedule(max_iters, warmup_iters) (train.max_iters, or what train.time_budget leaves)
     peak_flops        the device's peak, for MFU (train.peak_flops, or a table / a probe)
-    step_graph        whether the training step replays as one CUDA graph (training/graph_step.py)
+    step_graph        whether the training step replays as one CUDA graph (training/graphs/step.py)
 
 The rule, the same for every decision, written where each is made (the chain, training/builders.py):
 

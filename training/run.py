@@ -100,6 +100,7 @@ def evaluate_splits(r: Run, iters: int, full: bool = False) -> tuple[dict[str, f
         return None
     loaders = r.trainer.eval_loaders
     with r.par.waiting("the eval's forwards", patient=True, grace_s=math.inf):  # under FSDP every rank's
-        losses = evaluate(r.trainer.model, r.trainer.step.loss, loaders, iters, r.trainer.amp)
-        whole = evaluate_full(r.trainer.model, r.trainer.step.loss, loaders["val"], r.trainer.amp) if full else None
+        loss = r.trainer.step.eval_loss  # the run's loss; replayed as CUDA graphs where the step is
+        losses = evaluate(r.trainer.model, loss, loaders, iters, r.trainer.amp)
+        whole = evaluate_full(r.trainer.model, loss, loaders["val"], r.trainer.amp) if full else None
     return (losses, whole) if r.par.is_main else None

@@ -32,7 +32,7 @@ import torch
 from errors import UserError
 
 from ..config.sections import parse_duration
-from ..graph_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS
+from ..graphs.step import WARMUP_STEPS as GRAPH_WARMUP_STEPS
 from ..plan import Decision, Schedule
 from ..run import Run, evaluate_splits, step_at
 from .schedule import lr_at
@@ -96,7 +96,7 @@ def measure(r: Run) -> Timing:
             times.append(time.perf_counter() - t0)
         return times
 
-    # a graphed step (training/graph_step.py) warms up, then records: the steps timed are replays
+    # a graphed step (training/graphs/step.py) warms up, then records: the steps timed are replays
     warmup = WARMUP + (GRAPH_WARMUP_STEPS + 1 if r.plan.step_graph else 0)
     last_warmup = run_steps(0, warmup)[-1]
     # as many timed steps as fill TIMED_S; rank 0 decides, since every rank must run as many steps

@@ -25,18 +25,19 @@ its equality with the eager train_step is checked without a GPU.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
 from errors import short_error
 
-from .step import StepOutput
+from ..step import StepOutput
 
 WARMUP_STEPS = 3  # eager steps before the capture (torch's whole-network capture example warms up 3)
 CHECKED_REPLAYS = 2  # the first replays after a record, each checked against the eager step: the second is
 #                      the first whose rate and dropout offsets differ from the recording's
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+T = TypeVar("T")
 
 
 class GraphedStep:
@@ -78,7 +79,10 @@ class GraphedStep:
             self.graph = self.out = None
             self.recorded = ()
             self.warmed += 1
-            return _on_side_stream(lambda: self._eager(batches)) if self.capture else self._eager(batches)
+            if not self.capture:
+                return self._eager(batches)
+            out = on_side_stream(lambda: self._eager(batches))
+            return StepOutput(out.loss.clone(), out.grad_norm.clone())  # on the current stream: the loop keeps them
         if self._recorded_for(batches) != self.recorded:
             failed = self._record(batches)
             if failed is not None:
@@ -243,15 +247,16 @@ def _rate_dtype(opt: torch.optim.Optimizer, device: torch.device) -> torch.dtype
     return torch.float32 if adam and device.type == "cuda" else torch.float64
 
 
-def _on_side_stream(fn: Callable[[], StepOutput]) -> StepOutput:
-    """fn() on a side stream, ordered after and before the current one; its outputs copied on the current
-    stream (the loop keeps them)."""
+def on_side_stream(fn: Callable[[], T]) -> T:
+    """fn() on a side stream, ordered after and before the current one (as torch's make_graphed_callables
+    warms up): lazy initialisations happen there, not in the capture that follows. What it returns is the side
+    stream's: copy what is kept on the current stream."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         out = fn()
     torch.cuda.current_stream().wait_stream(side)
-    return StepOutput(out.loss.clone(), out.grad_norm.clone())
+    return out
 
 
 def _disagreement(expected: StepOutput, got: StepOutput, before: list[torch.Tensor], after: list[torch.Tensor],
