@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
 #   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
 # Next (not yet run on a GPU): the graphed training step first, then the same-loss question, then the rest
-#   ONLY="small_profile small small_eager nanogpt_char ours_char_graph loss" bash benchmarks/gpu_round.sh 540
+#   ONLY="small_profile small small_eager nanogpt_char ours_char_graph startup loss" bash benchmarks/gpu_round.sh 540
 #   ONLY="loss_det char_profile ours_char_adamw ours_bpe auto_16gb auto_24gb float8" bash benchmarks/gpu_round.sh 540
 # Steps run in order of importance; each has its own time cap, and a step that would not fit in what is
 # left of the budget is skipped (said in summary.txt), so a cut run still reports the first ones.
@@ -62,6 +62,10 @@ step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.out_dir=/t
 # (2026-11-27: compile and start-up took 49 s of the 83 s to val 1.47.) Without compile the step is replayed as
 # one CUDA graph (training/graphs/step.py: no compile, a capture of ~1 s): the same run to val 1.47 that way
 step ours_char_graph 100 $PY train.py --config shakespeare_char_gpu --train.compile=false --train.out_dir=/tmp/gr_char_graph
+# where the char run's start-up goes (2026-11-27: 12 s before its first step, 0.8 s of it on a CPU): one step, profiled
+step startup 60 bash -c "$PY -m cProfile -o /tmp/gr_startup.prof train.py --config shakespeare_char_gpu --train.compile=false \
+  --train.max_iters=1 --train.eval_iters=1 --train.eval_full=false --train.out_dir=/tmp/gr_startup && \
+  $PY -c \"import pstats; pstats.Stats('/tmp/gr_startup.prof').sort_stats('cumulative').print_stats(45)\""
 # what a char step spends its GPU time on (2026-11-27: ~2x nanoGPT's step): the top kernels, eager, graphed and
 # compiled, with Muon as shipped and with AdamW; then the whole run with AdamW, to val 1.47 against the clock
 step char_profile 150 bash -c "$PY -m benchmarks.gpu_step_profile --config shakespeare_char_gpu --steps 30 --top 15 && \
