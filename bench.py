@@ -54,7 +54,8 @@ from benchmarks.train import (
 )
 from data import DataConfig, prepare_data
 from errors import ArgumentParser, UserError, run_cli, short_error
-from fileio import _start_time, atomic_write_bytes, check_output_not_input, check_writable_dir, output_target, path_arg
+from fileio import (_start_time, atomic_write_bytes, check_output_not_input, check_writable_dir, no_empty_dirs_left,
+                    output_target, path_arg)
 from ownership import check_output
 from locks import pid_alive
 from runtime.device import resolve_device, use_device
@@ -137,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None, made: contextlib.ExitStack | None = None) -> argparse.Namespace:
+    """The checked arguments; `made`, where given, removes the --json's folder this makes if the run leaves it
+    empty (refused, or failed)."""
     args = build_parser().parse_args(argv)
     q = args.quick
     for k, v in dict(warmup=2 if q else 5, iters=3 if q else 30, repeats=1 if q else 3, new_tokens=8 if q else 128,
@@ -178,6 +181,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0 <= args.threads <= cores:  # torch segfaults on 100000 threads
         raise UserError(f"--threads must be 0 (torch's default) or 1..{cores} (this machine's cores), got {args.threads}")
     if args.json:  # checked now, not after minutes of measuring; never over what the run reads
+        if made is not None:
+            made.enter_context(no_empty_dirs_left(Path(args.json).parent))
         check_json_path(Path(args.json))
         read = [(f"the config {c}", c) for c in args.budget_config_list if Path(c).is_file()]
         check_output_not_input(Path(args.json), [*read, ("the nanoGPT checkout", args.nanogpt_dir or "")], "--json")
@@ -246,7 +251,13 @@ _T0 = time.perf_counter()
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    with contextlib.ExitStack() as made:
+        return measure(parse_args(argv, made), argv)
+
+
+def measure(args: argparse.Namespace, argv=None) -> int:
+    """Every section asked for, its rows printed as they come and written to --json at the end (`argv`: to run
+    again under --isa-avx2's variables)."""
     t_start = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -460,6 +460,22 @@ def path_kind(path: str | os.PathLike) -> str:
     return kinds.get(stat.S_IFMT(mode), "a device")
 
 
+@contextmanager
+def no_empty_dirs_left(path: str | os.PathLike) -> Iterator[None]:
+    """The folders that `path` needs and that do not exist yet (it and its missing parents), removed again on
+    leaving the block where they are still empty: a command refused after it made its output folder leaves
+    nothing behind. Deepest first; rmdir removes only an empty folder, so nothing written is ever lost."""
+    missing = [p for p in [Path(path), *Path(path).parents] if not os.path.lexists(p)]
+    try:
+        yield
+    finally:
+        for folder in missing:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty (the command wrote there: kept), or already gone
+                break
+
+
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:
     """Make sure `path` is (or can be created as) a directory this process can write; else a one-line
     UserError naming `what` (the option that set it) and the fix. Checked at start, before any work."""

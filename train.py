@@ -35,6 +35,7 @@ from checkpoint import Resume, claim_out_dir, decide_resume
 from data import hold_data, load_meta, prepare_data, tokenizer_entry, tokenizer_from_meta
 from errors import UserError, run_cli
 from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metrics, load_items
+from fileio import no_empty_dirs_left
 from runtime.device import resolve_device
 from ownership import unmark_if_unused
 from training.timing.budget import schedule_for
@@ -134,6 +135,8 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
     checkpoint to resume, or none. A resumed run whose config lacks keys added since gets the values
     that continue it as it ran (a new frozen config; the one loaded is never changed)."""
     out_dir = Path(cfg.train.out_dir)
+    if par.is_main:  # left last (the stack unwinds backwards), after the lock file: a refused start leaves no folder
+        cleanup.enter_context(no_empty_dirs_left(out_dir))
     lock = par.on_main(lambda: claim_out_dir(out_dir, say), "rank 0's claim of the out_dir")  # None off rank 0
     if lock is not None:
         cleanup.callback(lock.release)

@@ -29,7 +29,7 @@ from pathlib import Path
 import tiktoken.load
 
 from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
-from fileio import atomic_write_bytes, fsync_dir, json_loads, path_arg, path_kind, temp_dir
+from fileio import atomic_write_bytes, fsync_dir, json_loads, no_empty_dirs_left, path_arg, path_kind, temp_dir
 from locks import remove_stale_temps
 from ownership import EXPORT, check_output, check_target
 
@@ -144,25 +144,27 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
                             f"model has {model.config.vocab_size}; the checkpoint is damaged: use another one")
         files, vocab = with_chat(files, chat, eot), chat.vocab_size
         generation = chat_generation_config(generation, chat)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(out.parent, name=out.name)  # what an export killed mid-write left beside --out
-        tmp = temp_dir(out)
-    except OSError as e:
-        raise UserError(f"cannot create {out} ({short_error(e)}); choose an --out in a writable directory") from None
-    try:
-        fmt = write_hf_model(model, tmp, vocab, eot)
-        card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, vocab).encode()
-        for name, data in {**files, "generation_config.json": generation, "README.md": card}.items():
-            atomic_write_bytes(tmp / name, data)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(tmp, out)
-    except OSError as e:
-        raise UserError(f"cannot write the export to {out} ({short_error(e)}); {write_fix(e, 'choose another --out')}; "
-                        "nothing was left behind") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already after the rename
+    with no_empty_dirs_left(out.parent):  # a write that fails leaves none of the folders made for it
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(out.parent, name=out.name)  # what an export killed mid-write left beside --out
+            tmp = temp_dir(out)
+        except OSError as e:
+            raise UserError(f"cannot create {out} ({short_error(e)}); choose an --out in a writable directory"
+                            ) from None
+        try:
+            fmt = write_hf_model(model, tmp, vocab, eot)
+            card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, vocab).encode()
+            for name, data in {**files, "generation_config.json": generation, "README.md": card}.items():
+                atomic_write_bytes(tmp / name, data)
+            if out.exists():
+                out.rmdir()  # empty (checked above)
+            os.replace(tmp, out)
+        except OSError as e:
+            raise UserError(f"cannot write the export to {out} ({short_error(e)}); "
+                            f"{write_fix(e, 'choose another --out')}; nothing was left behind") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already after the rename
     fsync_dir(out.parent)
     return fmt
 

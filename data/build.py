@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from errors import UserError, to_stderr
-from fileio import check_output_not_input, check_writable_dir
+from fileio import check_output_not_input, check_writable_dir, no_empty_dirs_left
 from locks import DirLock, remove_stale_temps
 from ownership import DATA, check_parent, check_target
 
@@ -33,17 +33,8 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
     run reads (hold_data).
     """
     cfg.validate()
-    missing = [p for p in [Path(cfg.root), *Path(cfg.root).parents] if not os.path.lexists(p)]
-    try:
+    with no_empty_dirs_left(cfg.root):  # a refusal (or a failure) leaves no empty data.root behind
         return _prepare_data(cfg, progress)
-    except BaseException:
-        # a refusal (or a failure) leaves none of the empty folders data.root's creation made behind
-        for folder in missing:  # deepest first; rmdir removes only an empty one
-            try:
-                os.rmdir(folder)
-            except OSError:
-                break
-        raise
 
 
 def _prepare_data(cfg: DataConfig, progress: bool) -> Path:

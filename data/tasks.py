@@ -20,7 +20,7 @@ import random
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
-from fileio import atomic_write_bytes, check_writable_dir, output_target, path_arg
+from fileio import atomic_write_bytes, check_writable_dir, no_empty_dirs_left, output_target, path_arg
 
 MAX_NUMBER = 99
 # the most of each that one run makes (about 100 MB of text each): a larger count is refused before any work,
@@ -157,13 +157,14 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--heldout {args.heldout} asks for {asked} arithmetic questions, but --max-number "
                         f"{args.max_number} makes only {there}; ask for at most {there * len(KINDS)} held-out rows")
     out = Path(args.out)  # checked before it is created, and before any work
-    check_writable_dir(out, "--out")
-    for name in FILES:  # a link or a folder at one of its names: refused now, not after the others are written
-        output_target(out / name, "--out's", follow=False)
-    train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
-    write_jsonl(out / "train.jsonl", train)
-    write_jsonl(out / "heldout.jsonl", heldout)
-    atomic_write_bytes(out / "pretrain.txt", pretrain_text(args.pretrain_lines, args.seed).encode())
+    with no_empty_dirs_left(out):  # a write that fails (a full disk) leaves no empty --out behind
+        check_writable_dir(out, "--out")
+        for name in FILES:  # a link or a folder at one of its names: refused now, not after the others are written
+            output_target(out / name, "--out's", follow=False)
+        train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
+        write_jsonl(out / "train.jsonl", train)
+        write_jsonl(out / "heldout.jsonl", heldout)
+        atomic_write_bytes(out / "pretrain.txt", pretrain_text(args.pretrain_lines, args.seed).encode())
     print(out)
     return 0
 

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
-from fileio import atomic_write_bytes, check_output_not_input, check_writable_dir, path_arg, read_user_file
+from fileio import (atomic_write_bytes, check_output_not_input, check_writable_dir, no_empty_dirs_left, path_arg,
+                    read_user_file)
 from ownership import check_output
 from model.gpt import CausalSelfAttention
 from checkpoint import checkpoint_files, default_checkpoint, load_for_inference
@@ -170,21 +171,26 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         check_output_not_input(out / name, inputs, "--out")
     text = read_text(args)
-    check_writable_dir(out, "--out")  # before the model is loaded and run: a bad --out costs nothing
+    with no_empty_dirs_left(out):  # a refusal after it (a bad checkpoint, a layer past the model's) leaves no --out
+        check_writable_dir(out, "--out")  # before the model is loaded and run: a bad --out costs nothing
+        return draw(spec, text, out, names, args.layer, args.head)
 
+
+def draw(spec: str, text: str, out: Path, names: list[str], layer: int | None, head: int | None) -> int:
+    """Load the model, run it on `text`, and write the pictures into `out` (checked)."""
     def note(msg: str) -> None:
         to_stderr(f"eval.inspect: {msg}")
 
     loaded = load_for_inference(spec)
     model, tok, desc = loaded.model, loaded.tok, loaded.description
-    check_index(args.layer, "--layer", model.config.n_layer, "layer")
-    check_index(args.head, "--head", model.config.n_head, "head")
+    check_index(layer, "--layer", model.config.n_layer, "layer")
+    check_index(head, "--head", model.config.n_head, "head")
     ids = text_ids(tok, text, model.config.block_size, note)
     insp = inspect_tokens(model, tok, ids, description=desc)
     pictures = {names[0]: figure_png(attention_figure(insp)), names[1]: figure_png(surprisal_figure(insp)),
                 names[2]: surprisal_html(insp, f"Surprisal: {desc}").encode("utf-8")}
     if len(names) == 4:
-        pictures[names[3]] = figure_png(attention_figure(insp, args.layer, args.head))
+        pictures[names[3]] = figure_png(attention_figure(insp, layer, head))
     for name, data in pictures.items():
         try:
             atomic_write_bytes(out / name, data, what="--out", follow=True)

@@ -4,6 +4,7 @@ command manages (a training out_dir, an HF export, a prepared data folder, a sha
 `error:` line naming the folder and "a folder has one owner", exit 2, and every file there keeps its bytes."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -90,3 +91,28 @@ def test_class2_the_gate_lets_a_users_own_folder_and_file_through(tmp_path):
         assert ownership.check_output(str(path), "--out") == path
     with pytest.raises(UserError, match="a folder has one owner"):
         ownership.check_output(str(make_managed(ownership.DATA, tmp_path / "d") / "x"), "--out")
+
+
+# What makes each writer refuse after it has made its output folder: its inputs broken (a checkpoint of
+# junk, a corpus that is not text, a data root that is a file), or an option that conflicts with another
+NEEDS_MORE = {"bench.py --json": ["--nanogpt-dir", "x"]}  # refused after --json is checked: it needs --only train
+
+
+@pytest.mark.parametrize("writer", [w for w in WRITERS if w.makes == "folder" or w.name == "bench.py --json"],
+                         ids=str)
+def test_class2_a_refused_writer_leaves_no_folder_it_made(writer, world, capsys, tmp_path):
+    """train.py's out_dir and eval.inspect's --out were made before a bad checkpoint was refused, and left
+    behind empty (fileio.no_empty_dirs_left): a refusal leaves nothing behind, the missing parents included."""
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "ckpt.pt").write_bytes(b"not a checkpoint")
+    (junk / "corpus.txt").write_bytes(b"\xff\xfe\x00 not text")
+    (junk / "root").write_text("a file where a folder should be")
+    broken = dataclasses.replace(world, run=junk, ckpt=junk / "ckpt.pt", gpt2=junk / "ckpt.pt",
+                                 corpus=junk / "corpus.txt", data_root=junk / "root")
+    made = tmp_path / "new" / "deeper"
+    out = made / ("out.json" if writer.makes == "file" else "out")
+    code, _, err = run_entry(writer.main, [*writer.argv(out, broken), *NEEDS_MORE.get(writer.name, [])], capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    assert not (tmp_path / "new").exists(), (lines, sorted(p.name for p in made.rglob("*")))
