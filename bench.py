@@ -182,7 +182,7 @@ def parse_args(argv=None, made: contextlib.ExitStack | None = None) -> argparse.
         raise UserError(f"--threads must be 0 (torch's default) or 1..{cores} (this machine's cores), got {args.threads}")
     if args.json:  # checked now, not after minutes of measuring; never over what the run reads
         if made is not None:
-            made.enter_context(no_empty_dirs_left(Path(args.json).parent))
+            made.enter_context(no_empty_dirs_left(Path(os.path.realpath(args.json)).parent))  # a link's target's
         check_json_path(Path(args.json))
         read = [(f"the config {c}", c) for c in args.budget_config_list if Path(c).is_file()]
         check_output_not_input(Path(args.json), [*read, ("the nanoGPT checkout", args.nanogpt_dir or "")], "--json")

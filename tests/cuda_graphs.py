@@ -123,7 +123,7 @@ def fake_cuda_graphs(monkeypatch):
     """torch.cuda's capture, streams and RNG as GraphedStep(capture=True) calls them, emulated on the CPU."""
     FakeGraph.replays = 0
     _current[:] = [DEFAULT_STREAM]
-    for name, value in {"CUDAGraph": FakeGraph, "graph": _fake_capture, "Stream": _Stream,
+    for name, value in {"CUDAGraph": FakeGraph, "graph": _fake_capture, "Stream": _Stream, "graph_pool_handle": object,
                         "current_stream": lambda device=None: _current[0], "stream": _fake_stream,
                         "get_rng_state": lambda device=None: torch.get_rng_state(),
                         "set_rng_state": lambda state, device=None: torch.set_rng_state(state)}.items():

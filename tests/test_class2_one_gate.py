@@ -10,11 +10,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import eval.inspect as inspect_cli
 import ownership
 from entry_points import WRITERS, run_entry
 from errors import UserError
+from fileio import no_empty_dirs_left
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -116,3 +119,38 @@ def test_class2_a_refused_writer_leaves_no_folder_it_made(writer, world, capsys,
     lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
     assert not (tmp_path / "new").exists(), (lines, sorted(p.name for p in made.rglob("*")))
+
+
+PARTS = ["a", "b", "keep", "new", "new2", "..", ".", "ln", "dead"]
+
+
+@settings(max_examples=60)
+@given(st.lists(st.sampled_from(PARTS), min_size=1, max_size=5), st.booleans())
+def test_class2_no_empty_dirs_left_removes_what_making_a_path_made_and_nothing_else(parts, write):
+    """Any path made of existing folders, missing ones, "..", ".", a link to a folder and a dangling link:
+    made with os.makedirs (as the writers do) inside the block, then left by an exception. Every folder that
+    was there stays; every folder the making made is gone, unless something was written into it."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        (base / "a" / "b").mkdir(parents=True)
+        (base / "keep").mkdir()
+        (base / "ln").symlink_to(base / "a" / "b")
+        (base / "dead").symlink_to(base / "nowhere")
+        before = {p for p in base.rglob("*")}
+        path = base.joinpath(*parts)
+        with pytest.raises(RuntimeError), no_empty_dirs_left(path):
+            try:
+                os.makedirs(path, exist_ok=True)
+                if write and path.is_dir():
+                    (path / "written").write_text("a command's output")
+            except OSError:
+                pass  # a dangling link or a path through one: made partway, or not at all
+            raise RuntimeError("refused")
+        after = {p for p in base.rglob("*")}
+        assert before <= after, before - after
+        kept = {p for p in after - before if p.name != "written"}
+        assert all(any(p in q.parents or p == q.parent for q in after - before if q.name == "written") for p in kept), \
+            sorted(map(str, after - before))

@@ -60,27 +60,32 @@ class Batches:
         return self.x[rows], self.y[rows]
 
 
-def eval_both(model, loss, graphed) -> list:
+def eval_both(model, loss, graphed, amp=contextlib.nullcontext) -> list:
     """[the eager evals, the graphed ones]: random batches of two splits, then the whole split in order (its
-    last batch another shape)."""
+    last batch another shape), each forward in a fresh `amp` context as a run's evals are."""
     loaders = {"train": Batches(), "val": Batches(5)}
-    return [(evaluate(model, fn, loaders, 4, contextlib.nullcontext),
-             evaluate_full(model, fn, loaders["val"], contextlib.nullcontext)) for fn in (loss, graphed)]
+    return [(evaluate(model, fn, loaders, 4, amp), evaluate_full(model, fn, loaders["val"], amp))
+            for fn in (loss, graphed)]
+
+
+BF16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731  (runtime/precision.autocast's, in bf16)
 
 
 @pytest.mark.parametrize("capture", [False, True], ids=["uncaptured", "capture-emulated"])
-@pytest.mark.parametrize("options", [{}, CHAR_GPU], ids=["gpt2", "char-gpu"])
-def test_graphed_evals_equal_the_eager_evals(capture, options, request):
+@pytest.mark.parametrize("options, amp", [({}, contextlib.nullcontext), (CHAR_GPU, contextlib.nullcontext),
+                                          (CHAR_GPU, BF16)], ids=["gpt2", "char-gpu", "char-gpu-bf16"])
+def test_graphed_evals_equal_the_eager_evals(capture, options, amp, request):
     """Bit for bit the eager forwards' losses, for both batch shapes; after the weights move in place (an
-    optimizer step: the replays read them where they are, and nothing is recorded again); after they are
-    replaced by new tensors (load_state_dict with assign: every shape recorded again); and in training mode
-    (dropout on) it is the plain loss."""
+    optimizer step: the replays read them where they are, and nothing is recorded again; under bf16 autocast
+    too, whose cache of cast weights, filled by the eager forward before the capture, must not be what the
+    graph reads); after they are replaced by new tensors (load_state_dict with assign: every shape recorded
+    again); and in training mode (dropout on) it is the plain loss."""
     graphs = request.getfixturevalue("fake_cuda_graphs") if capture else None
     model, opts = setup(**options)
     graphed = GraphedLoss(GPU_CHUNKS, capture=capture, say=pytest.fail)
     kept = []
     for round_ in range(3):
-        eager, got = eval_both(model, GPU_CHUNKS, graphed)
+        eager, got = eval_both(model, GPU_CHUNKS, graphed, amp)
         assert eager == got
         kept.append(graphed.shapes[((3, 16), torch.int64, (3, 16), torch.int64)])  # 9 calls an eval
         assert len(graphed.shapes) == 2 and (kept[-1].graph is not None) == capture and not kept[-1].unchecked

@@ -47,10 +47,9 @@ def setup(kind: str, **model_options):
                                   muon_lr=0.02, ns_dtype=torch.float32)
 
 
-def bound_step(model, optimizers, loss=LMLoss()):
+def bound_step(model, optimizers, loss=LMLoss(), amp=contextlib.nullcontext):
     scaler = make_scaler(torch.device("cpu"), torch.float32)
-    return lambda batches: train_step(model, loss, optimizers, scaler, batches, amp=contextlib.nullcontext,
-                                      grad_clip=0.5)
+    return lambda batches: train_step(model, loss, optimizers, scaler, batches, amp=amp, grad_clip=0.5)
 
 
 def batches_at(i: int, accum: int = 2):
@@ -282,3 +281,16 @@ def test_a_graph_whose_dropout_repeats_is_caught_at_its_second_replay(fake_cuda_
     monkeypatch.setattr(FakeGraph, "replay", replay_same_masks)
     _, said = gone_eager(8)
     assert FakeGraph.replays == 2 and "a replay's loss" in said[0]
+
+
+def test_replays_under_bf16_autocast_equal_the_eager_steps(fake_cuda_graphs):
+    """train_step enters autocast afresh for each micro-batch, inside the capture: its casts of the weights are
+    recorded and redone by each replay (a cast cached before the capture would be replayed as it was; the
+    graphed evals had that bug: tests/test_graph_eval.py). Bit for bit the eager bf16 steps."""
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    model, opts, twin, twin_opts = twins("adamw")
+    graphed = GraphedStep(bound_step(twin, twin_opts, GPU_CHUNKS, bf16), twin_opts, twin, capture=True,
+                          say=pytest.fail)
+    eager, static = run(bound_step(model, opts, GPU_CHUNKS, bf16), opts, 9), run(graphed, twin_opts, 9)
+    assert [e.loss for e in eager] == [s.loss for s in static] and fake_cuda_graphs.replays >= 5
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))

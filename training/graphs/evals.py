@@ -17,14 +17,17 @@ The first call of a shape runs eagerly (on a GPU on a side stream: lazy initiali
 inside a capture), then records; the second replays, checked against the eager forward on its batch (not
 the recording's: a graph that replays nothing would still hold that one's loss). A capture that fails or a
 replay that disagrees says so in one line, and the evals go on eagerly.
-The eval's autocast context must be entered afresh around each call (training/report/evaluate.py does):
-autocast's cache of cast weights lives as long as its context, and a capture that read a cast made
-before it would replay stale weights.
+The capture runs with autocast's cache of cast weights off: the eager forward just before it, in the same
+autocast context, has filled that cache with low-precision copies of the weights, and a capture that read
+them would replay those copies (the weights of its recording, in memory freed when the context ends)
+instead of casting the weights of each replay. The shapes' graphs share one memory pool: they never run at
+once, and each output is copied out before the next replay.
 
 On a CPU (the tests) the same path runs uncaptured: the same static buffers and calls.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -55,6 +58,7 @@ class GraphedLoss:
         self.eager = False  # a capture failed or disagreed: eager forwards from here on
         self.shapes: dict[tuple, _Shape] = {}
         self.weights: tuple = ()  # what the records read: the model, its tensors' addresses, autocast
+        self.pool = None  # the memory pool the shapes' graphs share
 
     def __call__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.eager or model.training or torch.is_grad_enabled():
@@ -81,10 +85,11 @@ class GraphedLoss:
             shape.x.copy_(x)  # a capture runs nothing, but the buffers then hold real tokens all the same
             shape.y.copy_(y)
             graph = torch.cuda.CUDAGraph()
+            self.pool = self.pool or torch.cuda.graph_pool_handle()
             # a stream of our own: a capture that fails leaves torch.cuda.graph's stream current, and this context
             # puts the run's stream back
             stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            with torch.cuda.stream(stream), torch.cuda.graph(graph, pool=self.pool, stream=stream), _casts_recorded(x):
                 shape.out = self.loss(model, shape.x, shape.y)
         except Exception as e:  # a capture fails with whatever the op it refused raises; it ran nothing
             return self._go_eager(f"the capture failed ({short_error(e)})", expected)
@@ -115,8 +120,17 @@ class GraphedLoss:
 
     def _go_eager(self, why: str, expected: torch.Tensor) -> torch.Tensor:
         self.say(f"the CUDA-graphed evals are off: {why}; continuing eagerly")
-        self.eager, self.shapes, self.weights = True, {}, ()
+        self.eager, self.shapes, self.weights, self.pool = True, {}, (), None
         return expected
+
+
+def _casts_recorded(x: torch.Tensor):
+    """The caller's autocast (if any) with its cache of cast weights off: each cast is then recorded into the
+    graph and redone by every replay, from the weights as they are then."""
+    kind = x.device.type
+    if not torch.is_autocast_enabled(kind):
+        return contextlib.nullcontext()
+    return torch.autocast(kind, dtype=torch.get_autocast_dtype(kind), cache_enabled=False)
 
 
 def _weights(model: torch.nn.Module, device: torch.device) -> tuple:
