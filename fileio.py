@@ -463,24 +463,18 @@ def path_kind(path: str | os.PathLike) -> str:
 @contextmanager
 def no_empty_dirs_left(path: str | os.PathLike) -> Iterator[None]:
     """The folders that making `path` makes (it and its missing parents, ".." and links taken as the OS takes
-    them), removed again on leaving the block where they are still empty: a command refused after it made
-    its output folder leaves nothing behind. rmdir removes only an empty folder, and only those missing on
-    entry are tried, so nothing written or there before is ever removed."""
+    them: "new/../out" makes new and out), removed again, deepest first, on leaving the block where they are
+    still empty: a command refused after it made its output folder leaves nothing behind. Only folders missing
+    on entry are tried, and rmdir removes only an empty one: nothing there before, or written since, goes."""
     lexical = Path(os.path.expanduser(path))
-    missing: list[Path] = []
-    for prefix in (lexical, *lexical.parents):  # "new/../out" makes new and out: each prefix where the OS puts it
-        real = Path(os.path.realpath(prefix))
-        if not os.path.lexists(real) and real not in missing:
-            missing.append(real)
-    missing.sort(key=lambda folder: len(folder.parts), reverse=True)  # "a/new/new/..": a/new/new before a/new
+    missing = {Path(os.path.realpath(prefix)) for prefix in (lexical, *lexical.parents)}
+    missing = sorted((p for p in missing if not os.path.lexists(p)), key=lambda p: len(p.parts), reverse=True)
     try:
         yield
     finally:
         for folder in missing:
-            try:
+            with suppress(OSError):  # written to (kept), never made, or removed meanwhile
                 os.rmdir(folder)
-            except OSError:  # written to (kept), never made, or removed meanwhile
-                pass
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:
