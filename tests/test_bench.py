@@ -398,7 +398,7 @@ def test_corpus_row_prepares_with_ours_and_the_pool_baseline_and_resumes_byte_eq
 
     from benchmarks.prepare import bench_corpus
 
-    rows, info = bench_corpus(tmp_path, 1, 1, 20_000, lambda msg: None)  # 1 MB, one process, small shards
+    rows, info = bench_corpus(tmp_path, 2, 1, 20_000, lambda msg: None)  # 2 MB, one process, small shards
     assert [r["name"].split(" ")[0] for r in rows] == ["jsonl", "resume"]
     assert info["resumed_equals_uninterrupted"] and info["ours_peak_rss_mb"] > 0 and info["base_peak_rss_mb"] > 0
     # killed by progress: once its record says half the tokens are done, and before the end
