@@ -4,7 +4,8 @@ Builds small.yaml's run with train.py's chain (training/builders.py's build_trai
 then for each way to run the step (eager: train.cuda_graph=false; graph: the step replayed as one CUDA
 graph, training/graphs/step.py, train.py's default on a GPU; compiled: train.compile=true) the wall time of
 a step (host-synced), the GPU's busy time in it and the kernels it launches (torch.profiler), the slowest
-of the first steps (the compile's or the capture's), and the first steps' losses (each on its own batch,
+of the first steps (the compile's or the capture's), an eval's time (its forwards graphed with the step),
+and the first steps' losses (each on its own batch,
 under a changing learning rate) beside the eager step's: the graph's should differ in the last bits at
 most (its AdamW reads the rate in fp32, and attention's backward may add in another order).
 A step whose GPU time is a small part of its wall time is bound by launches: fewer, larger kernels
@@ -32,6 +33,7 @@ from training import builders
 from training.config.sections import load_config
 from training.parallel.distributed import Parallel
 from training.plan import RunPlan
+from training.report.evaluate import evaluate
 from training.timing.schedule import apply_lr, lr_at
 
 
@@ -40,6 +42,16 @@ CHAR_VOCAB = 65  # tiny shakespeare's characters
 
 MODES = ("eager", "graph", "compiled")
 LOSS_STEPS = 24  # the first steps, each on its own batch and learning rate, whose losses the modes compare
+EVAL_BATCHES = 40  # an eval's forwards (shakespeare_char_gpu.yaml's eval_iters), on the first steps' batches
+
+
+class Evals:
+    """A loader's eval interface over fixed batches, in turn."""
+    def __init__(self, batches):
+        self.batches = batches
+
+    def get_batch(self, k: int, micro: int = 0):
+        return self.batches[k % len(self.batches)]
 
 
 def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), top: int = 0,
@@ -101,10 +113,19 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
     by_name = collections.Counter()
     for e in kernels:
         by_name[e.name[:90]] += time_us[id(e)] / 1e3 / 10
+    # an eval as train.py runs it (its forwards graphed where the step is): the first records, the next are timed
+    evals = {"val": Evals(batches)}
+    evaluate(trainer.model, trainer.step.eval_loss, evals, EVAL_BATCHES, trainer.amp)
+    eval_walls, eval_loss = [], 0.0
+    for _ in range(3):
+        s = time.perf_counter()
+        eval_loss = evaluate(trainer.model, trainer.step.eval_loss, evals, EVAL_BATCHES, trainer.amp)["val"]
+        eval_walls.append(time.perf_counter() - s)
     peak_gib = torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0
     return {"mode": mode, "graphed": plan.step_graph, "losses": losses, "slowest_step_s": round(slowest_s, 2),
             "peak_reserved_gib": round(peak_gib, 2),
-            "step_ms": round(wall_ms, 3),
+            "step_ms": round(wall_ms, 3), "eval_ms": round(statistics.median(eval_walls) * 1e3, 2),
+            "eval_loss": eval_loss,
             "gpu_busy_ms": round(busy_ms, 3), "kernels_per_step": len(kernels) // 10,
             "gpu_busy_share": round(busy_ms / wall_ms, 3),
             "top_kernels_ms": [(name, round(ms, 3)) for name, ms in by_name.most_common(top)]}
@@ -131,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
               f"a step, GPU busy {row['gpu_busy_ms']:.2f} ms of it ({row['gpu_busy_share']:.0%}), "
               f"{row['kernels_per_step']} kernels a step, {row['peak_reserved_gib']:.2f} GiB reserved at peak"
               + ("" if row["graphed"] or mode != "graph" else " (the plan did not graph it)"), flush=True)
+        print(f"         an eval of {EVAL_BATCHES} batches: {row['eval_ms']:.1f} ms, loss {row['eval_loss']:.6f}",
+              flush=True)
         if mode == "eager":
             eager_losses = row["losses"]
         elif eager_losses is not None:
