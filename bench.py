@@ -181,8 +181,9 @@ def parse_args(argv=None, made: contextlib.ExitStack | None = None) -> argparse.
     if not 0 <= args.threads <= cores:  # torch segfaults on 100000 threads
         raise UserError(f"--threads must be 0 (torch's default) or 1..{cores} (this machine's cores), got {args.threads}")
     if args.json:  # checked now, not after minutes of measuring; never over what the run reads
-        if made is not None:
-            made.enter_context(no_empty_dirs_left(Path(os.path.realpath(args.json)).parent))  # a link's target's
+        if made is not None:  # the folder as given ("new/../x.json" makes new), and a link's target's
+            for folder in {Path(args.json).parent, Path(os.path.realpath(args.json)).parent}:
+                made.enter_context(no_empty_dirs_left(folder))
         check_json_path(Path(args.json))
         read = [(f"the config {c}", c) for c in args.budget_config_list if Path(c).is_file()]
         check_output_not_input(Path(args.json), [*read, ("the nanoGPT checkout", args.nanogpt_dir or "")], "--json")

@@ -365,12 +365,13 @@ def check_path_value(value: str | os.PathLike, option: str) -> Path:
 
 
 def path_arg(value: str) -> str:
-    """argparse `type=` of a path option: path_problem's fault is argparse's one line naming the option."""
+    """argparse `type=` of a path option: path_problem's fault is argparse's one line naming the option; ~
+    expanded (the gate checks the expanded path: the command must write there, not into a folder named ~)."""
     problem = path_problem(value)
     if problem:
         raise argparse.ArgumentTypeError(f"{ascii(value) if len(value) <= 80 else ascii(value[:40]) + '...'} {problem}; "
                                          "give a usable path")
-    return value
+    return os.path.expanduser(value)
 
 
 def path_arg_path(value: str) -> Path:
@@ -462,10 +463,9 @@ def path_kind(path: str | os.PathLike) -> str:
 
 @contextmanager
 def no_empty_dirs_left(path: str | os.PathLike) -> Iterator[None]:
-    """The folders that making `path` makes (it and its missing parents, ".." and links taken as the OS takes
-    them: "new/../out" makes new and out), removed again, deepest first, on leaving the block where they are
-    still empty: a command refused after it made its output folder leaves nothing behind. Only folders missing
-    on entry are tried, and rmdir removes only an empty one: nothing there before, or written since, goes."""
+    """The folders that making `path` makes (it and its missing parents, ".." and links as the OS takes them),
+    removed again, deepest first, on leaving where still empty: a command refused after making its output
+    folder leaves nothing. Only folders missing on entry are tried; rmdir removes only an empty one."""
     lexical = Path(os.path.expanduser(path))
     missing = {Path(os.path.realpath(prefix)) for prefix in (lexical, *lexical.parents)}
     missing = sorted((p for p in missing if not os.path.lexists(p)), key=lambda p: len(p.parts), reverse=True)

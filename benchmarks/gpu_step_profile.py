@@ -42,7 +42,6 @@ CHAR_VOCAB = 65  # tiny shakespeare's characters
 
 MODES = ("eager", "graph", "compiled")
 LOSS_STEPS = 24  # the first steps, each on its own batch and learning rate, whose losses the modes compare
-EVAL_BATCHES = 40  # an eval's forwards (shakespeare_char_gpu.yaml's eval_iters), on the first steps' batches
 
 
 class Evals:
@@ -62,7 +61,7 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
                        f"--train.cuda_graph={mode == 'graph'}", "--wandb.mode=disabled"])
     t, block = cfg.train, cfg.model.block_size
     cuda = device.type == "cuda"
-    if cuda:  # this mode's own peak: the graph's pool is held for the run, beside the evals' memory
+    if cuda:  # this mode's own peak, an eval's included (since 2026-11-27): the graphs' pools are held for the run
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(t.seed)
@@ -113,19 +112,20 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
     by_name = collections.Counter()
     for e in kernels:
         by_name[e.name[:90]] += time_us[id(e)] / 1e3 / 10
-    # an eval as train.py runs it (its forwards graphed where the step is): the first records, the next are timed
-    evals = {"val": Evals(batches)}
-    evaluate(trainer.model, trainer.step.eval_loss, evals, EVAL_BATCHES, trainer.amp)
+    # an eval as train.py runs it (eval_iters batches of two splits, its forwards graphed where the step is; the
+    # batches: the first steps', in turn): the first records, the next three are timed
+    evals = {"train": Evals(batches), "val": Evals(batches[::-1])}
+    evaluate(trainer.model, trainer.step.eval_loss, evals, t.eval_iters, trainer.amp)
     eval_walls, eval_loss = [], 0.0
     for _ in range(3):
         s = time.perf_counter()
-        eval_loss = evaluate(trainer.model, trainer.step.eval_loss, evals, EVAL_BATCHES, trainer.amp)["val"]
+        eval_loss = evaluate(trainer.model, trainer.step.eval_loss, evals, t.eval_iters, trainer.amp)["val"]
         eval_walls.append(time.perf_counter() - s)
     peak_gib = torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0
     return {"mode": mode, "graphed": plan.step_graph, "losses": losses, "slowest_step_s": round(slowest_s, 2),
             "peak_reserved_gib": round(peak_gib, 2),
             "step_ms": round(wall_ms, 3), "eval_ms": round(statistics.median(eval_walls) * 1e3, 2),
-            "eval_loss": eval_loss,
+            "eval_loss": eval_loss, "eval_iters": t.eval_iters,
             "gpu_busy_ms": round(busy_ms, 3), "kernels_per_step": len(kernels) // 10,
             "gpu_busy_share": round(busy_ms / wall_ms, 3),
             "top_kernels_ms": [(name, round(ms, 3)) for name, ms in by_name.most_common(top)]}
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
               f"a step, GPU busy {row['gpu_busy_ms']:.2f} ms of it ({row['gpu_busy_share']:.0%}), "
               f"{row['kernels_per_step']} kernels a step, {row['peak_reserved_gib']:.2f} GiB reserved at peak"
               + ("" if row["graphed"] or mode != "graph" else " (the plan did not graph it)"), flush=True)
-        print(f"         an eval of {EVAL_BATCHES} batches: {row['eval_ms']:.1f} ms, loss {row['eval_loss']:.6f}",
-              flush=True)
+        print(f"         an eval ({row['eval_iters']} batches of each split): {row['eval_ms']:.1f} ms, val loss "
+              f"{row['eval_loss']:.6f}", flush=True)
         if mode == "eager":
             eager_losses = row["losses"]
         elif eager_losses is not None:

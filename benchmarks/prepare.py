@@ -166,8 +166,7 @@ def _timed(cmd: list[str], kill_when=None) -> tuple[float, float, bool]:
             peak = max(peak, _tree_rss_mb(proc))
         elif kill_when():
             os.killpg(proc.pid, signal.SIGKILL)
-            killed = True
-            proc.wait()
+            killed = proc.wait() == -signal.SIGKILL  # (not where it had just finished)
             break
         time.sleep(0.05 if kill_when is None else 0.005)
     if proc.returncode not in (0, -9):

@@ -121,15 +121,17 @@ def test_class2_a_refused_writer_leaves_no_folder_it_made(writer, world, capsys,
     assert not (tmp_path / "new").exists(), (lines, sorted(p.name for p in made.rglob("*")))
 
 
-PARTS = ["a", "b", "keep", "new", "new2", "..", ".", "ln", "dead"]
+PARTS = ["a", "b", "keep", "new", "new2", "..", ".", "ln", "dead", "file", "loop"]
 
 
 @settings(max_examples=60)
-@given(st.lists(st.sampled_from(PARTS), min_size=1, max_size=5), st.booleans())
-def test_class2_no_empty_dirs_left_removes_what_making_a_path_made_and_nothing_else(parts, write):
-    """Any path made of existing folders, missing ones, "..", ".", a link to a folder and a dangling link:
-    made with os.makedirs (as the writers do) inside the block, then left by an exception. Every folder that
-    was there stays; every folder the making made is gone, unless something was written into it."""
+@given(st.lists(st.sampled_from(PARTS), min_size=1, max_size=5), st.sampled_from(["absolute", "relative", "home"]),
+       st.sampled_from(["os.makedirs", "Path.mkdir"]), st.booleans())
+def test_class2_no_empty_dirs_left_removes_what_making_a_path_made_and_nothing_else(parts, start, maker, write):
+    """Any path made of existing folders, missing ones, "..", ".", a link to a folder, a dangling link, a link
+    loop and a file, given absolute, relative or from ~: made (os.makedirs, or Path.mkdir as check_writable_dir
+    does) inside the block, then left by an exception. Every folder that was there stays; every folder the
+    making made is gone, unless something was written into it."""
     import os
     import tempfile
 
@@ -137,18 +139,34 @@ def test_class2_no_empty_dirs_left_removes_what_making_a_path_made_and_nothing_e
         base = Path(tmp)
         (base / "a" / "b").mkdir(parents=True)
         (base / "keep").mkdir()
+        (base / "file").write_text("a file")
         (base / "ln").symlink_to(base / "a" / "b")
         (base / "dead").symlink_to(base / "nowhere")
+        (base / "loop").symlink_to(base / "loop")
         before = {p for p in base.rglob("*")}
-        path = base.joinpath(*parts)
-        with pytest.raises(RuntimeError), no_empty_dirs_left(path):
-            try:
-                os.makedirs(path, exist_ok=True)
-                if write and path.is_dir():
-                    (path / "written").write_text("a command's output")
-            except OSError:
-                pass  # a dangling link or a path through one: made partway, or not at all
-            raise RuntimeError("refused")
+        cwd, home = os.getcwd(), os.environ.get("HOME")
+        os.chdir(base)
+        os.environ["HOME"] = str(base / "a")
+        try:
+            path = {"absolute": base.joinpath(*parts), "relative": Path(*parts), "home": Path("~", *parts)}[start]
+            with pytest.raises(RuntimeError), no_empty_dirs_left(path):
+                made = Path(os.path.expanduser(path))
+                try:
+                    if maker == "os.makedirs":
+                        os.makedirs(made, exist_ok=True)
+                    else:
+                        made.mkdir(parents=True, exist_ok=True)
+                    if write and made.is_dir():
+                        (made / "written").write_text("a command's output")
+                except OSError:
+                    pass  # through a file, a dangling link or a loop: made partway, or not at all
+                raise RuntimeError("refused")
+        finally:
+            os.chdir(cwd)
+            if home is None:
+                del os.environ["HOME"]
+            else:
+                os.environ["HOME"] = home
         after = {p for p in base.rglob("*")}
         assert before <= after, before - after
         kept = {p for p in after - before if p.name != "written"}

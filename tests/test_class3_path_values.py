@@ -13,9 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ownership
-from entry_points import path_options, run_entry
+import train
+from entry_points import PARSERS, TrainKey, _path_actions, path_options, run_entry, train_argv
 from errors import UserError
 from fileio import NAME_MAX, PATH_MAX, check_path_value, path_problem
+from training.config.sections import load_config
 
 OPTIONS = path_options()
 SAFE = st.text(alphabet="abcXYZ019_-.", min_size=1, max_size=8)  # a harmless part of a path around the fault
@@ -98,3 +100,30 @@ def test_class3_out_empty_writes_nothing_into_the_current_folder(world, capsys, 
     code, _, err = run_entry(inspect_cli.main, ["--checkpoint", world.ckpt, "--text", "hear", "--out", ""], capsys)
     assert code == 2 and "--out" in err and "is empty" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if str(o) != "train.py --config"], ids=str)
+def test_class3_a_home_path_means_home_in_every_path_option(option, tmp_path, monkeypatch):
+    """`~/x` is $HOME/x in every path option and config key of kind path, as the gate (ownership.check_output)
+    checks it: train.py wrote `--train.out_dir=~/runs/x` into ./~/runs/x of the current folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if isinstance(option, TrainKey):
+        section, key = option.option.lstrip("-").split(".")
+        got = getattr(getattr(load_config([f"{option.option}=~/x"]), section), key)
+    else:
+        parser = dict((e, build) for e, (build, _) in PARSERS.items())[option.entry]()
+        action = next(a for a, prefix in _path_actions(parser)
+                      if (a.option_strings[-1] if a.option_strings else a.dest) == option.option)
+        got = action.type("~/x")
+    assert os.fspath(got) == str(tmp_path / "home" / "x")
+
+
+def test_class3_train_writes_a_home_out_dir_in_home(world, tmp_path, monkeypatch, capsys):
+    """End to end: a tiny run with `--train.out_dir=~/runs/x` writes under $HOME, and nothing named ~ appears
+    in the current folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_entry(train.main, train_argv(Path("~/runs/x"), world.data_root, "--wandb.mode=disabled"),
+                             capsys)
+    assert code == 0, err
+    assert (tmp_path / "home" / "runs" / "x" / "ckpt.pt").is_file() and not (tmp_path / "~").exists()

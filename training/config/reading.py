@@ -17,6 +17,7 @@ import yaml
 
 from errors import UserError, short_error
 from fileio import check_path_value, path_kind, read_user_file
+from settings import path_fields
 
 
 def section_keys(cfg: Any) -> dict[str, list[str]]:
@@ -200,12 +201,16 @@ def apply_overrides(cfg: Any, d: dict[str, Any], *, source: str) -> None:
             raise UserError(f"{source}: section {_short(section)} must be a mapping of key: value, got {_short(values)}")
         obj = getattr(cfg, section)
         hints = typing.get_type_hints(type(obj))
+        paths = {f.name for f in path_fields(obj)}
         for key, value in values.items():
             if key not in sections[section]:
                 close = difflib.get_close_matches(str(key), sections[section], n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise UserError(f"{source}: unknown key {section}.{str(key)[:80]}{hint}; valid keys: {', '.join(sections[section])}")
-            setattr(obj, key, coerce(value, hints[key], f"{section}.{key}", source))
+            value = coerce(value, hints[key], f"{section}.{key}", source)
+            if key in paths and isinstance(value, str) and value.startswith("~"):  # as the gate checks it: the run
+                value = os.path.expanduser(value)                              # writes there, not into ./~
+            setattr(obj, key, value)
 
 
 _TRUE = ("true", "yes", "on", "1")

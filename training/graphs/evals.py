@@ -20,8 +20,9 @@ replay that disagrees says so in one line, and the evals go on eagerly.
 The capture runs with autocast's cache of cast weights off: the eager forward just before it, in the same
 autocast context, has filled that cache with low-precision copies of the weights, and a capture that read
 them would replay those copies (the weights of its recording, in memory freed when the context ends)
-instead of casting the weights of each replay. The shapes' graphs share one memory pool: they never run at
-once, and each output is copied out before the next replay.
+instead of casting the weights of each replay. The shapes' graphs share one memory pool, captured on one stream
+(the allocator reuses a block only on the stream it was made on): they never run at once, and each output is
+copied out before the next replay.
 
 On a CPU (the tests) the same path runs uncaptured: the same static buffers and calls.
 """
@@ -58,14 +59,14 @@ class GraphedLoss:
         self.eager = False  # a capture failed or disagreed: eager forwards from here on
         self.shapes: dict[tuple, _Shape] = {}
         self.weights: tuple = ()  # what the records read: the model, its tensors' addresses, autocast
-        self.pool = None  # the memory pool the shapes' graphs share
+        self.pool = self.stream = None  # the memory pool the shapes' graphs share, the stream they are captured on
 
     def __call__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.eager or model.training or torch.is_grad_enabled():
             return self.loss(model, x, y)
         weights = _weights(model, x.device)
         if weights != self.weights:  # new tensors (or another model): every record read the old ones
-            self.shapes, self.weights = {}, weights
+            self.shapes, self.weights, self.pool = {}, weights, None  # (a pool whose graphs are gone: a new one)
         key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
         shape = self.shapes.get(key)
         if shape is None:
@@ -85,10 +86,12 @@ class GraphedLoss:
             shape.x.copy_(x)  # a capture runs nothing, but the buffers then hold real tokens all the same
             shape.y.copy_(y)
             graph = torch.cuda.CUDAGraph()
-            self.pool = self.pool or torch.cuda.graph_pool_handle()
-            # a stream of our own: a capture that fails leaves torch.cuda.graph's stream current, and this context
-            # puts the run's stream back
-            stream = torch.cuda.Stream()
+            # one pool, captured into on one stream of our own: the allocator reuses a block only on the stream it
+            # was made on; and a capture that fails leaves torch.cuda.graph's stream current (this context puts the
+            # run's back)
+            if self.pool is None:
+                self.pool, self.stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            stream = self.stream
             with torch.cuda.stream(stream), torch.cuda.graph(graph, pool=self.pool, stream=stream), _casts_recorded(x):
                 shape.out = self.loss(model, shape.x, shape.y)
         except Exception as e:  # a capture fails with whatever the op it refused raises; it ran nothing
