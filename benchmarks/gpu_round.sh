@@ -5,8 +5,10 @@
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
 #   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
 # Next (not yet run on a GPU): the graphed training step first, then the same-loss question, then the rest
-#   ONLY="small_profile small small_eager nanogpt_char ours_char_graph startup loss" bash benchmarks/gpu_round.sh 540
-#   ONLY="loss_det char_profile ours_char_adamw ours_bpe auto_16gb auto_24gb float8" bash benchmarks/gpu_round.sh 540
+# (three calls, each within one call's 10 minutes; the first ~360 s of walls, so `loss`'s 230 s cap is the second's)
+#   ONLY="nanogpt_char ours_char_graph startup small small_eager small_profile" bash benchmarks/gpu_round.sh 540
+#   ONLY="loss auto_16gb auto_24gb float8" bash benchmarks/gpu_round.sh 540
+#   ONLY="loss_det char_profile ours_char_adamw ours_bpe" bash benchmarks/gpu_round.sh 540   # if device time is left
 # Steps run in order of importance; each has its own time cap, and a step that would not fit in what is
 # left of the budget is skipped (said in summary.txt), so a cut run still reports the first ones.
 # Lines of training output are stamped with the seconds since the command started (val loss against
