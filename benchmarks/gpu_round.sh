@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
 #   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
 # Next (not yet run on a GPU): the graphed training step first, then the same-loss question, then the rest
-# (three calls, each within one call's 10 minutes; the first ~360 s of walls, so `loss`'s 230 s cap is the second's)
+# (a session's 15 device minutes hold a start and about two calls: the first ~360 s of walls, too few left for
+#  loss's 230 s cap, which opens the second; give the second what is left as its budget, the third another session)
 #   ONLY="nanogpt_char ours_char_graph startup small small_eager small_profile" bash benchmarks/gpu_round.sh 540
 #   ONLY="loss auto_16gb auto_24gb float8" bash benchmarks/gpu_round.sh 540
 #   ONLY="loss_det char_profile ours_char_adamw ours_bpe" bash benchmarks/gpu_round.sh 540   # if device time is left
