@@ -197,9 +197,19 @@ class Terminal:
         os.write(self.master, data)
 
     def close(self) -> int:
-        """The exit status, once chat.py has ended by itself (killed after 60 s)."""
+        """The exit status, once chat.py has ended by itself (killed after 60 s). What it writes meanwhile is
+        read (a terminal whose buffer fills blocks its writer) and kept, for the failure's message."""
+        deadline = time.monotonic() + 60
         try:
-            return self.proc.wait(timeout=60)
+            while self.proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"chat.py did not end within 60 s; it wrote: {self.seen[-2000:]!r}")
+                if select.select([self.master], [], [], 0.2)[0]:
+                    try:
+                        self.seen += os.read(self.master, 65536)
+                    except OSError:  # the child closed the terminal
+                        pass
+            return self.proc.returncode
         finally:
             self.kill()
 

@@ -523,7 +523,7 @@ def test_ddp_two_gloo_ranks_match_one_rank_with_twice_the_accumulation(tmp_path,
     argv = tiny_argv(tmp_path / "two", data_root, *common)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         str(ROOT / "train.py"), *argv], capture_output=True, text=True, env=_sub_env(), timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:] + "\n-----\n" + r.stderr[-3000:]
     assert "2 rank(s)" in r.stdout
     two = {rec["iter"]: rec["train/loss"] for rec in map(json.loads, (tmp_path / "two" / "metrics.jsonl").read_text().splitlines())
            if "train/loss" in rec}
