@@ -5,9 +5,9 @@ then for each way to run the step (eager: train.cuda_graph=false; graph: the ste
 graph, training/graphs/step.py, train.py's default on a GPU; compiled: train.compile=true) the wall time of
 a step (host-synced), the GPU's busy time in it and the kernels it launches (torch.profiler), the slowest
 of the first steps (the compile's or the capture's), an eval's time (its forwards graphed with the step),
-and the first steps' losses (each on its own batch,
-under a changing learning rate) beside the eager step's: the graph's should differ in the last bits at
-most (its AdamW reads the rate in fp32, and attention's backward may add in another order).
+and the first steps' losses (each on its own batch, under a changing learning rate) beside the eager
+step's: the graph's should differ in the last bits at most (its AdamW reads the rate in fp32, and
+attention's backward may add in another order).
 A step whose GPU time is a small part of its wall time is bound by launches: fewer, larger kernels
 (compile, CUDA graphs) are then what makes it faster, not a faster GPU.
 
@@ -44,8 +44,8 @@ MODES = ("eager", "graph", "compiled")
 LOSS_STEPS = 24  # the first steps, each on its own batch and learning rate, whose losses the modes compare
 
 
-class Evals:
-    """A loader's eval interface over fixed batches, in turn."""
+class InTurn:
+    """A loader's interface (get_batch) over fixed batches, in turn."""
     def __init__(self, batches):
         self.batches = batches
 
@@ -72,15 +72,11 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
     batches = [(w[:, :-1].contiguous(), w[:, 1:].contiguous()) for w in windows]
     batch = batches[0]
 
-    class Batches:
-        def get_batch(self, i: int, micro: int = 0):
-            return batch
-
     plan, rule = RunPlan(), builders.step_graph_for
     if mode == "graph" and not cuda:  # the rule decides as on a GPU, so that a CPU smoke run takes the same path
         builders.step_graph_for = lambda cfg, par, device, dtype: rule(cfg, par, torch.device("cuda"), dtype)
     try:
-        trainer = builders.build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}),
+        trainer = builders.build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (InTurn([batch]), {}),
                                          say=lambda line: print("   ", line))
     finally:
         builders.step_graph_for = rule
@@ -114,7 +110,7 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
         by_name[e.name[:90]] += time_us[id(e)] / 1e3 / 10
     # an eval as train.py runs it (eval_iters batches of two splits, its forwards graphed where the step is; the
     # batches: the first steps', in turn): the first records, the next three are timed
-    evals = {"train": Evals(batches), "val": Evals(batches[::-1])}
+    evals = {"train": InTurn(batches), "val": InTurn(batches[::-1])}
     evaluate(trainer.model, trainer.step.eval_loss, evals, t.eval_iters, trainer.amp)
     eval_walls, eval_loss = [], 0.0
     for _ in range(3):

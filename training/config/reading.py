@@ -208,8 +208,8 @@ def apply_overrides(cfg: Any, d: dict[str, Any], *, source: str) -> None:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise UserError(f"{source}: unknown key {section}.{str(key)[:80]}{hint}; valid keys: {', '.join(sections[section])}")
             value = coerce(value, hints[key], f"{section}.{key}", source)
-            if key in paths and isinstance(value, str) and value.startswith("~"):  # as the gate checks it: the run
-                value = os.path.expanduser(value)                              # writes there, not into ./~
+            if key in paths and isinstance(value, str):  # ~ as the gate checks it: the run writes there, not into ./~
+                value = os.path.expanduser(value)
             setattr(obj, key, value)
 
 

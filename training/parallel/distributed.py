@@ -304,9 +304,9 @@ def destroy_distributed(healthy: bool = True, par: Parallel | None = None) -> No
                 dist.barrier()
         gc.collect()  # free what still references the group (DDP reducers, buckets) while it exists
         dist.destroy_process_group()
-    if par is not None and (par.group, par.patient_group, par._mesh) != (None, None, None):
-        # par's own handles on its groups, freed now too: kept until the interpreter's teardown, a gloo group's
-        # destructor ran there and aborted rank 0 ("terminate called without an active exception", SIGABRT)
-        # after a finished 2-rank run, in 3 of 5 full test runs
-        par.group = par.patient_group = par._mesh = None
-        gc.collect()
+        if par is not None:
+            # par's own handles on its groups, freed now too: kept until the interpreter's teardown, a gloo
+            # group's destructor ran there and aborted rank 0 ("terminate called without an active exception")
+            # after a finished 2-rank run, in 3 of 5 full test runs
+            par.group = par.patient_group = par._mesh = None
+            gc.collect()
