@@ -14,7 +14,8 @@ from fileio import point_at_devnull
 from runtime.chat_session import ChatSession
 from runtime.sampling import check_temperature
 
-MAX_MESSAGE_BYTES = 2**20  # far past any context; a line of /dev/zero is refused, not read forever
+MAX_MESSAGE_BYTES = 2**20  # far past any context: a longer line is skipped to its end, with one line
+MAX_SKIPPED_BYTES = 16 * 2**20  # a line still going past this (/dev/zero) ends the chat: its end may never come
 COMMANDS = "/clear, /system TEXT, /temperature X, /quit"
 
 
@@ -26,6 +27,11 @@ class CommandLineError(UserError):
     """A line starting with '/' that could not be read: a command's error, which writes nothing on stdout."""
 
 
+class EndlessLine(UserError):
+    """A line that goes on past MAX_SKIPPED_BYTES: the chat ends (run_cli's one line, exit 2), since the next
+    message, if any, can't be found without reading on for ever."""
+
+
 def note(msg: str) -> None:
     to_stderr(f"chat.py: {msg}")
 
@@ -34,15 +40,20 @@ def note(msg: str) -> None:
 
 def read_message(raw, where: str) -> str | None:
     """The next line of `raw` (bytes) as text without its line end; None at the end of input. A line over
-    MAX_MESSAGE_BYTES (skipped to its end) or not valid UTF-8 is a one-line UserError."""
+    MAX_MESSAGE_BYTES (skipped to its end) or not valid UTF-8 is a one-line UserError; one whose end is not
+    found within MAX_SKIPPED_BYTES, EndlessLine."""
     line = raw.readline(MAX_MESSAGE_BYTES + 1)
     if not line:
         return None
     # a refused line that was meant as a command gets no empty stdout line (piped: one line per message)
     refused = CommandLineError if line.startswith(b"/") and not line.startswith(b"//") else UserError
     if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
+        skipped = len(line)
         while (rest := raw.readline(MAX_MESSAGE_BYTES)) and not rest.endswith(b"\n"):
-            pass
+            skipped += len(rest)
+            if skipped > MAX_SKIPPED_BYTES:
+                raise EndlessLine(f"{where} goes on past {MAX_SKIPPED_BYTES // 2**20} MiB without a line end (e.g. "
+                                  "/dev/zero), so no later message can be found; send one message a line")
         raise refused(f"{where} is longer than {MAX_MESSAGE_BYTES // 2**20} MiB, far past the model's context; "
                       "send a shorter message")
     return utf8_text(line.rstrip(b"\n").rstrip(b"\r"), where, "send it as UTF-8", refused)
@@ -97,6 +108,8 @@ def chat_at_terminal(session: ChatSession, raw, out) -> int:
         except KeyboardInterrupt:
             out.write("\n")
             return 0
+        except EndlessLine:
+            raise
         except UserError as e:
             to_stderr(f"error: {e}")
             continue
@@ -141,6 +154,8 @@ def chat_piped(session: ChatSession, raw, out) -> int:
         lineno += 1
         try:
             line = read_message(raw, f"line {lineno} of stdin")
+        except EndlessLine:  # the replies so far are on stdout; run_cli says this one and exits 2
+            raise
         except UserError as e:
             to_stderr(f"error: {e}")
             if not isinstance(e, CommandLineError):

@@ -3,6 +3,7 @@ checkpoints): each class is one line naming the problem and the fix, never a tra
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -108,6 +109,54 @@ def test_class_command_then_any_whitespace_is_that_command_and_bad_command_lines
     assert err.count("temperature 0.5") == len(SPACES) and err.count("conversation is cleared") == len(SPACES), err
     assert err.count("error: ") == len(bad_commands), err
     assert r.stdout.count(b"\n") == 1 + len(bad_commands), r.stdout  # one line per message "hi", none else
+
+
+class Endless(io.RawIOBase):
+    """`head`, then `byte` for ever and never a line end: stdin from /dev/zero, or from `yes | tr -d '\\n'`."""
+
+    def __init__(self, head: bytes, byte: bytes):
+        self.head, self.byte = head, byte
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.head:
+            k = min(len(b), len(self.head))
+            b[:k], self.head = self.head[:k], self.head[k:]
+            return k
+        b[:] = self.byte * len(b)
+        return len(b)
+
+
+@given(before=st.lists(st.sampled_from([b"hi", b"/clear", b"/temperature 0.5", b"\xff", b"a" * (2**20 + 5)]),
+                       max_size=3),
+       start=st.sampled_from([b"", b"/", b"//", b"hello "]), byte=st.integers(0, 255).filter(lambda b: b != 10))
+def test_class_a_line_without_end_ends_the_chat_in_one_line_after_the_replies_before_it(chat_ckpt, capsys,
+                                                                                       monkeypatch, before, start, byte):
+    # `chat.py < /dev/zero` spun for ever: an over-long line was skipped to its end, which never comes
+    import chat as chat_script
+    from errors import run_cli
+
+    head = b"".join(line + b"\n" for line in before) + start
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(Endless(head, bytes([byte])))))
+    with pytest.raises(SystemExit) as exc:
+        run_cli(lambda: chat_script.main(["--checkpoint", str(chat_ckpt), "--device", "cpu", "--max-new-tokens", "3"]))
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    assert errors[-1] == (f"error: line {len(before) + 1} of stdin goes on past 16 MiB without a line end (e.g. "
+                          "/dev/zero), so no later message can be found; send one message a line"), err
+    # one stdout line per message before it (commands write none), and nothing for the endless one
+    assert out.count("\n") == sum(not (m.startswith(b"/") and not m.startswith(b"//")) for m in before), (out, err)
+
+
+def test_chat_reading_dev_zero_ends_with_one_line(chat_ckpt):
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([sys.executable, str(ROOT / "chat.py"), "--checkpoint", str(chat_ckpt)], stdin=zero,
+                           cwd=ROOT, capture_output=True, timeout=120, env=ENV)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and r.stdout == b"" and err.count("error:") == 1 and "without a line end" in err, err
 
 
 @pytest.mark.parametrize("text", [b"ab\xffc", b"\xed\xa0\x80"])  # (a subprocess each)
