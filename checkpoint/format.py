@@ -233,7 +233,7 @@ class TorchFile:
         try:
             with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
                 warnings.simplefilter("ignore")
-                return torch.load(path, map_location="cpu", weights_only=True)
+                return packed(torch.load(path, map_location="cpu", weights_only=True))
         except pickle.UnpicklingError as e:
             if head != b"PK\x03\x04":  # a plain pickle: whether it is refused or corrupt, only the message says
                 raise UserError(f"checkpoint {path} is a plain pickle that could not be read safely: one holding objects "
@@ -245,9 +245,23 @@ class TorchFile:
             raise UserError(f"checkpoint {path} is corrupt or not a PyTorch file ({short_error(e, 120)}); "
                             "use another checkpoint, e.g. best.pt, or retrain") from None
         except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, AttributeError,
-                TypeError, IndexError) as e:
+                TypeError, IndexError, RecursionError) as e:
             raise UserError(f"checkpoint {path} is corrupt or truncated ({short_error(e, 120)}); "
                             "use another checkpoint, e.g. best.pt, or retrain") from None
+
+
+def packed(obj: Any) -> Any:
+    """`obj` with every tensor in it contiguous. train.py writes only contiguous tensors, but a checkpoint
+    edited by hand may hold a transposed view (the same values, other strides), and torch's fused CPU AdamW
+    updates a non-contiguous parameter or moment wrongly (2.4 off after one step of a 4 x 3 matrix): the
+    run would go on, silently wrong. A contiguous tensor is returned as it is, so tied ones stay shared."""
+    if isinstance(obj, torch.Tensor):
+        return obj.contiguous()
+    if isinstance(obj, dict):
+        return {k: packed(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(packed(v) for v in obj)
+    return obj
 
 
 def _unsafe_globals(path: Path) -> list[str]:

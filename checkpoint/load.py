@@ -38,12 +38,24 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
     try:
         # a plain dict: assign=True records itself in a state dict's _metadata, which would make every
         # later load_state_dict of the checkpoint's dict replace parameters instead of copying into them
-        model.load_state_dict(dict(ckpt["model"]), assign=True)
+        model.load_state_dict(in_model_dtypes(dict(ckpt["model"]), model.state_dict(), where), assign=True)
     except (RuntimeError, TypeError, AttributeError) as e:
         raise UserError(f"checkpoint {where}: weights do not match its model_config ({short_error(e, 120)}); "
                         "use an intact ckpt.pt") from None
     model.tie_weights()  # assign=True replaced the tied tensor; tie again
     return model
+
+
+def in_model_dtypes(weights: dict[str, Any], expected: dict[str, torch.Tensor], where: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's floating-point weights in the model's dtypes (fp32; training casts in autocast). With
+    assign=True a weight keeps the file's dtype: an fp16 checkpoint (one edited by hand, or saved by other
+    code) trained on in fp16 under a plan that says float32, 19x slower and with a higher loss. A weight that
+    is not floating point (an integer, a bool, a complex tensor) is no weight of this model: one line."""
+    for name, value in weights.items():
+        if isinstance(value, torch.Tensor) and name in expected and not value.is_floating_point():
+            raise UserError(f"checkpoint {where}: weight {name!r} is {str(value.dtype).removeprefix('torch.')}, not "
+                            "floating point; use an intact ckpt.pt")
+    return {k: v.to(expected[k].dtype) if isinstance(v, torch.Tensor) and k in expected else v for k, v in weights.items()}
 
 
 def checked_model_config(saved: Any, where: str | os.PathLike, **overrides: Any) -> GPTConfig:
