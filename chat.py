@@ -35,6 +35,7 @@ if __name__ == "__main__":  # before the heavy imports below: Ctrl-C during star
 
 import argparse
 import os
+import shlex
 import sys
 
 from checkpoint import default_checkpoint, load_for_inference
@@ -102,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_for_inference(spec)
     template, tok = loaded.chat_template, loaded.tok
     if template is None:
+        # sft.yaml's data is characters: another tokenizer's model (GPT-2's, an HF directory) must say its own
+        name = loaded.tokenizer.get("tokenizer")
+        tokenizer = f" --data.tokenizer={name}" if name != "char" else ""
         raise UserError(f"{loaded.description} is not a chat model (its checkpoint has no chat template); fine-tune it "
-                        f"on conversations first: `python train.py --config sft.yaml --model.init_from={spec} "
-                        "--data.dataset=YOUR.jsonl` (docs/chat.md), then chat with that run's out_dir")
+                        f"on conversations first: `python train.py --config sft.yaml --model.init_from="
+                        f"{shlex.quote(str(spec))}{tokenizer} --data.dataset=YOUR.jsonl` (docs/chat.md), then chat "
+                        "with that run's out_dir")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     ready = setup_decoding(loaded.model, device, args.dtype, say=note)
     session = ChatSession(ready.model, tok, template, system=args.system, max_new_tokens=args.max_new_tokens,

@@ -151,6 +151,43 @@ def test_class_a_line_without_end_ends_the_chat_in_one_line_after_the_replies_be
     assert out.count("\n") == sum(not (m.startswith(b"/") and not m.startswith(b"//")) for m in before), (out, err)
 
 
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_a_plain_models_advice_to_fine_tune_it_runs_as_written(tmp_path, capsys, monkeypatch, tokenizer):
+    # for a GPT-2-tokenizer model (ours, or an HF directory) the advised command was refused: sft.yaml's data
+    # is characters ("was trained with tokenizer 'gpt2', but this data uses 'char'")
+    import shlex
+
+    import chat as chat_script
+    import train
+    from data.tasks import write_jsonl
+    from errors import run_cli
+    from training.config.sections import load_config
+
+    vocab = TOK.vocab_size if tokenizer == "char" else 50257
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=64, n_layer=1, n_head=2, n_embd=16))
+    base = tmp_path / "base dir" / "ckpt.pt"  # a space: the advice quotes the path
+    base.parent.mkdir()
+    save_checkpoint(base, {"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "config": {},
+                           "tokenizer": {"tokenizer": tokenizer, "chars": CHARS if tokenizer == "char" else None}})
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hi\n")))
+    with pytest.raises(SystemExit):
+        run_cli(lambda: chat_script.main(["--checkpoint", str(base), "--device", "cpu"]))
+    err = capsys.readouterr().err
+    command = shlex.split(err.split("`")[1])
+    assert command[:2] == ["python", "train.py"] and "--data.dataset=YOUR.jsonl" in command, err
+    rows = [{"messages": [{"role": "user", "content": f"what is {i}+1?"}, {"role": "assistant", "content": f"{i + 1}"}]}
+            for i in range(40)]
+    rows.append({"messages": [{"role": "user", "content": CHARS}, {"role": "assistant", "content": "ok"}]})  # all of them
+    write_jsonl(tmp_path / "talk.jsonl", rows)
+    argv = [a.replace("YOUR.jsonl", str(tmp_path / "talk.jsonl")) for a in command[2:]] + [
+        f"--data.root={tmp_path / 'prepared'}", f"--train.out_dir={tmp_path / 'sft'}", "--train.max_iters=1",
+        "--train.eval_interval=1", "--train.eval_iters=1", "--train.batch_size=2", "--data.val_fraction=0.3",
+        "--train.device=cpu", "--train.dtype=float32", "--wandb.mode=disabled"]
+    train.train(load_config(argv))
+    assert "chat_template" in torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=True)
+
+
 def test_chat_reading_dev_zero_ends_with_one_line(chat_ckpt):
     with open("/dev/zero", "rb") as zero:
         r = subprocess.run([sys.executable, str(ROOT / "chat.py"), "--checkpoint", str(chat_ckpt)], stdin=zero,
