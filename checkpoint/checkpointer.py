@@ -20,7 +20,7 @@ from typing import Any, Mapping, Protocol
 from errors import UserError, short_error
 
 from .format import BEST_NAME, CKPT_NAME, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, save_checkpoint
-from .resume import Resume
+from .resume import Resume, no_resume_advice
 from .sharded import SHARDED_ENTRIES, load_into
 
 
@@ -75,8 +75,8 @@ class Checkpointer:
                     kept = (f"the last checkpoint, {self.latest}, still holds iter {self.last_saved_iter}; free some "
                             "space, then rerun the same command to resume")
                 else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run
-                    kept = (f"no checkpoint was written yet, so there is nothing to resume; free some space, then rerun "
-                            f"with a new --train.out_dir (or move {self.latest.parent / 'metrics.jsonl'} away first)")
+                    kept = ("no checkpoint was written yet, so there is nothing to resume; free some space, then "
+                            + no_resume_advice(self.out_dir, ("metrics.jsonl",)))
                 raise UserError(f"cannot write {path} ({short_error(e)}); {kept}") from None
         if not best:
             self.last_saved_iter = iter_num

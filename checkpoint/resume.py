@@ -43,6 +43,20 @@ class Resume:
         return is_sharded_checkpoint(self.path)
 
 
+def earlier_files(out_dir: Path, other_files: Iterable[str] = ()) -> list[str]:
+    """The names of the files in out_dir that a fresh run there refuses to overwrite (decide_resume): what a
+    run that stops before its first ckpt.pt (best.pt may come first, at an eval) must tell the user to move."""
+    return [name for name in (CKPT_NAME, SHARDED_CKPT_NAME, BEST_NAME, SHARDED_BEST_NAME, *other_files)
+            if (out_dir / name).exists()]
+
+
+def no_resume_advice(out_dir: Path, other_files: Iterable[str] = ()) -> str:
+    """What to do after a run stopped before it wrote any ckpt.pt: nothing to resume, and the files it left
+    would make a fresh run in the same out_dir refuse to start."""
+    left = ", ".join(str(out_dir / name) for name in earlier_files(out_dir, other_files))
+    return "rerun with a new --train.out_dir" + (f" (or move {left} away first)" if left else "")
+
+
 def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict], list[str]],
                   gather: Callable[[Any], list[Any]], other_files: Iterable[str] = ()) -> Resume | None:
     """The checkpoint to resume from (mode "auto": out_dir's ckpt.pt, when there), or None for a fresh run.
@@ -54,8 +68,7 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
     the same line."""
     ckpt_path = find_checkpoint(out_dir, CKPT_NAME) or out_dir / CKPT_NAME
     resume, outcome = None, None
-    earlier = [name for name in (CKPT_NAME, SHARDED_CKPT_NAME, BEST_NAME, SHARDED_BEST_NAME, *other_files)
-               if (out_dir / name).exists()]
+    earlier = earlier_files(out_dir, other_files)
     try:
         if earlier and mode == "never":
             raise UserError(f"{out_dir} holds an earlier run's {', '.join(earlier)} and train.resume=never refuses to "

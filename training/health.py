@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from checkpoint import no_resume_advice
 from errors import UserError
 
 from .parallel.distributed import Parallel
@@ -34,6 +35,6 @@ class NonFiniteGuard:
             if last_saved is not None:
                 where = f"{ckpt_path} still holds iter {last_saved}; {fix}, then rerun"
             else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run
-                where = (f"no checkpoint was written, so there is nothing to resume; {fix}, then rerun with a new "
-                         f"--train.out_dir (or move {ckpt_path.parent / METRICS_NAME} away first)")
+                where = (f"no checkpoint was written, so there is nothing to resume; {fix}, then "
+                         + no_resume_advice(ckpt_path.parent, (METRICS_NAME,)))
             raise UserError(f"loss or grad norm became non-finite at iter {int(self.first.item())}; stopped, {where}")
