@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request as HttpRequest
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from errors import UserError, short_error, to_stderr
 from fileio import json_loads
@@ -45,7 +46,9 @@ class Served:
 
 
 def create_app(served: Served) -> FastAPI:
-    app = FastAPI(title="smallgpt", docs_url=None, redoc_url=None, openapi_url=None)
+    # redirect_slashes off: Starlette's 307 for "/health/" built its Location from the client's Host header
+    # (an open redirect); a trailing slash is a 404 naming the route without it instead
+    app = FastAPI(title="smallgpt", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     page = PAGE.read_text(encoding="utf-8")
 
     @app.exception_handler(ApiError)
@@ -54,10 +57,29 @@ def create_app(served: Served) -> FastAPI:
 
     @app.exception_handler(HTTPException)  # unknown routes (404), wrong methods (405)
     async def http_error(request: HttpRequest, e: HTTPException):
-        text = {404: f"no route {request.url.path[:100]}; see GET /v1/models, POST /v1/chat/completions",
-                405: f"{request.method} is not allowed on {request.url.path[:100]}"}.get(e.status_code, str(e.detail))
+        path = request.url.path
+        route = path.rstrip("/")
+        if route != path and any(r.matches({"type": "http", "path": route, "method": request.method})[0].value
+                                 for r in app.router.routes):
+            missing = f"no route {path[:100]}; the route is {route[:100]} (without the trailing slash)"
+        else:
+            missing = f"no route {path[:100]}; see GET /v1/models, POST /v1/chat/completions"
+        text = {404: missing, 405: f"{request.method} is not allowed on {path[:100]}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(text, code=str(e.status_code)), status_code=e.status_code,
                             headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def failed(_, e: Exception):
+        # Starlette's ServerErrorMiddleware answers a failed route before Guard sees it: without this handler
+        # that answer is its plain-text 500, not OpenAI's shape (Guard still writes the log line)
+        return JSONResponse(error_body(f"internal error ({type(e).__name__}); the server is still up",
+                                       "server_error", None, "internal_error"), status_code=500)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_, e: ClientDisconnect):
+        # a client that left during its upload: nobody reads this answer (uvicorn drops it), and it is not a
+        # failure of the server, so no error line and no 500
+        return Response(status_code=400)
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
@@ -65,7 +87,9 @@ def create_app(served: Served) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": served.model_id, "chat": served.template is not None, **served.engine.load()}
+        # max_tokens (the most a request may ask for) and context (block_size): the page's bounds come from here
+        return {"status": "ok", "model": served.model_id, "chat": served.template is not None,
+                "max_tokens": served.limits.max_tokens, "context": served.engine.block_size, **served.engine.load()}
 
     @app.get("/v1/models")
     async def models():
@@ -73,6 +97,8 @@ def create_app(served: Served) -> FastAPI:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
+        if not model_id.strip("/"):  # "/v1/models/": a trailing slash, answered as every other one (no model '')
+            raise HTTPException(404)
         check_model({"model": model_id}, served.model_id)
         return _model_card(served)
 
@@ -87,7 +113,7 @@ def create_app(served: Served) -> FastAPI:
             raise ApiError(400, f"{served.model_id} was not fine-tuned to chat (its checkpoint has no chat template); "
                            "use POST /v1/completions, or serve a checkpoint trained with sft.yaml",
                            param="model", code="model_not_chat")
-        prompt = _encode(lambda: t.encode_prompt(served.tokenizer, messages, add_generation_prompt=True), "messages")
+        prompt = _encode_chat(t, served.tokenizer, messages)
         stop_ids = t.stop_ids(served.tokenizer)
         decode = lambda ids: t.decode(served.tokenizer, ids)  # noqa: E731
         return await respond(request, served, prompt, params, stop_ids, t.vocab_size, decode, chat=True)
@@ -124,6 +150,15 @@ def _encode(fn, param: str) -> list[int]:
         return list(fn())
     except UserError as e:  # e.g. a character the char vocabulary lacks
         raise ApiError(400, f"{param}: {e}", param=param, code="invalid_value") from None
+
+
+def _encode_chat(template, tok, messages: list[dict]) -> list[int]:
+    try:
+        return list(template.encode_prompt(tok, messages, add_generation_prompt=True))
+    except UserError as e:  # a character the char vocabulary lacks: the template counts messages from 1
+        for i, m in enumerate(messages):  # so the message at fault is found here, named as the schema names it
+            _encode(lambda text=m["content"]: tok.encode(text), f"messages[{i}].content")
+        raise ApiError(400, f"messages: {e}", param="messages", code="invalid_value") from None
 
 
 async def read_json(request: HttpRequest, limits: Limits) -> dict:
@@ -284,8 +319,9 @@ async def _sse(req: Request, text: StopText, reply: Reply, include_usage: bool) 
 
 
 class Guard:
-    """The outermost ASGI layer: an exception that escapes a route becomes a 500 in OpenAI's shape (when the
-    response has not started) and one line on stderr, never a traceback in the log or in the reply."""
+    """The outermost ASGI layer: an exception that escapes a route becomes one line on stderr, never a
+    traceback in the log or in the reply. The 500 itself is create_app's Exception handler's (Starlette sends
+    it before the exception gets here); Guard sends one only where nothing was sent (a failing middleware)."""
 
     def __init__(self, app: FastAPI):
         self.app = app

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -160,7 +161,7 @@ class Engine:
             return
         row = len(self.active)
         if request.sampling.seed is not None:
-            request.generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
+            request.generator = torch.Generator(device=self.device).manual_seed(generator_seed(request.sampling.seed))
         P = len(request.prompt)
         view = [_RowCache(layer, row, P) for layer in self.cache]
         idx = torch.tensor([request.prompt], dtype=torch.long, device=self.device)
@@ -237,6 +238,15 @@ class Engine:
                     layer.v[i, :, : moved.length] = layer.v[last, :, : moved.length]
                 self.active[i] = moved
             self.active.pop()
+
+
+def generator_seed(seed: int) -> int:
+    """A request's seed (any 64-bit integer) as the generator's seed. torch's CPU generator (mt19937) keeps
+    only the low 32 bits of its seed, so seeds 5 and 2**32 + 5 gave the same text: the whole seed is hashed
+    (blake2b, 64 bits) and the hash folded to 32 bits, so distinct seeds give distinct streams in practice,
+    and the same seed the same stream on every run."""
+    h = int.from_bytes(hashlib.blake2b(seed.to_bytes(8, "little", signed=True), digest_size=8).digest(), "little")
+    return (h ^ (h >> 32)) & 0xFFFFFFFF
 
 
 class _RowCache:

@@ -103,12 +103,13 @@ def _integer(body: dict, name: str, low: int, high: int) -> int | None:
     return value
 
 
-def _flag(body: dict, name: str) -> bool:
+def _flag(body: dict, name: str, where: str | None = None) -> bool:
+    """body[name] as a bool; `where` is the field's full name in the request (stream_options.include_usage)."""
     value = body.get(name, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise _bad(name, f"must be true or false, got {type(value).__name__}", "invalid_type")
+        raise _bad(where or name, f"must be true or false, got {type(value).__name__}", "invalid_type")
     return value
 
 
@@ -138,9 +139,11 @@ def check_params(body: dict, limits: Limits) -> Params:
     for name, harmless in UNSUPPORTED.items():
         if body.get(name) not in harmless:
             raise _bad(name, "is not supported by this server; leave it out", "unsupported_parameter")
-    max_tokens = _integer(body, "max_completion_tokens", 1, limits.max_tokens)
-    if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, limits.max_tokens)
+    # both are checked (a bad max_tokens beside a good max_completion_tokens is still refused); the newer
+    # name wins where both are given, as in OpenAI's API
+    completion = _integer(body, "max_completion_tokens", 1, limits.max_tokens)
+    legacy = _integer(body, "max_tokens", 1, limits.max_tokens)
+    max_tokens = completion if completion is not None else legacy
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("stream_options", f"must be an object, got {type(options).__name__}", "invalid_type")
@@ -149,7 +152,7 @@ def check_params(body: dict, limits: Limits) -> Params:
         top_p=max(_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), MIN_TOP_P),
         max_tokens=max_tokens,
         stream=_flag(body, "stream"),
-        include_usage=_flag(options or {}, "include_usage"),
+        include_usage=_flag(options or {}, "include_usage", "stream_options.include_usage"),
         seed=_integer(body, "seed", -(2**63), 2**63 - 1),
         stop=_stops(body.get("stop")),
     )
@@ -206,25 +209,32 @@ def check_messages(body: dict, limits: Limits) -> list[dict]:
         raise _bad("messages", f"must be a list, got {type(messages).__name__}", "invalid_type")
     if not 1 <= len(messages) <= limits.max_messages:
         raise _bad("messages", f"must hold 1 to {limits.max_messages} messages, got {len(messages)}")
-    out = []
+    out, sent = [], []  # sent: each role as the client wrote it ("developer"), which errors quote
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise _bad(where, f"must be an object, got {type(m).__name__}", "invalid_type")
         role = m.get("role")
-        role = "system" if role == "developer" else role
-        if role not in ROLES:
-            raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {str(role)[:40]!r}")
-        out.append({"role": role, "content": _content(m.get("content"), f"{where}.content")})
-    turns = out[1:] if out[0]["role"] == "system" else out
-    for i, m in enumerate(turns):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if m["role"] != expected:
-            where = f"messages[{i + len(out) - len(turns)}].role"
-            raise _bad(where, f"expected {expected!r} here (an optional system message first, then user and "
-                       f"assistant alternating), got {m['role']!r}")
-    if not turns or turns[-1]["role"] != "user":
-        raise _bad("messages", "the last message must be the user's: the reply is the assistant's next turn")
+        if role not in ROLES and role != "developer":
+            raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)} (or developer), got {str(role)[:40]!r}")
+        content = _content(m.get("content"), f"{where}.content")
+        # the chat template has no empty turns: refused here, where the message's index and field are known
+        if not content.strip():
+            raise _bad(f"{where}.content", f"the {role} message is {'blank' if content else 'empty'}; give it "
+                       "some text, or leave the message out")
+        sent.append(role)
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    first = 1 if out[0]["role"] == "system" else 0
+    for i in range(first, len(out)):
+        expected = "user" if (i - first) % 2 == 0 else "assistant"
+        if out[i]["role"] != expected:
+            why = {"developer": " (read as system, which may only come first)",
+                   "system": " (a system message may only come first)"}.get(sent[i], "")
+            raise _bad(f"messages[{i}].role", f"expected {expected!r} here (an optional system message first, then "
+                       f"user and assistant alternating), got {sent[i]!r}{why}")
+    if first == len(out) or out[-1]["role"] != "user":
+        raise _bad(f"messages[{len(out) - 1}].role", f"the last message must be the user's (the reply is the "
+                   f"assistant's next turn), got {sent[-1]!r}; end with a user message")
     return out
 
 

@@ -107,3 +107,128 @@ def test_class_model_name_not_utf8_is_one_line_before_serving(tmp_path, name):
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 2 and err.startswith("error: --model-name is not valid UTF-8") and err.count("\n") == 1, err
+
+
+def asgi(app, path: str, chunks: list[bytes], *, declared: int, leaves: bool, method: str = "POST",
+         host: bytes = b"t") -> list[dict]:
+    """One request straight through the ASGI app: the body in `chunks`, then (leaves) the client gone before
+    the rest arrives, as uvicorn reports it. -> the messages the app sent."""
+    incoming = [{"type": "http.request", "body": c, "more_body": True} for c in chunks]
+    incoming.append({"type": "http.disconnect"} if leaves else {"type": "http.request", "body": b"", "more_body": False})
+    sent = []
+
+    async def receive():
+        return incoming.pop(0) if len(incoming) > 1 else incoming[0]
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", host), (b"content-length", str(declared).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+BODY = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}'
+
+
+@given(cut=st.integers(0, len(BODY) - 1), pieces=st.integers(1, 4),
+       path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+def test_class_client_leaving_during_its_upload_is_no_error_and_no_500(app, capsys, cut, pieces, path):
+    # Starlette's ClientDisconnect escaped the route: a plain-text 500 was sent to nobody and the log got
+    # "error: POST ... failed (ClientDisconnect)"
+    part = BODY[:cut]
+    step = max(1, -(-len(part) // pieces))
+    sent = asgi(app, path, [part[i:i + step] for i in range(0, len(part), step)], declared=len(BODY), leaves=True)
+    statuses = [m["status"] for m in sent if m["type"] == "http.response.start"]
+    assert all(s < 500 for s in statuses), statuses
+    assert "error" not in capsys.readouterr().err
+    # and the app still answers the next client: a whole body that is refused (the engine is not started here)
+    answer = asgi(app, path, [b'{"max_tokens": 0}'], declared=17, leaves=False)
+    assert answer[0]["status"] == 400
+
+
+FAULTS = ("empty", "blank", "parts", "role", "developer")
+
+
+@st.composite
+def one_fault(draw):
+    """A good conversation ([system or developer] then user, assistant, ..., user) with one fault at a random
+    index -> (messages, index, field, the role sent at that index)."""
+    lead = draw(st.sampled_from([[], ["system"], ["developer"]]))
+    exchanges = draw(st.integers(0, 3))
+    roles = lead + ["user", "assistant"] * exchanges + ["user"]
+    messages = [{"role": r, "content": f"m{i}"} for i, r in enumerate(roles)]
+    fault = draw(st.sampled_from(FAULTS))
+    if fault in ("empty", "blank", "parts"):
+        i = draw(st.integers(0, len(roles) - 1))
+        messages[i]["content"] = {"empty": "", "blank": draw(st.sampled_from([" ", "\n", " \t "])),
+                                  "parts": draw(st.sampled_from([[], [{"type": "text", "text": " "}]]))}[fault]
+        return messages, i, "content", roles[i]
+    # a role out of place; index 0 (or the lead's) only takes 'assistant': a system there is allowed,
+    # and a user would move the first mismatch to the next message
+    i = draw(st.integers(len(lead), len(roles) - 1))
+    expected = roles[i]
+    if i == len(lead):
+        wrong = "assistant"
+    elif fault == "developer":
+        wrong = draw(st.sampled_from(["developer", "system"]))
+    else:
+        wrong = "assistant" if expected == "user" else "user"
+    messages[i]["role"] = wrong
+    return messages, i, "role", wrong
+
+
+@given(case=one_fault())
+def test_class_a_faulty_message_is_named_by_its_0_based_index_field_and_role_as_sent(app, case):
+    # an empty content was "message 2 (assistant)" (counted from 1, param "messages"), and a developer
+    # message out of place was quoted as 'system'
+    messages, i, field, role = case
+    where = f"messages[{i}].{field}"
+    msg = assert_openai_400(post(app, "/v1/chat/completions", json.dumps({"messages": messages})), where)
+    assert msg.startswith(where + ": ") and repr(role)[1:-1] in msg, msg
+    assert f"message {i + 1} " not in msg, msg
+
+
+@given(value=st.sampled_from([1, 0, "yes", [], {}, 1.5]))
+def test_class_a_nested_field_is_named_by_its_whole_path(app, value):
+    body = json.dumps({"messages": json.loads(USER), "stream_options": {"include_usage": value}})
+    assert_openai_400(post(app, "/v1/chat/completions", body), "stream_options.include_usage",
+                      "stream_options.include_usage:")
+
+
+@given(bad=st.sampled_from(["max_tokens", "max_completion_tokens"]), value=st.sampled_from([0, -1, 10**6, "3", 1.5]),
+       good=st.integers(1, 64))
+def test_class_each_token_limit_field_given_is_checked(app, bad, value, good):
+    # {"max_completion_tokens": 3, "max_tokens": 0} was accepted: max_tokens was read only without the other
+    other = "max_completion_tokens" if bad == "max_tokens" else "max_tokens"
+    body = json.dumps({"messages": json.loads(USER), other: good, bad: value})
+    assert_openai_400(post(app, "/v1/chat/completions", body), bad, bad + ":")
+
+
+ROUTES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/health"), ("GET", "/v1/models")]
+
+
+@given(route=st.sampled_from(ROUTES), slashes=st.integers(1, 3),
+       host=st.sampled_from([b"evil.example", b"127.0.0.1:8000", b"x"]))
+def test_class_a_trailing_slash_is_a_404_naming_the_route_not_a_redirect(app, route, slashes, host):
+    # Starlette answered 307 with Location: http://<the client's Host>/<route>: an open redirect, empty body
+    method, path = route
+    sent = asgi(app, path + "/" * slashes, [], declared=0, leaves=False, method=method, host=host)
+    start, body = sent[0], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert start["status"] == 404 and b"location" not in dict(start["headers"]), start
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"} and path + "/" * slashes in err["message"], err
+    assert f"the route is {path} " in err["message"] and host.decode() not in err["message"], err
+
+
+def test_a_route_that_fails_is_a_500_in_openais_shape_and_one_log_line(app, capsys, monkeypatch):
+    # Starlette's own plain-text 500 went out before Guard's OpenAI-shaped one could
+    monkeypatch.setattr(Engine, "load", lambda self: 1 / 0)
+    sent = asgi(app, "/health", [], declared=0, leaves=False, method="GET")
+    assert sent[0]["status"] == 500, sent
+    assert json.loads(sent[1]["body"])["error"]["code"] == "internal_error", sent
+    err = capsys.readouterr().err
+    assert err == "error: GET /health failed (ZeroDivisionError: division by zero)\n", err

@@ -154,7 +154,7 @@ BAD = [  # (path, body, status, code or param the error names)
     (CHAT, {"messages": USER, "model": "gpt-4o"}, 404, "model_not_found"),
     (CHAT, {"messages": USER, "model": ["x"]}, 400, "model"),
     (CHAT, {"messages": [{"role": "user", "content": "hi " * 60}]}, 400, "context_length_exceeded"),
-    (CHAT, {"messages": [{"role": "user", "content": "\u00e9\u00e8"}]}, 400, "messages"),  # not in the char vocabulary
+    (CHAT, {"messages": [{"role": "user", "content": "\u00e9\u00e8"}]}, 400, "messages[0].content"),  # not in the vocabulary
     (CHAT, {"messages": USER * 300}, 400, "messages"),
     (CHAT, {"messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, "request_too_large"),
     ("/v1/completions", {"prompt": 5}, 400, "prompt"),
@@ -260,6 +260,9 @@ def test_hostile_clients_get_answers_and_a_good_request_still_gets_its_reply(ser
         for s in silent:
             s.sendall(b"POST /v1/chat/comp")
         gone = [pool.submit(raw, server.port, request_bytes(CHAT, stream), read=False) for _ in range(20)]
+        # and some leave during their upload: normal, not a route failure (no "error:" line)
+        gone += [pool.submit(raw, server.port, request_bytes(CHAT, stream[:k], declared=len(stream)), read=False)
+                 for k in (0, 1, len(stream) // 2, len(stream) - 1)]
         impatient = [pool.submit(lambda: http.post(server.url + CHAT, json={"messages": USER, "max_tokens": 60},
                                                     timeout=0.05)) for _ in range(10)]
         for f in slow:  # the read timeout (1 s here) answers them
@@ -276,7 +279,7 @@ def test_hostile_clients_get_answers_and_a_good_request_still_gets_its_reply(ser
         for s in silent:
             s.close()
     assert server.wait_idle(20)["active"] == 0  # nobody's row was left behind
-    assert "Traceback" not in server.log()
+    assert "Traceback" not in server.log() and "error:" not in server.log(), server.log()
 
 
 def test_memory_after_500_requests_is_within_10_percent_of_after_50(served, http):
@@ -297,35 +300,67 @@ def test_memory_after_500_requests_is_within_10_percent_of_after_50(served, http
     assert after_500 <= 1.10 * after_50, (after_50 / 2**20, after_500 / 2**20)
 
 
+def trimmed_reply(client, conversation: list[dict], max_tokens: int) -> tuple[str, int]:
+    """The greedy reply through the openai client, leaving out the oldest exchange while the server refuses the
+    conversation as too long (as chat.py drops them); -> (reply, exchanges left out). Trims in place."""
+    dropped = 0
+    while True:
+        try:
+            r = client.chat.completions.create(model=MODEL, messages=conversation, temperature=0, max_tokens=max_tokens)
+            return r.choices[0].message.content, dropped
+        except openai.BadRequestError as e:
+            assert e.code == "context_length_exceeded" and len(conversation) > 2, e
+            del conversation[:2]
+            dropped += 1
+
+
 @pytest.mark.skipif(chromium() is None, reason="no Chromium here (apt-get install -y chromium); the page test needs it")
-def test_the_page_in_headless_chromium_streams_a_typed_reply(served, client, tmp_path):
+def test_the_page_in_headless_chromium_streams_typed_replies_with_its_defaults(served, client, tmp_path):
+    # with its own max tokens (it sent 256, over the server's limit: a 400 on the first message) and turns that
+    # outgrow the 128-character context by the third (it sent the whole conversation: context_length_exceeded)
     from PIL import Image
 
-    server = served[0]
-    turns = ["Hello there, who are you?", "Say more."]
+    server, block = served[0], 128  # make_chat_checkpoint's block_size; --max-tokens left at its default
+    assert {k: server.health()[k] for k in ("max_tokens", "context")} == {"max_tokens": block, "context": block}
+    turns = ["Tell me a story, please, a long one.", "Why is the sky blue, do you know?",
+             "And then what happened next?", "What is your name, friend?", "Hello there, who are you?"]
     reply_of = ("(n) => { const b = document.querySelectorAll('.msg.assistant')[n];"
                 " return b && b.dataset.state !== 'streaming' && "
-                "{state: b.dataset.state, text: b.textContent, chunks: Number(b.dataset.chunks)}; }")
+                "{state: b.dataset.state, text: b.textContent, chunks: Number(b.dataset.chunks), "
+                "errors: document.querySelectorAll('.msg.error').length, "
+                "notices: document.querySelectorAll('.msg.notice').length}; }")
     browser = Browser(server.url + "/", tmp_path / "profile")
     try:
         browser.wait_for("document.readyState === 'complete' && document.getElementById('status').textContent "
                          "!== 'connecting…'")
-        browser.eval("document.getElementById('temperature').value = '0';"
-                     "document.getElementById('max_tokens').value = '30'; document.getElementById('input').focus()")
+        box = browser.eval("const m = document.getElementById('max_tokens'); [m.value, m.max]")
+        assert box == [str(min(256, block))] * 2, box
+        browser.eval("document.getElementById('temperature').value = '0'; document.getElementById('input').focus()")
         states = []
-        for n, message in enumerate(turns):  # typed, then Enter; the second turn sends the conversation so far
+        for n, message in enumerate(turns):  # typed, then Enter; each turn sends the conversation so far
             browser.type_text(message)
             browser.press_enter()
             states.append(browser.wait_for(f"({reply_of})({n})"))
         png = browser.screenshot()
+        browser.eval("document.getElementById('clear').click(); document.getElementById('input').focus()")
+        browser.type_text("Too long. " * 13)  # over the context alone: nothing earlier to leave out
+        browser.press_enter()
+        alone = browser.wait_for(f"({reply_of})(0)")
+        shown = browser.eval("[...document.querySelectorAll('.msg.error')].map(b => b.textContent).join()")
     finally:
         browser.close()
-    conversation = []
+    conversation, notices = [], 0
     for message, state in zip(turns, states):
         conversation.append({"role": "user", "content": message})
-        want = client.chat.completions.create(model=MODEL, messages=conversation, temperature=0, max_tokens=30)
-        assert state["state"] == "done" and state["text"] == want.choices[0].message.content
-        conversation.append({"role": "assistant", "content": state["text"]})
+        want, dropped = trimmed_reply(client, conversation, min(256, block))
+        notices += dropped > 0
+        assert state == {**state, "state": "done", "text": want, "errors": 0, "notices": notices}, (message, want)
+        if want:  # the page keeps an exchange only with a reply (the template has no empty turns)
+            conversation.append({"role": "assistant", "content": want})
+        else:
+            conversation.pop()
+    assert notices >= 2  # the conversation did outgrow the context, more than once
+    assert alone["state"] == "error" and "shorten the message" in shown, (alone, shown)
     assert states[0]["chunks"] > 1  # it arrived piece by piece
     image = Image.open(io.BytesIO(png)).convert("L")
     (tmp_path / "page.png").write_bytes(png)

@@ -11,6 +11,8 @@ import time
 import httpx
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from data import get_tokenizer
 from data.chat_template import template_for
@@ -272,3 +274,16 @@ def test_extreme_sampling_values_give_tokens_not_a_failed_batch(model, engine):
     params = check_params({"temperature": 0.5, "top_p": 1e-40}, Limits())
     (tokens, _), = run_all(engine, [([1, 2], Sampling(temperature=0.5, top_p=params.top_p, max_tokens=8))])
     assert tokens == alone(model, [1, 2], 8)  # only the top token is ever kept
+
+
+@given(seed=st.integers(-(2**31), 2**31 - 1), k=st.integers(-(2**31) + 1, 2**31 - 1).filter(bool))
+def test_class_seeds_that_differ_only_above_32_bits_give_different_text(model, engine, seed, k):
+    # torch's CPU generator keeps a seed's low 32 bits: seeds 5, 2**32 + 5 and 5 - 2**32 gave the same text
+    other = seed + k * 2**32  # the same low 32 bits, anywhere in the accepted range (+-2**63)
+    assert -(2**63) <= other < 2**63 and (other - seed) % 2**32 == 0
+    prompt, hot = [5, 6, 7], dict(temperature=2.0, max_tokens=24)
+    (a, _), = run_all(engine, [(prompt, Sampling(**hot, seed=seed))])
+    crowd = run_all(engine, [(prompt, Sampling(**hot, seed=other)), (prompt, Sampling(**hot, seed=seed)),
+                             (prompt, Sampling(temperature=0.0, max_tokens=24))])
+    assert crowd[0][0] != a  # distinct seeds, distinct streams
+    assert crowd[1][0] == a  # the same seed, the same text, alone or batched
