@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import io
 import lzma
+import re
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
@@ -222,6 +223,21 @@ def _bad_row(path: Path, row: int, why: str, source: Source | None, cfg: DataCon
         return
     raise UserError(f"{path}, row {row}: {why}; fix that row, or set data.skip_bad_rows: true to skip bad rows "
                     f"(they are counted)")
+
+
+# A text row's fault kind, read back from its text as messages.fault_kind does a conversation's (skipped rows
+# are kept as text: in the resume record and the manifest). Anchored on the fixed words before any row value.
+TEXT_FAULTS = [(kind, re.compile(pattern)) for kind, pattern in (
+    ("no text field", r"it has no '.*' field \(set data\.text_field"),
+    ("text field not text", r"its '.*' field is an? \w+, not text$"),
+    ("not UTF-8", r"(it|its text) is not UTF-8"),
+    ("not valid JSON", r"it is not valid JSON "),
+    ("not a JSON object", r"it is a JSON \w+, not an object$"),
+)]
+
+
+def text_fault_kind(why: str) -> str:
+    return next((kind for kind, pattern in TEXT_FAULTS if pattern.match(why)), "other")
 
 
 def _why(value: Any, fld: str, present: bool) -> str:
