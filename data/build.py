@@ -19,25 +19,26 @@ from .build_writer import write_build
 from .config import HF_PREFIX, SHAKESPEARE, DataConfig
 from .fingerprint import SOURCE_RECORDS, build_fingerprint, previous_records, v1_fingerprint
 from .holds import PREPARE_LOCK, READERS, check_readers_dir, live_readers, wait_for_lock
-from .manifest import META_NAME, load_meta, read_meta_json, verify_tokens
+from .manifest import META_NAME, load_meta, read_meta_json, read_meta_quietly, verify_tokens
 from .sources import Source, open_source
 
 DEFAULT_VAL_FRACTION = DataConfig.val_fraction
 
 
-def prepare_data(cfg: DataConfig, *, progress: bool = True) -> Path:
+def prepare_data(cfg: DataConfig, *, progress: bool = True, resumes: tuple[str, str] | None = None) -> Path:
     """Make sure the prepared dir for `cfg` exists, is current and undamaged; return its path.
 
     Skips the work when the stored fingerprint matches and the tokens check out, rebuilds (saying why)
     when they don't, resumes a prepare that was killed, and refuses to rebuild a dir a live training
-    run reads (hold_data).
+    run reads (hold_data). `resumes`: (a checkpoint, the tokens_sha256 it trained on): a dir holding those
+    tokens whose source changed is refused, not rebuilt (a rebuild would remove the only copy of them).
     """
     cfg.validate()
     with no_empty_dirs_left(cfg.root):  # a refusal (or a failure) leaves no empty data.root behind
-        return _prepare_data(cfg, progress)
+        return _prepare_data(cfg, progress, resumes)
 
 
-def _prepare_data(cfg: DataConfig, progress: bool) -> Path:
+def _prepare_data(cfg: DataConfig, progress: bool, resumes: tuple[str, str] | None = None) -> Path:
     check_parent(cfg.root, DATA, "data.root")  # before data.root is created
     # nor inside a source it reads: the next prepare would read this one's meta.json (a .json) as a source
     read, matched = _sources_read(cfg)
@@ -55,6 +56,7 @@ def _prepare_data(cfg: DataConfig, progress: bool) -> Path:
     check_target(out, DATA, "data.root")  # not another command's folder, and none of theirs inside it
     fingerprint, files = build_fingerprint(cfg, main_source, val_source, previous_records(out))
     reason = _rebuild_reason(out, cfg, fingerprint)
+    _check_resumed_tokens(out, cfg, fingerprint, files, resumes)
     if reason is None:
         if progress:
             to_stderr(f"{out} is up to date")
@@ -66,6 +68,7 @@ def _prepare_data(cfg: DataConfig, progress: bool) -> Path:
         reason = _rebuild_reason(out, cfg, fingerprint)  # another process may just have built it
         if reason is None:
             return out
+        _check_resumed_tokens(out, cfg, fingerprint, files, resumes)
         _check_in_the_way(out, fingerprint[:12])
         if reason and (reader := live_readers(out)):
             raise UserError(f"refusing to rebuild {out} ({reason}): it is read by {reader['what']} (pid {reader['pid']}); "
@@ -82,6 +85,24 @@ def _prepare_data(cfg: DataConfig, progress: bool) -> Path:
     if progress:
         to_stderr(f"prepared {out}")
     return out
+
+
+def _check_resumed_tokens(out: Path, cfg: DataConfig, fingerprint: str, files: list | None,
+                          resumes: tuple[str, str] | None) -> None:
+    """Refuse to rebuild the tokens a resumed run trained on because its source changed: the run could not
+    resume on the new tokens anyway, and the rebuild would remove the old ones (the source they came from may
+    be gone: edited in place). A damaged dir (same fingerprint) is still rebuilt: it comes out the same."""
+    meta = read_meta_quietly(out) if resumes else None
+    if not isinstance(meta, dict) or meta.get("tokens_sha256") != resumes[1] or meta.get("fingerprint") == fingerprint:
+        return
+    before = {r[0]: r[3] for r in meta.get("source_files") or [] if isinstance(r, list) and len(r) == 4}
+    now = {r[0]: r[3] for r in files or []}
+    changed = sorted(p for p in before.keys() | now.keys() if before.get(p) != now.get(p))
+    what = (f"the content of {', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''} changed" if changed
+            else "the settings that shape its tokens changed")
+    raise UserError(f"data.dataset {cfg.dataset!r}: {what} since the checkpoint {resumes[0]} was written, and a run "
+                    f"resumes only on the tokens it trained on (kept in {out}); put the original data back, or train "
+                    f"into a new --train.out_dir")
 
 
 def _check_is_dir(out: Path) -> None:

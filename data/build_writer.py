@@ -3,6 +3,7 @@ sources' pieces through the shard writer (shards.py), the manifest switched over
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 import json
 import os
 import sys
@@ -16,7 +17,8 @@ from fileio import atomic_write_bytes, fsync_dir
 
 from .chat_prep import ChatWriterTokenizer, chat_record, contents
 from .config import CHAT, DataConfig
-from .conversations import skip_counts, skip_report
+from .conversations import fault_kind, skip_counts, skip_report
+from .formats import text_fault_kind
 from .fingerprint import SOURCE_RECORDS
 from .holds import PREPARE_LOCK, READERS
 from .manifest import META_NAME, manifest, read_meta_quietly
@@ -81,7 +83,7 @@ def _tokenizer_for(out: Path, build: str, cfg: DataConfig, source: Source, val_s
     if cfg.tokenizer == CHAR:
         chars = resume["chars"] if resume else _char_vocab(source, val_source, progress, cfg.format == "chat")
         if not chars:
-            raise _empty(cfg)
+            raise _empty(cfg, [row for src in (source, val_source) if src is not None for row in src.skipped])
         return CharTokenizer(chars), {"chars": chars}
     vocab = bpe_vocab_size(cfg.tokenizer)
     if vocab is None:
@@ -175,10 +177,11 @@ def _write_build(out: Path, build: str, cfg: DataConfig, source: Source, val_sou
             extra_state=extra_state, bar=bar, say=to_stderr)
     n_tokens = sum(result[s]["tokens"] for s in SPLITS)
     if n_tokens == 0:
-        raise _empty(cfg)
+        raise _empty(cfg, skipped_now())
     for split in SPLITS:
         if result[split]["tokens"] == 0:
-            raise _one_split_empty(cfg, split, sum(result[s]["docs"] for s in SPLITS), n_tokens)
+            own = (val_source if split == "val" else source).skipped if val_source is not None else []
+            raise _one_split_empty(cfg, split, sum(result[s]["docs"] for s in SPLITS), n_tokens, own)
     skipped_rows = skipped_now()
     if skipped_rows:
         first = skipped_rows[0]
@@ -231,14 +234,23 @@ def _named_by(meta: dict | None) -> set[str]:
     return {n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")}
 
 
-def _empty(cfg: DataConfig) -> UserError:
-    return UserError(f"data.dataset {cfg.dataset!r} contains no text; point it at non-empty text")
+def _empty(cfg: DataConfig, skipped: list, which: str = "data.dataset") -> UserError:
+    """No text at all. Where bad rows were skipped, that is why: say so, with the count per fault and the first
+    fault (which carries its own fix, e.g. data.text_field), not "point it at non-empty text"."""
+    spec = getattr(cfg, which.split(".")[1])
+    if not skipped:
+        return UserError(f"{which} {spec!r} contains no text; point it at non-empty text")
+    kind_of = fault_kind if cfg.format == CHAT else text_fault_kind
+    counts = Counter(kind_of(row[2]) for row in skipped)
+    per_fault = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    (file, row, why), fix = skipped[0], "" if "(set data." in skipped[0][2] else "; fix those rows"
+    return UserError(f"{which} {spec!r} has no text left: all {len(skipped)} of its rows with content were skipped as bad "
+                     f"(data.skip_bad_rows), {per_fault}; the first, {file}, row {row}: {why}{fix}")
 
 
-def _one_split_empty(cfg: DataConfig, split: str, docs: int, tokens: int) -> UserError:
+def _one_split_empty(cfg: DataConfig, split: str, docs: int, tokens: int, skipped: list) -> UserError:
     if cfg.val_dataset:
-        which = "data.val_dataset" if split == "val" else "data.dataset"
-        return UserError(f"{which} {getattr(cfg, which.split('.')[1])!r} contains no text; point it at non-empty text")
+        return _empty(cfg, skipped, "data.val_dataset" if split == "val" else "data.dataset")
     return UserError(
         f"data.dataset {cfg.dataset!r} has {docs} document(s) ({tokens} tokens) and none fell into the {split} "
         f"split (val holds the documents whose hash falls under val_fraction {cfg.val_fraction}); use more "

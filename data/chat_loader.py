@@ -8,6 +8,11 @@ BatchLoader's windows, so a resumed run sees the batches of the uninterrupted on
 A conversation longer than the context (block_size + 1 tokens) is cut at a turn boundary: it keeps the whole
 exchanges from its start that fit. One whose first exchange alone does not fit is dropped (cutting inside a
 turn would teach replies that stop mid-sentence without their <|end|>). Both are counted (`ChatIndex.note`).
+
+Bits per byte: the loss is the mean over the counted targets (the assistant's content tokens and each reply's
+<|end|>), so `bytes_per_token` is the UTF-8 bytes those targets spell over their number, over the conversations
+as the rows take them (a cut conversation's dropped exchanges and a dropped conversation count nothing). The
+manifest's split bytes (the whole conversations' JSON) and tokens (every template token) measure another text.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from errors import UserError
 from .chat_prep import chat_of_meta
 from .loader import StepLoader, _check_int
 from .manifest import load_meta, shard_files
+from .tokenizer import tokenizer_from_meta
 
 PAD_MULTIPLE = 16  # a batch is padded to its longest row rounded up to this: few distinct shapes for compile
 SCAN_TOKENS = 1 << 24  # the conversation scan reads the stream in pieces of this many tokens
@@ -37,6 +43,8 @@ class ChatIndex:
     total: int  # conversations in the split
     cut: int  # longer than the context, cut at a turn boundary
     dropped: int  # first exchange longer than the context
+    counted_tokens: int = 0  # targets the loss counts over the usable conversations as the rows take them
+    counted_bytes: int = 0  # the UTF-8 bytes those targets spell (<|end|> spells none)
 
     def note(self, split: str, block_size: int) -> str:
         return (f"chat data, {split} split: {self.total:,} conversations; {self.cut:,} longer than the context "
@@ -75,8 +83,12 @@ def _index(data_dir: str, tokens_sha256: str, split: str, block_size: int) -> Ch
     template = chat_of_meta(meta, data_dir)
     stream = _Stream([p for p, _ in shard_files(Path(data_dir), meta, split)], np.dtype(meta["dtype"]))
     sep, user = 2 * meta["eot"], 2 * template.id("<|user|>")
-    seps = [np.flatnonzero(stream.read(lo, min(lo + SCAN_TOKENS, stream.size)) == sep) + lo
-            for lo in range(0, stream.size, SCAN_TOKENS)]
+    spelled = _stored_byte_lengths(meta, template)
+    seps, counted = [], np.zeros(2, dtype=np.int64)
+    for lo in range(0, stream.size, SCAN_TOKENS):
+        chunk = stream.read(lo, min(lo + SCAN_TOKENS, stream.size))
+        seps.append(np.flatnonzero(chunk == sep) + lo)
+        counted += _counted(chunk, spelled)
     bounds = np.concatenate([[-1], *seps, [stream.size]]).astype(np.int64)
     starts, lengths = bounds[:-1] + 1, np.diff(bounds) - 1
     limit = block_size + 1
@@ -90,8 +102,27 @@ def _index(data_dir: str, tokens_sha256: str, split: str, block_size: int) -> Ch
             keep[k], cut = int(fits[-1]), cut + 1
         else:
             keep[k], dropped = 0, dropped + 1
+        # what no row takes of it counts toward no loss: out of the bits-per-byte ratio too
+        counted -= _counted(stream.read(int(starts[k] + keep[k]), int(starts[k] + lengths[k])), spelled)
     usable = keep > 1  # a row needs at least one target
-    return ChatIndex(starts[usable], keep[usable], len(starts), cut, dropped)
+    return ChatIndex(starts[usable], keep[usable], len(starts), cut, dropped, int(counted[0]), int(counted[1]))
+
+
+def _stored_byte_lengths(meta: dict, template) -> np.ndarray:
+    """The UTF-8 bytes each stored value (2 * id + counted) spells where it is counted: 0 for the markers,
+    eot and anything not counted. Ids at or past the table (a damaged shard, refused by the loader) read 0."""
+    per_id = np.zeros(template.vocab_size, dtype=np.int64)
+    lengths = tokenizer_from_meta(meta).token_byte_lengths()
+    per_id[: len(lengths)] = lengths
+    per_stored = np.zeros(2 * template.vocab_size, dtype=np.uint32)  # a chunk's lookup: 4 bytes a token
+    per_stored[1::2] = per_id
+    return per_stored
+
+
+def _counted(stored: np.ndarray, spelled: np.ndarray) -> np.ndarray:
+    """[counted targets, the bytes they spell] among `stored` values."""
+    return np.array([int((stored & 1).sum(dtype=np.int64)),
+                     int(np.take(spelled, stored, mode="clip").sum(dtype=np.int64))], dtype=np.int64)
 
 
 def chat_index(data_dir: str | os.PathLike, meta: dict, split: str, block_size: int) -> ChatIndex:
@@ -122,8 +153,8 @@ class ChatBatchLoader(StepLoader):
         if not len(self.index.starts):
             raise UserError(f"the {split} split of {data_dir} has no conversation that fits block_size + 1 = "
                             f"{block_size + 1} tokens; raise model.block_size, or add shorter conversations")
-        info = self.meta["splits"][split]
-        self.bytes_per_token: float = info["bytes"] / max(info["tokens"], 1)
+        # the bytes per token of what the loss counts (see the module docstring), for bits per byte
+        self.bytes_per_token: float = self.index.counted_bytes / max(self.index.counted_tokens, 1)
         self._pad = self.meta["eot"]  # any valid id: padding is never a target and never attended by a real token
 
     def conversations(self, step: int, micro_step: int = 0) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import io
 import lzma
+import re
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
@@ -114,13 +115,27 @@ def _file_pieces(path: Path, index: int, first: int, cfg: DataConfig, tail: floa
                  source: Source | None) -> Iterator[Piece]:
     kind, compression = file_kind(path)
     if kind == "text":
-        cut = path.stat().st_size - int(path.stat().st_size * tail) if tail is not None and compression is None else None
+        cut = None
+        if tail is not None:  # the tail of the TEXT's bytes: a compressed file's own size is not that
+            size = path.stat().st_size if compression is None else _decompressed_size(path, compression)
+            cut = size - int(size * tail)
         yield from _text_pieces(path, compression, [index, 0], cut)
     else:
         reader = _rows_pieces if kind == "rows" else _parquet_pieces
         moved = [0]  # bytes of this file the progress bar has been moved by so far
         yield from reader(path, compression, index, first, cfg, source, moved)
         yield Piece(False, "", max(0, path.stat().st_size - moved[0]), None, None)  # the rest of the file
+
+
+def _decompressed_size(path: Path, compression: str) -> int:
+    """The bytes a compressed file holds, counted by decompressing it a block at a time (memory bounded). Its
+    headers cannot be trusted for this: gzip keeps the size modulo 4 GiB and only per member, and a zstd
+    frame written from a stream leaves the size out."""
+    size = 0
+    with _open_bytes(path, compression) as f:
+        while block := f.read(READ_BYTES):
+            size += len(block)
+    return size
 
 
 def is_read_error(e: BaseException) -> bool:
@@ -208,6 +223,21 @@ def _bad_row(path: Path, row: int, why: str, source: Source | None, cfg: DataCon
         return
     raise UserError(f"{path}, row {row}: {why}; fix that row, or set data.skip_bad_rows: true to skip bad rows "
                     f"(they are counted)")
+
+
+# A text row's fault kind, read back from its text as messages.fault_kind does a conversation's (skipped rows
+# are kept as text: in the resume record and the manifest). Anchored on the fixed words before any row value.
+TEXT_FAULTS = [(kind, re.compile(pattern)) for kind, pattern in (
+    ("no text field", r"it has no '.*' field \(set data\.text_field"),
+    ("text field not text", r"its '.*' field is an? \w+, not text$"),
+    ("not UTF-8", r"(it|its text) is not UTF-8"),
+    ("not valid JSON", r"it is not valid JSON "),
+    ("not a JSON object", r"it is a JSON \w+, not an object$"),
+)]
+
+
+def text_fault_kind(why: str) -> str:
+    return next((kind for kind, pattern in TEXT_FAULTS if pattern.match(why)), "other")
 
 
 def _why(value: Any, fld: str, present: bool) -> str:

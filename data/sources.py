@@ -103,7 +103,7 @@ def _local_source(spec: str, cfg: DataConfig, tail: float | None) -> Source:
                             f"and .parquet files (plain, .gz or .zst) whose rows hold messages; leave it out of "
                             f"data.dataset, or set data.format: text")
     # One text file is one document: its val split is its tail. Anything else is split by document.
-    single_text = len(paths) == 1 and file_kind(paths[0]) == ("text", None)
+    single_text = len(paths) == 1 and file_kind(paths[0])[0] == "text"  # plain, .gz or .zst alike
     # The files' content identifies them (hashed by fingerprint.py, which reuses a stored hash while a
     # file's size and mtime are unchanged): touching a file is no change, editing one is.
     where = hashlib.sha256(os.path.abspath(os.path.expanduser(spec)).encode()).hexdigest()[:8]

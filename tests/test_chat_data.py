@@ -16,7 +16,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import data.prepare
-from data import DataConfig
+from data import DataConfig, prepare_data
 from data.conversations import (EMPTY, NO_ASSISTANT, NO_MESSAGES, NO_ROLE_OR_CONTENT, NOT_A_LIST, NOT_ALTERNATING,
                                 NOT_AN_OBJECT, NOT_TEXT, SYSTEM_NOT_FIRST, TOO_LONG, UNKNOWN_ROLE, chat_rows, fault_kind,
                                 message_fault, skip_report)
@@ -162,6 +162,37 @@ def test_skip_bad_rows_skips_each_class_and_prints_the_count_per_fault(tmp_path,
     assert line.startswith(f"skipped {len(KINDS) + 1} bad conversation row(s)") and "2 empty content, 1 " in line
     prepare_cli("--dataset", str(path), "--root", str(tmp_path / "p"), "--skip-bad-rows")  # the same line on stderr
     assert line in capsys.readouterr().err
+
+
+@given(data=st.data(), kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=6),
+       tokenizer=st.sampled_from(["char", "gpt2"]), entry=st.sampled_from(["python -m data.prepare", "prepare_data"]))
+def test_every_row_skipped_as_bad_is_one_line_with_the_count_per_fault(tmp_path_factory, capsys, data, kinds,
+                                                                         tokenizer, entry):
+    """The class: a source whose rows are all bad, in any mix of the ways a conversation can be, with
+    data.skip_bad_rows. The one line says all N rows were skipped as bad, the count per fault, and the first
+    fault (with its own fix): not "contains no text; point it at non-empty text"."""
+    rows = [data.draw(bad_row(kind))[0] for kind in kinds]
+    tmp = tmp_path_factory.mktemp("allbad")
+    path = write_jsonl(tmp / "chats.jsonl", rows)
+    args = ["--dataset", str(path), "--root", str(tmp / "p"), "--tokenizer", tokenizer, "--skip-bad-rows"]
+    if entry == "prepare_data":
+        with pytest.raises(UserError) as e:
+            prepare_data(DataConfig(dataset=str(path), root=str(tmp / "p"), tokenizer=tokenizer,
+                                                 format="chat", skip_bad_rows=True), progress=False)
+        msg = str(e.value)
+    else:
+        with pytest.raises(SystemExit):
+            run_cli(lambda: prepare_cli(*args))
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: "), err
+        msg = err[len("error: "):-1]
+    assert "\n" not in msg and f"all {len(rows)} of its rows with content were skipped as bad" in msg, msg
+    for kind in set(kinds):  # the count of each fault, by the kinds the rows were made with
+        assert f"{kinds.count(kind)} {kind}" in msg, (kind, msg)
+    assert f"the first, {path}, row 1: {message_fault(rows[0].get('messages')) if 'messages' in rows[0] else ''}" in msg
+    if kinds[0] == NO_MESSAGES:
+        assert "data.messages_field" in msg, msg
+    assert "point it at non-empty text" not in msg
 
 
 CONVS = [[{"role": "user", "content": f"what is {i} + {i}?"}, {"role": "assistant", "content": str(2 * i)}]

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import datasets
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import data.download
+from data.prepare import main as prepare_main
 from data import BatchLoader, DataConfig, load_meta, prepare_data
-from errors import UserError
+from errors import UserError, run_cli
 from prepared_files import first_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,3 +263,44 @@ def test_a_meta_json_that_is_a_folder_gets_the_right_advice(good):
     msg = user_error(lambda: prepare_data(cfg, progress=False), "meta.json is not a file", "move it away")
     assert "space" not in msg
     user_error(lambda: load_meta(out), "meta.json is not a file")
+
+
+# A text row bad in each way the prepare knows: (its line, the fault kind it is counted under, words of its fix)
+BAD_TEXT_ROWS = {
+    "no text field": st.sampled_from([b'{"body": "hello"}', b'{"text": null}', b'{}']),
+    "text field not text": st.sampled_from([b'{"text": 3}', b'{"text": [1]}', b'{"text": {"a": 1}}', b'{"text": true}']),
+    "not valid JSON": st.sampled_from([b'{"text": "a"', b"text: a", b'{"text": "a"} x']),
+    "not UTF-8": st.sampled_from([b'{"text": "\xff"}', b'{"text": "caf\xe9"}']),
+    "not a JSON object": st.sampled_from([b"3", b"null", b"1.5", b'"text"']),  # a first "[" reads as one array
+}
+
+
+@given(data=st.data(), kinds=st.lists(st.sampled_from(sorted(BAD_TEXT_ROWS)), min_size=1, max_size=8),
+       tokenizer=st.sampled_from(["char", "gpt2"]), entry=st.sampled_from(["python -m data.prepare", "prepare_data"]))
+def test_every_text_row_skipped_as_bad_is_one_line_with_the_count_per_fault(tmp_path_factory, capsys, data, kinds,
+                                                                              tokenizer, entry):
+    """The class: a jsonl whose rows are all bad, in any mix of the ways a text row can be, with
+    data.skip_bad_rows, through either entry point. The one line says all N rows were skipped as bad, the count
+    per fault and the first row's fault with its own fix (data.text_field for a missing field), not "contains no
+    text; point it at non-empty text"."""
+    lines = [data.draw(BAD_TEXT_ROWS[kind]) for kind in kinds]
+    tmp = tmp_path_factory.mktemp("allbad")
+    path = tmp / "rows.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    if entry == "prepare_data":
+        msg = user_error(lambda: prepare_data(DataConfig(dataset=str(path), root=str(tmp / "p"), tokenizer=tokenizer,
+                                                         skip_bad_rows=True), progress=False))
+    else:
+        with pytest.raises(SystemExit):
+            run_cli(lambda: prepare_main(["--dataset", str(path), "--root", str(tmp / "p"), "--tokenizer",
+                                               tokenizer, "--skip-bad-rows", "--no-progress"]))
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: "), err
+        msg = err[len("error: "):-1]
+    assert f"all {len(lines)} of its rows with content were skipped as bad" in msg, msg
+    for kind in set(kinds):
+        assert f"{kinds.count(kind)} {kind}" in msg, (kind, msg)
+    assert f"the first, {path}, row 1: " in msg, msg
+    if kinds[0] == "no text field":
+        assert "set data.text_field" in msg, msg
+    assert "point it at non-empty text" not in msg and not (tmp / "p").exists()

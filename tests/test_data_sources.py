@@ -14,7 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tiktoken
+from hypothesis import given
+from hypothesis import strategies as st
 
+import data.prepare
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
 from prepared_files import read_bins, read_split, split_on
@@ -101,6 +104,46 @@ def test_each_source_form_gives_tiktoken_tokens_of_its_documents(tmp_path, form)
     out = prepare_data(cfg(dataset, tmp_path / "p"), progress=False)
     assert_same_documents(out, docs)
     assert b"{\"id\"" not in ENC.decode_bytes(read_split(out, "train"))
+
+
+WORDS = st.lists(st.text("abé日🎉.", min_size=1, max_size=7), min_size=12, max_size=60)
+
+
+@given(words=WORDS, seps=st.lists(st.sampled_from([" ", "\n", "  ", "\n\n"]), min_size=60, max_size=60),
+       compression=st.sampled_from(["gz", "zst"]), val_fraction=st.sampled_from([0.1, 0.25, 0.5]),
+       entry=st.sampled_from(["python -m data.prepare", "prepare_data"]))
+def test_a_compressed_single_text_file_splits_by_its_tail_as_the_plain_one(tmp_path_factory, words, seps,
+                                                                           compression, val_fraction, entry):
+    """The class: any single text file, .gz or .zst, through either entry point (the CLI, and prepare_data as
+    train.py calls it) splits by the tail of its text exactly as the plain file does (the same tokens in each
+    split), and the two splits are the whole text's characters, in order, with a non-empty val."""
+    tmp = tmp_path_factory.mktemp("tail")
+    text = "".join(w + sep for w, sep in zip(words, seps)).strip() + "\n"
+    (tmp / "plain").mkdir()
+    (tmp / "packed").mkdir()
+    plain = tmp / "plain" / "t.txt"
+    plain.write_text(text, encoding="utf-8")
+    packed = tmp / "packed" / f"t.txt.{compression}"
+    if compression == "gz":
+        packed.write_bytes(gzip.compress(text.encode("utf-8")))
+    else:
+        write_zst(packed, text.encode("utf-8"))
+
+    def prepared(path: Path) -> tuple[list[int], list[int]]:
+        settings = dict(tokenizer="char", val_fraction=val_fraction)
+        root = path.parent / "prep"
+        if entry == "prepare_data":
+            out = prepare_data(cfg(path, root, **settings), progress=False)
+        else:
+            assert data.prepare.main(["--dataset", str(path), "--root", str(root), "--tokenizer", "char",
+                                      "--val-fraction", str(val_fraction), "--no-progress"]) in (0, None)
+            (out,) = root.iterdir()
+        chars = load_meta(out)["chars"]
+        return tuple("".join(chars[i] for i in ids) for ids in read_bins(out))
+
+    train, val = prepared(packed)
+    assert (train, val) == prepared(plain)
+    assert train + val == text and val
 
 
 def test_text_field_names_the_field_that_holds_the_text(tmp_path):
@@ -289,5 +332,6 @@ def test_hf_rows_that_are_not_text_are_one_line_or_skipped_when_asked(tmp_path, 
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: ds)
     with pytest.raises(UserError, match=r"row 1 of HF dataset 'x/y' split 'train' has a dict .*data.skip_bad_rows"):
         prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path)), progress=False)
-    with pytest.raises(UserError, match="contains no text"):  # every row skipped: nothing left
+    with pytest.raises(UserError, match=r"all 4 of its rows with content were skipped as bad \(data.skip_bad_rows\), "
+                       r"4 text field not text; the first, x/y, row 1: "):  # every row skipped: nothing left, and why
         prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path), skip_bad_rows=True), progress=False)

@@ -13,6 +13,7 @@ truncated", for every reader; a checkpoint saved at a negative step is refused n
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -224,3 +225,77 @@ def test_a_checkpoint_at_a_negative_step_is_refused_naming_it(world, tmp_path, c
     code, _, err = run_entry(train.main, train_argv(out, world.data_root, "--train.max_iters=4"), capsys)
     assert_one_line(code, err, str(out / "ckpt.pt"), counter)
     assert (out / "ckpt.pt").read_bytes() == before
+
+
+# ------------------------------------------------------------------ the data changed under a resumable run
+
+MINI = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(40))
+EDITS = {  # every way a source's content can change: text added, removed or replaced, anywhere
+    "append": lambda text, extra, at: text + extra,
+    "insert": lambda text, extra, at: text[:at] + extra + text[at:],
+    "replace": lambda text, extra, at: text[:at] + extra + text[at + len(extra):],
+    "cut": lambda text, extra, at: text[:at] + text[at + len(extra):],
+}
+
+
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory):
+    """A run into run/ on mini.txt prepared under prep/ (a checkpoint to resume), and a pristine copy of all."""
+    base = tmp_path_factory.mktemp("changed") / "w"
+    base.mkdir()
+    (base / "mini.txt").write_text(MINI, encoding="utf-8")
+    with contextlib.redirect_stdout(io.StringIO()):
+        train.train(train.load_config(train_argv(base / "run", base / "prep", f"--data.dataset={base / 'mini.txt'}")))
+    pristine = base.parent / "pristine"
+    shutil.copytree(base, pristine)
+    return base, pristine
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and ".readers" not in p.parts and not p.name.endswith(".lock")}
+
+
+@given(edit=st.sampled_from(sorted(EDITS)), extra=st.text("ab xyz\n.", min_size=1, max_size=12),
+       at=st.integers(0, len(MINI) - 1), prepared_since=st.booleans())
+def test_a_source_changed_since_the_checkpoint_is_one_line_before_anything_is_rebuilt(resumable, capsys, edit, extra,
+                                                                                       at, prepared_since):
+    """The class: the source's content changed in any way since the run's checkpoint, and the same train
+    command is run again. One line says the data changed since the checkpoint (naming data.dataset) with the
+    fixes (the original data back, or a new out_dir), never "the checkpoint is malformed"; the prepared dir
+    that holds the checkpoint's tokens is refused before it is rebuilt (byte for byte as it was), and one
+    prepared anew since (`python -m data.prepare` run on the changed source) gets the same line."""
+    base, pristine = resumable
+    shutil.rmtree(base)
+    shutil.copytree(pristine, base)
+    src = base / "mini.txt"
+    changed = EDITS[edit](MINI, extra, at)
+    if changed == MINI:
+        return
+    src.write_text(changed, encoding="utf-8")
+    if prepared_since:
+        assert prepare_main(["--dataset", str(src), "--tokenizer", "char", "--root", str(base / "prep"),
+                             "--no-progress"]) in (0, None)
+        capsys.readouterr()
+    before = snapshot(base / "prep")
+    code, _, err = run_entry(train.main, train_argv(base / "run", base / "prep", f"--data.dataset={src}",
+                                                    "--train.max_iters=4"), capsys)
+    line = assert_one_line(code, err, f"data.dataset {str(src)!r}", "changed since the checkpoint",
+                           "put the original data back", "new --train.out_dir")
+    assert "malformed" not in line and snapshot(base / "prep") == before and "rebuilding" not in err
+
+
+def test_putting_the_original_data_back_resumes_the_run(resumable, capsys):
+    """The line's first fix works: the refused rerun kept the checkpoint's tokens, and with the source as it
+    was the same command resumes from the checkpoint."""
+    base, pristine = resumable
+    shutil.rmtree(base)
+    shutil.copytree(pristine, base)
+    src = base / "mini.txt"
+    argv = train_argv(base / "run", base / "prep", f"--data.dataset={src}", "--train.max_iters=4")
+    src.write_text(MINI + "an edit\n", encoding="utf-8")
+    assert_one_line(*run_entry(train.main, argv, capsys)[::2], "changed since the checkpoint")
+    src.write_text(MINI, encoding="utf-8")
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = train.train(train.load_config(argv))
+    assert summary["iter"] == 4 and min(summary["losses"]) >= 2  # resumed at 2: no loss logged before it

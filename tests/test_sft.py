@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import train
 from checkpoint import load_checkpoint
@@ -22,6 +24,7 @@ from data.chat_loader import ChatBatchLoader
 from data.tasks import ALPHABET, generate, pretrain_text, write_jsonl
 from data.tokenizer import CharTokenizer
 from training.config.sections import load_config
+from training.report.evaluate import bits_per_byte
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ONE_THREAD = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -94,6 +97,60 @@ def test_a_long_conversation_is_cut_at_a_turn_boundary_and_a_too_long_first_exch
     for row_x, row_y in zip(x.tolist(), y.tolist()):
         n = 13 if tuple(row_x[:13]) in expected else 6
         assert expected[tuple(row_x[:n])] == row_y[:n] and set(row_y[n:]) <= {-1}
+
+
+SAY = st.text("ab é日\n", min_size=1, max_size=6).filter(str.strip)  # 1-, 2- and 3-byte characters
+CONV = st.builds(lambda sys_, turns: ([("system", sys_)] if sys_ else []) + [m for q, a in turns
+                                                                          for m in (("user", q), ("assistant", a))],
+                 st.one_of(st.none(), SAY), st.lists(st.tuples(SAY, SAY), min_size=1, max_size=3))
+
+
+def counted_by_hand(conv: list[tuple[str, str]], block_size: int) -> tuple[int, int]:
+    """(targets the loss counts, the UTF-8 bytes they spell) of one conversation as a row takes it, from the
+    layout alone: a message is marker + one token a character + <|end|>; the loss counts each reply's
+    characters and its <|end|> (no bytes); a conversation over block_size + 1 tokens keeps the whole exchanges
+    from its start that fit (an exchange starts at a user turn), and none if the first does not fit."""
+    length, kept = 0, (0, 0)
+    tokens = bytes_ = 0
+    for role, text in conv:
+        if role == "user" and length:
+            kept = (tokens, bytes_) if length <= block_size + 1 else kept
+        length += len(text) + 2
+        if role == "assistant":
+            tokens, bytes_ = tokens + len(text) + 1, bytes_ + len(text.encode("utf-8"))
+    return (tokens, bytes_) if length <= block_size + 1 else kept
+
+
+@given(train_convs=st.lists(CONV, min_size=1, max_size=5), val_convs=st.lists(CONV, min_size=1, max_size=5),
+       block_size=st.sampled_from([8, 12, 20, 64]))
+def test_bits_per_byte_counts_the_bytes_of_what_the_loss_counts(tmp_path_factory, train_convs, val_convs,
+                                                                block_size):
+    """The class: val/bpb of any chat data, any context. bytes_per_token is the replies' UTF-8 bytes over
+    the targets the loss counts (each reply's characters and its <|end|>) in the conversations as the rows
+    take them; the manifest's split bytes are the conversations' JSON, its tokens every template token."""
+    tmp = tmp_path_factory.mktemp("bpb")
+    out = prepare_data(chat_cfg(tmp, write_rows(tmp / "t.jsonl", train_convs),
+                                val_dataset=str(write_rows(tmp / "v.jsonl", val_convs))), progress=False)
+    for split, convs in (("train", train_convs), ("val", val_convs)):
+        tokens, bytes_ = map(sum, zip(*(counted_by_hand(c, block_size) for c in convs)))
+        if not tokens:  # every conversation dropped: refused in one line (another test)
+            continue
+        loader = ChatBatchLoader(out, split, block_size=block_size, batch_size=2, seed=0)
+        assert loader.bytes_per_token == pytest.approx(bytes_ / tokens)
+        assert bits_per_byte(2.0, loader.bytes_per_token) == pytest.approx(2.0 / np.log(2) * tokens / bytes_)
+
+
+def test_bits_per_byte_of_gpt2_tokens_counts_the_bytes_they_spell(tmp_path):
+    """Many bytes a token: the reference counts tiktoken's tokens of each reply directly (+1 for <|end|>)."""
+    import tiktoken
+
+    convs = [[("user", "Say hi"), ("assistant", "Hello there, friend!")], [("user", "Und?"), ("assistant", "Grüße 🎉")]]
+    out = prepare_data(chat_cfg(tmp_path, write_rows(tmp_path / "t.jsonl", convs * 3), tokenizer="gpt2",
+                                val_dataset=str(write_rows(tmp_path / "v.jsonl", convs))), progress=False)
+    enc = tiktoken.get_encoding("gpt2")
+    tokens = sum(len(enc.encode_ordinary(c[1][1])) + 1 for c in convs)
+    bytes_ = sum(len(c[1][1].encode("utf-8")) for c in convs)
+    assert ChatBatchLoader(out, "val", block_size=64, batch_size=2, seed=0).bytes_per_token == pytest.approx(bytes_ / tokens)
 
 
 def test_batches_are_a_pure_function_of_the_step_and_ranks_share_the_global_batch(tmp_path):
