@@ -60,19 +60,29 @@ def machine_key() -> str:
             f"torch {torch.__version__} | {torch.get_num_threads()} threads" + "".join(f" | {c}" for c in caps))
 
 
-def _read() -> dict[str, Any]:
+def _read() -> dict[str, Any] | None:
+    """The cache's entries; {} where there is no file (or it can't be read); None where it is damaged:
+    too big, not JSON, or JSON of another shape than an object."""
     path = cache_path()
     try:
         if path.stat().st_size > MAX_BYTES:
-            return {}
+            return None
         data = json_loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except OSError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except ValueError:  # (UnicodeDecodeError too)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _whole(entry: Any) -> bool:
+    """An entry as this module writes them: an object of plain values (a damaged one, say nested a
+    thousand deep, could not even be written back)."""
+    return isinstance(entry, dict) and all(v is None or isinstance(v, (str, int, float)) for v in entry.values())
 
 
 def _write(key: str, value: dict[str, Any]) -> bool:
-    data = _read()
+    data = {k: v for k, v in (_read() or {}).items() if _whole(v)}  # damaged entries are dropped, not rewritten
     data[key] = value
     try:
         cache_path().parent.mkdir(parents=True, exist_ok=True)
@@ -82,16 +92,28 @@ def _write(key: str, value: dict[str, Any]) -> bool:
     return True
 
 
-def cached(kind: str, parts: dict[str, Any], measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], str]:
-    """The entry for (kind, this machine, parts): from the cache, or measure() now and kept.
+def _usable(hit: Any, valid: Callable[[Any], bool]) -> bool:
+    """A cached entry that can be used as it is: any other JSON in any field (the file is the user's to
+    edit or damage) is measured again, not looked up (an unhashable list or dict stopped a run with a
+    TypeError) or printed."""
+    return (_whole(hit) and "value" in hit and valid(hit["value"]) and isinstance(hit.get("when", ""), str)
+            and isinstance(hit.get("note", ""), str))
+
+
+def cached(kind: str, parts: dict[str, Any], measure: Callable[[], dict[str, Any]],
+           valid: Callable[[Any], bool]) -> tuple[dict[str, Any], str]:
+    """The entry for (kind, this machine, parts): from the cache where its "value" passes `valid` (which
+    must take any JSON value), else measure() now and kept.
     -> (entry, where it came from: a clause for the note printed with it)."""
     key = json.dumps({"kind": kind, "machine": machine_key(), **parts}, sort_keys=True, default=str)
-    hit = _read().get(key)
-    if isinstance(hit, dict) and "value" in hit:
+    data = _read()
+    hit = None if data is None else data.get(key)
+    if _usable(hit, valid):
         return hit, f"measured {hit.get('when', '?')}, from the cache {cache_path()} (delete it to measure again)"
     entry = {**measure(), "when": datetime.datetime.now().isoformat(timespec="seconds")}
     kept = _write(key, entry)
-    return entry, f"measured now, {'kept in ' + str(cache_path()) if kept else 'not kept (the cache is not writable)'}"
+    damaged = " (the cached value was damaged)" if data is None or key in data else ""
+    return entry, f"measured now{damaged}, {'kept in ' + str(cache_path()) if kept else 'not kept (the cache is not writable)'}"
 
 
 def auto_dtype(kind: str, parts: dict[str, Any], choose: Callable[[], tuple[torch.dtype, str]],
@@ -105,17 +127,14 @@ def auto_dtype(kind: str, parts: dict[str, Any], choose: Callable[[], tuple[torc
         dtype, note = choose()
         return {"value": dtype_name(dtype), "note": note}
 
-    entry, source = cached(kind, parts, measure)
-    dtype = DTYPE_BY_NAME.get(entry["value"])
-    if dtype is None:  # a damaged entry: decide again, uncached
-        return choose()
-    return dtype, f"{entry['note']} ({source})"
+    entry, source = cached(kind, parts, measure, lambda v: isinstance(v, str) and v in DTYPE_BY_NAME)
+    return DTYPE_BY_NAME[entry["value"]], f"{entry.get('note', '')} ({source})"
 
 
 def cpu_peak(dtype: torch.dtype, probe: Callable[[], float]) -> tuple[float, str]:
     """The CPU's matmul peak in `dtype`, probed once per machine and reused. -> (FLOP/s, where from)."""
-    entry, source = cached("peak", {"dtype": dtype_name(dtype)}, lambda: {"value": probe()})
-    value = entry["value"]
-    if not isinstance(value, (int, float)) or not value > 0:
-        return probe(), "measured now (the cached value was damaged)"
-    return float(value), source
+    def valid(v):  # a bool is an int to isinstance; inf would give an MFU of 0
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+
+    entry, source = cached("peak", {"dtype": dtype_name(dtype)}, lambda: {"value": probe()}, valid)
+    return float(entry["value"]), source

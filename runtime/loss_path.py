@@ -145,8 +145,8 @@ def choose_weight_grad_product(device: torch.device, *, vocab_size: int, rows: i
         return {"value": pick, "note": ", ".join(f"{s * 1e3:.1f} ms by {n}" for n, s in step.items())}
 
     entry, source = cached("loss weight-gradient product", {"shape": [vocab_size, rows, n_embd], "chunks": chunks},
-                           measure)
-    name = entry["value"] if entry.get("value") in WEIGHT_GRAD_PRODUCTS else DEFAULT_PRODUCT
+                           measure, lambda v: isinstance(v, str) and v in WEIGHT_GRAD_PRODUCTS)  # (a list is unhashable)
+    name = entry["value"]
     return name, (f"LM head's weight gradient ({chunks} chunk{'s' if chunks > 1 else ''} of {vocab_size} x {rows} x "
                   f"{n_embd} a step) by {name}: {entry.get('note', '')} ({source})")
 

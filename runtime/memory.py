@@ -71,12 +71,33 @@ def available_bytes(device: torch.device) -> int | None:
     (Linux) shared by the local ranks (torchrun's LOCAL_WORLD_SIZE); None where it can't be known."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    ranks = local_ranks()  # checked first: a bad value is refused even where /proc/meminfo is missing
     try:
         with open("/proc/meminfo") as f:
             kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
         return None
-    return kb * 1024 // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return kb * 1024 // ranks
+
+
+LOCAL_FIX = "unset LOCAL_WORLD_SIZE to run one process, or launch with torchrun, which sets it"
+
+
+def local_ranks() -> int:
+    """How many ranks share this machine's memory: torchrun's LOCAL_WORLD_SIZE, 1 when unset. A value no
+    launcher sets is refused in one line: int() stops with a traceback on '' or 'abc', and a zero,
+    negative or huge count would divide the memory into a wrong estimate (a huge one: 0 bytes free).
+    Only ASCII digits are taken (int() reads ' 2', '2_0' and '٢' too, which no launcher writes); a node runs
+    at most WORLD_SIZE ranks (1 when WORLD_SIZE is unset or not a number: dist_from_env names that)."""
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    if value is None:
+        return 1
+    world = os.environ.get("WORLD_SIZE", "")
+    most = int(world) if world.isascii() and world.isdigit() and int(world) > 0 else 1
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= most:
+        raise UserError(f"LOCAL_WORLD_SIZE={value!r} is not a number of local ranks (1..{most}: at most WORLD_SIZE, "
+                        f"1 without it); {LOCAL_FIX}")
+    return int(value)
 
 
 def check_fits(need: dict[str, int], device: torch.device, what: str, lower: str) -> None:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT))
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402 (the product's one-line option errors)
 
 # factor -> its values; the first value of each is the plain default a refusal row starts from
 FACTORS: dict[str, tuple[str, ...]] = {
@@ -351,28 +353,48 @@ def prepare(work: Path, needed: list[dict[str, str]]) -> None:
         list(pool.map(train_source, sorted(sources.items())))
 
 
+def at_least_1(text: str) -> int:
+    """--jobs: a pool of 0 or -2 workers was quietly one."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number of at least 1, got {text!r}")
+    return n
+
+
+def row_numbers(text: str, count: int) -> list[int]:
+    """--rows K (the first K rows) or a comma list of row numbers. A K below 1 was a slice (-1: all but the
+    last) or no rows at all, and no rows (0, ',') a traceback in print_table."""
+    try:
+        numbers = [int(x) for x in text.split(",") if x.strip()] if "," in text else list(range(1, int(text) + 1))
+    except ValueError:
+        raise UserError(f"--rows takes a count K of at least 1 or a comma list of row numbers (e.g. 3 or 2,5 or 7,), "
+                        f"got {text!r}") from None
+    if not numbers:
+        raise UserError(f"--rows {text!r} names no row; give a count K of at least 1 or row numbers (e.g. 3 or 2,5)")
+    if "," not in text:
+        return numbers[:count]  # K past the last row: every row
+    if bad := [n for n in numbers if not 1 <= n <= count]:
+        raise UserError(f"--rows: no row {bad[0]}; the rows are 1 to {count} (--list shows them)")
+    return numbers
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the covering's and the stop steps' seed (default 0)")
     p.add_argument("--rows", default="", help="K: the first K rows; or a comma list of row numbers (1-based; "
                    "one row: N,)")
     p.add_argument("--list", action="store_true", help="print the rows and exit")
-    p.add_argument("--jobs", type=int, default=2, help="rows run at once (default 2)")
+    p.add_argument("--jobs", type=at_least_1, default=2, help="rows run at once (default 2)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
     a = p.parse_args(argv)
     table = rows(a.seed)
-    numbers = list(range(1, len(table) + 1))
-    if a.rows:
-        try:
-            numbers = ([int(x) for x in a.rows.split(",") if x.strip()] if "," in a.rows else numbers[:int(a.rows)])
-        except ValueError:
-            p.error(f"--rows takes a count K or a comma list of row numbers (e.g. 3 or 2,5 or 7,), got {a.rows!r}")
-        if bad := [n for n in numbers if not 1 <= n <= len(table)]:
-            p.error(f"--rows: no row {bad[0]}; the rows are 1 to {len(table)} (--list shows them)")
+    numbers = row_numbers(a.rows, len(table)) if a.rows else list(range(1, len(table) + 1))
     if a.list:
         print_table(table, numbers, {})
         return 0
-    sys.path.insert(0, str(ROOT))
     from runtime.precision import cpu_native_bf16
 
     native = cpu_native_bf16()
@@ -393,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 checked, result = "", f"FAIL timed out after {e.timeout:.0f} s"
             results[n] = (checked, result, time.perf_counter() - t0)
             print(f"row {n}: {result} ({results[n][2]:.0f} s)", flush=True)
-        with ThreadPoolExecutor(max(1, a.jobs)) as pool:
+        with ThreadPoolExecutor(a.jobs) as pool:
             list(pool.map(one, numbers))
         print()
         print_table(table, numbers, results, native)
@@ -441,4 +463,4 @@ def print_table(table: list[dict[str, str]], numbers: list[int], results: dict, 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -11,22 +11,32 @@ import gzip
 import hashlib
 import json
 import lzma
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import data.formats
 import data.pieces
 from data import DataConfig, hold_data, prepare_data
 from errors import UserError
 from prepared_files import first_file
+from runtime import choices
+from runtime.memory import check_fits
 from training.parallel import distributed
 from training.parallel.distributed import Parallel, dist_from_env
+from training.report.wandb_logger import WANDB_DIR_VARIABLES, unusable_dir_variable
 
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+ROOT = Path(__file__).resolve().parents[1]
+
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def one_line(fn, *words: str) -> str:
@@ -249,3 +259,71 @@ def test_a_streamed_hf_dataset_that_fails_midway_blames_the_network_not_data_roo
     msg = one_line(lambda: prepare_data(cfg, progress=False), "could not read HF dataset 'x/y'", "Connection reset",
                    "check your network")
     assert "data.root" not in msg
+
+
+# --- every number or path the product reads from the environment: garbage is one line or measured around --
+
+GARBAGE = st.one_of(
+    st.sampled_from(["", " ", "abc", "1.5", "1e3", "nan", "-0", "٢", "²", "２", " 2", "2_0", "0x10", "~"]),
+    st.integers(-10**30, 10**30).map(str),
+    st.floats(allow_nan=True).map(str),
+    st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=20),
+)
+NUMBER_VARS = ("LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+PATH_VARS = ("SMALLGPT_CACHE_DIR", "XDG_CACHE_HOME") + WANDB_DIR_VARIABLES
+
+
+def _read_all_env(device=torch.device("cpu")):
+    """What train.py (dist_from_env, its rendezvous, the memory check), sample.py (the memory check), the
+    choices cache and the wandb folder check read from the environment, in the order a run reads them."""
+    par = dist_from_env()
+    distributed.check_rendezvous(par)
+    check_fits({"nothing": 0}, device, "this", "nothing")
+    choices.cpu_peak(torch.float32, lambda: 1.0)
+    return unusable_dir_variable()
+
+
+@given(name=st.sampled_from(NUMBER_VARS + PATH_VARS), value=GARBAGE)
+def test_any_value_of_an_environment_variable_is_one_line_or_taken(tmp_path, name, value):
+    """Before: LOCAL_WORLD_SIZE='abc' (or '') stopped train.py and sample.py with int()'s ValueError and a
+    traceback, MASTER_PORT='²' passed isdigit() into the same ValueError, and a WANDB_DIR thousands of
+    folders deep a RecursionError. A launch variable is set the way torchrun sets it (a world of 2) apart
+    from the one under test; a path may be anything (a cache that can't be used is measured around)."""
+    with pytest.MonkeyPatch.context() as mp:  # per example: a function's fixtures would carry one example's over
+        mp.chdir(tmp_path)  # relative garbage paths are made here, not in the checkout
+        for k in LAUNCH_VARS:
+            mp.delenv(k, raising=False)
+        if name in NUMBER_VARS:
+            for k, v in dict(RANK=0, WORLD_SIZE=2, LOCAL_RANK=0, LOCAL_WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=29500).items():
+                mp.setenv(k, str(v))
+        mp.setenv(name, value)
+        try:
+            why = _read_all_env()
+        except UserError as e:
+            why = e
+    if isinstance(why, UserError):
+        e = why
+        msg = str(e)
+        assert "\n" not in msg and f"{name}=" in msg and ("torchrun" in msg or "unset" in msg), msg
+        return
+    assert name not in PATH_VARS[2:] or why == "" or why.startswith(f"{name}="), why
+    if name in NUMBER_VARS:  # taken: only what torchrun itself could have written
+        assert value.isascii() and value.isdigit(), value
+
+
+@pytest.mark.parametrize("value", ["abc", "", "a/" * 3000])
+def test_an_unusable_wandb_folder_variable_is_named(monkeypatch, tmp_path, value):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", value or "/dev/null/x")
+    assert unusable_dir_variable() == "" if value == "abc" else unusable_dir_variable().startswith("WANDB_DIR=")
+
+
+def test_train_py_names_a_bad_local_world_size_in_one_line(tmp_path):
+    """The subprocess check of the class: the line run_cli prints, and no traceback."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS} | {"LOCAL_WORLD_SIZE": "abc"}
+    out = subprocess.run([sys.executable, "train.py", "--config", "small.yaml", f"--train.out_dir={tmp_path / 'o'}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: LOCAL_WORLD_SIZE='abc'"), out.stderr
+    assert not (tmp_path / "o").exists()

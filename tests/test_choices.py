@@ -7,6 +7,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import runtime.choices
 import runtime.precision
@@ -97,3 +99,54 @@ def test_greedy_sampling_gives_the_same_text_on_every_run_whatever_the_timings(t
         assert code == 0
         outs.append((out, "bfloat16" in err.split("seed")[0]))
     assert len(calls) == 1 and outs[0] == outs[1] == outs[2] and outs[0][1]  # bf16 all three times
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                    max_leaves=6)
+
+
+def _damage(field: str, value, shape: str) -> None:
+    """Every entry of the cache with `field` set to `value` (or the file's whole shape replaced)."""
+    data = json.loads(cache_path().read_text())
+    if shape == "entries":
+        data = {k: {**v, field: value} for k, v in data.items()}
+    elif shape == "entry":
+        data = dict.fromkeys(data, value)
+    else:
+        data = value
+    cache_path().write_text(json.dumps(data))
+
+
+@given(field=st.sampled_from(["value", "note", "when"]), value=JSON, shape=st.sampled_from(["entries", "entry", "file"]))
+def test_any_json_in_any_field_of_the_cache_is_measured_again_with_a_note(monkeypatch, field, value, shape):
+    """Before: a value of [] or {} stopped train.py and sample.py (auto_dtype's DTYPE_BY_NAME.get) and the
+    loss path's choice with 'TypeError: unhashable type'; a note or date of another type was printed as
+    it was. Each kind of entry (a dtype, the CPU peak, the loss's product) is written, damaged, and read
+    back: a value that is still usable is used, anything else measured again with the note."""
+    import runtime.loss_path as loss_path
+
+    monkeypatch.setattr(loss_path, "weight_grad_product_available", lambda device: True)
+    monkeypatch.setattr(loss_path, "onednn_mm", torch.mm)  # (where this torch lacks oneDNN's op)
+    monkeypatch.setattr(loss_path, "fastest", lambda names, *a, **k: (names[0], {"torch.mm": 2.0, "oneDNN": 1.0}))
+    monkeypatch.setattr(runtime.precision, "cpu_native_bf16", lambda: True)
+    monkeypatch.setattr(runtime.precision, "fastest", lambda *a, **k: (torch.float32, {"float32": 1.0}))
+    monkeypatch.setattr(training.report.mfu, "matmul_flops", lambda device, dtype: 123e9)
+    cpu = torch.device("cpu")
+    cache_path().unlink(missing_ok=True)
+    dtype = lambda: runtime.choices.auto_dtype("train", {"n": 1}, lambda: (torch.float32, "timed"), cpu)  # noqa: E731
+    product = lambda: loss_path.choose_weight_grad_product(cpu, vocab_size=8, rows=4, n_embd=4)  # noqa: E731
+    peak = lambda: peak_flops(cpu, torch.float32)  # noqa: E731
+    firsts = [dtype(), product(), peak()]
+    whole = cache_path().read_text()
+    for read, first in zip((dtype, product, peak), firsts):
+        cache_path().write_text(whole)  # each reads the damage (the first to measure again drops it)
+        _damage(field, value, shape)
+        got, note = read()
+        if "from the cache" in note:  # still usable as it is: a string note or date, or a value of the right kind
+            used = runtime.precision.dtype_name(got) if isinstance(got, torch.dtype) else got
+            assert shape == "entries" and (used == value if field == "value" else isinstance(value, str)), note
+            continue
+        assert got == first[0], (got, first)
+        other_entries = shape == "file" and isinstance(value, dict)  # a file of other keys: nothing of ours damaged
+        assert "the cached value was damaged" in note or other_entries, note

@@ -306,3 +306,43 @@ def test_each_key_carries_its_help_and_resume_rule_on_its_field():
     old = load_config([]).to_dict()
     assert resume_conflicts(old, load_config(["--train.lr=5e-4", "--model.dropout=0.2"])) == []  # resume=True
     assert resume_conflicts(old, load_config(["--model.bias=false"])) == ["model.bias: True -> False"]
+
+
+def _string_keys() -> list[str]:
+    """Every config key whose type is a string (or a list of strings: its items)."""
+    import dataclasses
+    import typing
+
+    out = []
+    for section in dataclasses.fields(Config):
+        hints = typing.get_type_hints(section.default_factory)
+        out += [f"{section.name}.{k}" for k, t in hints.items()
+                if t is str or t == (str | None) or t == list[str]]
+    return out
+
+
+BOOL_WORDS = st.sampled_from(["yes", "no", "on", "off", "true", "false", "y", "n"]).flatmap(
+    lambda w: st.tuples(*[st.sampled_from([c.lower(), c.upper()]) for c in w]).map("".join))
+
+
+@given(key=st.sampled_from(_string_keys()), word=BOOL_WORDS)
+def test_a_yaml_boolean_word_for_a_string_key_says_to_quote_it(tmp_path_factory, key, word):
+    """Before: `wandb.mode: off` or `train.resume: false` in a YAML config gave 'expects a string, got
+    False' and nothing on why (YAML 1.1 reads the word as a boolean). Whatever a string key's word, an
+    error about its type now says so and how to quote it; a word YAML keeps as a string is not refused
+    for its type."""
+    import yaml
+
+    section, leaf = key.split(".")
+    path = tmp_path_factory.mktemp("bool") / "c.yaml"
+    path.write_text(f"{section}:\n  {leaf}: {word}\n")
+    try:
+        load_config(["--config", str(path)])
+    except UserError as e:
+        msg = str(e)
+        if isinstance(yaml.safe_load(word), bool):
+            assert "\n" not in msg and "expects a string" in msg and "as a boolean" in msg and f'{leaf}: "' in msg, msg
+            return
+        assert "expects a string" not in msg, msg
+    else:
+        assert not isinstance(yaml.safe_load(word), bool), word

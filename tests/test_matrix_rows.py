@@ -2,11 +2,18 @@
 that runs (or, for a combination that must be refused, in its refusal row), and the constraints hold."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import matrix
+from errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SEEDS = range(5)
 
@@ -88,3 +95,37 @@ def test_each_factor_value_reaches_the_command_line(tmp_path: Path):
                 continue
             assert ((matrix.row_args(row, tmp_path, True), matrix.processes(row))
                     != (matrix.row_args(other, tmp_path, True), matrix.processes(other))), (factor, value)
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+@given(rows=st.one_of(st.integers(-3, 30).map(str), st.text(alphabet="0123456789-, x", max_size=6), st.just(",")),
+       jobs=st.one_of(st.integers(-3, 3).map(str), st.sampled_from(["", "x", "1.5", "+2"])))
+def test_rows_and_jobs_below_1_or_not_numbers_are_refused_in_one_line(capsys, rows, jobs):
+    """Before: --rows 0 and --rows , crashed in print_table (TypeError: 'int' object is not iterable),
+    --rows -1 quietly meant every row but the last, and --jobs 0 or -2 quietly ran 1 at a time. Now a
+    value below 1 or not a number is one UserError (run_cli's `error:` line); anything else lists rows."""
+    count = len(matrix.rows(0))
+    try:
+        matrix.main(["--list", f"--rows={rows}", f"--jobs={jobs}"])
+    except UserError as e:
+        assert "\n" not in str(e) and ("--rows" in str(e) or "--jobs" in str(e)), e
+        return
+    finally:
+        listed = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:-1]]
+    assert (_int(jobs) or 0) >= 1, jobs
+    numbers = [int(n) for n in listed]
+    assert numbers and all(1 <= n <= count for n in numbers), (rows, listed)
+    if rows and "," not in rows:
+        assert _int(rows) >= 1 and numbers == list(range(1, min(_int(rows), count) + 1)), (rows, listed)
+
+
+def test_matrix_py_prints_one_error_line_for_no_rows():
+    out = subprocess.run([sys.executable, "tests/matrix.py", "--list", "--rows", "0"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error: --rows '0' names no row") and out.stderr.count("\n") == 1

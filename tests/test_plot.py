@@ -183,3 +183,14 @@ def test_a_non_utf8_line_is_skipped_with_a_note(tmp_path, capsys):
 def test_matplotlib_is_a_runtime_requirement():
     runtime = (ROOT / "requirements.txt").read_text().splitlines()
     assert any(line.startswith("matplotlib") for line in runtime)
+
+
+def test_help_describes_the_plot_in_whole_sentences(capsys):
+    """Before: --help's description was the docstring's first line, which stops at '...val bits per byte,
+    and'. It is the first paragraph now, ending where its sentence ends."""
+    from training.plot import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "val bits per byte, and the learning rate" in text and "(four titled panels)." in text, text

@@ -188,7 +188,7 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
 
 
 def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m training.plot", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m training.plot", description=__doc__.split("\n\n")[0])  # the paragraph: its first line stops mid-sentence
     p.add_argument("runs", nargs="+", type=path_arg_path, help="training out_dirs (or metrics.jsonl files)")
     p.add_argument("--out", type=path_arg_path, default=None,
                    help="the image to write: .png, .pdf, .svg, ...; a folder gets curves.png (default: "

@@ -267,7 +267,7 @@ def coerce(value: Any, typ: Any, name: str, source: str = "config") -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # a YAML `run_name: 42`
-        raise UserError(f"{where} expects a string, got {_short(value)}")
+        raise UserError(f"{where} expects a string, got {_short(value)}{_yaml_bool_hint(value, name)}")
     raise TypeError(f"config field {name} has unsupported type {typ!r}")  # a bug in this file, not user input
 
 
@@ -315,9 +315,20 @@ def _coerce_list(value: Any, item: Any, name: str, source: str) -> list:
     out = []
     for i, v in enumerate(value):
         if item is str and not isinstance(v, str):
-            raise UserError(f"{where}: item {i + 1} expects a string, got {_short(v)}; quote it")
+            raise UserError(f"{where}: item {i + 1} expects a string, got {_short(v)}"
+                            + (_yaml_bool_hint(v, name) or "; quote it"))
         out.append(coerce(v, item, f"{name} item {i + 1}", source))
     return out
+
+
+def _yaml_bool_hint(value: Any, name: str) -> str:
+    """Why a string key got a bool: YAML 1.1 reads an unquoted yes/no/on/off/true/false (any of its cases)
+    as one, so `mode: off` arrives as False, which 'expects a string, got False' alone does not explain."""
+    if not isinstance(value, bool):
+        return ""
+    word = "on" if value else "off"
+    return (f" (YAML reads an unquoted yes, no, on, off, true or false as a boolean); quote the word, e.g. "
+            f'{name.rpartition(".")[2].split(" ")[0]}: "{word}"')
 
 
 def _short(value: Any) -> str:

@@ -9,6 +9,7 @@ one-line UserError. Reading YAML and argv is training/config/reading.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass
@@ -36,14 +37,22 @@ MAX_DURATION_S = 1e9
 _UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
+# each duration key's accepted range, said whole in each of its messages: a key where 0 is refused must
+# not be told "0 = off" (train.collective_timeout was, by the shared message)
+DURATION_RANGES = {
+    "train.time_budget": f"a duration like 90s, 8m or 1h (0 = off), at most {MAX_DURATION_S:.0e} s (about 30 years)",
+    "train.collective_timeout": f"a positive duration like 90s, 10m or 1h, at most {MAX_DURATION_S:.0e} s (about 30 years)",
+}
+
+
 def parse_duration(text: str, name: str = "train.time_budget") -> float:
-    """'90s', '8m', '1.5h', '600' (seconds) -> seconds; '0' or '' -> 0 (off). Anything else: UserError."""
+    """'90s', '8m', '1.5h', '600' (seconds) -> seconds; '0' or '' -> 0 (off, where `name` allows it).
+    Anything else: a UserError stating `name`'s whole range (DURATION_RANGES) and the value as written."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(s|sec|m|min|h)?\s*", str(text).strip().lower() or "0")
-    if not m:
-        raise UserError(f"{name} must be a duration like 90s, 8m or 1h (0 = off), got {text!r}")
-    seconds = float(m.group(1)) * _UNITS[m.group(2) or ""]
-    if not seconds <= MAX_DURATION_S:  # (a 400-digit number reads as inf) a timer or timedelta can't hold it
-        raise UserError(f"{name} must be at most {MAX_DURATION_S:.0e} s (about 30 years), got {text!r:.80}; e.g. 8m or 1h")
+    seconds = float(m.group(1)) * _UNITS[m.group(2) or ""] if m else math.nan
+    # (a 400-digit number reads as inf) a timer or timedelta can't hold more than the maximum
+    if not (0 <= seconds <= MAX_DURATION_S and (seconds > 0 or "0 = off" in DURATION_RANGES[name])):
+        raise UserError(f"{name} must be {DURATION_RANGES[name]}, got {str(text)!r:.80}")
     return seconds
 
 
@@ -223,9 +232,7 @@ class TrainSection(Freezable):
     def validate(self) -> None:
         check_fields(self, "train")
         parse_duration(self.time_budget)  # a UserError naming train.time_budget when it is not a duration
-        if not parse_duration(self.collective_timeout, "train.collective_timeout") > 0:
-            raise UserError(f"train.collective_timeout must be a positive duration like 90s or 10m, got "
-                            f"{self.collective_timeout!r}")
+        parse_duration(self.collective_timeout, "train.collective_timeout")
         if self.batch_size == AUTO_BATCH and not self.global_batch_size:
             raise UserError("train.batch_size auto needs train.global_batch_size, the sequences per optimizer step "
                             "over all ranks: e.g. --train.global_batch_size=512 (gpt2_124m's 16 x 32)")

@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from errors import WENT_AWAY, UserError, lost_peer
+from runtime.memory import local_ranks
 
 T = TypeVar("T")
 DDP_MODE, FSDP_MODE = "ddp", "fsdp"
@@ -255,6 +256,7 @@ def dist_from_env(mode: str = DDP_MODE, timeout_s: float = DEFAULT_TIMEOUT_S) ->
     for nobody."""
     given = [k for k in ("RANK", "WORLD_SIZE") if k in os.environ]
     if not given:
+        local_ranks()  # read later by the memory check: refused here, before any data is prepared
         return Parallel(mode=mode, timeout_s=timeout_s)
     if len(given) == 1:
         missing = "WORLD_SIZE" if given == ["RANK"] else "RANK"
@@ -267,6 +269,7 @@ def dist_from_env(mode: str = DDP_MODE, timeout_s: float = DEFAULT_TIMEOUT_S) ->
         raise UserError(f"RANK={rank} is outside 0..{world_size - 1} (WORLD_SIZE={world_size}); {LAUNCH_FIX}")
     if not 0 <= local_rank < world_size:  # a node runs at most the whole world's ranks
         raise UserError(f"LOCAL_RANK={local_rank} is outside 0..{world_size - 1} (WORLD_SIZE={world_size}); {LAUNCH_FIX}")
+    local_ranks()
     return Parallel(rank, local_rank, world_size, mode, timeout_s)
 
 
@@ -287,7 +290,7 @@ def check_rendezvous(par: Parallel) -> None:
         if not os.environ.get(name, "").strip():
             raise UserError(f"WORLD_SIZE={par.world_size} but {name} is not set, so the ranks cannot meet; {LAUNCH_FIX}")
     port = os.environ["MASTER_PORT"].strip()
-    if not (port.isdigit() and 0 < int(port) < 65536):
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):  # isdigit() alone passes '²', which int() refuses
         raise UserError(f"MASTER_PORT={port!r} is not a port number (1..65535); {LAUNCH_FIX}")
 
 

@@ -180,6 +180,8 @@ def unusable_dir_variable(env: dict[str, str] | None = None) -> str:
             why = "is not a writable folder"
         except OSError as e:
             ok, why = False, f"cannot be created ({e.strerror or type(e).__name__})"
+        except RecursionError:  # os.makedirs recurses once per missing folder: thousands of levels exhaust it
+            ok, why = False, "cannot be created (too many nested folders)"
         if not ok:
             return f"{name}={value} {why}; fix or unset {name}"
     return ""

@@ -57,7 +57,7 @@ class Timing:
 
 
 def plan(budget_s: float, timing: Timing, *, max_iters: int, warmup_iters: int, eval_interval: int,
-         sample_interval: int = 0, inspect_interval: int = 0) -> tuple[int, int]:
+         sample_interval: int = 0, inspect_interval: int = 0, as_written: str = "") -> tuple[int, int]:
     """(max_iters, warmup_iters) for a run that fits in budget_s: the most steps n <= max_iters with
     setup + n * step + ceil(n / eval_interval) * (eval + 2 checkpoints) + final <= budget (each eval may
     write ckpt.pt and best.pt), plus ceil(n / sample_interval) sample rounds and ceil(n / inspect_interval)
@@ -76,7 +76,8 @@ def plan(budget_s: float, timing: Timing, *, max_iters: int, warmup_iters: int, 
     while n > 0 and cost(n) > left:
         n -= 1
     if n < 1:
-        raise UserError(f"train.time_budget={budget_s:.0f}s leaves no time to train: set-up took {timing.setup_s:.1f} s, "
+        said = as_written or f"{budget_s:g}s"  # not rounded: 0.0001s read as '0s', which is 'off'
+        raise UserError(f"train.time_budget={said} leaves no time to train: set-up took {timing.setup_s:.1f} s, "
                         f"a step {timing.step_s:.3f} s and an eval {timing.eval_s:.1f} s; give a larger budget, or 0 to "
                         "use train.max_iters")
     return n, min(n, round(warmup_iters * n / max_iters))
@@ -158,7 +159,7 @@ def timed_schedule(r: Run, budget: float) -> Decision[Schedule]:
     def decide() -> Decision[Schedule]:
         iters, warmup = plan(budget, timing, max_iters=t.max_iters, warmup_iters=t.warmup_iters,
                              eval_interval=t.eval_interval, sample_interval=e.sample_interval,
-                             inspect_interval=e.inspect_interval)
+                             inspect_interval=e.inspect_interval, as_written=str(t.time_budget).strip())
         return Decision(Schedule(iters, warmup), (
             f"time budget {t.time_budget}: set-up {timing.setup_s:.1f} s, a step {timing.step_s * 1e3:.1f} ms "
             f"(median of {timing.timed_steps}), an eval {timing.eval_s:.1f} s + checkpoints "
