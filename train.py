@@ -155,9 +155,8 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
 def prepare(cfg: Config, par: Parallel, resume: Resume | None, cleanup: ExitStack) -> tuple[Path, dict, dict]:
     """(data dir, its meta, the tokenizer entry): rank 0 prepares the data (or finds it up to date) while
     the others wait; the dir is held, never rebuilt under this run; a resume must read the same tokens."""
-    loader = resume.payload.get("loader") if resume is not None else None
-    trained_on = loader.get("tokens_sha256") if isinstance(loader, dict) else None
-    resumes = (str(resume.path), trained_on) if isinstance(trained_on, str) else None
+    trained_on = resume.tokens_sha256 if resume is not None else None
+    resumes = (str(resume.path), trained_on) if trained_on else None
     data_dir = Path(par.decide(lambda: str(prepare_data(cfg.data, progress=True, resumes=resumes)),
                                "rank 0's data preparation", patient=True))
     cleanup.callback(hold_data(data_dir, f"the training run into {cfg.train.out_dir}"))

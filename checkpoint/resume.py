@@ -38,6 +38,13 @@ class Resume:
         return self.payload.get("config") or {}
 
     @property
+    def tokens_sha256(self) -> str | None:
+        """The fingerprint of the tokens the run trained on (None if damaged: restoring reports it)."""
+        loader = self.payload.get("loader")
+        sha = loader.get("tokens_sha256") if isinstance(loader, dict) else None
+        return sha if isinstance(sha, str) else None
+
+    @property
     def sharded(self) -> bool:
         """A sharded checkpoint: its model and optimizer are not in the payload; restore loads them in place."""
         return is_sharded_checkpoint(self.path)

@@ -5,6 +5,7 @@ errors on stderr only, so that line N of stdout answers message N. The commands 
 the model and hands a ChatSession (runtime/chat_session.py) to `converse`."""
 from __future__ import annotations
 
+import select
 import signal
 import sys
 import threading
@@ -98,12 +99,26 @@ def escape(text: str) -> str:
 
 # ---------------------------------------------------------------------------------- the two modes
 
+def wait_for_input(raw) -> None:
+    """Until the terminal has something to read. A Ctrl-C whose signal lands after Python last looked for
+    signals but before read() blocks (inside the buffered reader's C code) interrupts nothing, and would be
+    seen only after the next line: waiting in short selects, Python looks every 0.1 s. `raw` is unbuffered
+    (converse), so select sees all there is to read. (A test's stdin without a descriptor is read at once.)"""
+    try:
+        fd = raw.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    while not select.select([fd], [], [], 0.1)[0]:
+        pass
+
+
 def chat_at_terminal(session: ChatSession, raw, out) -> int:
     note(f"type a message; commands: {COMMANDS}; Ctrl-C stops a reply, Ctrl-D (or Ctrl-C here) quits")
     while True:
         try:  # the prompt's write is inside: a Ctrl-C that lands as it is shown still quits cleanly
             out.write("you> ")
             out.flush()
+            wait_for_input(raw)
             line = read_message(raw, "the message")
         except KeyboardInterrupt:
             out.write("\n")
@@ -197,6 +212,8 @@ def converse(session: ChatSession, interactive: bool) -> int:
     if hasattr(out, "reconfigure"):
         out.reconfigure(errors="replace")  # a terminal that cannot show a character gets '?', not a crash
     raw = getattr(sys.stdin, "buffer", None) or _TextAsBytes(sys.stdin)
+    if interactive:  # unbuffered: wait_for_input's select must see every byte not yet read (a terminal gives a
+        raw = getattr(raw, "raw", raw)  # line a read, so reading it byte by byte costs nothing a person notices)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
