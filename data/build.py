@@ -56,11 +56,11 @@ def _prepare_data(cfg: DataConfig, progress: bool, resumes: tuple[str, str] | No
     check_target(out, DATA, "data.root")  # not another command's folder, and none of theirs inside it
     fingerprint, files = build_fingerprint(cfg, main_source, val_source, previous_records(out))
     reason = _rebuild_reason(out, cfg, fingerprint)
-    _check_resumed_tokens(out, cfg, fingerprint, files, resumes)
-    if reason is None:
+    if reason is None:  # (a format-1 dir whose tokens still stand is kept: its old fingerprint is not refused)
         if progress:
             to_stderr(f"{out} is up to date")
         return out
+    _check_resumed_tokens(out, cfg, fingerprint, files, resumes)  # before the lock: a refusal creates nothing
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     lock = wait_for_lock(DirLock(out, PREPARE_LOCK, what="preparing"), out)

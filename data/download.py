@@ -2,11 +2,12 @@
 first use; always checked against its sha256."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
 
-from errors import UserError
+from errors import UserError, short_error
 from fileio import atomic_write_bytes
 
 from .formats import READ_ERRORS, read_error
@@ -30,17 +31,30 @@ def _sha256(path: Path) -> str:
         raise read_error(path, e) from None
 
 
+def shown(path: str) -> str:
+    """A path for a one-line message: a long one cut in the middle."""
+    return path if len(path) <= 200 else f"{path[:100]}...{path[-60:]} ({len(path)} characters)"
+
+
 def shakespeare_path(local_path: str = "") -> Path:
     """The verified tiny shakespeare file: data.local_path, else $SMALLGPT_SHAKESPEARE, else the cache,
     downloading it there on first use."""
     for given, what in ((local_path, "data.local_path"), (os.environ.get(SHAKESPEARE_ENV, ""), SHAKESPEARE_ENV)):
         if given:
             path = Path(given).expanduser()
+            try:
+                os.stat(path)
+            except OSError as e:  # the kinds below are read from it: a name too long, a loop, no permission, ...
+                if e.errno != errno.ENOENT:
+                    raise UserError(f"{what} points at {shown(given)}, which cannot be read ({short_error(e)}); fix the "
+                                    f"path or unset {what}") from None
+            except ValueError:  # a NUL byte: no such file can exist (is_file says so below)
+                pass
             if path.is_dir():
-                raise UserError(f"{what} points at {given}, which is a directory; point it at tiny shakespeare's "
+                raise UserError(f"{what} points at {shown(given)}, which is a directory; point it at tiny shakespeare's "
                                 f"input.txt (the file itself) or unset {what}")
             if not path.is_file():
-                raise UserError(f"{what} points at {given}, which "
+                raise UserError(f"{what} points at {shown(given)}, which "
                                 f"{'is not a regular file' if path.exists() else 'does not exist'}; fix the path or unset {what}")
             if _sha256(path) != SHAKESPEARE_SHA256:
                 raise UserError(

@@ -152,6 +152,26 @@ def test_shakespeare_env_pointing_at_a_directory_says_it_is_a_directory(tmp_path
     assert "does not exist" not in msg
 
 
+@given(kind=st.sampled_from(["long name", "long path", "loop", "under a file", "nul"]),
+       source=st.sampled_from(["data.local_path", "SMALLGPT_SHAKESPEARE"]), n=st.integers(256, 2000))
+def test_class_a_tiny_shakespeare_path_that_cannot_be_read_is_one_line(tmp_path_factory, monkeypatch, kind, source, n):
+    # SMALLGPT_SHAKESPEARE with a name over 255 bytes was OSError: [Errno 36] File name too long, a traceback
+    tmp = tmp_path_factory.mktemp("shakespeare")
+    (tmp / "a").symlink_to(tmp / "b")
+    (tmp / "b").symlink_to(tmp / "a")
+    (tmp / "file").write_text("x")
+    value = {"long name": str(tmp / ("x" * n)), "long path": str(tmp) + "/d" * (n * 2),
+             "loop": str(tmp / "a" / "input.txt"), "under a file": str(tmp / "file" / "input.txt"),
+             "nul": str(tmp / "in\0put.txt")}[kind]
+    if kind == "nul" and source != "data.local_path":
+        return  # an environment variable cannot hold a NUL byte
+    monkeypatch.setenv("SMALLGPT_SHAKESPEARE", value if source != "data.local_path" else "")
+    cfg = DataConfig(tokenizer="char", root=str(tmp / "p"), local_path=value if source == "data.local_path" else "")
+    # data.local_path is a config path, checked with the others first (a name over 255 bytes, ...)
+    msg = one_line(lambda: prepare_data(cfg, progress=False), source)
+    assert len(msg) < 600, msg
+
+
 # --- prepared-data paths of the wrong kind --------------------------------------------------------------
 
 

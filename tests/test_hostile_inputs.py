@@ -155,7 +155,7 @@ def test_json_nested_past_the_parsers_depth_is_one_line_or_skipped(world, prepar
 def test_the_choice_cache_and_a_lock_nested_too_deep_read_as_empty_or_torn(tmp_path_factory, depth, kind):
     choices.cache_path().parent.mkdir(parents=True, exist_ok=True)
     choices.cache_path().write_text(nested(depth, kind))
-    assert isinstance(choices._read(), dict)  # a damaged cache is no cache: measured again
+    assert isinstance(choices._read(), (dict, type(None)))  # entries, or None where damaged (measured again)
     folder = tmp_path_factory.mktemp("lock")
     (folder / ".lock").write_text(nested(depth, kind))
     os.utime(folder / ".lock", (0, 0))
