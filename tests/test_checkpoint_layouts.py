@@ -76,8 +76,8 @@ def test_a_weight_that_is_not_floating_point_is_one_line(tmp_path, dtype):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("dtype,layout", [(torch.float16, "transposed"), (torch.float32, "transposed"),
-                                          (torch.bfloat16, "strided")])
+@pytest.mark.parametrize("dtype,layout", [(torch.float32, "transposed"), (torch.float16, "strided")])  # layout alone;
+# both (the property above covers every dtype and layout in loading)
 def test_resuming_and_fine_tuning_from_odd_tensors_is_the_run_from_the_same_values_written_plainly(
         tmp_path, data_root, dtype, layout):
     """Each weight and AdamW moment of a 4-step checkpoint rewritten in `dtype` and `layout`, beside the same
