@@ -19,7 +19,6 @@ from fileio import check_output_not_input, check_path_value, output_target, path
 from ownership import OUT_DIR, check_output, kind_of
 
 from .format import CKPT_NAME, FORMAT, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
-from .sharded import is_sharded_checkpoint
 
 CONSOLIDATED_NAME = "consolidated.pt"
 KEPT = ("model", "model_config", "tokenizer", "config", "train")
@@ -29,7 +28,7 @@ def consolidate(source: str | Path, out: str | Path | None = None) -> Path:
     """Write the single-file checkpoint of the sharded checkpoint `source` (an out_dir or a ckpt.dcp/);
     returns its path."""
     path = resolve_checkpoint_path(check_path_value(source, "the checkpoint"))
-    if not is_sharded_checkpoint(path):
+    if not path.is_dir():  # resolved: a folder is a sharded checkpoint, complete or not (load_checkpoint names a gap)
         raise UserError(f"{path} is already a single-file checkpoint; consolidate reads a sharded one (ckpt.dcp/, "
                         "written with train.parallel=fsdp)")
     target = check_path_value(out, "--out") if out is not None else path.parent / CONSOLIDATED_NAME

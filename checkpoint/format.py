@@ -294,8 +294,8 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
     """A checkpoint file, a sharded checkpoint's directory, or an out_dir holding ckpt.pt or ckpt.dcp.
     Raises UserError when none exists."""
     p = Path(path).expanduser()
-    if is_sharded_checkpoint(p):
-        return p
+    if is_sharded_checkpoint(p) or (p.is_dir() and p.suffix == ".dcp"):  # an incomplete one too: ShardedDir.read
+        return p  # names what it lacks (a save killed mid-write leaves an empty or partial ckpt.dcp/)
     if p.is_dir():
         f = find_checkpoint(p, CKPT_NAME)
         if f is None:

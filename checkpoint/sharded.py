@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from errors import UserError, short_error
-from fileio import replace_dir, temp_dir
+from fileio import path_kind, replace_dir, temp_dir
 
 if TYPE_CHECKING:  # imported for real on first use (_dcp)
     from torch.distributed.checkpoint.metadata import Metadata
@@ -182,9 +182,13 @@ class ShardedDir:
     def read(self, path: Path, needed: tuple[str, ...] = ()) -> dict[str, Any]:
         """state.pt's entries; of the sharded ones, those in `needed` loaded whole into this process
         (inference asks for "model"); a training run restores them in place instead (load_into)."""
-        if not (path / STATE_NAME).is_file():
-            raise UserError(f"sharded checkpoint {path} has no {STATE_NAME}; it is incomplete: use another "
-                            "checkpoint (e.g. best.dcp)")
+        if not path.is_dir():  # a file named *.dcp: no sharded checkpoint, whatever its name says
+            raise UserError(f"{path} is {path_kind(path)}, not a sharded checkpoint's folder; pass a ckpt.dcp/ folder, "
+                            "a ckpt.pt or a training out_dir")
+        for name in (STATE_NAME, METADATA_NAME):  # both, before anything is read: a save killed mid-write
+            if not (path / name).is_file():
+                raise UserError(f"sharded checkpoint {path} has no {name}; it is incomplete: use another "
+                                "checkpoint (e.g. best.dcp)")
         payload = self.state_file.read(path / STATE_NAME)
         if isinstance(payload, dict):
             for name in set(needed) & set(SHARDED_ENTRIES):

@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 
 import eval.hellaswag as hellaswag
 import sample
@@ -82,3 +84,80 @@ def test_a_damaged_sharded_checkpoint_is_one_line_for_every_reader(world, tmp_pa
     line = assert_one_line(code, err)
     assert "ckpt.dcp" in line or str(run) in line, line
     assert tree(run / "ckpt.dcp") == before  # read, never repaired or replaced
+
+
+# ------------------------------------------------------------------- a ckpt.dcp/ that is no whole checkpoint
+
+# What a sharded save killed mid-write (or a hand) leaves in ckpt.dcp/: any mix of these. Each reader must
+# name it as an incomplete sharded checkpoint, never "a single-file checkpoint" nor "no ckpt.dcp in ckpt.dcp".
+DCP_ENTRIES = {
+    ".metadata": lambda d: (d / ".metadata").write_bytes(b"junk"),
+    "state.pt": lambda d: (d / "state.pt").write_bytes(b"junk"),
+    "a junk shard": lambda d: (d / "__0_0.distcp").write_bytes(b"\0" * 10),
+    "a junk file": lambda d: (d / "notes.txt").write_text("x"),
+    "a nested folder": lambda d: (d / "ckpt.dcp").mkdir(),
+    ".metadata a folder": lambda d: (d / ".metadata").mkdir(),
+}
+WRONG = ("single-file", "no ckpt.pt or ckpt.dcp in directory", "Traceback")
+
+
+def _in_process_readers(run: Path) -> dict:
+    from checkpoint import load_for_inference
+    from checkpoint.__main__ import consolidate
+    from checkpoint.resume import decide_resume
+
+    resume = lambda: decide_resume(run, mode="auto", config_conflicts=lambda c: [], gather=lambda o: [o])  # noqa: E731
+    return {"load_for_inference(out_dir)": lambda: load_for_inference(str(run)),
+            "load_for_inference(ckpt.dcp)": lambda: load_for_inference(str(run / "ckpt.dcp")),
+            "consolidate(out_dir)": lambda: consolidate(run), "consolidate(ckpt.dcp)": lambda: consolidate(run / "ckpt.dcp"),
+            "resume": resume}
+
+
+def _refused(read) -> str:
+    from errors import UserError
+
+    with pytest.raises(UserError) as e:
+        read()
+    line = str(e.value)
+    assert "\n" not in line and not any(w in line for w in WRONG), line
+    return line
+
+
+@given(entries=st.lists(st.sampled_from(sorted(DCP_ENTRIES)), unique=True)
+       .filter(lambda e: not {".metadata", ".metadata a folder"} <= set(e)))
+def test_an_incomplete_ckpt_dcp_is_named_so_by_every_reader(entries):
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        (run / "ckpt.dcp").mkdir(parents=True)
+        for entry in entries:
+            DCP_ENTRIES[entry](run / "ckpt.dcp")
+        before = tree(run)
+        whole = {"state.pt", ".metadata"} <= set(entries)  # both there (junk): read, and refused as damaged
+        for name, read in _in_process_readers(run).items():
+            line = _refused(read)
+            assert str(run / "ckpt.dcp") in line, (name, line)
+            assert whole or "it is incomplete" in line, (name, entries, line)
+        assert tree(run) == before  # read, never repaired, and no consolidated.pt beside it
+
+
+@given(missing=st.sampled_from(["run", "run/ckpt.dcp", "run/best.dcp", "nowhere/ckpt.pt"]))
+def test_a_missing_checkpoint_path_is_named_missing(missing):
+    from checkpoint import load_for_inference
+    from checkpoint.__main__ import consolidate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "run").mkdir()
+        path = Path(tmp) / missing
+        if missing == "run":
+            path = Path(tmp) / "gone"
+        for read in (lambda: load_for_inference(str(path)), lambda: consolidate(path)):
+            assert "does not exist" in _refused(read)
+
+
+@pytest.mark.parametrize("entry", ["empty", "state.pt"])
+def test_sample_py_names_an_incomplete_ckpt_dcp(tmp_path, capsys, entry):
+    (tmp_path / "ckpt.dcp").mkdir()
+    if entry != "empty":
+        DCP_ENTRIES[entry](tmp_path / "ckpt.dcp")
+    code, _, err = run_entry(sample.main, ["--checkpoint", tmp_path, *SAMPLE_FAST], capsys)
+    assert "it is incomplete" in assert_one_line(code, err, str(tmp_path / "ckpt.dcp"))
