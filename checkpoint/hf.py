@@ -7,6 +7,7 @@ Llama and Qwen3 layouts) is model/hf.py and model/hf_modern.py; this file moves 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -48,7 +49,16 @@ def _resolve_dir(name_or_dir: str) -> Path:
 
 
 MAX_CONFIG_BYTES = 2**20  # GPT-2's config.json is under 1 KB; a bigger file is not one (a sparse 20 GB file: refused unread)
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the first one there is read, as transformers does
+INDEX_NAME = "model.safetensors.index.json"  # save_pretrained(..., max_shard_size=...): the shards' weight_map
+# the first one there is read, in transformers' order
+WEIGHT_FILES = ("model.safetensors", INDEX_NAME, "pytorch_model.bin")
+RESAVE = "re-save the model from where it was made (transformers' save_pretrained(dir))"
+MAX_INDEX_BYTES = 2**24  # GPT-2 XL's index is 40 KB; a bigger file is not one (read bounded, as config.json)
+
+
+class Refused(ValueError):
+    """A directory refused with a message that names its own fix (load.py adds no generic one: for these,
+    "re-export it" would not help)."""
 
 
 def _must_be_a_file(path: Path) -> None:
@@ -62,12 +72,52 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             continue
         _must_be_a_file(path / name)
         if name == "model.safetensors":
-            try:
-                return load_file(str(path / name))
-            except SafetensorError as e:  # a truncated file, a header that is not safetensors' JSON, bad offsets
-                raise ValueError(f"its {name} is damaged or not a safetensors file ({short_error(e, 80)})") from None
+            return _read_safetensors(path / name)
+        if name == INDEX_NAME:
+            return _read_sharded(path)
         return _read_bin(path / name)
-    raise FileNotFoundError(f"{path} holds neither model.safetensors nor pytorch_model.bin")
+    if os.path.lexists(path / "pytorch_model.bin.index.json"):  # transformers' old sharded .bin: not read here
+        raise Refused("its weights are sharded pytorch_model-*.bin files, which are not read here; re-save the model "
+                      "as safetensors (transformers' save_pretrained(dir)) and pass that directory")
+    raise FileNotFoundError(f"{path} holds none of model.safetensors, {INDEX_NAME} (sharded) or pytorch_model.bin")
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:  # a truncated file, a header that is not safetensors' JSON, bad offsets
+        raise ValueError(f"its {path.name} is damaged or not a safetensors file ({short_error(e, 80)})") from None
+
+
+def _read_sharded(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a sharded save (model-0000N-of-0000M.safetensors): each shard the index's weight_map
+    names, in this directory, read and checked like model.safetensors; each holds exactly the names the
+    index puts in it (a shard and an index that disagree are two different saves)."""
+    data = read_user_file(path / INDEX_NAME, INDEX_NAME, limit=MAX_INDEX_BYTES, fix="pass an HF GPT-2 directory")
+    try:
+        index = json_loads(data)
+    except ValueError as e:  # (JSONDecodeError, UnicodeDecodeError) naming neither the file nor a fix
+        raise Refused(f"its {INDEX_NAME} is not JSON ({short_error(e, 80)}); {RESAVE}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise Refused(f"its {INDEX_NAME} has no weight_map of tensor names to shard files; {RESAVE}")
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if os.path.basename(shard) != shard or shard in (".", "..") or not shard.endswith(".safetensors"):
+            raise Refused(f"its {INDEX_NAME} names {shard!r:.60} as a shard, not a .safetensors file beside it; {RESAVE}")
+        if not os.path.lexists(path / shard):
+            raise Refused(f"its shard {shard!r:.60} (named in {INDEX_NAME}) is missing; copy the whole directory, or "
+                          f"{RESAVE}")
+        _must_be_a_file(path / shard)
+        tensors = _read_safetensors(path / shard)
+        names = {k for k, v in weight_map.items() if v == shard}
+        if tensors.keys() != names:
+            odd = sorted(names ^ tensors.keys())[0]
+            raise Refused(f"its shard {shard!r:.60} and {INDEX_NAME} disagree about {odd!r:.60} (in one, not the "
+                          f"other); {RESAVE}")
+        state.update(tensors)
+    return state
 
 
 def _read_bin(path: Path) -> dict[str, torch.Tensor]:
@@ -103,12 +153,21 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
                                    fix="pass an HF GPT-2 directory"))
     problem = hf_config_problem(hf)
     if problem:
-        raise ValueError(problem)
+        raise (Refused if "model_type" in problem[:30] else ValueError)(problem)
     config = config_from_hf(hf, **overrides)
     problem = model_config_problem(config, prefix="config.json's ")
     if problem:  # checked before anything is built: an absurd size would spin even on the meta device
         raise ValueError(problem)
-    state = state_from_hf(_read_state_dict(path), config.tie_embeddings)
+    weights = _read_state_dict(path)
+    if config.tie_embeddings and _own_head(weights):
+        # as transformers does ("both are present ... with different values, so we will NOT tie them"): the
+        # stored head is the model's, whatever the config says; tied, the logits would be another model's
+        config = dataclasses.replace(config, tie_embeddings=False)
+    if not config.tie_embeddings and "lm_head.weight" not in weights:
+        # transformers would start the head from random numbers: no model to compare with, so refused
+        raise Refused("config.json says tie_word_embeddings=false but the weights hold no lm_head.weight; if the "
+                      "head is the embedding (wte), set tie_word_embeddings to true in config.json")
+    state = state_from_hf(weights, config.tie_embeddings)
     # the shapes only: a config.json that disagrees with its weights (or asks for an absurd size) is refused
     # before any memory is spent on it
     model = meta_model(config)
@@ -125,6 +184,14 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     return model
 
 
+def _own_head(weights: dict[str, torch.Tensor]) -> bool:
+    """A stored lm_head.weight that is not wte's (transformers compares them so, torch.equal in fp32)."""
+    head, wte = weights.get("lm_head.weight"), weights.get("transformer.wte.weight", weights.get("wte.weight"))
+    if head is None or wte is None:
+        return False
+    return head.shape != wte.shape or not torch.equal(head.float(), wte.float())
+
+
 HF_SIZES = ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")  # config.json's, under HF's names
 HF_FLAGS = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "scale_attn_weights", "tie_word_embeddings")
 
@@ -136,8 +203,11 @@ def hf_config_problem(hf) -> str | None:
         return f"config.json holds a {type(hf).__name__}, not a JSON object"
     model_type = hf.get("model_type", "gpt2")  # (absent in some old GPT-2 configs)
     if model_type != "gpt2":  # a Llama's or Qwen3's config.json would be refused for lacking n_positions
-        return (f"config.json's model_type is {model_type!r:.40}: only GPT-2 directories load here; for an "
-                "export of ours, pass its checkpoint")  # (short: _load_hf keeps 160 characters)
+        ours = {"smallgpt": "this is an export of ours: ", "llama": "for an export of ours, ",
+                "qwen3": "for an export of ours, "}.get(model_type)  # (only a checkpoint of ours loads, not its export)
+        fix = (f"{ours}pass the checkpoint it was exported from (its training out_dir or ckpt.pt)" if ours else
+               "pass an HF GPT-2 directory, or one of our checkpoints")
+        return f"config.json's model_type is {model_type!r:.40}: only GPT-2 directories load here; {fix}"
     for name in HF_SIZES:
         value = hf.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

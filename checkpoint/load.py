@@ -20,7 +20,7 @@ from errors import UserError, short_error
 from model.gpt import GPT, GPTConfig
 
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
-from .hf import from_pretrained
+from .hf import Refused, from_pretrained
 from .meta import meta_model
 from .model_config import model_config_problem
 
@@ -163,6 +163,8 @@ def _load_hf(spec: str, **overrides: Any) -> LoadedModel:
                         "a training out_dir, or an HF GPT-2 directory") from None
     except UserError:  # already one line naming the file (fileio's bounded reader)
         raise
+    except Refused as e:  # its message names its own fix
+        raise UserError(f"{spec} is not a usable HF GPT-2 directory: {' '.join(str(e).split())}") from None
     except (ValueError, KeyError, TypeError, OSError) as e:  # bad config.json or weights
         raise UserError(f"{spec} is not a usable HF GPT-2 directory ({short_error(e)}); "
                         "re-export it or pass another path") from None
