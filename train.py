@@ -301,8 +301,8 @@ def loop(r: Run) -> dict[str, Any]:
             save(r)
         window.resume()
         if stopping:
-            stopped = r.stop.reason
-            r.log.say(f"stopped by {r.stop.reason} after iter {state.iter}; {r.checkpointer.latest} written; "
+            stopped = stop_reason(r)
+            r.log.say(f"stopped by {stopped} after iter {state.iter}; {r.checkpointer.latest} written; "
                       "rerun the same command to resume")
             break
 
@@ -312,6 +312,14 @@ def loop(r: Run) -> dict[str, Any]:
     return {"losses": losses, "eval": last_eval, "stopped": stopped, "iter": state.iter,
             "best_val_loss": state.best_val_loss, "tokens_seen": state.tokens_seen,
             "out_dir": str(r.checkpointer.out_dir), "wandb_run_id": r.log.wandb.run_id, "dtype": plan.dtype}
+
+
+def stop_reason(r: Run) -> str:
+    """What stopped the run: this rank's signal, else the first rank's that had one (a signal to rank 1 alone
+    stops every rank after the same step, and rank 0, which prints the line, saw none: it read 'stopped by
+    after iter 17'). Every rank is here: they all read the same stop flag."""
+    reasons = r.par.gather(r.stop.reason, "the ranks' stop reasons")
+    return r.stop.reason or next((f"{why} (to rank {i})" for i, why in enumerate(reasons) if why), "a signal")
 
 
 def log_step(r: Run, out: StepOutput, lr: float, window: LossWindow) -> dict[str, Any]:

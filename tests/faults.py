@@ -11,6 +11,7 @@ the same wrapper from the environment and then runs train.py's main:
     SMALLGPT_TEST_TERM_AFTER=k           SIGTERM this process in the loop's step to iter k (as a scheduler's
                                          stop would); the steps a time budget times first don't count
     SMALLGPT_TEST_TERM_SIGNAL=SIGHUP     with TERM_AFTER: send this signal instead of SIGTERM
+    SMALLGPT_TEST_TERM_RANK=r            with TERM_AFTER: only rank r signals itself (the others stop with it)
     SMALLGPT_TEST_COMPILE_BACKEND=name   torch.compile uses this backend (e.g. aot_eager: Dynamo traces and
                                          AOTAutograd runs the compiled path, without Inductor's C++ builds)
     SMALLGPT_TEST_STEP_GRAPH=1           the run plan's step_graph rule decides as on a CUDA device (on this
@@ -132,7 +133,7 @@ if __name__ == "__main__":
 
         def step_at(r, i, lr):  # the loop's step only: training/timing/budget.py times steps through its own import
             out = real_step_at(r, i, lr)
-            if i + 1 == term_after:
+            if i + 1 == term_after and os.environ.get("SMALLGPT_TEST_TERM_RANK", str(r.par.rank)) == str(r.par.rank):
                 # the StopFlag stops the loop after this step (SMALLGPT_TEST_TERM_SIGNAL: another, e.g. SIGHUP)
                 os.kill(os.getpid(), getattr(signal, os.environ.get("SMALLGPT_TEST_TERM_SIGNAL", "SIGTERM")))
             return out

@@ -37,6 +37,19 @@ def test_class5_sighup_saves_says_one_line_and_exits_0(tmp_path, data_root):
     assert load_checkpoint(out / "ckpt.pt")["train"]["iter"] == 2
 
 
+def test_class5_a_signal_to_one_rank_stops_both_and_rank_0_names_it(tmp_path, data_root):
+    # found from outside: rank 0 saw no signal itself and printed "stopped by  after iter 17"
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(ROOT / "tests" / "faults.py"),
+                          *train_argv(out, data_root, "--train.max_iters=50", "--train.eval_interval=50")],
+                         env={**ENV, "SMALLGPT_TEST_TERM_AFTER": "2", "SMALLGPT_TEST_TERM_SIGNAL": "SIGHUP",
+                              "SMALLGPT_TEST_TERM_RANK": "1"}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "stopped by SIGHUP (to rank 1) after iter 2;" in run.stdout, run.stdout[-2000:]
+    assert load_checkpoint(out / "ckpt.pt")["train"]["iter"] == 2
+
+
 def running(pid: int) -> bool:
     """Alive and not a zombie (a container's init may never reap the orphan)."""
     try:

@@ -118,8 +118,11 @@ Loaders = Callable[[int], tuple[Any, dict[str, Any]]]  # micro-batch -> (train b
 
 
 def data_loaders(cfg: Config, data_dir: Path, par: Parallel, device: torch.device) -> Loaders:
-    """loaders(micro): this rank's training batches and the fixed eval batches of each split (on the
-    ranks that evaluate: rank 0, or every rank under FSDP), `micro` sequences each."""
+    """loaders(micro): this rank's training batches, `micro` sequences each, and the fixed eval batches of
+    each split (on the ranks that evaluate: rank 0, or every rank under FSDP), train.batch_size sequences
+    each whatever the ranks (`micro` with batch_size auto, sized to the device, not to the ranks): with the
+    per-rank micro-batch, 2 ranks evaluated other sequences than 1, so a run resumed on another number of
+    ranks compared its val loss, and chose best.pt, against another eval set."""
     t, block = cfg.train, cfg.model.block_size
 
     Loader = ChatBatchLoader if cfg.data.format == "chat" else BatchLoader  # conversations: one per row, padded
@@ -127,7 +130,8 @@ def data_loaders(cfg: Config, data_dir: Path, par: Parallel, device: torch.devic
     def loaders(micro: int) -> tuple[BatchLoader, dict[str, BatchLoader]]:
         train = Loader(data_dir, "train", block_size=block, batch_size=micro, seed=t.seed,
                             rank=par.rank, world_size=par.world_size, device=device)
-        evals = {split: Loader(data_dir, split, block_size=block, batch_size=micro, seed=t.eval_seed,
+        rows = micro if t.batch_size == AUTO_BATCH else t.batch_size
+        evals = {split: Loader(data_dir, split, block_size=block, batch_size=rows, seed=t.eval_seed,
                                     device=device) for split in ("train", "val")} if par.evaluates else {}
         return train, evals
     return loaders
