@@ -107,6 +107,21 @@ def test_a_budget_run_interrupted_and_resumed_ends_bitwise_equal_to_an_uninterru
         _run(tmp_path / "resumed", data_root, "--train.time_budget=20s")
 
 
+@pytest.mark.parametrize("max_iters", [5, 100])
+def test_a_max_iters_changed_on_a_budget_runs_resume_says_it_is_not_applied(tmp_path, data_root, monkeypatch, capsys,
+                                                                            max_iters):
+    # found from outside: lowered from 2000 to 5 on resume, the run went on to its planned 11 without a word
+    monkeypatch.setattr(training.timing.budget, "measure",
+                        lambda r: Timing(setup_s=1.0, step_s=0.5, eval_s=0.4, checkpoint_s=0.05))  # plans 14 steps
+    with inject(interrupt_after=2):
+        _run(tmp_path / "out", data_root, "--train.time_budget=10s")
+    capsys.readouterr()
+    res = _run(tmp_path / "out", data_root, "--train.time_budget=10s", f"--train.max_iters={max_iters}")
+    assert res["iter"] == 14
+    assert (f"train.max_iters={max_iters} is not applied: train.time_budget=10s fixed this run's length when it "
+            "started (from max_iters=40)") in capsys.readouterr().out
+
+
 def test_timing_the_step_leaves_no_trace_the_budget_run_equals_a_plain_run_of_its_plan(tmp_path, data_root):
     """The real measure: it runs steps and evals, then restores every state; the run that follows is bit for
     bit a run without a budget given the decided max_iters and warmup_iters."""

@@ -31,7 +31,7 @@ import torch
 
 from errors import UserError
 
-from ..config.sections import parse_duration
+from ..config.sections import Config, parse_duration
 from ..graphs.step import WARMUP_STEPS as GRAPH_WARMUP_STEPS
 from ..plan import Decision, Schedule
 from ..run import Run, evaluate_splits, step_at
@@ -136,6 +136,19 @@ def _tensors(obj: Any):
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _tensors(v)
+
+
+def resumed_length_notes(saved: dict[str, Any], cfg: Config) -> list[str]:
+    """A resumed budget run keeps the schedule its budget fixed when it started: a train.max_iters changed since
+    is not applied (found from outside: lowered from 2000 to 5, the run trained on to its planned 11, silently)."""
+    train = saved.get("train") if isinstance(saved, dict) else None
+    before = train.get("max_iters") if isinstance(train, dict) else None
+    t = cfg.train
+    if not parse_duration(t.time_budget) or not isinstance(before, int) or before == t.max_iters:
+        return []
+    return [f"train.max_iters={t.max_iters} is not applied: train.time_budget={t.time_budget} fixed this run's length "
+            f"when it started (from max_iters={before}), and a resume keeps it; for another length, train into a new "
+            "--train.out_dir"]
 
 
 def schedule_for(r: Run) -> Decision[Schedule]:
