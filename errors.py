@@ -90,11 +90,21 @@ def to_stderr(line: str) -> None:
             pass
 
 
+def said(e: UserError) -> UserError:
+    """`e`, its line printed now, before the stack unwinds: for a rank whose peer died, which torchrun then
+    ends with SIGTERM once our stop handlers are put back (found from outside: the surviving rank printed no
+    line at all). run_cli does not print it again."""
+    to_stderr(f"error: {e}")
+    e.said = True
+    return e
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
     try:
         code = main()
     except UserError as e:
-        to_stderr(f"error: {e}")
+        if not getattr(e, "said", False):
+            to_stderr(f"error: {e}")
         sys.exit(2)
     except KeyboardInterrupt:
         to_stderr("interrupted")

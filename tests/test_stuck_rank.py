@@ -140,3 +140,21 @@ def test_a_signal_while_waiting_for_rank_0s_long_work_stops_the_run_as_between_s
         assert "got done, stop requested: True" in outs[1][0], outs[1]
     finally:
         kill_all(procs)
+
+
+@pytest.mark.parametrize("message", ["[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5",
+                                     "Timed out waiting 4000ms for recv operation to complete"])
+def test_a_lost_peers_line_is_printed_before_the_run_unwinds_and_once(capsys, message):
+    # found from outside: with one rank killed -9, torchrun SIGTERMs the others; the survivor raised its line,
+    # unwound (putting the default SIGTERM action back) and was killed before run_cli could print it
+    from errors import UserError, run_cli
+    from training.parallel.distributed import Parallel
+
+    par = Parallel(0, 0, 2)
+    with pytest.raises(UserError) as e:
+        with par.waiting("the step's gradient all-reduce"):
+            raise RuntimeError(message)
+    assert capsys.readouterr().err == f"error: {e.value}\n"  # already on stderr as the exception leaves
+    with pytest.raises(SystemExit) as code:
+        run_cli(lambda: (_ for _ in ()).throw(e.value))
+    assert code.value.code == 2 and capsys.readouterr().err == ""  # and not a second time

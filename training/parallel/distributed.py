@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from errors import WENT_AWAY, UserError, lost_peer
+from errors import WENT_AWAY, UserError, lost_peer, said
 from runtime.memory import local_ranks
 
 T = TypeVar("T")
@@ -156,8 +156,8 @@ class Parallel:
             else:
                 limit = "the patient group's 12 h" if patient else f"train.collective_timeout={self.timeout_s:g}s"
                 how = f"did not answer within {limit} (it hangs or is far behind)"
-            raise UserError(f"rank {self.rank} stopped at {self.at}: another rank {how} in {what}; what was saved is "
-                            "kept: find the stuck rank's error above, then rerun the same command to resume") from None
+            raise said(UserError(f"rank {self.rank} stopped at {self.at}: another rank {how} in {what}; what was saved "
+                                 "is kept: find the stuck rank's error above, then rerun the same command to resume")) from None
         finally:
             self.waiting_in = None
 
