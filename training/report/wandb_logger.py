@@ -361,4 +361,9 @@ class WandbLogger:
                 run.finish(exit_code=1)
             except Exception:
                 pass
+            try:  # now, not at exit: wandb's atexit hook would meet the same dead wandb-core with ~30 lines of
+                import wandb  # traceback (found from outside: wandb-core killed mid-run); its teardown
+                wandb.teardown(exit_code=1)  # unregisters that hook before it fails
+            except Exception:
+                pass
 
