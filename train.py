@@ -235,7 +235,8 @@ def say_start(r: Run, notes: list[str], resume: Resume | None) -> None:
             + ("" if cfg.train.compile else "; eager float8 is slower than bf16: set train.compile=true for its speed"))
     say(memory_line(r.par, r.trainer.model, r.trainer.step.optimizers))
     say(f"device {r.device}, {r.par.world_size} rank(s), {r.trainer.model.num_params() / 1e6:.2f}M non-embedding params, "
-        f"{r.log.tokens_per_step} tokens/step ({plan.micro_batch} x {cfg.model.block_size} x {plan.accum} micro-steps), "
+        f"{r.log.tokens_per_step} tokens/step ({plan.micro_batch} x {cfg.model.block_size} x {plan.accum} micro-steps"
+        + (f", {plan.accum // r.par.world_size} on each rank" if r.par.world_size > 1 else "") + "), "
         + (f"resuming {resume.path} at iter {r.state.iter}" if resume is not None else f"fresh run into {cfg.train.out_dir}"))
 
 
@@ -255,7 +256,8 @@ def loop(r: Run) -> dict[str, Any]:
     """One optimizer step per iteration, then whatever is due after it. Returns the run's summary."""
     t, state, plan = r.cfg.train, r.state, r.plan
     if state.iter >= plan.max_iters:
-        fix = ("its time budget fixed max_iters when it started" if r.cfg.train.time_budget not in ("0", "")
+        fix = ("its time budget fixed max_iters when it started; to train further, train into a new --train.out_dir "
+               "with model.init_from set to this one" if r.cfg.train.time_budget not in ("0", "")
                else "raise --train.max_iters to train further")
         r.log.say(f"{r.checkpointer.latest} is already at iter {state.iter} >= max_iters={plan.max_iters}; nothing to do "
                   f"({fix})")
@@ -353,7 +355,8 @@ def evaluate_and_keep_best(r: Run, full: bool = False) -> dict[str, Any]:
         if whole is not None:
             val = r.trainer.eval_loaders["val"]
             full_bpb = bits_per_byte(whole, val.bytes_per_token)
-            r.log.say(f"iter {r.state.iter}: the whole val split ({val.num_windows() * val.block_size:,} tokens): "
+            r.log.say(f"iter {r.state.iter}: the whole val split ({val.num_windows():,} windows of up to {val.block_size} "
+                      "tokens): "
                       f"val loss {whole:.4f}, val bpb {full_bpb:.4f}")
             record |= {"val/loss_full": whole, "val/bpb_full": full_bpb}
         r.log.wandb.log(record, r.state.iter)
