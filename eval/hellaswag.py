@@ -78,10 +78,13 @@ def parse_item(raw: Any, where: str) -> Item:
     blank = [i for i, e in enumerate(endings) if not e.strip()]
     if blank:  # an empty ending scores as one space token: the choice would mean nothing (all empty: "acc 1.0")
         raise bad(f"ending {blank[0]} is empty")
-    if isinstance(label, str) and label.strip().isdigit():  # the HF copy stores "0".."3"
-        label = int(label)
+    # the HF copy stores "0".."3": only those strings, never int() of any digits (4301 of them are a
+    # ValueError traceback, and "²".isdigit() is True but int("²") fails)
+    if isinstance(label, str) and label.strip() in [str(i) for i in range(N_ENDINGS)]:
+        label = int(label.strip())
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < N_ENDINGS:
-        raise bad(f"label must be 0..{N_ENDINGS - 1}, got {label!r}")
+        shown = repr(label)  # cut short: a label of 5000 digits would make the one error line 5000 characters
+        raise bad(f"label must be 0..{N_ENDINGS - 1}, got {shown if len(shown) <= 40 else shown[:39] + '…'}")
     return Item(ctx, tuple(endings), label)
 
 

@@ -356,3 +356,35 @@ def test_data_from_dev_zero_is_refused_after_a_bounded_read_in_one_line(hf_dir, 
     code, out, err = run(["--checkpoint", hf_dir, "--data", "/dev/zero"], capsys)
     assert_one_error_line(code, err, "/dev/zero", "larger than 256 MiB")
     assert "batch size" not in err and out == ""
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+LABELS = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats() | st.text(max_size=6)
+    | st.integers(1, 6000).map(lambda n: "1" * n) | st.sampled_from(["²", "٢", "+1", "-0", " 2 ", "1.0", "01", "2\n"])
+    | st.builds(lambda s, n, w: w + s + "1" * n + w, st.sampled_from(["", "+", "-"]), st.integers(1, 5000),
+                st.sampled_from(["", " ", "\t"])),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2), max_leaves=3)
+
+
+@given(label=LABELS)
+def test_any_label_is_its_index_or_one_short_error_line_from_every_reader(label, tmp_path_factory, monkeypatch):
+    """Before: a label string of 4301 digits went to int() and was a ValueError traceback."""
+    record = {"ctx": "a", "endings": ["b", "c", "d", "e"], "label": label}
+    ok = (not isinstance(label, bool) and isinstance(label, int) and 0 <= label <= 3) or (
+        isinstance(label, str) and label.strip() in ("0", "1", "2", "3"))
+    path = tmp_path_factory.mktemp("label") / "label.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    datasets = type(sys)("datasets")
+    datasets.load_dataset = lambda *a, **k: [record]
+    monkeypatch.setitem(sys.modules, "datasets", datasets)
+    monkeypatch.setattr(hellaswag, "hub_offline_unless_reachable", lambda: None)
+    for read in (lambda: load_items(path), lambda: load_items(None)):  # --data, and the HF copy
+        if ok:
+            assert read()[0].label == int(str(label).strip())
+            continue
+        with pytest.raises(hellaswag.UserError) as e:
+            read()
+        message = str(e.value)
+        assert "\n" not in message and "label must be 0..3, got " in message and len(message) < 300, message

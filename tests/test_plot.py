@@ -194,3 +194,66 @@ def test_help_describes_the_plot_in_whole_sentences(capsys):
         build_parser().parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "val bits per byte, and the learning rate" in text and "(four titled panels)." in text, text
+
+
+# ------------------------------------------------------------------ any JSON value in a plotted key
+
+import numpy as np  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
+
+# every kind of JSON value: the numbers that plot, and the ones that do not (bool, a string that reads as a
+# number, an int past float's range, NaN/Infinity, which json accepts), and containers of them
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.sampled_from([10**400, -10**400, 2**53 + 1])
+    | st.floats() | st.text(max_size=8) | st.sampled_from(["1.5", "2", " 3 ", "nan", "abc", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=5)
+PLOTTED = ["iter", "tokens_seen", "train/loss", "val/loss", "val/bpb", "lr"]
+
+
+def _plottable(key, value) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (key == "iter" and not isinstance(value, int)):
+        return False
+    try:
+        return abs(float(value)) != float("inf") and value == value
+    except OverflowError:
+        return False
+
+
+@given(changes=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(PLOTTED), JSON_VALUES), min_size=1, max_size=6),
+       log_scale=st.booleans(), with_bpb=st.booleans())
+def test_only_real_numbers_are_plotted_and_every_other_value_is_a_note_naming_file_line_and_key(
+        changes, log_scale, with_bpb, tmp_path_factory, capsys):
+    """Before: a dict value was a matplotlib traceback and a string was drawn as a category label (the loss
+    axis read 2.0, abc, 1.5); a panel never logged showed an empty legend instead of "not logged"."""
+    capsys.readouterr()  # (what an earlier example's make_figure noted)
+    run = tmp_path_factory.mktemp("run")
+    records = [{"iter": i, "train/loss": 5.0 - i / 2, "lr": 1e-3, "tokens_seen": 100 * i} for i in range(1, 7)]
+    for r in records[::3]:
+        r.update({"val/loss": r["train/loss"] + 0.1, **({"val/bpb": 1.0} if with_bpb else {})})
+    for line, key, value in changes:
+        records[line][key] = value
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    path = run / "metrics.jsonl"
+    code, out, err = _cli([run, "--out", run / "c.png"] + (["--log-scale"] if log_scale else []), capsys)
+    kept = [r for r in records if _plottable("iter", r["iter"])]
+    expected = {(k, i): r[k] for r in kept for i in [r["iter"]] for k in PLOTTED[2:] if _plottable(k, r.get(k))}
+    if not any(k in ("train/loss", "val/loss") for k, _ in expected):
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"error: {path} has no train or val loss")
+        return
+    assert code == 0 and out.strip() == str(run / "c.png") and "Traceback" not in err, err
+    for key in PLOTTED:  # each key with a non-number: one note naming the file, the first such line and the key
+        bad = [n for n, r in enumerate(records, 1)
+               if key in r and not (_plottable(key, r[key]) or (r[key] is None and key != "iter"))]
+        assert (f"note: {path} line {bad[0]}: {key} is " in err) if bad else f": {key} is " not in err, (key, err)
+    assert all(line.startswith("note: ") for line in err.splitlines()), err
+    fig = plot.make_figure([run], log_scale=log_scale)
+    loss_step, _, bpb, lr = fig.axes
+    for ax in fig.axes:  # every point drawn is a number the file holds at that step
+        for drawn in ax.lines:
+            assert np.asarray(drawn.get_ydata()).dtype.kind in "iuf", drawn.get_ydata()  # no strings, no objects
+    train = [(i, v) for (k, i), v in sorted(expected.items()) if k == "train/loss"]
+    drawn = list(zip(loss_step.lines[0].get_xdata(), loss_step.lines[0].get_ydata())) if train else []
+    assert [(i, float(v)) for i, v in train] == [(x, float(y)) for x, y in drawn]
+    if not any(k == "val/bpb" for k, _ in expected):  # no line, so the panel says so instead of an empty legend
+        assert not bpb.lines and bpb.get_legend() is None and [t.get_text() for t in bpb.texts] == ["not logged"]

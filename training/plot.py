@@ -12,6 +12,7 @@ imported here only, so a partial install still trains, and its absence here is a
 from __future__ import annotations
 
 import io
+import math
 import os
 import sys
 from pathlib import Path
@@ -33,8 +34,31 @@ def metrics_file(run: Path) -> Path:
     return run / METRICS_NAME if run.is_dir() else run
 
 
+# the keys the figure plots: x axes first (a record without a usable "iter" is not plotted at all)
+X_KEYS = ("iter", "tokens_seen")
+Y_KEYS = ("train/loss", "val/loss", "val/bpb", "lr")
+
+
+def is_number(value) -> bool:
+    """A value a curve can take: an int or float (bool is an int to Python, not to a plot) that is finite as
+    a float (an int of 400 digits overflows matplotlib's float(); a string would be drawn as a category)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of `run_dir`/metrics.jsonl (or the file itself); a torn last line is skipped."""
+    """The records of `run_dir`/metrics.jsonl (or the file itself); a torn last line is skipped, and so is
+    a plotted value that is not a number, with one note per key naming the file, the line and the key
+    (one bad value in a long run should not cost the whole plot; null is the trainer's own "no value")."""
     path = metrics_file(run_dir)
     if not path.exists() and not path.is_symlink():
         raise UserError(f"no {METRICS_NAME} in {run_dir}; pass a training out_dir (train.out_dir) or the file itself")
@@ -42,6 +66,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     data = read_user_file(path, "metrics file", limit=MAX_METRICS_BYTES,
                           fix="pass a training out_dir (train.out_dir) or its metrics.jsonl")
     records = []
+    skipped: dict[str, list] = {}  # key -> [first line, its value, how many lines]
     lines = data.decode("utf-8", errors="replace").splitlines()
     for number, line in enumerate(lines, 1):
         if "\ufffd" in line:  # a byte that was not UTF-8: the line is damaged, the rest still plots
@@ -53,10 +78,28 @@ def read_metrics(run_dir: Path) -> list[dict]:
             if number == len(lines):
                 continue  # the last line of a run killed mid-write
             raise UserError(f"{path} line {number} is not JSON; fix or remove that line") from None
-        if isinstance(record, dict) and isinstance(record.get("iter"), int):
-            records.append(record)
+        if not isinstance(record, dict) or "iter" not in record:
+            continue  # not a step record
+        # a step is a whole number (2.0 is no step the trainer logs); any other key may be null: not logged
+        bad = [k for k in (*X_KEYS, *Y_KEYS) if k in record and not (
+            isinstance(record[k], int) and is_number(record[k]) if k == "iter"
+            else record[k] is None or is_number(record[k]))]
+        for key in bad:
+            first = skipped.setdefault(key, [number, record[key], 0])
+            first[2] += 1
+        if "iter" in bad:
+            continue  # no step to put the line at
+        records.append({k: v for k, v in record.items() if k not in bad})
     if not any("train/loss" in r or "val/loss" in r for r in records):
-        raise UserError(f"{path} has no train or val loss yet; plot again once the run has logged a step")
+        why = next((f" ({path} line {number}: {key} is {_shown(value)}, not a number)"
+                    for key, (number, value, _) in skipped.items() if key in ("iter", "train/loss", "val/loss")), "")
+        raise UserError(f"{path} has no train or val loss yet{why}; plot again once the run has logged a step"
+                        + (", or fix that line" if why else ""))
+    for key, (number, value, count) in skipped.items():
+        more = f" (and {count - 1} more line(s) like it)" if count > 1 else ""
+        what, kind = ("the line", "a whole number") if key == "iter" else ("that value", "a number")
+        print(f"note: {path} line {number}: {key} is {_shown(value)}, not {kind}; {what} skipped{more}",
+              file=sys.stderr)
     return records
 
 
@@ -95,13 +138,16 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
     loss_step, loss_tokens, bpb, lr = grid.flat
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
     for color, (name, records) in zip(colors, runs.items()):
+        def draw(ax, key, x, **style):  # nothing logged: no line, so the panel says "not logged", not an empty legend
+            xs, ys = series(records, key, x)
+            if xs:
+                ax.plot(xs, ys, color=color, **style)
+
         for ax, x in ((loss_step, "iter"), (loss_tokens, "tokens_seen")):
-            ax.plot(*series(records, "train/loss", x), color=color, label=f"{name} train")
-            ax.plot(*series(records, "val/loss", x), color=color, linestyle="--", marker="o", markersize=3,
-                    label=f"{name} val")
-        bpb.plot(*series(records, "val/bpb", "iter"), color=color, linestyle="--", marker="o", markersize=3,
-                 label=f"{name} val")
-        lr.plot(*series(records, "lr", "iter"), color=color, label=name)
+            draw(ax, "train/loss", x, label=f"{name} train")
+            draw(ax, "val/loss", x, linestyle="--", marker="o", markersize=3, label=f"{name} val")
+        draw(bpb, "val/bpb", "iter", linestyle="--", marker="o", markersize=3, label=f"{name} val")
+        draw(lr, "lr", "iter", label=name)
     panels = ((loss_step, "Loss by step", "step", "loss (nats/token)"),
               (loss_tokens, "Loss by tokens seen", "tokens seen", "loss (nats/token)"),
               (bpb, "Validation bits per byte", "step", "bits per byte"),
