@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Sequence
 
@@ -33,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
-from fileio import (atomic_write_bytes, check_output_not_input, check_writable_dir, no_empty_dirs_left, path_arg,
-                    read_user_file)
+from fileio import (atomic_write_bytes, check_output_not_input, check_writable_dir, no_empty_dirs_left, output_target,
+                    path_arg, path_kind, read_user_file)
 from ownership import check_output
 from model.gpt import CausalSelfAttention
 from checkpoint import checkpoint_files, default_checkpoint, load_for_inference
@@ -170,10 +171,35 @@ def main(argv: list[str] | None = None) -> int:
     inputs += [(f"the --text-file {args.text_file}", Path(args.text_file).expanduser())] if args.text_file else []
     for name in names:
         check_output_not_input(out / name, inputs, "--out")
+        check_target(out, name)
     text = read_text(args)
     with no_empty_dirs_left(out):  # a refusal after it (a bad checkpoint, a layer past the model's) leaves no --out
         check_writable_dir(out, "--out")  # before the model is loaded and run: a bad --out costs nothing
         return draw(spec, text, out, names, args.layer, args.head)
+
+
+def check_target(out: Path, name: str) -> None:
+    """The picture `name` can be written in --out, checked before the model runs and before any picture is
+    written (found from outside: a surprisal.html that was a folder was refused after attention.png and
+    surprisal.png had replaced the earlier ones, naming --out as if it were that file)."""
+    target = out / name
+    try:
+        kind = os.stat(target).st_mode  # through a link: what a write would reach
+    except NotADirectoryError:  # --out is a file, or lies under one: check_writable_dir names that
+        return
+    except FileNotFoundError:  # a new name; or a link to nowhere, whose target is created if its folder is there
+        if os.path.islink(target) and not Path(os.path.realpath(target)).parent.is_dir():
+            raise UserError(f"--out {out}: {name} there is a link into a folder that does not exist; move it away "
+                            "or choose another --out") from None
+        return
+    except OSError as e:  # a symlink loop, a name too long, ...
+        raise UserError(f"--out {out}: {name} there cannot be written ({short_error(e)}); move it away or choose "
+                        "another --out") from None
+    if stat.S_ISFIFO(kind):
+        output_target(target, f"--out {out}: {name}")  # one a process reads is written into; else one line
+    elif not (stat.S_ISREG(kind) or stat.S_ISCHR(kind)):
+        raise UserError(f"--out {out}: {name} there is {path_kind(target)}, which this does not write over; move it "
+                        "away or choose another --out")
 
 
 def draw(spec: str, text: str, out: Path, names: list[str], layer: int | None, head: int | None) -> int:

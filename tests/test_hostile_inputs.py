@@ -299,3 +299,30 @@ def test_putting_the_original_data_back_resumes_the_run(resumable, capsys):
     with contextlib.redirect_stdout(io.StringIO()):
         summary = train.train(train.load_config(argv))
     assert summary["iter"] == 4 and min(summary["losses"]) >= 2  # resumed at 2: no loss logged before it
+
+
+@given(blocked=st.sampled_from(["attention.png", "surprisal.png", "surprisal.html", "attention_L0.png"]),
+       kind=st.sampled_from(["folder", "loop", "link into nowhere", "fifo nobody reads"]))
+def test_an_inspect_output_that_cannot_be_written_is_named_before_anything_is_written(world, tmp_path_factory, capsys,
+                                                                                      blocked, kind):
+    # found from outside: a surprisal.html that was a folder was refused only after attention.png and
+    # surprisal.png had replaced the earlier ones, and the line named --out as if it were that file
+    from eval.inspect import main as inspect_main
+
+    out = tmp_path_factory.mktemp("inspect")
+    target = out / blocked
+    if kind == "folder":
+        target.mkdir()
+    elif kind == "loop":
+        target.symlink_to(out / "other")
+        (out / "other").symlink_to(target)
+    elif kind == "link into nowhere":
+        target.symlink_to(out / "missing" / "x.png")
+    else:
+        os.mkfifo(target)
+    before = sorted(p.name for p in out.iterdir())
+    code, _, err = run_entry(inspect_main, ["--checkpoint", world.ckpt, "--text", "To be, or not", "--out", out,
+                                            "--layer", "0"], capsys)
+    line = assert_one_line(code, err, f"--out {out}: {blocked}")
+    assert ("start its reader first" if kind == "fifo nobody reads" else "choose another --out") in line, line
+    assert sorted(p.name for p in out.iterdir()) == before, line  # nothing written, nothing replaced
