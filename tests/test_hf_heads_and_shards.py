@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,6 +75,7 @@ def make_dir(base: Path, where: Path, tie: bool | None, head: str, seed: int = 0
     return hf
 
 
+@settings(max_examples=9)  # 3 x 3 cases; each loads transformers' model too
 @given(tie=st.sampled_from([True, False, None]), head=st.sampled_from(["absent", "equal to wte", "different"]),
        seed=st.integers(0, 2**16))
 def test_the_head_is_the_one_transformers_uses_whatever_the_tie_flag(base, tie, head, seed):
@@ -110,6 +111,7 @@ def test_sample_py_continues_with_the_stored_head(base, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------- sharded safetensors
 
+@settings(max_examples=6)
 @given(shard_kb=st.sampled_from([200, 500, 1000]), tie=st.sampled_from([True, None]),
        head=st.sampled_from(["absent", "different"]))
 def test_a_sharded_save_pretrained_loads_as_transformers_loads_it(base, shard_kb, tie, head):

@@ -301,6 +301,7 @@ def test_putting_the_original_data_back_resumes_the_run(resumable, capsys):
     assert summary["iter"] == 4 and min(summary["losses"]) >= 2  # resumed at 2: no loss logged before it
 
 
+@settings(max_examples=8)  # each loads the model's checkpoint; every kind and every name comes up
 @given(blocked=st.sampled_from(["attention.png", "surprisal.png", "surprisal.html", "attention_L0.png"]),
        kind=st.sampled_from(["folder", "loop", "link into nowhere", "fifo nobody reads"]))
 def test_an_inspect_output_that_cannot_be_written_is_named_before_anything_is_written(world, tmp_path_factory, capsys,

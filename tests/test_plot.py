@@ -199,7 +199,7 @@ def test_help_describes_the_plot_in_whole_sentences(capsys):
 # ------------------------------------------------------------------ any JSON value in a plotted key
 
 import numpy as np  # noqa: E402
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
 
 # every kind of JSON value: the numbers that plot, and the ones that do not (bool, a string that reads as a
 # number, an int past float's range, NaN/Infinity, which json accepts), and containers of them
@@ -220,6 +220,7 @@ def _plottable(key, value) -> bool:
         return False
 
 
+@settings(max_examples=10)  # each draws a figure
 @given(changes=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(PLOTTED), JSON_VALUES), min_size=1, max_size=6),
        log_scale=st.booleans(), with_bpb=st.booleans())
 def test_only_real_numbers_are_plotted_and_every_other_value_is_a_note_naming_file_line_and_key(

@@ -187,9 +187,11 @@ me = os.getpid()
 for t in os.listdir(f"/proc/{me}/task"):  # wandb-core, the only child
     for child in open(f"/proc/{me}/task/{t}/children").read().split():
         os.kill(int(child), signal.SIGKILL)
-time.sleep(0.5)
-for i in range(2, 5):
+deadline, i = time.monotonic() + 10, 2
+while log.run is not None and time.monotonic() < deadline:  # until wandb notices (a log may be buffered first)
     log.log({"a": float(i)}, i)
+    i += 1
+    time.sleep(0.1)
 log.finish()
 """
 
@@ -200,5 +202,6 @@ def test_wandb_core_dying_mid_run_is_one_warning_and_no_traceback_at_exit(tmp_pa
     r = subprocess.run([sys.executable, "-c", DEAD_CORE, str(tmp_path)], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "WANDB_SILENT": "true"})
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert [line for line in r.stderr.splitlines() if line.startswith("warning:")] == [
-        "warning: wandb.log failed (ConnectionResetError: Connection lost); continuing without wandb"], r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: wandb.log failed (ConnectionResetError") and \
+        warnings[0].endswith("; continuing without wandb"), r.stderr
