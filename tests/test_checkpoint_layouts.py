@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import train
@@ -43,6 +43,7 @@ def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 CONFIG = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
 
 
+@settings(max_examples=10)
 @given(data=st.data())
 def test_class_any_float_dtype_and_layout_of_each_weight_loads_as_the_same_values_in_fp32(tmp_path_factory, data):
     model = GPT(CONFIG)

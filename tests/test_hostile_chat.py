@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint import load_for_inference, save_checkpoint
@@ -129,6 +129,7 @@ class Endless(io.RawIOBase):
         return len(b)
 
 
+@settings(max_examples=8)  # each reads 16 MiB and replies to its messages
 @given(before=st.lists(st.sampled_from([b"hi", b"/clear", b"/temperature 0.5", b"\xff", b"a" * (2**20 + 5)]),
                        max_size=3),
        start=st.sampled_from([b"", b"/", b"//", b"hello "]), byte=st.integers(0, 255).filter(lambda b: b != 10))
