@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import matrix
@@ -104,6 +104,7 @@ def _int(text: str) -> int | None:
         return None
 
 
+@settings(max_examples=8)  # each computes the pairwise rows
 @given(rows=st.one_of(st.integers(-3, 30).map(str), st.text(alphabet="0123456789-, x", max_size=6), st.just(",")),
        jobs=st.one_of(st.integers(-3, 3).map(str), st.sampled_from(["", "x", "1.5", "+2"])))
 def test_rows_and_jobs_below_1_or_not_numbers_are_refused_in_one_line(capsys, rows, jobs):

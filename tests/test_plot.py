@@ -220,7 +220,7 @@ def _plottable(key, value) -> bool:
         return False
 
 
-@settings(max_examples=10)  # each draws a figure
+@settings(max_examples=6)  # each draws a figure
 @given(changes=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(PLOTTED), JSON_VALUES), min_size=1, max_size=6),
        log_scale=st.booleans(), with_bpb=st.booleans())
 def test_only_real_numbers_are_plotted_and_every_other_value_is_a_note_naming_file_line_and_key(
