@@ -151,9 +151,12 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     _must_be_a_file(path / "config.json")
     hf = json_loads(read_user_file(path / "config.json", "config.json", limit=MAX_CONFIG_BYTES,
                                    fix="pass an HF GPT-2 directory"))
+    problem = model_type_problem(hf)
+    if problem:  # another model's directory: its message says what to pass instead
+        raise Refused(problem)
     problem = hf_config_problem(hf)
     if problem:
-        raise (Refused if "model_type" in problem[:30] else ValueError)(problem)
+        raise ValueError(problem)
     config = config_from_hf(hf, **overrides)
     problem = model_config_problem(config, prefix="config.json's ")
     if problem:  # checked before anything is built: an absurd size would spin even on the meta device
@@ -196,18 +199,27 @@ HF_SIZES = ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")  # confi
 HF_FLAGS = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "scale_attn_weights", "tie_word_embeddings")
 
 
+def model_type_problem(hf) -> str | None:
+    """config.json's model_type when it is not GPT-2's, with what to pass instead; None otherwise (or when
+    config.json is no object: hf_config_problem says that). Checked first: a Llama's or Qwen3's config.json
+    would otherwise be refused for lacking n_positions."""
+    model_type = hf.get("model_type", "gpt2") if isinstance(hf, dict) else "gpt2"  # (absent in old GPT-2 configs)
+    if model_type == "gpt2":
+        return None
+    ours = {"smallgpt": "this is an export of ours: ", "llama": "for an export of ours, ",
+            "qwen3": "for an export of ours, "}.get(model_type if isinstance(model_type, str) else "")  # (only a
+    # checkpoint of ours loads, not its export; a model_type of another JSON type is no name to look up)
+    fix = (f"{ours}pass the checkpoint it was exported from (its training out_dir or ckpt.pt)" if ours else
+           "pass an HF GPT-2 directory, or one of our checkpoints")
+    return f"config.json's model_type is {model_type!r:.40}: only GPT-2 directories load here; {fix}"
+
+
 def hf_config_problem(hf) -> str | None:
     """What in HF GPT-2's config.json (parsed) this GPT cannot read or express, named as config.json names
-    it; None if nothing. Every field config_from_hf reads is checked here, its type first."""
+    it; None if nothing. Every field config_from_hf reads is checked here, its type first (model_type is
+    model_type_problem's)."""
     if not isinstance(hf, dict):
         return f"config.json holds a {type(hf).__name__}, not a JSON object"
-    model_type = hf.get("model_type", "gpt2")  # (absent in some old GPT-2 configs)
-    if model_type != "gpt2":  # a Llama's or Qwen3's config.json would be refused for lacking n_positions
-        ours = {"smallgpt": "this is an export of ours: ", "llama": "for an export of ours, ",
-                "qwen3": "for an export of ours, "}.get(model_type)  # (only a checkpoint of ours loads, not its export)
-        fix = (f"{ours}pass the checkpoint it was exported from (its training out_dir or ckpt.pt)" if ours else
-               "pass an HF GPT-2 directory, or one of our checkpoints")
-        return f"config.json's model_type is {model_type!r:.40}: only GPT-2 directories load here; {fix}"
     for name in HF_SIZES:
         value = hf.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
