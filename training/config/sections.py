@@ -43,6 +43,7 @@ DURATION_RANGES = {
     "train.time_budget": f"a duration like 90s, 8m or 1h (0 = off), at most {MAX_DURATION_S:.0e} s (about 30 years)",
     "train.collective_timeout": f"a positive duration like 90s, 10m or 1h, at most {MAX_DURATION_S:.0e} s (about 30 years)",
 }
+ZERO_IS_OFF = {"train.time_budget"}  # the duration keys 0 turns off; for the others 0 is refused
 
 
 def parse_duration(text: str, name: str = "train.time_budget") -> float:
@@ -51,7 +52,7 @@ def parse_duration(text: str, name: str = "train.time_budget") -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(s|sec|m|min|h)?\s*", str(text).strip().lower() or "0")
     seconds = float(m.group(1)) * _UNITS[m.group(2) or ""] if m else math.nan
     # (a 400-digit number reads as inf) a timer or timedelta can't hold more than the maximum
-    if not (0 <= seconds <= MAX_DURATION_S and (seconds > 0 or "0 = off" in DURATION_RANGES[name])):
+    if not (0 <= seconds <= MAX_DURATION_S and (seconds > 0 or name in ZERO_IS_OFF)):
         raise UserError(f"{name} must be {DURATION_RANGES[name]}, got {str(text)!r:.80}")
     return seconds
 
