@@ -14,7 +14,7 @@ import errno
 import os
 import signal
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 
 class UserError(Exception):
@@ -26,6 +26,13 @@ def short_error(e: BaseException, limit: int = 160) -> str:
     what goes inside the parentheses of a UserError built from a library's exception."""
     msg = " ".join(str(e).split()).split(". ")[0][:limit]
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def clipped(value: Any, limit: int = 40) -> str:
+    """repr(value) for a one-line message, cut at `limit` characters (a value of 5000 digits would make the
+    line 5000 characters long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def utf8_text(raw: bytes, what: str, fix: str, error: type[UserError] = UserError) -> str:

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from data import tokenizer_from_meta
 from checkpoint import load_model
-from errors import ArgumentParser, UserError, run_cli, short_error
+from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import json_loads, path_arg, read_user_file
 from network import hub_offline_unless_reachable
 from runtime.device import resolve_device
@@ -83,8 +83,7 @@ def parse_item(raw: Any, where: str) -> Item:
     if isinstance(label, str) and label.strip() in [str(i) for i in range(N_ENDINGS)]:
         label = int(label.strip())
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < N_ENDINGS:
-        shown = repr(label)  # cut short: a label of 5000 digits would make the one error line 5000 characters
-        raise bad(f"label must be 0..{N_ENDINGS - 1}, got {shown if len(shown) <= 40 else shown[:39] + '…'}")
+        raise bad(f"label must be 0..{N_ENDINGS - 1}, got {clipped(label)}")
     return Item(ctx, tuple(endings), label)
 
 

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from errors import ArgumentParser, UserError, run_cli, short_error
+from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg_path,
                     read_user_file)
 from locks import remove_stale_temps
@@ -48,11 +48,6 @@ def is_number(value) -> bool:
         return math.isfinite(float(value))
     except OverflowError:
         return False
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -91,14 +86,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
             continue  # no step to put the line at
         records.append({k: v for k, v in record.items() if k not in bad})
     if not any("train/loss" in r or "val/loss" in r for r in records):
-        why = next((f" ({path} line {number}: {key} is {_shown(value)}, not a number)"
+        why = next((f" ({path} line {number}: {key} is {clipped(value)}, not a number)"
                     for key, (number, value, _) in skipped.items() if key in ("iter", "train/loss", "val/loss")), "")
         raise UserError(f"{path} has no train or val loss yet{why}; plot again once the run has logged a step"
                         + (", or fix that line" if why else ""))
     for key, (number, value, count) in skipped.items():
         more = f" (and {count - 1} more line(s) like it)" if count > 1 else ""
         what, kind = ("the line", "a whole number") if key == "iter" else ("that value", "a number")
-        print(f"note: {path} line {number}: {key} is {_shown(value)}, not {kind}; {what} skipped{more}",
+        print(f"note: {path} line {number}: {key} is {clipped(value)}, not {kind}; {what} skipped{more}",
               file=sys.stderr)
     return records
 
