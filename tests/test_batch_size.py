@@ -18,7 +18,7 @@ from training.plan import Batch, Decision
 from training.config.sections import load_config
 from training.parallel.distributed import Parallel
 
-from test_train import tiny_argv
+from tiny_runs import tiny_argv
 
 GIB = 2**30
 

@@ -203,7 +203,7 @@ def test_a_run_saved_by_format_2_resumes_with_every_decision_it_made(tmp_path, d
     the uninterrupted one."""
     import training.batch_size
     import training.builders
-    from test_train import as_version_2
+    from tiny_runs import as_version_2
 
     monkeypatch.setattr(training.timing.budget, "measure", lambda r: Timing(setup_s=1.0, step_s=0.5, eval_s=0.4,
                                                                       checkpoint_s=0.05))

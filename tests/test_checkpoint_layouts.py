@@ -15,7 +15,7 @@ import train
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from errors import UserError
 from model import GPT, GPTConfig
-from test_train import run, tiny_argv
+from tiny_runs import run, tiny_argv
 from training.config.sections import load_config
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float64, torch.float32)

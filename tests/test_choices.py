@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -32,7 +31,7 @@ def flipping_fastest(monkeypatch):
 
 
 def test_train_auto_makes_the_same_choice_twice_for_one_command_whatever_the_timings(tmp_path, monkeypatch, capsys):
-    from test_train import run
+    from tiny_runs import run
     from data import DataConfig, prepare_data
 
     root = tmp_path / "prepared"

@@ -16,7 +16,7 @@ import checkpoint.checkpointer
 import train
 from errors import run_cli
 from faults import inject
-from test_train import tiny_argv
+from tiny_runs import tiny_argv
 
 
 @pytest.mark.parametrize("cause", ["diverged", "disk full"])

@@ -19,7 +19,7 @@ import pytest
 import train
 from checkpoint import load_checkpoint
 from test_sample import ENV, assert_one_error_line, make_char_checkpoint, run
-from test_train import tiny_argv
+from tiny_runs import tiny_argv
 from training.report.metrics import Console, Progress, console_guard
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -193,7 +193,7 @@ def test_a_bad_jsonl_row_is_one_line_naming_file_and_row(tmp_path, kind):
     with pytest.raises(UserError) as e:
         prepare_data(cfg(tmp_path / "c.jsonl", tmp_path / "p"), progress=False)
     msg = str(e.value)
-    assert "\n" not in msg and f"c.jsonl, row 6: " in msg and words in msg and "data.skip_bad_rows" in msg, msg
+    assert "\n" not in msg and "c.jsonl, row 6: " in msg and words in msg and "data.skip_bad_rows" in msg, msg
     assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
 
 

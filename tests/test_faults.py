@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from checkpoint import load_checkpoint
-from test_train import tiny_argv
+from tiny_runs import tiny_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

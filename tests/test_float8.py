@@ -13,7 +13,7 @@ from training.float8 import check_float8, convert_to_float8, float8_problem
 from errors import UserError
 
 from test_train_reliability import cli, one_line
-from test_train import tiny_argv
+from tiny_runs import tiny_argv
 
 CUDA = torch.device("cuda", 0)
 

@@ -236,3 +236,67 @@ def test_a_huge_max_new_tokens_allocates_nothing_in_proportion(model, monkeypatc
     stream.close()
     assert len(first) == model.config.block_size + 5
     assert max(w for w in widths if w is not None) <= 3 + model.config.block_size
+
+
+# ---------------------------------------------------------------------------------- min-p and the repetition penalty
+
+def test_min_p_and_repetition_penalty_give_the_hand_computed_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])
+    seen = torch.tensor([[True, False, False, True, False]])
+    # penalty 2 on the seen tokens 0 and 3: 2.0 -> 1.0 (divided), -1.0 -> -2.0 (multiplied)
+    # min-p 0.5 keeps logits >= 1.0 + ln 0.5 = 0.307: tokens 0, 1, 2, weights e, e, e**0.5
+    e, r = math.e, math.exp(0.5)
+    want = torch.tensor([[e, e, r, 0, 0]]) / (2 * e + r)
+    got = logits_to_probs(logits, 1.0, min_p=0.5, repetition_penalty=2.0, seen=seen)
+    torch.testing.assert_close(got, want)
+    weights, ids = candidate_probs(logits, 1.0, min_p=0.5, repetition_penalty=2.0, seen=seen)
+    full = weights if ids is None else torch.zeros_like(logits).scatter(-1, ids, weights)
+    torch.testing.assert_close(full / full.sum(), want)
+    # temperature 0.5 with min-p 0.3: logits 4, 2, 1, -2, 0 -> keep logit >= 4 + ln 0.3 = 2.796: token 0 alone
+    got = logits_to_probs(logits, 0.5, min_p=0.3)
+    torch.testing.assert_close(got, torch.tensor([[1.0, 0, 0, 0, 0]]))
+    # greedy with the penalty: token 0 (2.0 -> 1.0) ties token 1; argmax takes the first index
+    assert sample(logits, 0.0, repetition_penalty=2.1, seen=seen).item() == 1
+
+
+@pytest.mark.parametrize("V", [50, 2000])  # the second goes through the 512-candidate path
+def test_the_candidate_path_and_the_full_path_agree_with_min_p_and_the_penalty(V):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, V, generator=g) * 3
+    seen = torch.rand(4, V, generator=g) < 0.2
+    for top_k, top_p, min_p, pen in [(None, None, 0.05, 1.3), (20, None, 0.1, 1.5), (None, 0.9, 0.02, 0.8),
+                                     (40, 0.8, None, 1.2), (None, None, 0.9, None)]:
+        want = logits_to_probs(logits, 0.7, top_k, top_p, min_p, pen, seen)
+        weights, ids = candidate_probs(logits, 0.7, top_k, top_p, min_p, pen, seen)
+        full = weights if ids is None else torch.zeros_like(logits).scatter(-1, ids, weights)
+        torch.testing.assert_close(full / full.sum(-1, keepdim=True), want, atol=1e-6, rtol=1e-5)
+
+
+def constant_logits_model(logits: list[float]) -> GPT:
+    """A tiny GPT whose next-token logits are `logits` at every position, whatever the input: ln_f's
+    weight is 0 and its bias e_0, so every final hidden state is e_0, and the tied head reads wte[:, 0]."""
+    config = GPTConfig(vocab_size=len(logits), block_size=16, n_layer=1, n_head=1, n_embd=4)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.copy_(torch.tensor([1.0, 0, 0, 0]))
+        model.transformer.wte.weight[:, 0] = torch.tensor(logits)
+    return model
+
+
+def test_generation_with_min_p_and_repetition_penalty_samples_the_hand_computed_distribution():
+    model = constant_logits_model([2.0, 1.0, 0.5, -1.0, 0.0])
+    n = 4000
+    prompts = [[0, 3]] * n  # tokens 0 and 3 are in every row's context
+    out = generate(model, prompts, 1, temperature=1.0, top_k=None, min_p=0.5, repetition_penalty=2.0,
+                   generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(torch.tensor([row[0] for row in out]), minlength=5).float() / n
+    e, r = math.e, math.exp(0.5)
+    want = torch.tensor([e, e, r, 0, 0]) / (2 * e + r)  # as in the test above
+    assert freq[3] == 0 and freq[4] == 0
+    torch.testing.assert_close(freq, want, atol=0.03, rtol=0)
+    # the penalty follows the text: after sampling token 1 it is penalised too (greedy shows it)
+    out = generate(model, [[4]], 3, temperature=0.0, repetition_penalty=5.0)
+    # step 1: logits 2, 1, .5, -1, 0 -> 0; step 2: 0 seen, 2/5 = .4 -> 1 wins; step 3: 1 -> .2, so 2 (.5) wins
+    assert out == [[0, 1, 2]]
+

@@ -361,7 +361,7 @@ def test_training_steps_with_muon_lower_the_loss():
 def test_a_modern_run_with_muon_resumes_bitwise(tmp_path):
     from data import DataConfig, prepare_data
     from faults import inject
-    from test_train import run
+    from tiny_runs import run
 
     root = tmp_path / "prepared"
     prepare_data(DataConfig(tokenizer="char", root=str(root)), progress=False)

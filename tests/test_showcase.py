@@ -31,7 +31,8 @@ from training.timing.schedule import Cadence
 from training.report.showcase import build_showcase
 
 from test_multirank import argv as multirank_argv, two_ranks
-from test_train import _one_thread, _wandb_records, run, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
+from tiny_runs import _one_thread, run, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
+from wandb_files import file_records
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 12  # generated per prompt: enough to tell two texts apart, cheap on a tiny model
@@ -46,13 +47,13 @@ def sample_records(out: Path) -> dict[int, list[dict]]:
 
 
 def wandb_media(folder: Path, last: int) -> dict[str, dict[int, dict]]:
-    """{history key: {step: its value}} of the offline run in `folder`, read with test_train's own reader of
+    """{history key: {step: its value}} of the offline run in `folder`, read with this suite's own reader of
     the transaction log, once the file holds step `last` (wandb-core writes it a moment after finish)."""
     run_file = next(folder.glob("run-*.wandb"))
     deadline = time.time() + 60
     while True:
         by_key: dict[str, dict[int, dict]] = {}
-        for rec in _wandb_records(run_file):
+        for rec in file_records(run_file):
             if rec.WhichOneof("record_type") != "history":
                 continue
             items: dict = {}

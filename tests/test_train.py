@@ -1,16 +1,13 @@
 """train.py end to end on tiny models: loss falls, exact resume, SIGTERM, NaN guard, mixed precision,
-wandb offline, DDP (gloo) vs one rank, init_from, no host syncs per micro-step, bad-input refusals."""
+DDP (gloo) vs one rank, init_from, no host syncs per micro-step, bad-input refusals (wandb: test_train_wandb.py)."""
 from __future__ import annotations
 
 import math
-import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,35 +21,7 @@ from checkpoint.export import export_hf
 from checkpoint import load_checkpoint
 from training.config.sections import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and other jobs may share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def tiny_argv(out_dir: Path, data_root: Path, *extra: str) -> list[str]:
-    return [
-        "--data.tokenizer=char", f"--data.root={data_root}", f"--train.out_dir={out_dir}",
-        "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32",
-        "--train.batch_size=4", "--train.max_iters=30", "--train.warmup_iters=5", "--train.lr=3e-3",
-        "--train.min_lr=3e-4", "--train.eval_interval=10", "--train.eval_iters=4", "--train.log_interval=1",
-        "--train.dtype=float32", "--train.device=cpu", "--train.peak_flops=1e11", "--wandb.mode=disabled",
-        *extra,
-    ]
-
-
-def run(out_dir: Path, data_root: Path, *extra: str) -> dict:
-    return train.train(load_config(tiny_argv(out_dir, data_root, *extra)))
-
-
-def _sub_env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+from tiny_runs import ROOT, _one_thread, as_version_2, run, sub_env, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -183,20 +152,6 @@ def test_a_resumed_bpe_run_keeps_its_weight_gradient_product_and_ends_bitwise_eq
                                         r"\[1\]\); use another checkpoint") as e:
         run(tmp_path / "old", data_root, *common, "--train.max_iters=10")
     assert "\n" not in str(e.value)
-
-
-def as_version_2(ckpt: dict, without: tuple[str, ...] = ()) -> dict:
-    """A checkpoint as format 2 wrote it: the plan's decisions among the counters of "train" (0 or "": none),
-    less the fields in `without` (written before they existed). Written by hand, not by the upgrade code."""
-    plan, ckpt = ckpt["plan"], {k: v for k, v in ckpt.items() if k != "plan"}
-    notes = plan.get("notes", {})
-    v2 = {"dtype": plan.get("dtype", ""), "loss_product": plan.get("loss_product", "torch.mm"),
-          "micro_batch": plan.get("micro_batch", 0) if notes.get("batch") else 0, "batch_note": notes.get("batch", ""),
-          "budget_iters": plan.get("max_iters", 0) if notes.get("schedule") else 0,
-          "budget_warmup": plan.get("warmup_iters", 0) if notes.get("schedule") else 0,
-          "budget_note": notes.get("schedule", "")}
-    ckpt["train"] = {**ckpt["train"], **{k: v for k, v in v2.items() if k not in without}}
-    return {**ckpt, "version": 2}
 
 
 def test_a_muon_run_saved_before_muon_split_qkv_existed_resumes_as_it_ran(tmp_path, data_root, capsys):
@@ -407,89 +362,6 @@ def test_ranks_that_do_not_divide_the_micro_steps_share_the_global_batch_in_smal
     assert (note == "") == (accum % world == 0)
 
 
-# ------------------------------------------------------------------------------------------- wandb
-
-def _wandb_records(run_file: Path):
-    """Records of a .wandb transaction log (leveldb-log framing: 32 KiB blocks, 7-byte record headers)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = run_file.read_bytes()
-    pos, block, pending = 7, 32768, b""  # 7 bytes of file header
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind == 0:
-            break
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            rec = pb.Record()
-            rec.ParseFromString(pending)
-            yield rec
-
-
-def test_wandb_offline_run_has_summary_and_config_and_resume_reuses_the_id(tmp_path, data_root):
-    import json
-
-    out = tmp_path / "out"
-    common = ("--wandb.mode=offline", "--train.max_iters=6", "--train.eval_interval=6")
-    with inject(interrupt_after=3):
-        first = run(out, data_root, *common)
-    run_id = first["wandb_run_id"]
-    assert load_checkpoint(out)["train"]["run_id"] == run_id
-    second = run(out, data_root, *common)
-    assert second["wandb_run_id"] == run_id and load_checkpoint(out)["train"]["run_id"] == run_id
-    run_dirs = sorted((out / "wandb").glob("offline-run-*"))
-    # offline-run-<time>-<id>, with a -1 suffix when both runs start within the same second
-    assert len(run_dirs) == 2 and all(re.search(rf"-{run_id}(-\d+)?$", d.name) for d in run_dirs)
-
-    summary, config, history_keys = {}, {}, set()
-    for rec in _wandb_records(run_dirs[-1] / f"run-{run_id}.wandb"):
-        kind = rec.WhichOneof("record_type")
-        if kind == "run":
-            assert rec.run.run_id == run_id
-            config.update({u.key: json.loads(u.value_json) for u in rec.run.config.update})
-        elif kind == "summary":
-            for u in rec.summary.update:
-                summary["/".join(u.nested_key) or u.key] = json.loads(u.value_json)
-        elif kind == "history":
-            history_keys |= {"/".join(i.nested_key) or i.key for i in rec.history.item}
-    assert summary["val/loss"] == pytest.approx(second["eval"]["val/loss"])
-    assert config["model"]["n_layer"] == 2 and config["model"]["n_embd"] == 32
-    assert {"train/loss", "val/loss", "val/bpb", "lr", "grad_norm", "tokens_per_sec", "mfu", "tokens_seen"} <= history_keys
-
-
-def test_wandb_online_without_api_key_falls_back_to_offline_with_hint(tmp_path):
-    from training.report.wandb_logger import resolve_mode
-
-    no_key = {"NETRC": str(tmp_path / "no_netrc")}
-    mode, hint = resolve_mode("online", no_key)
-    assert mode == "offline" and hint.startswith("wandb: no API key found") and "\n" not in hint
-    assert resolve_mode("online", {**no_key, "WANDB_API_KEY": "x" * 40}) == ("online", "")
-    netrc = tmp_path / "netrc"
-    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
-    netrc.chmod(0o600)
-    assert resolve_mode("online", {"NETRC": str(netrc)}) == ("online", "")
-    assert resolve_mode("online", {**no_key, "WANDB_MODE": "disabled"}) == ("disabled", "")
-    assert resolve_mode("offline", {"WANDB_MODE": "online"}) == ("offline", "")  # env never makes it less private
-
-
-def test_wandb_failure_at_init_warns_once_and_training_continues(tmp_path, data_root, monkeypatch, capsys):
-    import wandb
-
-    def broken(*a, **k):
-        raise RuntimeError("wandb service exploded")
-
-    monkeypatch.setattr(wandb, "init", broken)
-    res = run(tmp_path / "out", data_root, "--wandb.mode=offline", "--train.max_iters=3")
-    assert res["iter"] == 3
-    warnings = [l for l in capsys.readouterr().out.splitlines() if "wandb failed to start" in l]
-    assert warnings == ["warning: wandb failed to start (RuntimeError: wandb service exploded); continuing without wandb"]
-
-
 # ------------------------------------------------------------------------------------ subprocesses
 
 @pytest.mark.slow
@@ -499,7 +371,7 @@ def test_sigterm_mid_run_writes_checkpoint_and_exits_zero(tmp_path, data_root):
     out = tmp_path / "out"
     argv = tiny_argv(out, data_root, "--train.max_iters=100000", "--train.eval_interval=100000")
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_sub_env())
+                            stderr=subprocess.PIPE, text=True, env=sub_env())
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 90
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
@@ -522,7 +394,7 @@ def test_ddp_two_gloo_ranks_match_one_rank_with_twice_the_accumulation(tmp_path,
     single = run(tmp_path / "one", data_root, *common)
     argv = tiny_argv(tmp_path / "two", data_root, *common)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(ROOT / "train.py"), *argv], capture_output=True, text=True, env=_sub_env(), timeout=300)
+                        str(ROOT / "train.py"), *argv], capture_output=True, text=True, env=sub_env(), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + "\n-----\n" + r.stderr[-3000:]
     assert "2 rank(s)" in r.stdout
     two = {rec["iter"]: rec["train/loss"] for rec in map(json.loads, (tmp_path / "two" / "metrics.jsonl").read_text().splitlines())
@@ -558,56 +430,6 @@ def test_an_init_from_run_says_the_architecture_it_took_and_reruns_as_a_resume(t
     assert res["iter"] == 3 and load_checkpoint(tmp_path / "b")["config"]["model"]["n_layer"] == 2
 
 
-def _history_steps(run_file: Path) -> list[int]:
-    import json
-
-    steps = []
-    for rec in _wandb_records(run_file):
-        if rec.WhichOneof("record_type") == "history":
-            steps += [json.loads(i.value_json) for i in rec.history.item if (i.key or "/".join(i.nested_key)) == "_step"]
-    return steps
-
-
-def _steps_per_file_once_written(folders: list[str], run_id: str, last: int) -> list[list[int]]:
-    """The logged steps of each run file, read once the last file holds step `last`: wandb-core finishes
-    writing a file a moment after run.finish() returns (up to 60 s on a loaded machine)."""
-    deadline = time.time() + 60
-    while True:
-        steps = [_history_steps(Path(f) / f"run-{run_id}.wandb") for f in folders]
-        if steps[-1][-1:] == [last] or time.time() > deadline:
-            return steps
-        time.sleep(0.2)
-
-
-def test_a_resumed_offline_run_logs_each_step_once_and_says_how_to_sync_it(tmp_path, data_root, capsys):
-    """The process dies after logging steps 4-5 but before checkpointing them; the resumed run redoes 4
-    and 5 and must not log them to wandb a second time, nor drop any."""
-    import glob
-    import json
-
-    from faults import InjectedCrash
-
-    out = tmp_path / "out"
-    common = ("--wandb.mode=offline", "--train.max_iters=8", "--train.checkpoint_interval=3",
-              "--train.eval_interval=100", "--train.log_interval=1")
-    with inject(crash_at=5), pytest.raises(InjectedCrash):
-        run(out, data_root, *common)
-    assert load_checkpoint(out)["train"]["iter"] == 3
-    res = run(out, data_root, *common)
-    run_id = res["wandb_run_id"]
-    folders = sorted(glob.glob(str(out / "wandb" / f"offline-run-*-{run_id}*")))  # start order: time-stamped
-    assert len(folders) == 2
-    first, second = _steps_per_file_once_written(folders, run_id, 8)
-    assert first == [1, 2, 3, 4, 5] and second == [6, 7, 8]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iter"] for r in records] == list(range(1, 9))  # replayed steps once, the resumed values
-    assert [r["train/loss"] for r in records] == [res["losses"].get(i, r["train/loss"]) for i, r in enumerate(records, 1)]
-    hint = next(line for line in capsys.readouterr().out.splitlines() if "wandb sync" in line)
-    command = hint.split("with: ", 1)[1]
-    assert command.startswith(f"wandb sync --id {run_id} ")
-    assert sorted(glob.glob(command.split()[-1])) == folders  # the command's pattern names both parts
-
-
 def test_logs_are_plain_lines_when_stdout_is_not_a_terminal(tmp_path, data_root, capsys):
     run(tmp_path / "out", data_root, "--train.max_iters=6", "--train.log_interval=2", "--train.eval_interval=6")
     out, err = capsys.readouterr()
@@ -629,78 +451,3 @@ def test_a_terminal_gets_the_progress_bar_instead(capsys):
     assert out == "" and "\r" in err and "4/4" in err and "loss 1.0" in err
 
 
-def test_after_kill_9_every_logged_step_reaches_wandb_exactly_once(tmp_path, data_root):
-    """kill -9 right after step 7 (steps 1-6 logged, checkpoints at 3 and 6): wandb writes its offline
-    file in batches, so the killed process's folder may lack steps it logged. Over both folders (what
-    `wandb sync --id` uploads, in start order), read with this test's own reader, each step is there
-    exactly once and in order."""
-    import glob
-
-    out = tmp_path / "out"
-    common = ("--wandb.mode=offline", "--train.max_iters=10", "--train.checkpoint_interval=3",
-              "--train.eval_interval=100", "--train.log_interval=1")
-    killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *tiny_argv(out, data_root, *common)],
-                            env={**{k: v for k, v in _sub_env().items() if k != "WANDB_SERVICE"},  # its own wandb-core
-                                 "SMALLGPT_TEST_KILL_AFTER": "7"}, capture_output=True, text=True,
-                            timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert load_checkpoint(out)["train"]["iter"] == 6
-    res = run(out, data_root, *common)
-    run_id = res["wandb_run_id"]
-    folders = sorted(glob.glob(str(out / "wandb" / f"offline-run-*-{run_id}*")))
-    assert len(folders) == 2
-    steps = [s for per_file in _steps_per_file_once_written(folders, run_id, 10) for s in per_file]
-    assert steps == list(range(1, 11)), steps
-
-
-def test_the_offline_reader_stops_at_a_torn_record_and_finds_the_last_step(tmp_path):
-    """training.report.wandb_logger.last_offline_step reads what a killed process left: a file cut mid-record
-    (or with a damaged byte) yields the steps before the damage, as this test's own reader counts them."""
-    import wandb
-
-    from training.report.wandb_logger import last_offline_step
-
-    run = wandb.init(project="p", id="tornrun1", dir=str(tmp_path), mode="offline",
-                     settings=wandb.Settings(console="off", silent=True))
-    for step in range(1, 41):
-        run.log({"x": float(step), "pad": "y" * 3000}, step=step)  # records spanning 32 KiB blocks
-    run.finish()
-    (run_file,) = glob_files(tmp_path, "wandb/offline-run-*-tornrun1/run-tornrun1.wandb")
-    assert last_offline_step(str(tmp_path), "tornrun1") == 40  # (it waits until wandb-core has closed the file)
-    assert _history_steps(run_file) == list(range(1, 41))
-    data = run_file.read_bytes()
-    cut = data.index(b'"x"' if b'"x"' in data else b"x", len(data) // 2)
-    run_file.write_bytes(data[:cut])  # torn in the middle of a record
-    expected = max(_history_steps_prefix(data, cut))
-    assert 1 <= last_offline_step(str(tmp_path), "tornrun1") == expected < 40
-    damaged = bytearray(data)
-    damaged[len(data) // 3] ^= 0xFF
-    run_file.write_bytes(bytes(damaged))
-    assert last_offline_step(str(tmp_path), "tornrun1") < 40
-
-
-def glob_files(root: Path, pattern: str) -> list[Path]:
-    return sorted(root.glob(pattern))
-
-
-def _history_steps_prefix(data: bytes, cut: int) -> list[int]:
-    """The history steps of the records of the whole transaction log `data` that end before byte `cut`
-    (this test's own framing loop, as in _wandb_records)."""
-    import json
-
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    steps, pos, block, pending = [0], 7, 32768, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pending = (b"" if kind in (1, 2) else pending) + data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4) and pos <= cut:
-            rec = pb.Record()
-            rec.ParseFromString(pending)
-            if rec.WhichOneof("record_type") == "history":
-                steps += [json.loads(i.value_json) for i in rec.history.item if (i.key or "/".join(i.nested_key)) == "_step"]
-    return steps

@@ -21,7 +21,7 @@ import sample
 import train
 from errors import UserError, run_cli
 from checkpoint import load_checkpoint, save_checkpoint
-from test_train import run, tiny_argv
+from tiny_runs import run, tiny_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
