@@ -231,6 +231,8 @@ def launch_env(monkeypatch):
     (dict(RANK=1, WORLD_SIZE=1, LOCAL_RANK=0), ["RANK=1 is outside 0..0"]),  # a TypeError in on_rank0 before
     (dict(RANK=-1, WORLD_SIZE=2), ["RANK=-1 is outside 0..1"]),
     (dict(RANK=0, WORLD_SIZE=0), ["WORLD_SIZE=0 must be at least 1"]),
+    (dict(RANK=0, WORLD_SIZE=10**30), [f"WORLD_SIZE={10**30} is more ranks than any launch starts"]),  # waited for ever
+    (dict(RANK=0, WORLD_SIZE=2**20 + 1), ["is more ranks than any launch starts (at most 1,048,576)"]),
     (dict(RANK=0, WORLD_SIZE=2, LOCAL_RANK=-1), ["LOCAL_RANK=-1 is outside"]),
     (dict(WORLD_SIZE=2), ["WORLD_SIZE is set but RANK is not"]),
     (dict(RANK=0), ["RANK is set but WORLD_SIZE is not"]),

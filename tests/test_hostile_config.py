@@ -342,6 +342,14 @@ def test_resume_drops_a_metrics_line_nested_too_deep(tmp_path, capsys):
     assert (tmp_path / "metrics.jsonl").read_text() == json.dumps(good) + "\n"
 
 
+def test_resume_keeps_only_records_whose_iter_is_a_whole_number(tmp_path):
+    """JSON's true is Python's True, an int: a record with "iter": true was kept as iteration 1 (and sent to
+    wandb as step 1). Only an integer iter counts; the others are not records of a step."""
+    lines = [{"iter": v, "x": 1.0} for v in (True, False, 2.0, "2", None, [2])] + [{"iter": 2, "x": 2.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert MetricsLog(tmp_path).resume_at(5) == [{"iter": 2, "x": 2.0}]
+
+
 def test_resume_refuses_a_metrics_file_past_the_bound_unread(tmp_path, monkeypatch):
     """The read is bounded: a file over the limit (here 1 KiB instead of 1 GiB) is one line, untouched."""
     import training.report.metrics as metrics

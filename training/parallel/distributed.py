@@ -48,6 +48,7 @@ DDP_MODE, FSDP_MODE = "ddp", "fsdp"
 MODES = (DDP_MODE, FSDP_MODE)
 # Rank 0 may spend hours preparing a large dataset while the others wait for it on this group.
 CONTROL_TIMEOUT = datetime.timedelta(hours=12)
+MAX_WORLD_SIZE = 2**20  # ranks: far above the largest jobs run (~1e5 GPUs), far below the absurd
 DEFAULT_TIMEOUT_S = 600.0  # train.collective_timeout's default ("10m")
 NCCL_LATER_S = 60.0  # the device group times out this much later: the control group's one line comes first
 # the fix for every bad launch variable: what torchrun sets, or nothing (one process)
@@ -265,6 +266,9 @@ def dist_from_env(mode: str = DDP_MODE, timeout_s: float = DEFAULT_TIMEOUT_S) ->
     local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else 0
     if world_size < 1:
         raise UserError(f"WORLD_SIZE={world_size} must be at least 1; {LAUNCH_FIX}")
+    if world_size > MAX_WORLD_SIZE:  # rank 0 would wait for ranks that no launch starts
+        raise UserError(f"WORLD_SIZE={world_size} is more ranks than any launch starts (at most {MAX_WORLD_SIZE:,}); "
+                        f"{LAUNCH_FIX}")
     if not 0 <= rank < world_size:
         raise UserError(f"RANK={rank} is outside 0..{world_size - 1} (WORLD_SIZE={world_size}); {LAUNCH_FIX}")
     if not 0 <= local_rank < world_size:  # a node runs at most the whole world's ranks

@@ -65,7 +65,7 @@ class MetricsLog:
             except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON (nested too deep too)
                 dropped += bool(line.strip())
                 continue
-            if isinstance(record, dict) and isinstance(record.get("iter"), int) and record["iter"] <= iter_num:
+            if isinstance(record, dict) and type(record.get("iter")) is int and record["iter"] <= iter_num:  # not a bool
                 kept.append(json.dumps(record, allow_nan=False) + "\n")
                 records.append(record)
         if dropped:
