@@ -179,7 +179,23 @@ def _check_shard_count(cfg: DataConfig, *sources: Source | None) -> None:
 def _open_sources(cfg: DataConfig) -> tuple[Source, Source | None]:
     if not cfg.val_dataset:
         return open_source(cfg), None
-    return open_source(cfg, tail_split=False), open_source(cfg, cfg.val_dataset, tail_split=False, key="data.val_dataset")
+    main = open_source(cfg, tail_split=False)
+    val = open_source(cfg, cfg.val_dataset, tail_split=False, key="data.val_dataset")
+    _check_val_apart(main, val)
+    return main, val
+
+
+def _check_val_apart(main: Source, val: Source) -> None:
+    """The val source must hold none of the training data: the config compares the two settings as written,
+    but 'corpus/' and './corpus', or a file inside the training folder, name the same files (every val
+    loss would then be a train loss, silently). Compared by what the sources read: their resolved files,
+    or the whole identity of a source without files (an HF dataset)."""
+    shared = sorted({os.path.realpath(f) for f in main.files or []} & {os.path.realpath(f) for f in val.files or []})
+    if shared or (main.files is None and val.files is None and main.identity == val.identity):
+        what = f"{shared[0]}{f' and {len(shared) - 1:,} more files' if len(shared) > 1 else ''}" if shared else "the same data"
+        raise UserError(f"data.val_dataset and data.dataset both read {what}: the val split would hold training data; "
+                        "name a val source apart from the training files, or leave data.val_dataset empty to hold "
+                        "out val_fraction of the documents")
 
 
 def _v1_fingerprint(cfg: DataConfig, meta: dict) -> str | None:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tiktoken
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import data.prepare
@@ -169,6 +169,36 @@ def test_val_dataset_is_the_val_split_and_all_of_dataset_is_train(tmp_path):
     train, val = documents(out)
     assert (train, val) == (ids_of(DOCS[:20]), ids_of(DOCS[20:]))
     assert load_meta(out)["val_dataset"] == str(val_src)
+
+
+SAME_FILES = {  # spellings of the corpus folder, or of files in it: each overlaps with every other
+    "folder": "corpus", "slash": "corpus/", "dot": "./corpus", "dotdot": "corpus/../corpus", "abs": "{abs}/corpus",
+    "link": "linked", "glob": "corpus/*.txt", "one file": "corpus/b.txt", "one by link": "linked/a.txt",
+}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(train=st.sampled_from(sorted(SAME_FILES)), val=st.sampled_from(sorted(SAME_FILES)))
+def test_a_val_dataset_that_reads_training_files_is_refused_however_it_is_spelled(tmp_path, monkeypatch, train, val):
+    """'corpus/' and './corpus' (or a file of the training folder) were accepted as a separate val source: the
+    val split was training data, and every val loss a train loss. Refused in one line, nothing prepared."""
+    if not (tmp_path / "corpus").exists():
+        (tmp_path / "corpus").mkdir()
+        for name in "abc":
+            (tmp_path / "corpus" / f"{name}.txt").write_text(f"text {name} " * 50)
+        (tmp_path / "linked").symlink_to(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    spell = {k: v.format(abs=tmp_path) for k, v in SAME_FILES.items()}
+    if spell[train] == spell[val]:
+        return  # the config refuses the same text already (tests/test_config.py)
+    with pytest.raises(UserError) as e:
+        prepare_data(DataConfig(dataset=spell[train], val_dataset=spell[val], root="p", tokenizer="char"), progress=False)
+    assert "\n" not in str(e.value) and "data.val_dataset and data.dataset both read" in str(e.value), str(e.value)
+    assert not Path("p").exists()
+    apart = tmp_path / "val.txt"
+    apart.write_text("held out text " * 20)
+    if train not in ("one file", "one by link"):
+        prepare_data(DataConfig(dataset=spell[train], val_dataset=str(apart), root="p2", tokenizer="char"), progress=False)
 
 
 # --- bad rows -----------------------------------------------------------------------------------------
