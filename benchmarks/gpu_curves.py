@@ -11,6 +11,10 @@ import argparse
 import re
 from pathlib import Path
 
+from errors import run_cli
+from fileio import path_arg
+from ownership import check_output
+
 OURS = re.compile(r"^\s*([\d.]+) iter (\d+): train loss [\d.]+, val loss ([\d.]+)")
 NANOGPT = re.compile(r"^\s*([\d.]+) step (\d+): train loss [\d.]+, val loss ([\d.]+)")
 RUNS = (("ours_char.log", OURS, "ours: shakespeare_char_gpu.yaml"),
@@ -34,9 +38,10 @@ def first_below(curve, loss: float):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("logs", type=Path)
-    p.add_argument("out", type=Path)
+    p.add_argument("out", type=path_arg)
     p.add_argument("--target", type=float, default=1.47)
     args = p.parse_args(argv)
+    out = check_output(args.out, "out")  # the gate (ownership.py): a picture, never into a managed folder
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -53,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
            ylim=(1.4, 2.2), title="tiny shakespeare, characters, one H100")
     ax.legend()
     fig.tight_layout()
-    tmp = args.out.with_suffix(".tmp.png")
+    tmp = out.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
-    tmp.replace(args.out)
+    tmp.replace(out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
 from fileio import atomic_write_bytes, check_writable_dir, no_empty_dirs_left, output_target, path_arg
+from ownership import check_output
 
 MAX_NUMBER = 99
 # the most of each that one run makes (about 100 MB of text each): a larger count is refused before any work,
@@ -138,7 +139,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m data.tasks", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=path_arg, help="folder for train.jsonl, heldout.jsonl and pretrain.txt")
     p.add_argument("--train", type=int, default=10000, help="training conversations")
@@ -146,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pretrain-lines", type=int, default=20000, help="lines of plain text for pretraining")
     p.add_argument("--max-number", type=int, default=MAX_NUMBER, help="arithmetic on numbers from 10 to this")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if not 20 <= args.max_number <= 99 or not 2 <= args.train <= MAX_TRAIN or not 0 <= args.heldout <= MAX_HELDOUT \
             or not 0 <= args.pretrain_lines <= MAX_PRETRAIN_LINES:
         raise UserError(f"--max-number needs to be from 20 to 99, --train from 2 to {MAX_TRAIN:,}, --heldout from 0 to "
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if asked > there:
         raise UserError(f"--heldout {args.heldout} asks for {asked} arithmetic questions, but --max-number "
                         f"{args.max_number} makes only {there}; ask for at most {there * len(KINDS)} held-out rows")
-    out = Path(args.out)  # checked before it is created, and before any work
+    out = check_output(args.out, "--out")  # the gate (ownership.py): not in a folder another command manages
     with no_empty_dirs_left(out):  # a write that fails (a full disk) leaves no empty --out behind
         check_writable_dir(out, "--out")
         for name in FILES:  # a link or a folder at one of its names: refused now, not after the others are written

@@ -121,14 +121,18 @@ def load_chat_model(spec: str):
     return loaded.model, tok, template, (note or "") if recorded is None else ""
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m eval.chat_tasks", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, type=path_arg,
                    help="a checkpoint file or out_dir (or an HF GPT-2 name/dir)")
     p.add_argument("--tasks", required=True, type=path_arg, help="held-out rows: heldout.jsonl of `python -m data.tasks`")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     numbered = numbered_rows(args.tasks)
