@@ -146,7 +146,7 @@ def check_out_file(name: str) -> None:
     being read: fileio.output_target): checked before anything is loaded or generated."""
     path = check_path_value(name, "--out")
     if path.is_dir():
-        raise UserError(f"--out {name} is a directory; name a file, e.g. {path / 'samples.txt'}")
+        raise UserError(f"--out {name} is a directory; name a file, e.g. {file_in(path)}")
     path, straight = output_target(path, "--out")
     if straight:
         return
@@ -154,6 +154,15 @@ def check_out_file(name: str) -> None:
         raise UserError(f"--out {name}: the folder {path.parent} does not exist; create it or choose another --out")
     if not os.access(path.parent, os.W_OK):
         raise UserError(f"--out {name}: the folder {path.parent} is not writable; choose another --out")
+
+
+def file_in(folder: Path) -> Path:
+    """A file to suggest for an --out that names a folder: in it, unless the gate refuses that (a folder another
+    command manages, e.g. the run's own out_dir): then in the current folder."""
+    try:
+        return check_output(folder / "samples.txt", "--out")
+    except UserError:
+        return Path("samples.txt")
 
 
 def check_out_is_no_input(name: str, spec: str, args: argparse.Namespace) -> None:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from pathlib import Path
 
+import pytest
 import torch
 
 import train
 from checkpoint import load_checkpoint
 from data import holds
-from entry_points import run_entry, train_argv
+from entry_points import WRITERS, run_entry, train_argv
 from eval.figures import Inspection, attention_figure, figure_png, surprisal_figure
 from locks import DirLock
+from test_class2_one_gate import KINDS, make_managed
 
 
 def one_error(code, err) -> str:
@@ -103,3 +106,23 @@ def test_class7_cjk_tokens_draw_without_a_warning_per_glyph_and_say_so_once(caps
     assert glyphs == [], glyphs[:3]
     err = capsys.readouterr().err
     assert err.count("drawn as escaped code points") <= 1, err  # once per process (an earlier test may have said it)
+
+
+@pytest.mark.parametrize("kind", [None, *KINDS])
+@pytest.mark.parametrize("writer", [w for w in WRITERS if w.makes == "file"], ids=str)
+def test_class7_a_file_writer_given_a_folder_suggests_a_file_it_then_takes(writer, kind, world, capsys, tmp_path,
+                                                                          monkeypatch):
+    """Was: sample.py --out out/small said "is a directory; name a file, e.g. out/small/samples.txt", and that
+    file was refused next: it lies in a training out_dir. The file a writer suggests passes its own gate."""
+    monkeypatch.chdir(tmp_path)
+    folder = make_managed(kind, tmp_path / "managed") if kind else tmp_path / "plain"
+    folder.mkdir(exist_ok=True)
+    code, _, err = run_entry(writer.main, writer.argv(folder, world), capsys)
+    if code == 0:
+        return  # a writer that takes a folder (training.plot writes curves.png in it)
+    line = one_error(code, err)
+    if "e.g. " not in line:
+        return  # refused without a suggestion (a managed folder named as such by the gate)
+    suggested = line.split("e.g. ", 1)[1].split()[0].rstrip(";,)")
+    code, _, err = run_entry(writer.main, writer.argv(Path(suggested), world), capsys)
+    assert "a folder has one owner" not in err and code == 0, (line, err)
