@@ -19,8 +19,10 @@ MAX_BLOCK_SIZE = 2**24
 MAX_PARAMS = 10**12
 
 
-def model_config_problem(cfg: GPTConfig, prefix: str = "GPTConfig.") -> str | None:
-    """What is wrong with `cfg`, naming the field as `<prefix><field>` and a valid value; None if nothing."""
+def model_config_problem(cfg: GPTConfig, prefix: str = "GPTConfig.", vocab_known: bool = True) -> str | None:
+    """What is wrong with `cfg`, naming the field as `<prefix><field>` and a valid value; None if nothing.
+    vocab_known False: the vocabulary comes from the data later (a config's vocab_size 0): cfg holds 1, and
+    the size check counts the model without it."""
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -52,6 +54,8 @@ def model_config_problem(cfg: GPTConfig, prefix: str = "GPTConfig.") -> str | No
             return f"{prefix}{name} must be true or false, got {getattr(cfg, name)!r}"
     n = cfg.num_params()  # last: it reads the fields checked above
     if n > MAX_PARAMS:  # refused by arithmetic: building even on the meta device would take minutes
-        return (f"a model of about {n:.2g} parameters, more than the {MAX_PARAMS:.0e} this project builds; "
-                f"lower n_layer ({cfg.n_layer}), n_embd ({cfg.n_embd}) or vocab_size ({cfg.vocab_size})")
+        shrink = (f"n_layer ({cfg.n_layer}), n_embd ({cfg.n_embd}) or vocab_size ({cfg.vocab_size})" if vocab_known
+                  else f"n_layer ({cfg.n_layer}) or n_embd ({cfg.n_embd})")
+        return (f"a model of about {n:.2g} parameters{'' if vocab_known else ' before its vocabulary'}, more than the "
+                f"{MAX_PARAMS:.0e} this project builds; lower {shrink}")
     return None

@@ -100,7 +100,16 @@ def test_int_accepts_integral_scientific_notation():
     (["--lr=1"], r"unknown option --lr; did you mean --train.lr=\.\.\.\?"),
     (["small.yaml"], r"unexpected argument 'small.yaml'; options look like --config small"),
     (["--train.lr"], r"option --train.lr has no value; write --train.lr=VALUE"),
+    (["--print_config"], r"unknown option --print_config; did you mean --print-config\?$"),  # was: "has no value"
+    (["--Config"], r"unknown option --Config; did you mean --config\?$"),
+    (["--lr"], r"unknown option --lr; did you mean --train.lr=\.\.\.\?"),
+    (["--n_layer", "4"], r"unknown option --n_layer; did you mean --model.n_layer=\.\.\.\?"),
     (["--config", "no_such_config"], r"config 'no_such_config' not found .*one of: .*small"),
+    # vocab_size 0 (the tokenizer's) was named as "vocab_size (1)", the placeholder the size check counts
+    (["--model.n_layer=1024", "--model.n_embd=65536", "--model.n_head=1"],
+     r"parameters before its vocabulary, .* lower n_layer \(1024\) or n_embd \(65536\)$"),
+    (["--model.n_layer=1024", "--model.n_embd=65536", "--model.n_head=1", "--model.vocab_size=50304"],
+     r"lower n_layer \(1024\), n_embd \(65536\) or vocab_size \(50304\)$"),
 ])
 def test_bad_config_raises_one_line_user_error(argv, pattern):
     with pytest.raises(UserError, match=pattern) as ei:

@@ -34,6 +34,8 @@ def parse_argv(argv: list[str], sections: dict[str, list[str]]) -> tuple[str | N
         if not arg.startswith("--") or arg == "--":
             raise UserError(f"unexpected argument {arg!r}; options look like --config small or --train.lr=3e-4")
         key, eq, value = arg[2:].partition("=")
+        if key != "config" and "." not in key:  # unknown, whether a value follows or not (not "has no value")
+            raise UserError(f"unknown option --{key}; {_suggest_option(key, sections)}")
         if not eq:  # "--key value"
             if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
                 raise UserError(f"option --{key} has no value; write --{key}=VALUE")
@@ -42,17 +44,21 @@ def parse_argv(argv: list[str], sections: dict[str, list[str]]) -> tuple[str | N
         i += 1
         if key == "config":
             config_name = value
-        elif "." in key:
-            overrides.append((key, value))
         else:
-            raise UserError(f"unknown option --{key}; {_suggest_option(key, sections)}")
+            overrides.append((key, value))
     return config_name, overrides
+
+
+FLAGS = ("config", "print-config", "help")  # the options that are no section.key
 
 
 def _suggest_option(key: str, sections: dict[str, list[str]]) -> str:
     owners = [s for s, keys in sections.items() if key in keys]
     if owners:
         return f"did you mean --{owners[0]}.{key}=...? overrides are written --section.key=value"
+    flag = next((f for f in FLAGS if f.replace("-", "") == key.replace("_", "").replace("-", "").lower()), None)
+    if flag:
+        return f"did you mean --{flag}?"
     return f"overrides are written --section.key=value with sections {', '.join(sections)}; see --help"
 
 

@@ -155,7 +155,8 @@ class ModelSection(Freezable):
         check_fields(self, "model")
         if isinstance(self.vocab_size, int) and self.vocab_size < 0:
             raise UserError(f"model.vocab_size must be 0 (the tokenizer's) or a positive integer, got {self.vocab_size}")
-        problem = model_config_problem(self.gpt_config(self.vocab_size or 1), prefix="model.")  # the one check
+        problem = model_config_problem(self.gpt_config(self.vocab_size or 1), prefix="model.",  # the one check
+                                       vocab_known=bool(self.vocab_size))
         if problem:
             raise UserError(problem)
 
