@@ -136,8 +136,9 @@ def check_params(body: dict, limits: Limits) -> Params:
     for name in ("frequency_penalty", "presence_penalty"):
         if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
             raise _bad(name, "is not supported; leave it out or 0", "unsupported_parameter")
-    for name, harmless in UNSUPPORTED.items():
-        if body.get(name) not in harmless:
+    for name, harmless in UNSUPPORTED.items():  # by type too: 0 == False, but logprobs 0 asks for the sampled ones
+        value = body.get(name)
+        if not any(type(value) is type(h) and value == h for h in harmless):
             raise _bad(name, "is not supported by this server; leave it out", "unsupported_parameter")
     # both are checked (a bad max_tokens beside a good max_completion_tokens is still refused); the newer
     # name wins where both are given, as in OpenAI's API

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data import get_tokenizer
@@ -22,7 +22,7 @@ from model.generate import generate
 from server import cli
 from server.app import Served, create_app
 from server.engine import Engine, QueueFull, Request, Sampling
-from server.schema import Limits, check_params
+from server.schema import UNSUPPORTED, ApiError, Limits, check_params
 from server.text import StopText
 from serving import make_chat_checkpoint
 
@@ -287,3 +287,29 @@ def test_class_seeds_that_differ_only_above_32_bits_give_different_text(model, e
                              (prompt, Sampling(temperature=0.0, max_tokens=24))])
     assert crowd[0][0] != a  # distinct seeds, distinct streams
     assert crowd[1][0] == a  # the same seed, the same text, alone or batched
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-2, 2) | st.text(max_size=3),
+                           lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2),
+                           max_leaves=4)
+
+
+# equal to a value that asks for nothing, in another type (Python's 0 == False == 0.0, 1 == True == 1.0)
+LOOK_ALIKES = st.sampled_from([0, 0.0, 1, 1.0, True, False, None, "", [], {}, -0.0, "0", [None], {"": None}])
+
+
+@settings(max_examples=200)
+@given(name=st.sampled_from(sorted(UNSUPPORTED)), value=LOOK_ALIKES | JSON_VALUES)
+def test_class_an_unsupported_field_passes_only_with_a_value_that_asks_for_nothing(name, value):
+    """"logprobs": 0 passed (0 == False) and was answered without logprobs, though on /v1/completions it asks for
+    the sampled tokens' ones; likewise best_of true (== 1) or 1.0. The values that ask for nothing, as JSON
+    writes them: null, false, 1, "", [], {} (each field its own)."""
+    nothing = {"logprobs": [None, False], "top_logprobs": [None], "tools": [None, []], "functions": [None, []],
+               "echo": [None, False], "suffix": [None, ""], "best_of": [None, 1], "logit_bias": [None, {}]}[name]
+    harmless = any(type(value) is type(v) and value == v for v in nothing)
+    try:
+        check_params({name: value}, Limits())
+    except ApiError as e:
+        assert not harmless and e.status == 400 and e.param == name, (value, e.message)
+    else:
+        assert harmless, value
