@@ -21,6 +21,7 @@ from model.gpt import GPT
 METRICS_NAME = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 * 2**20  # a bound on what the card reads of metrics.jsonl
 MAX_LINE = 64 * 2**10
+NOT_RECORDED = "not recorded"
 
 LOAD = {
     "gpt2": ("GPT-2 (`GPT2LMHeadModel`)", ""),
@@ -64,10 +65,12 @@ def eval_at(metrics: Path, iteration: Any) -> dict[str, Any] | None:
     return found
 
 
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _number(value: Any, fmt: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "not recorded"
-    return format(value, fmt)
+    return format(value, fmt) if _is_number(value) else NOT_RECORDED
 
 
 def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, source: str | os.PathLike | None,
@@ -80,6 +83,7 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
     ckpt = checkpoint or {}
     train_state = ckpt.get("train") if isinstance(ckpt.get("train"), dict) else {}
     config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    plan = ckpt.get("plan") if isinstance(ckpt.get("plan"), dict) else {}
     it = train_state.get("iter")
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"tags: [smallgpt, {fmt}]", "---", "",
              f"# {name}", "",
@@ -116,10 +120,13 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
 
     lines += ["## Training", ""]
     if train_state:
+        # the counters are in "train"; what the run decided at start-up (its dtype: the config's may say
+        # auto) is in "plan" since format 3, where format.upgrade moves an older checkpoint's too
+        elapsed = train_state.get("elapsed_s")
         done = {"steps": it, "tokens seen": train_state.get("tokens_seen"),
-                "wall time": f"{_number(train_state.get('elapsed_s'), '.0f')} s", "dtype": train_state.get("dtype"),
+                "wall time": f"{elapsed:.0f} s" if _is_number(elapsed) else None, "dtype": plan.get("dtype"),
                 "run id": train_state.get("run_id")}
-        lines += [*_table(done), ""]
+        lines += [*_table({k: NOT_RECORDED if v in (None, "") else v for k, v in done.items()}), ""]
     if config:
         try:
             text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip()
