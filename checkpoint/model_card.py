@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import yaml
 
@@ -73,10 +73,22 @@ def _number(value: Any, fmt: str) -> str:
     return format(value, fmt) if _is_number(value) else NOT_RECORDED
 
 
+def tokenizer_words(tokenizer: dict, files: Collection[str]) -> str:
+    """The exported tokenizer and the files that carry it, in words (the card's line and the export's):
+    told from `files`, the names the export writes. A BPE trained on the corpus (data.tokenizer bpe:<n>) is
+    its own tokenizer.json; GPT-2's is GPT-2's own vocab.json and merges.txt. (A character-level
+    checkpoint is refused before anything is written: no HF tokenizer reproduces its vocabulary.)"""
+    name = _cell(tokenizer.get("tokenizer"))
+    if "tokenizer.json" in files:
+        return f"a byte-level BPE trained on the run's corpus ({name}), in tokenizer.json (HF tokenizers' format)"
+    return f"GPT-2's BPE ({name}), in GPT-2's own vocab.json and merges.txt"
+
+
 def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, source: str | os.PathLike | None,
-               name: str, vocab_size: int) -> str:
+               name: str, vocab_size: int, files: Collection[str]) -> str:
     """README.md's text. `checkpoint`: the loaded checkpoint dict (None for a model from an HF directory);
-    `source`: where it came from; `name`: the export directory's name; vocab_size: the exported rows."""
+    `source`: where it came from; `name`: the export directory's name; vocab_size: the exported rows;
+    `files`: the names of the other files the export writes (its tokenizer's among them)."""
     cfg = model.config
     arch, remote = LOAD[fmt]
     n_params = sum(p.numel() for p in model.parameters())
@@ -91,7 +103,7 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
              f"`python -m checkpoint.export` from `{_cell(str(source or '?'))}`" + (f" at step {it}." if isinstance(it, int) else ".")
              + (f" Its vocabulary, padded to {cfg.vocab_size} rows for GPU speed, is cut here to the tokenizer's "
                 f"{vocab_size}: no id the tokenizer can decode is lost." if cfg.vocab_size > vocab_size else ""), "",
-             f"Architecture: {arch}. Tokenizer: GPT-2's BPE ({_cell(tokenizer.get('tokenizer'))}). Its logits equal "
+             f"Architecture: {arch}. Tokenizer: {tokenizer_words(tokenizer, files)}. Its logits equal "
              "smallgpt's to float32 rounding.", "",
              "```python", "from transformers import pipeline", "",
              f'pipe = pipeline("text-generation", model="{name}"{remote})',

@@ -76,3 +76,52 @@ def test_every_checkpoint_version_gives_its_dtype_or_not_recorded(version, dtype
     if version > 1:  # (version 1's upgrade counts its wall time from 0 s: a resumed run adds to it)
         assert card_row(card, "wall time") == ("12 s" if elapsed else "not recorded")
     assert card_row(card, "run id") == f"r{version}" and "null" not in card.split("## Training")[1].split("```")[0]
+
+
+# ------------------------------------------------------------------ what the export says it wrote
+
+SHAKESPEARE_LINES = ["First Citizen: Before we proceed any further, hear me speak.",
+                     "All: Speak, speak.", "First Citizen: You are all resolved rather to die than to famish?"]
+
+
+@settings(max_examples=8)  # each writes an export
+@given(kind=st.sampled_from(["gpt2", "bpe", "char"]), bpe_size=st.integers(300, 600))
+def test_the_export_line_and_the_card_say_which_tokenizer_files_were_written(kind, bpe_size, tmp_path_factory, capsys):
+    """Before: a checkpoint of a BPE trained on its corpus (bpe:<n>) was exported with its own tokenizer.json,
+    but the line printed said "GPT-2's tokenizer" and the card "Tokenizer: GPT-2's BPE (bpe:<n>)". The
+    reference: the files in the exported directory, and the tokenizer.json written read back against the
+    checkpoint's. A character-level checkpoint is refused in one line, nothing written."""
+    from data.tokenizer import train_bpe
+    from errors import run_cli
+
+    base = tmp_path_factory.mktemp("tok")
+    capsys.readouterr()
+    if kind == "bpe":
+        tokenizer = {"tokenizer": f"bpe:{bpe_size}", "chars": None, "bpe": train_bpe(SHAKESPEARE_LINES * 20, bpe_size)}
+    elif kind == "char":
+        tokenizer = {"tokenizer": "char", "chars": "".join(sorted(set("".join(SHAKESPEARE_LINES))))}
+    else:
+        tokenizer = GPT2
+    config = dataclasses.replace(TINY, vocab_size=bpe_size if kind == "bpe" else 50257 if kind == "gpt2" else 64)
+    torch.save({"format": "smallgpt-checkpoint", "version": 3, "model": GPT(config).state_dict(),
+                "model_config": dataclasses.asdict(config), "tokenizer": tokenizer}, base / "ckpt.pt")
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: export.main(["--checkpoint", str(base / "ckpt.pt"), "--out", str(base / "hf")]))
+    out, err = capsys.readouterr()
+    if kind == "char":
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "character-level" in err, err
+        assert not (base / "hf").exists()
+        return
+    assert e.value.code == 0, err
+    written = sorted(p.name for p in (base / "hf").iterdir())
+    line = out.strip()
+    assert line.startswith(f"wrote {base / 'hf'} as HF gpt2 ({', '.join(written)}); tokenizer: "), line
+    said = re.search(r"Tokenizer: (.*?)\. Its logits", (base / "hf" / "README.md").read_text()).group(1)
+    assert f"tokenizer: {said}; load it with" in line  # the card and the line say the same
+    if kind == "bpe":
+        assert (base / "hf" / "tokenizer.json").read_text() == tokenizer["bpe"] and "vocab.json" not in written
+        assert "tokenizer.json" in said and f"(bpe:{bpe_size})" in said
+        assert "GPT-2" not in said and "GPT-2" not in line and "vocab.json" not in said
+    else:
+        assert {"vocab.json", "merges.txt"} <= set(written) and "tokenizer.json" not in written
+        assert "GPT-2's BPE" in said and "vocab.json and merges.txt" in said and "tokenizer.json" not in line
