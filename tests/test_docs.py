@@ -1,13 +1,18 @@
 """The docs hold together: every relative link of the Markdown files (README.md, docs/, the folders' READMEs)
-reaches a file that is there and, with an anchor, a heading of that file, and the code they name is there.
-The references: the files, their headings and the code itself."""
+reaches a file that is there and, with an anchor, a heading of that file; the code they name is there; and
+configs/README.md lists every config key with its default. The references: the files, their headings, the code
+itself and the config's dataclass fields."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
+
+from training.config.sections import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,3 +111,64 @@ def test_the_code_a_doc_names_is_there(md):
     assert not missing, f"{md.relative_to(ROOT)} names code that is not there: {missing}"
     old = "`checkpoint/run.py`, `training/config.resume_conflicts`, `training/builders.config_of_source`"
     assert code_references(md, old) == ["checkpoint/run.py", "training/config.resume_conflicts"]
+
+
+# ------------------------------------------------------------------ configs/README.md's keys
+
+def _cells(row: str) -> list[str]:
+    """A Markdown table row's cells (an escaped pipe, `\\|`, stays inside its cell)."""
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
+def documented_keys() -> dict[str, dict[str, str]]:
+    """{section: {key: the default shown}} from configs/README.md's tables, each under its **section** label.
+    A row may name several keys (`lr`, `min_lr`) with as many defaults (1e-3, 1e-4)."""
+    text = (ROOT / "configs" / "README.md").read_text()
+    found: dict[str, dict[str, str]] = {}
+    for label in re.finditer(r"^\*\*(\w+)\*\*:", text, re.M):
+        rest = text[label.end():]
+        span = rest[:min([m.start() for m in re.finditer(r"^(\*\*\w+\*\*:|#)", rest, re.M)] + [len(rest)])]
+        rows = {}
+        for line in span.splitlines():
+            if not line.startswith("| `"):
+                continue
+            cells = _cells(line)
+            keys = re.findall(r"`(\w+)`", cells[0])
+            defaults = [d.strip() for d in cells[1].split(",")] if len(keys) > 1 else [cells[1]]
+            assert len(defaults) == len(keys), f"configs/README.md: {line!r} names {len(keys)} keys, {len(defaults)} defaults"
+            rows.update(zip(keys, defaults))
+        found[label.group(1)] = rows
+    return found
+
+
+def _shows(cell: str, default) -> bool:
+    cell = cell.strip("`").strip()
+    if isinstance(default, bool):
+        return cell.lower() == str(default).lower()
+    if isinstance(default, (int, float)):
+        try:
+            return float(cell) == default
+        except ValueError:
+            return False
+    if isinstance(default, list):
+        return yaml.safe_load(cell) == default
+    return (cell if cell not in ('""', "''") else "") == default
+
+
+SECTIONS = [(s.name, f.name, getattr(getattr(Config(), s.name), f.name))
+            for s in dataclasses.fields(Config) for f in dataclasses.fields(getattr(Config(), s.name))]
+
+
+@pytest.mark.parametrize("section,key,default", SECTIONS, ids=[f"{s}.{k}" for s, k, _ in SECTIONS])
+def test_configs_readme_lists_every_key_with_its_default(section, key, default):
+    """Before: the train table left out global_batch_size, cuda_graph, float8, parallel,
+    activation_checkpointing, eval_full and time_budget, which --help lists."""
+    documented = documented_keys()
+    assert key in documented.get(section, {}), f"configs/README.md's **{section}** table has no row for `{key}`"
+    assert _shows(documented[section][key], default), (section, key, documented[section][key], default)
+
+
+def test_configs_readme_lists_no_key_the_config_lacks():
+    fields = {s: {k for s2, k, _ in SECTIONS if s2 == s} for s, _, _ in SECTIONS}
+    for section, keys in documented_keys().items():
+        assert section in fields and keys.keys() <= fields[section], (section, sorted(keys.keys() - fields.get(section, set())))
