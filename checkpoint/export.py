@@ -40,7 +40,7 @@ from .format import resolve_checkpoint_path
 from .hf import write_hf_model
 from .hf_chat import chat_generation_config, template_of, with_chat
 from .load import load_model
-from .model_card import model_card
+from .model_card import model_card, tokenizer_words
 
 # GPT-2's BPE files as tiktoken fetches and checks them (tiktoken_ext/openai_public.py): encoder.json
 # is HF's vocab.json and vocab.bpe its merges.txt, byte for byte
@@ -154,7 +154,7 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
                             ) from None
         try:
             fmt = write_hf_model(model, tmp, vocab, eot)
-            card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, vocab).encode()
+            card = model_card(model, fmt, tokenizer, checkpoint, source, out.name, vocab, files).encode()
             for name, data in {**files, "generation_config.json": generation, "README.md": card}.items():
                 atomic_write_bytes(tmp / name, data)
             if out.exists():
@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     how = ("AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True): no transformers architecture "
            "expresses this model, so its modeling code is in the directory" if fmt == "smallgpt"
            else "AutoModelForCausalLM.from_pretrained(dir)")
-    print(f"wrote {args.out} as HF {fmt} (config.json, model.safetensors, GPT-2's tokenizer, generation_config.json, "
-          f"README.md); load it with {how}")
+    written = sorted(os.listdir(args.out))  # what is there, not what an export usually holds
+    print(f"wrote {args.out} as HF {fmt} ({', '.join(written)}); tokenizer: {tokenizer_words(loaded.tokenizer, written)}; "
+          f"load it with {how}")
     return 0
 
 

@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import yaml
 
@@ -21,6 +21,7 @@ from model.gpt import GPT
 METRICS_NAME = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 * 2**20  # a bound on what the card reads of metrics.jsonl
 MAX_LINE = 64 * 2**10
+NOT_RECORDED = "not recorded"
 
 LOAD = {
     "gpt2": ("GPT-2 (`GPT2LMHeadModel`)", ""),
@@ -64,22 +65,37 @@ def eval_at(metrics: Path, iteration: Any) -> dict[str, Any] | None:
     return found
 
 
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _number(value: Any, fmt: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "not recorded"
-    return format(value, fmt)
+    return format(value, fmt) if _is_number(value) else NOT_RECORDED
+
+
+def tokenizer_words(tokenizer: dict, files: Collection[str]) -> str:
+    """The exported tokenizer and the files that carry it, in words (the card's line and the export's):
+    told from `files`, the names the export writes. A BPE trained on the corpus (data.tokenizer bpe:<n>) is
+    its own tokenizer.json; GPT-2's is GPT-2's own vocab.json and merges.txt. (A character-level
+    checkpoint is refused before anything is written: no HF tokenizer reproduces its vocabulary.)"""
+    name = _cell(tokenizer.get("tokenizer"))
+    if "tokenizer.json" in files:
+        return f"a byte-level BPE trained on the run's corpus ({name}), in tokenizer.json (HF tokenizers' format)"
+    return f"GPT-2's BPE ({name}), in GPT-2's own vocab.json and merges.txt"
 
 
 def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, source: str | os.PathLike | None,
-               name: str, vocab_size: int) -> str:
+               name: str, vocab_size: int, files: Collection[str]) -> str:
     """README.md's text. `checkpoint`: the loaded checkpoint dict (None for a model from an HF directory);
-    `source`: where it came from; `name`: the export directory's name; vocab_size: the exported rows."""
+    `source`: where it came from; `name`: the export directory's name; vocab_size: the exported rows;
+    `files`: the names of the other files the export writes (its tokenizer's among them)."""
     cfg = model.config
     arch, remote = LOAD[fmt]
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = checkpoint or {}
     train_state = ckpt.get("train") if isinstance(ckpt.get("train"), dict) else {}
     config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    plan = ckpt.get("plan") if isinstance(ckpt.get("plan"), dict) else {}
     it = train_state.get("iter")
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"tags: [smallgpt, {fmt}]", "---", "",
              f"# {name}", "",
@@ -87,7 +103,7 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
              f"`python -m checkpoint.export` from `{_cell(str(source or '?'))}`" + (f" at step {it}." if isinstance(it, int) else ".")
              + (f" Its vocabulary, padded to {cfg.vocab_size} rows for GPU speed, is cut here to the tokenizer's "
                 f"{vocab_size}: no id the tokenizer can decode is lost." if cfg.vocab_size > vocab_size else ""), "",
-             f"Architecture: {arch}. Tokenizer: GPT-2's BPE ({_cell(tokenizer.get('tokenizer'))}). Its logits equal "
+             f"Architecture: {arch}. Tokenizer: {tokenizer_words(tokenizer, files)}. Its logits equal "
              "smallgpt's to float32 rounding.", "",
              "```python", "from transformers import pipeline", "",
              f'pipe = pipeline("text-generation", model="{name}"{remote})',
@@ -116,10 +132,13 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
 
     lines += ["## Training", ""]
     if train_state:
+        # the counters are in "train"; what the run decided at start-up (its dtype: the config's may say
+        # auto) is in "plan" since format 3, where format.upgrade moves an older checkpoint's too
+        elapsed = train_state.get("elapsed_s")
         done = {"steps": it, "tokens seen": train_state.get("tokens_seen"),
-                "wall time": f"{_number(train_state.get('elapsed_s'), '.0f')} s", "dtype": train_state.get("dtype"),
+                "wall time": f"{elapsed:.0f} s" if _is_number(elapsed) else None, "dtype": plan.get("dtype"),
                 "run id": train_state.get("run_id")}
-        lines += [*_table(done), ""]
+        lines += [*_table({k: NOT_RECORDED if v in (None, "") else v for k, v in done.items()}), ""]
     if config:
         try:
             text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip()

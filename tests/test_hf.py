@@ -312,7 +312,7 @@ def test_the_model_card_gives_the_config_data_val_loss_bits_per_byte_and_trainin
     save_checkpoint(tmp_path / "run" / "ckpt.pt", {
         "model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config), "tokenizer": GPT2_TOKENIZER,
         "config": cfg.to_dict(), "train": {"iter": 30, "best_val_loss": 6.25, "tokens_seen": 1920, "elapsed_s": 12.5,
-                                           "run_id": "abcd1234", "dtype": "float32"}})
+                                           "run_id": "abcd1234"}, "plan": {"dtype": "float32", "notes": {}}})
     records = [{"iter": 10, "train/loss": 7.0}, {"iter": 20, "val/loss": 6.25, "val/bpb": 2.5},
                {"iter": 30, "val/loss": 6.3125, "val/bpb": 2.625, "eval/train_loss": 6.0}]
     (tmp_path / "run" / "metrics.jsonl").write_bytes(b"\xff not json\n" + "".join(json.dumps(r) + "\n" for r in records).encode())

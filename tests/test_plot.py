@@ -258,3 +258,43 @@ def test_only_real_numbers_are_plotted_and_every_other_value_is_a_note_naming_fi
     assert [(i, float(v)) for i, v in train] == [(x, float(y)) for x, y in drawn]
     if not any(k == "val/bpb" for k, _ in expected):  # no line, so the panel says so instead of an empty legend
         assert not bpb.lines and bpb.get_legend() is None and [t.get_text() for t in bpb.texts] == ["not logged"]
+
+
+# ------------------------------------------------------------------ --out naming a folder
+
+@settings(max_examples=12, deadline=None)  # each draws a figure
+@given(name=st.text("abcXYZ019_-", min_size=1, max_size=8), suffix=st.sampled_from(["", ".png", ".svg", ".d"]),
+       depth=st.integers(1, 2), slash=st.booleans(), exists=st.booleans())
+def test_out_ending_in_a_separator_is_a_folder_that_gets_curves_png(name, suffix, depth, slash, exists,
+                                                                     tmp_path_factory, capsys):
+    """Before: `--out figs/` with no figs/ yet wrote ./figs.png (argparse's Path dropped the slash), though
+    the docs promise figs/curves.png. The reference: a name ending in / or naming a folder is a folder, made
+    when missing, with curves.png inside; otherwise a name without a suffix gets .png."""
+    capsys.readouterr()
+    root = tmp_path_factory.mktemp("out")
+    run = write_run(root / "run")
+    folder = root.joinpath(*[name + suffix] * depth)
+    if exists:
+        folder.mkdir(parents=True)
+    code, out, err = _cli([run, "--out", str(folder) + ("/" if slash else "")], capsys)
+    if slash or exists:
+        expected = folder / "curves.png"
+    elif suffix in ("", ".d"):
+        expected = folder.with_name(folder.name + ".png") if suffix == "" else None
+    else:
+        expected = folder
+    if expected is None:  # '.d' is no format matplotlib writes: one line, nothing written
+        assert code == 2 and "cannot write '.d' files" in err and not folder.exists(), err
+        return
+    assert code == 0 and out.strip() == str(expected), (out, err)
+    assert expected.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" if expected.suffix == ".png" else expected.is_file()
+    written = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.parent != run)
+    assert written == [expected.relative_to(root)], written  # nothing beside it (no figs.png next to figs/)
+
+
+def test_out_ending_in_a_separator_over_a_file_is_one_line(tmp_path, capsys):
+    run = write_run(tmp_path / "run")
+    (tmp_path / "figs").write_text("a file, not a folder")
+    code, out, err = _cli([run, "--out", str(tmp_path / "figs") + "/"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "names a folder, but" in err and "is a file" in err, err
+    assert (tmp_path / "figs").read_text() == "a file, not a folder" and not (tmp_path / "figs.png").exists()

@@ -4,10 +4,11 @@ the learning rate, read from the metrics.jsonl of one or more runs, in one PNG (
     python -m training.plot out/small                       # -> out/small/curves.png
     python -m training.plot out/small out/small_modern --out compare.png --log-scale
 
---out: a file whose suffix matplotlib writes (.png, .pdf, .svg, ...); a folder gets curves.png inside it
-and a name without a suffix gets .png; the path written is printed. --log-scale: logarithmic loss and
-bits-per-byte axes (where late progress shows). matplotlib is a runtime requirement (requirements.txt);
-imported here only, so a partial install still trains, and its absence here is a one-line hint.
+--out: a file whose suffix matplotlib writes (.png, .pdf, .svg, ...); a folder, or a name ending in / (made
+when missing), gets curves.png inside it and a name without a suffix gets .png; the path written is printed.
+--log-scale: logarithmic loss and bits-per-byte axes (where late progress shows). matplotlib is a runtime
+requirement (requirements.txt); imported here only, so a partial install still trains, and its absence here is
+a one-line hint.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import sys
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
-from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg_path,
-                    read_user_file)
+from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg,
+                    path_arg_path, read_user_file)
 from locks import remove_stale_temps
 from ownership import check_output
 
@@ -173,12 +174,18 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
     return fig
 
 
-def resolve_out(out: Path | None, runs: list[Path]) -> Path:
+def resolve_out(out: str | Path | None, runs: list[Path]) -> Path:
     """The file to write: --out as given when its suffix is one matplotlib writes; a folder gets
-    curves.png inside; a name without a suffix gets .png; no --out: <first run>/curves.png."""
+    curves.png inside, and so does a name ending in a separator (`figs/`: made if it is not there yet); a name
+    without a suffix gets .png; no --out: <first run>/curves.png."""
     if out is None:
         return runs[0] / "curves.png" if runs[0].is_dir() else runs[0].with_suffix(".png")
-    if out.is_dir():
+    # the trailing separator is read from the text: Path("figs/") is Path("figs"), a file named figs.png below
+    says_folder = isinstance(out, str) and out.endswith(tuple(s for s in (os.sep, os.altsep) if s))
+    out = Path(out)
+    if says_folder and out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}{os.sep} names a folder, but {out} is a file; choose another --out")
+    if says_folder or out.is_dir():
         return out / "curves.png"
     if output_target(out, "--out")[1]:  # a device or a FIFO: written straight into, as PNG, never renamed
         return out
@@ -231,9 +238,10 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m training.plot", description=__doc__.split("\n\n")[0])  # the paragraph: its first line stops mid-sentence
     p.add_argument("runs", nargs="+", type=path_arg_path, help="training out_dirs (or metrics.jsonl files)")
-    p.add_argument("--out", type=path_arg_path, default=None,
-                   help="the image to write: .png, .pdf, .svg, ...; a folder gets curves.png (default: "
-                        "<first run>/curves.png)")
+    # a str, not a Path: resolve_out reads a trailing separator (`--out figs/`), which Path drops
+    p.add_argument("--out", type=path_arg, default=None,
+                   help="the image to write: .png, .pdf, .svg, ...; a folder (or a name ending in /) gets "
+                        "curves.png (default: <first run>/curves.png)")
     p.add_argument("--log-scale", action="store_true", help="logarithmic loss and bits-per-byte axes")
     return p
 
