@@ -1,9 +1,10 @@
 """The commands README.md and docs/*.md show, extracted for tests/test_class6_documented_commands.py.
 
-Extraction: every fenced block whose language is bash, sh, shell or console in README.md and docs/*.md
+Extraction: every fenced block whose language is bash, sh, shell or console in README.md, configs/README.md
+and docs/*.md
 (a new doc is covered when it lands); a line ending in `\\` continues on the next; `# ...` comments go;
 bash's $'...' is decoded (so `--text $'ROMEO:\\nBut soft'` holds a newline, as in bash); `a && b` and
-`a; b` are two commands; `echo TEXT | cmd` gives cmd TEXT on stdin; `cmd | tee FILE` drops the tee;
+`a; b` are two commands; `echo TEXT | cmd` gives cmd TEXT on stdin, as `printf 'FORMAT' | cmd` does; `cmd | tee FILE` drops the tee;
 `cmd > FILE` writes cmd's stdout to FILE; `VAR=value cmd` and `export VAR=value` set the environment;
 a timing wrapper (`/usr/bin/time -f FMT`) is dropped. Unlabelled blocks are output, not commands.
 
@@ -55,7 +56,7 @@ class Command:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", ROOT / "configs" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def blocks(path: Path) -> list[tuple[int, str]]:
@@ -78,6 +79,23 @@ def blocks(path: Path) -> list[tuple[int, str]]:
             out.append((start, pending.strip()))
         pending = ""
     return out
+
+
+COMMAND_WORDS = re.compile(r"^(python3?|torchrun|pip|curl|bash|printf|echo) ")
+
+
+def unlabelled_commands(path: Path) -> list[str]:
+    """Lines of blocks that are not command blocks which read as commands: such a block is never run, so the
+    command in it could rot unseen (the plot commands of docs/training.md did: `--out figs/` wrote figs.png).
+    A transcript's `$ python ...` is output, as is a block of another language (yaml, python)."""
+    found, lang = [], None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        fence = FENCE.match(line)
+        if fence:
+            lang = None if lang is not None else fence.group(1)
+        elif lang == "" and COMMAND_WORDS.match(line):
+            found.append(f"{path.name}:{number}: {line[:60]}")
+    return found
 
 
 def _ansi_c(text: str) -> str:
@@ -117,6 +135,9 @@ def commands(path: Path) -> list[Command]:
                 continue
             if argv[0] == "echo" and sep == "|":
                 stdin = " ".join(argv[1:]) + "\n"
+                continue
+            if argv[0] == "printf" and sep == "|" and len(argv) == 2 and "%" not in argv[1]:  # a format alone
+                stdin = codecs.decode(argv[1], "unicode_escape")
                 continue
             if argv[0] == "tee":
                 continue

@@ -12,7 +12,7 @@ stands for the repository's root, in this process, through errors.run_cli as `py
   replaced) in float32 (--dtype, where not set: no timing of bf16 against it);
 - each train.py command trains into a fresh out_dir of its own (out/doc-<line>), since the docs' commands
   would otherwise resume one another's runs with other settings, which train.py refuses, as documented;
-- a checkpoint a command reads (out/small, out/shakespeare_char, out/gpt2_xl_fsdp, and the chat chain's
+- a checkpoint a command reads (out/small, out/small_modern, out/shakespeare_char, out/gpt2_xl_fsdp, and the chat chain's
   out/tasks_base and out/sft, after `python -m data.tasks --out tasks`) is a tiny run of that config trained
   first (the `sandbox` fixture); `gpt2`, the HF hub's GPT-2, is a tiny local GPT-2-tokenizer
   checkpoint of 6 layers and 2 heads (so --layer 5 --head 1 exist);
@@ -45,7 +45,7 @@ from checkpoint import export as export_cli
 from checkpoint import save_checkpoint
 from data import prepare as prepare_cli
 from data import tasks as tasks_cli
-from doc_commands import ROOT, all_commands
+from doc_commands import ROOT, all_commands, documents, unlabelled_commands
 from errors import run_cli
 from model import GPT, GPTConfig
 from training import plot
@@ -67,7 +67,7 @@ FILES = {"hellaswag_val.jsonl": json.dumps({"ctx": "A man sits down.", "label": 
                                             "endings": ["He eats.", "He runs.", "It rains.", "She sings."]}) + "\n",
          "snippet.txt": "To be, or not to be, that is the question.\n"}
 TINY_GPT2 = "gpt2-tiny"
-READ_RUNS = ("small", "shakespeare_char", "gpt2_xl_fsdp")
+READ_RUNS = ("small", "small_modern", "shakespeare_char", "gpt2_xl_fsdp")
 CHAT_RUNS = ("tasks_base", "sft")  # in this order: sft.yaml fine-tunes out/tasks_base
 CHAT_TINY = {"model.block_size": "96"}  # a conversation of the tasks is up to ~90 characters: it must fit
 
@@ -183,3 +183,11 @@ def test_class6_the_inspect_example_text_holds_a_newline():
     cmd = next(c for c in COMMANDS if "eval.inspect" in c.argv and "--text" in c.argv)
     text = cmd.argv[cmd.argv.index("--text") + 1]
     assert "\n" in text and "\\n" not in text, text
+
+
+def test_class6_no_command_hides_in_a_block_that_is_not_run(tmp_path):
+    """An unlabelled block is output, so a command in it was never run: each one is in a bash block."""
+    assert [f for doc in documents() for f in unlabelled_commands(doc)] == []
+    shown = tmp_path / "doc.md"
+    shown.write_text("```\npython train.py --config small\n```\n```\n$ python sample.py\niter 1\n```\n")
+    assert [f.split(": ", 1)[1] for f in unlabelled_commands(shown)] == ["python train.py --config small"]
