@@ -121,4 +121,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, oom_fix="lower --max-new-tokens, or chat with a smaller model")

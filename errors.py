@@ -106,7 +106,12 @@ def said(e: UserError) -> UserError:
     return e
 
 
-def run_cli(main: Callable[[], int | None]) -> None:
+# what an entry point's user can lower when an allocation fails anyway (each passes its own: a generic "lower the
+# batch size" misled sample.py's user, whose fix was --num-samples)
+OOM_FIX = "close other programs, or give the command smaller sizes"
+
+
+def run_cli(main: Callable[[], int | None], oom_fix: str = OOM_FIX) -> None:
     try:
         code = main()
     except UserError as e:
@@ -119,7 +124,7 @@ def run_cli(main: Callable[[], int | None]) -> None:
     except (MemoryError, RuntimeError) as e:  # an allocation that failed despite the estimates (runtime/memory.py)
         if not is_out_of_memory(e):
             raise
-        to_stderr(f"error: out of memory ({short_error(e)}); lower the batch size, the block size or the model's size")
+        to_stderr(f"error: out of memory ({short_error(e)}); {oom_fix}")
         sys.exit(2)
     sys.exit(code or 0)
 

@@ -380,4 +380,4 @@ def _silence_stdout() -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, oom_fix="lower --num-samples or --max-new-tokens, or sample from a smaller model")

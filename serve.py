@@ -13,4 +13,4 @@ from server.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     errors.start_up_done()
-    errors.run_cli(main)
+    errors.run_cli(main, oom_fix="lower --slots or --max-tokens, or serve a smaller model")

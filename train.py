@@ -395,4 +395,5 @@ def hellaswag_step(r: Run) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, oom_fix="lower train.batch_size (more train.grad_accum_steps keep the global batch), "
+                          "model.block_size or the model's size")

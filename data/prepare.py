@@ -49,4 +49,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, oom_fix="lower --num-proc or --shard-tokens")

@@ -311,4 +311,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, oom_fix="lower --batch-size, or score a smaller model")

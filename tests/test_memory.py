@@ -2,6 +2,8 @@
 really uses; an allocation that fails anyway is one line too."""
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import subprocess
@@ -108,6 +110,45 @@ def test_an_allocation_that_fails_anyway_is_one_line(capsys, exc):
     with pytest.raises(SystemExit) as e:
         run_cli(main)
     _one_line(e.value.code, capsys.readouterr().err, "out of memory")
+
+
+def oom_fixes() -> dict[str, str]:
+    """{entry script: the oom_fix its run_cli call passes}, read from the scripts' source."""
+    import ast
+
+    from code_reading import ROOT
+    found = {}
+    for entry in ("train.py", "sample.py", "chat.py", "serve.py", "data/prepare.py", "eval/hellaswag.py"):
+        for node in ast.walk(ast.parse((ROOT / entry).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "run_cli":
+                found[entry] = next((ast.literal_eval(k.value) for k in node.keywords if k.arg == "oom_fix"), None)
+    return found
+
+
+def test_each_entry_points_out_of_memory_line_names_what_its_user_can_lower(capsys):
+    """Every entry point said "lower the batch size, the block size or the model's size", which sample.py,
+    chat.py and serve.py don't have: each names its own options, and each option named is one it takes."""
+    import dataclasses
+
+    from entry_points import PARSERS
+    from training.config.sections import load_config
+
+    fixes = oom_fixes()
+    assert all(fixes.values()), fixes  # no entry point falls back to the generic line
+    cfg = load_config([])
+    keys = {f"{s.name}.{f.name}" for s in dataclasses.fields(cfg) for f in dataclasses.fields(getattr(cfg, s.name))}
+    for entry, fix in fixes.items():
+        named = re.findall(r"--[a-z][a-z-]*", fix) if entry != "train.py" else re.findall(r"\b[a-z]+\.[a-z_]+\b", fix)
+        assert named, (entry, fix)
+        if entry == "train.py":
+            assert set(named) <= keys, (set(named) - keys)
+        else:
+            name = {"data/prepare.py": "python -m data.prepare", "eval/hellaswag.py": "python -m eval.hellaswag"}.get(entry, entry)
+            options = {o for a in PARSERS[name][0]()._actions for o in a.option_strings}
+            assert set(named) <= options, (entry, set(named) - options)
+        with pytest.raises(SystemExit):
+            run_cli(lambda: (_ for _ in ()).throw(MemoryError()), oom_fix=fix)
+        assert capsys.readouterr().err == f"error: out of memory (MemoryError); {fix}\n"
 
 
 def test_other_runtime_errors_are_not_mistaken_for_memory():
