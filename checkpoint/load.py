@@ -19,7 +19,7 @@ from data.chat_template import ChatTemplate
 from errors import UserError, short_error
 from model.gpt import GPT, GPTConfig
 
-from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
+from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path, train_entry_problem
 from .hf import Refused, from_pretrained
 from .meta import meta_model
 from .model_config import model_config_problem
@@ -119,6 +119,10 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
         raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
                         "checkpoint")
     require(ckpt, where, ("tokenizer",))
+    problem = train_entry_problem(ckpt["train"], ckpt.get("plan")) if "train" in ckpt else None
+    if problem:  # its iter is printed, and kept by an export's model card
+        raise UserError(f"checkpoint {where}: its 'train' entry is malformed ({problem}); use another checkpoint "
+                        "(e.g. best.pt)")
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
     return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))

@@ -157,8 +157,8 @@ def test_every_numeric_key_takes_every_special_value(tmp_path):
 @pytest.mark.parametrize("argv, words", [
     (["--train.lr=1e308"], "train.lr must be at most 1e+30"),  # lr * (step + 1) / warmup was inf
     (["--train.muon_lr=1e31"], "train.muon_lr must be at most 1e+30"),
-    ([f"--train.max_iters={10**400}"], "train.max_iters must fit in 64 bits"),  # lr_at: OverflowError
-    ([f"--train.warmup_iters={2**63}"], "train.warmup_iters must fit in 64 bits"),
+    ([f"--train.max_iters={10**400}"], "train.max_iters must be at most 1,000,000,000, got a 401-digit number"),  # lr_at:
+    ([f"--train.warmup_iters={2**63}"], "train.warmup_iters must be at most 1,000,000,000"),  # OverflowError
     ([f"--eval.sample_interval={10**30}"], "eval.sample_interval must fit in 64 bits"),
     ([f"--train.time_budget={'9' * 400}h"], "at most 1e+09 s"),  # inf s: OverflowError in plan
     ([f"--train.collective_timeout={'9' * 400}"], "at most 1e+09 s"),  # timedelta
@@ -174,12 +174,14 @@ def test_values_that_overflowed_the_start_up_are_refused(argv, words):
 
 
 def test_the_largest_accepted_values_keep_the_schedule_finite():
-    """lr at its bound and the step counts at theirs: the schedule's peak is lr, finite (a float computes
-    1e30 * (2**63 - 1) / (2**63 - 1) as 1e30, written out)."""
-    cfg = load_config(["--train.lr=1e30", f"--train.max_iters={2**63 - 1}", f"--train.warmup_iters={2**63 - 2}"])
+    """lr at its bound and the step counts at theirs (10**9, settings.MAX_ITERS): the schedule's peak is lr,
+    finite, and lr_at stays finite for any step a 64-bit counter holds."""
+    cfg = load_config(["--train.lr=1e30", f"--train.max_iters={10**9}", f"--train.warmup_iters={10**9 - 1}"])
     t = cfg.train
-    assert lr_at(2**63 - 3, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
-    assert lr_at(2**63 - 2, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
+    assert lr_at(10**9 - 2, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
+    assert lr_at(10**9 - 1, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
+    with pytest.raises(UserError, match="at most 1,000,000,000"):
+        load_config([f"--train.max_iters={10**9 + 1}"])
 
 
 def test_a_run_at_lr_1e30_stops_at_the_non_finite_guard(tmp_path, data_root):
