@@ -393,3 +393,25 @@ def test_each_duration_key_states_its_own_range_and_the_value_as_written(key, nu
         with pytest.raises(UserError) as e:
             budget.plan(seconds, slow, max_iters=10, warmup_iters=1, eval_interval=5, as_written=text.strip())
         assert f"train.time_budget={text.strip()} leaves no time" in one_line(e.value, key)
+
+
+@given(batch=st.integers(1, 2**40), accum=st.integers(1, 2**40), block=st.integers(1, 2**24),
+       auto=st.booleans())
+@example(batch=10**9, accum=1, block=64, auto=False)  # the case found: lower train.grad_accum_steps, it said
+def test_too_many_tokens_per_step_names_the_factor_that_makes_them(batch, accum, block, auto):
+    """The fix names the largest factor of the product, with every factor's value (found from outside: batch_size
+    1e9 with grad_accum_steps 1 was told to lower train.grad_accum_steps)."""
+    factors = ({"train.global_batch_size": batch} if auto else {"train.batch_size": batch, "train.grad_accum_steps": accum})
+    factors["model.block_size"] = block
+    argv = [f"--{k}={v}" for k, v in factors.items()] + (["--train.batch_size=auto"] if auto else [])
+    tokens = batch * block * (1 if auto else accum)
+    try:
+        load_config(argv)
+    except UserError as e:
+        msg = one_line(e, "tokens per optimizer step")
+        assert tokens > 2**30, (tokens, msg)
+        named = msg.rsplit("; lower ", 1)[1]
+        assert factors[named] == max(factors.values()), (factors, msg)
+        assert all(f"{k} ({v:,})" in msg for k, v in factors.items()), msg
+        return
+    assert tokens <= 2**30, tokens

@@ -309,13 +309,16 @@ class Config(Freezable):
                             "char is a character-level tokenizer (its vocabulary lacks characters HellaSwag uses); use "
                             "data.tokenizer=gpt2 or bpe:<n>, or eval.hellaswag_interval=0")
         t = self.train
-        auto = t.batch_size == AUTO_BATCH
-        sequences = t.global_batch_size if auto else t.batch_size * t.grad_accum_steps
-        if sequences * self.model.block_size > MAX_TOKENS_PER_STEP:  # arithmetic, before anything is built
-            keys = "train.global_batch_size" if auto else "train.batch_size x train.grad_accum_steps"
-            raise UserError(f"{keys} x model.block_size = {sequences * self.model.block_size:,} tokens per optimizer "
-                            f"step, over the {MAX_TOKENS_PER_STEP:,} any run could use (GPT-3 trained on 3.2M): a step "
-                            f"would never end; lower {'train.global_batch_size' if auto else 'train.grad_accum_steps'}")
+        factors = ({"train.global_batch_size": t.global_batch_size} if t.batch_size == AUTO_BATCH else
+                   {"train.batch_size": t.batch_size, "train.grad_accum_steps": t.grad_accum_steps})
+        factors["model.block_size"] = self.model.block_size
+        tokens = math.prod(factors.values())
+        if tokens > MAX_TOKENS_PER_STEP:  # arithmetic, before anything is built
+            # the fix names the largest factor (found from outside: batch_size 1e9 was told to lower grad_accum_steps 1)
+            largest = max(factors, key=factors.get)
+            product = " x ".join(f"{k} ({v:,})" for k, v in factors.items())
+            raise UserError(f"{product} = {tokens:,} tokens per optimizer step, over the {MAX_TOKENS_PER_STEP:,} any run "
+                            f"could use (GPT-3 trained on 3.2M): a step would never end; lower {largest}")
 
 
 def section_keys() -> dict[str, list[str]]:
