@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from errors import UserError
+from errors import UserError, clipped
 from fileio import path_problem
 
 Check = Callable[[Any], "str | None"]
@@ -116,10 +116,10 @@ def _int64(value: Any) -> str | None:
 
 def _shown(v: Any) -> str:
     """A value for a message, cut: a number of 5000 digits (a config's, or a checkpoint's) is not quoted whole."""
-    text = str(v)
-    if len(text) <= 40:
-        return text
-    return f"a {len(text)}-digit number" if isinstance(v, int) else text[:39] + "…"
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() < 4000:  # (str() of any fewer digits works)
+        text = str(v)
+        return text if len(text) <= 40 else f"a {len(text)}-digit number"
+    return clipped(v)
 
 
 def at_least(low: float, hint: str = "") -> Check:

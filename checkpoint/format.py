@@ -75,7 +75,7 @@ def check_payload(obj: Any, where: str | os.PathLike, needed: tuple[str, ...] = 
         raise UserError(f"{where} is not a smallgpt checkpoint (no format={FORMAT!r}); pass a ckpt.pt written by train.py")
     version = obj.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
-        raise UserError(f"checkpoint {where} has format version {version!r}, this code reads 1 to {VERSION}; "
+        raise UserError(f"checkpoint {where} has format version {clipped(version)}, this code reads 1 to {VERSION}; "
                         "update the code or use another checkpoint")
     obj = upgrade(obj)
     require(obj, where, needed)

@@ -16,7 +16,7 @@ import torch
 
 from data import Tokenizer, tokenizer_from_meta
 from data.chat_template import ChatTemplate
-from errors import UserError, short_error
+from errors import UserError, clipped, short_error
 from model.gpt import GPT, GPTConfig
 
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path, train_entry_problem
@@ -53,7 +53,7 @@ def in_model_dtypes(weights: dict[str, Any], expected: dict[str, torch.Tensor], 
     is not floating point (an integer, a bool, a complex tensor) is no weight of this model: one line."""
     for name, value in weights.items():
         if isinstance(value, torch.Tensor) and name in expected and not value.is_floating_point():
-            raise UserError(f"checkpoint {where}: weight {name!r} is {str(value.dtype).removeprefix('torch.')}, not "
+            raise UserError(f"checkpoint {where}: weight {clipped(name, 80)} is {str(value.dtype).removeprefix('torch.')}, not "
                             "floating point; use an intact ckpt.pt")
     return {k: v.to(expected[k].dtype) if isinstance(v, torch.Tensor) and k in expected else v for k, v in weights.items()}
 

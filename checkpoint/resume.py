@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from errors import UserError
+from errors import UserError, clipped
 
 from .format import (BEST_NAME, CKPT_NAME, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, find_checkpoint, load_checkpoint,
                      train_entry_problem)
@@ -127,5 +127,6 @@ def check_best_belongs_to(best: Path | None, run_id: str | None) -> None:
         return
     other = load_checkpoint(best).get("train", {}).get("run_id")
     if other != run_id:
-        raise UserError(f"{best} belongs to another run ({other}) than this out_dir's latest checkpoint ({run_id}); resuming "
+        raise UserError(f"{best} belongs to another run ({clipped(other)}) than this out_dir's latest checkpoint "
+                        f"({clipped(run_id)}); resuming "
                         "could replace it with a worse model: move it away, or train into a new --train.out_dir")

@@ -137,7 +137,7 @@ def check_shards(path: Path, metadata: Metadata) -> int:
     for info in (metadata.storage_data or {}).values():
         name = getattr(info, "relative_path", None)
         if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
-            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} names a shard {name!r} outside the "
+            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} names a shard {clipped(name, 80)} outside the "
                             "checkpoint; the checkpoint is damaged: use another one (e.g. best.dcp)")
         try:
             ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))

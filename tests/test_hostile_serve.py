@@ -89,6 +89,17 @@ def test_class_n_below_one_is_refused_without_asking_for_n_requests(app, n):
     assert "requests instead" not in msg, msg  # "send 0 requests instead" was the old advice
 
 
+@given(field=st.sampled_from(["n", "max_tokens", "max_completion_tokens", "seed", "temperature", "top_p",
+                              "frequency_penalty", "presence_penalty"]),
+       digits=st.integers(30, 4300), sign=st.sampled_from(["", "-"]))
+def test_class_a_huge_number_in_any_field_is_quoted_cut(app, field, digits, sign):
+    """n of 4000 digits gave an 8,171-byte error, the number twice ("send 9999...9 requests instead"): every
+    field's refusal quotes a number cut, and names it once."""
+    number = sign + "9" * digits
+    msg = assert_openai_400(post(app, "/v1/chat/completions", f'{{"messages": {USER}, "{field}": {number}}}'), field)
+    assert len(msg) < 300 and msg.count("9" * 20) <= 1, msg
+
+
 @given(field=st.sampled_from(["max_tokens", "seed", "n", "temperature", "x"]), digits=st.integers(4301, 6000))
 def test_class_integer_over_pythons_digit_limit_anywhere_says_so_not_how_to_raise_the_limit(app, field, digits):
     # int()'s own message ended "use sys.set_int_max_str_digits() to increase the limit": a fix for Python code
