@@ -247,7 +247,7 @@ def test_a_route_that_fails_is_a_500_in_openais_shape_and_one_log_line(app, caps
 
 def _refused_upload(port: int, path: str, declared: int, send: int) -> tuple[bytes, str, float]:
     """POST `path` declaring `declared` bytes, send `send` of them as a client that does not wait, then read
-    -> (what came back, how the reading ended: "closed" or "open", seconds after the sending)."""
+    -> (what came back, how the reading ended: "closed" (EOF), "reset" or "open", seconds after the sending)."""
     import socket
     import time
 
@@ -265,8 +265,8 @@ def _refused_upload(port: int, path: str, declared: int, send: int) -> tuple[byt
             while chunk := s.recv(2**16):
                 got += chunk
             end = "closed"  # EOF
-        except ConnectionResetError:  # closed with the client's bytes unread: the answer came before it
-            end = "closed"
+        except ConnectionResetError:  # closed on the client's bytes unread: its answer may be lost
+            end = "reset"
         except OSError:  # the timeout: the server is still reading (draining) the declared body
             pass
         return got, end, time.monotonic() - start
@@ -276,8 +276,8 @@ def _refused_upload(port: int, path: str, declared: int, send: int) -> tuple[byt
                                           ("/health", 405)])
 def test_a_response_before_the_body_is_read_ends_the_connection(tmp_path, path, status):
     """A real uvicorn: a request refused before its body was read (Content-Length 2**40, a few MiB sent) gets
-    its answer and then the connection ends within seconds; the server drained ~100 GiB in 25 s and never
-    closed it. The next client is served."""
+    its answer and then the connection ends within seconds, by EOF (the bytes sent were read: no reset); the
+    server drained ~100 GiB in 25 s and never closed it. The next client is served."""
     from serving import Server, make_chat_checkpoint
 
     make_chat_checkpoint(tmp_path / "ckpt.pt")
