@@ -30,7 +30,10 @@ def short_error(e: BaseException, limit: int = 160) -> str:
 
 def clipped(value: Any, limit: int = 40) -> str:
     """repr(value) for a one-line message, cut at `limit` characters (a value of 5000 digits would make the
-    line 5000 characters long)."""
+    line 5000 characters long). An integer too long to show is named by its size, unprinted: past 4300 digits
+    (a checkpoint's pickle can hold one) repr itself raises ValueError."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 

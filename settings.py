@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from errors import UserError
+from errors import UserError, clipped
 from fileio import path_problem
 
 Check = Callable[[Any], "str | None"]
@@ -114,18 +114,27 @@ def _int64(value: Any) -> str | None:
 
 # ------------------------------------------------------------------------------------------ checks
 
+def _shown(v: Any) -> str:
+    """A value for a message, cut: a number of 5000 digits (a config's, or a checkpoint's) is not quoted whole."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() < 4000:  # (str() of any fewer digits works)
+        text = str(v)
+        return text if len(text) <= 40 else f"a {len(text)}-digit number"
+    return clipped(v)
+
+
 def at_least(low: float, hint: str = "") -> Check:
-    return lambda v: None if v >= low else f"must be >= {low}, got {v}{hint}"
+    return lambda v: None if v >= low else f"must be >= {low}, got {_shown(v)}{hint}"
 
 
 def at_most(high: float, hint: str = "") -> Check:
-    return lambda v: None if v <= high else f"must be at most {high:g}, got {v}{hint}"
+    bound = f"{high:,}" if isinstance(high, int) else f"{high:g}"  # 1,073,741,824 exactly; 1e+30
+    return lambda v: None if v <= high else f"must be at most {bound}, got {_shown(v)}{hint}"
 
 
 def in_range(low: float, high: float, shown: str | None = None, hint: str = "") -> Check:
     """low <= v < high; `shown` writes the interval in the message (e.g. "[0, 2**63)")."""
     interval = shown or f"[{low}, {high})"
-    return lambda v: None if low <= v < high else f"must be in {interval}, got {v}{hint}"
+    return lambda v: None if low <= v < high else f"must be in {interval}, got {_shown(v)}{hint}"
 
 
 def one_of(*choices: str) -> Check:
@@ -140,3 +149,15 @@ def all_of(*checks: Check) -> Check:
     def check(v: Any) -> str | None:
         return next((p for p in (c(v) for c in checks) if p), None)
     return check
+
+
+# ------------------------------------------------------------------------------------ a run's counts
+
+# Bounds shared by the config's keys and a checkpoint's record of what a run decided and did
+# (checkpoint/format.py: check_plan, train_entry_problem): a hand-edited checkpoint may hold no count that
+# no config could have asked for (a plan's warmup_iters of 2**100 trained at lr ~0, silently).
+MAX_ITERS = 10**9  # optimizer steps: ~10,000x GPT-3's ~94k, and 11 days at 1 ms a step; past it a value is a typo
+MAX_TOKENS_PER_STEP = 2**30  # tokens per optimizer step: ~300x GPT-3's 3.2M batch; past it a config is a typo
+ITERS = all_of(at_least(1), at_most(MAX_ITERS))  # train.max_iters
+WARMUP_ITERS = all_of(at_least(0), at_most(MAX_ITERS))  # train.warmup_iters
+

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import tiktoken.load
 
-from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
+from errors import ArgumentParser, UserError, clipped, run_cli, short_error, write_fix
 from fileio import atomic_write_bytes, fsync_dir, json_loads, no_empty_dirs_left, path_arg, path_kind, temp_dir
 from locks import remove_stale_temps
 from ownership import EXPORT, check_output, check_target
@@ -63,7 +63,7 @@ def refusal(model: GPT, tokenizer: dict) -> str | None:
     if isinstance(tokenizer.get("bpe"), str):  # a BPE trained on the corpus: its tokenizer.json goes along
         return None
     if tokenizer.get("tokenizer") != "gpt2":
-        return f"its tokenizer is {tokenizer.get('tokenizer')!r}: GPT-2's format carries GPT-2's BPE only"
+        return f"its tokenizer is {clipped(tokenizer.get('tokenizer'))}: GPT-2's format carries GPT-2's BPE only"
     if model.config.vocab_size < GPT2_VOCAB:
         return f"its vocab_size {model.config.vocab_size} is smaller than GPT-2's {GPT2_VOCAB}"
     return None

@@ -21,10 +21,11 @@ from typing import Any, Protocol
 
 import torch
 
-from errors import UserError, short_error
+from errors import UserError, clipped, short_error
 from fileio import atomic_write, open_own, path_kind, recover_replaced_dir
 from ownership import BEST_NAME, CKPT_NAME
 from runtime.precision import DTYPE_BY_NAME
+from settings import ITERS, MAX_ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, all_of, at_least, at_most
 
 from .sharded import ShardedDir, is_sharded_checkpoint, sharded_name
 
@@ -74,7 +75,7 @@ def check_payload(obj: Any, where: str | os.PathLike, needed: tuple[str, ...] = 
         raise UserError(f"{where} is not a smallgpt checkpoint (no format={FORMAT!r}); pass a ckpt.pt written by train.py")
     version = obj.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
-        raise UserError(f"checkpoint {where} has format version {version!r}, this code reads 1 to {VERSION}; "
+        raise UserError(f"checkpoint {where} has format version {clipped(version)}, this code reads 1 to {VERSION}; "
                         "update the code or use another checkpoint")
     obj = upgrade(obj)
     require(obj, where, needed)
@@ -143,31 +144,65 @@ def plan_of_version_2(train: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 _V2_DECISIONS = ("dtype", "loss_product", "micro_batch", "batch_note", "budget_iters", "budget_warmup", "budget_note")
 
-# the "plan" entry's fields, by type, and their bounds (check_plan)
+# the "plan" entry's fields, by type (check_plan)
 PLAN_FIELDS = {"dtype": str, "loss_product": str, "attention": str, "micro_batch": int, "accum": int, "max_iters": int,
                "warmup_iters": int}
+# and the counts' bounds: those of the config keys they are decided from (settings.py), so that a plan holds
+# nothing a config could not have said. A micro-batch or a number of micro-steps is at most a step's tokens
+# (a sequence is at least one token).
+SEQUENCES = all_of(at_least(1), at_most(MAX_TOKENS_PER_STEP))
+PLAN_BOUNDS = {"micro_batch": SEQUENCES, "accum": SEQUENCES, "max_iters": ITERS, "warmup_iters": WARMUP_ITERS}
 
 
 def check_plan(state: Any) -> dict[str, Any]:
     """A saved plan, checked: a dict, its notes a dict of str, each field of its type and in its bounds
-    (a TypeError or ValueError naming the field otherwise). Returned as it is."""
+    (a TypeError or ValueError naming the field otherwise). Returned as it is.
+
+    warmup_iters may exceed max_iters: a config may ask for that (a short test run keeps its warmup, and
+    lr_at warms up over the whole run), and a plan made without a time budget records the config's pair."""
     if not isinstance(state, dict) or not isinstance(state.get("notes", {}), dict):
-        raise TypeError(f"the plan should be a dict with a dict of notes, got {state!r:.80}")
+        raise TypeError(f"the plan should be a dict with a dict of notes, got {clipped(state, 80)}")
     for name, note in state.get("notes", {}).items():
         if not isinstance(note, str):
-            raise TypeError(f"the note of {name} should be str, got {note!r:.80}")
+            raise TypeError(f"the note of {clipped(name)} should be str, got {clipped(note, 80)}")
     for name, value in state.items():
         kind = PLAN_FIELDS.get(name)
         if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-            raise TypeError(f"{name} should be {kind.__name__}, got {value!r}")
+            raise TypeError(f"{name} should be {kind.__name__}, got {clipped(value)}")
     if state.get("dtype", "float32") not in DTYPE_BY_NAME:
-        raise ValueError(f"dtype should be one of {', '.join(DTYPE_BY_NAME)}, got {state['dtype']!r}")
-    for name in ("micro_batch", "accum", "max_iters"):
-        if state.get(name, 1) < 1:
-            raise ValueError(f"{name} should be at least 1, got {state[name]}")
-    if state.get("warmup_iters", 0) < 0:  # a config's warmup may exceed its max_iters: lr_at handles it
-        raise ValueError(f"warmup_iters should be at least 0, got {state['warmup_iters']}")
+        raise ValueError(f"dtype should be one of {', '.join(DTYPE_BY_NAME)}, got {clipped(state['dtype'])}")
+    for name, check in PLAN_BOUNDS.items():
+        problem = check(state[name]) if name in state else None
+        if problem:
+            raise ValueError(f"{name} {problem}")
+    if state.get("micro_batch", 1) * state.get("accum", 1) > MAX_TOKENS_PER_STEP:
+        raise ValueError(f"micro_batch x accum = {state['micro_batch'] * state['accum']:,} sequences per step, over the "
+                         f"{MAX_TOKENS_PER_STEP:,} tokens any step may take")
     return state
+
+
+# the "train" entry's counts: steps done (at most a config's max_iters), and tokens (at most a config's most per step)
+STEPS_DONE = all_of(at_least(0), at_most(MAX_ITERS))
+TOKENS_SEEN = all_of(at_least(0), at_most(MAX_ITERS * MAX_TOKENS_PER_STEP))
+
+
+def train_entry_problem(train: Any, plan: Any) -> str | None:
+    """What is wrong with a checkpoint's "train" entry's counts (None: nothing), `plan` its "plan" entry.
+    Its iter is at most the plan's max_iters: train.py's loop stops there and saves only inside the loop, so
+    no checkpoint it writes is past its own run's end (one past it would be a hand edit, and trains nothing)."""
+    if not isinstance(train, dict):
+        return f"a {type(train).__name__}, not the run's counters"
+    for key, check in (("iter", STEPS_DONE), ("tokens_seen", TOKENS_SEEN)):
+        value = train.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key} {clipped(value)} is not a count >= 0"
+        problem = check(value)
+        if problem:
+            return f"{key} {problem}"
+    end = plan.get("max_iters") if isinstance(plan, dict) else None
+    if isinstance(end, int) and not isinstance(end, bool) and train.get("iter", 0) > end:
+        return f"iter {train['iter']} is past its plan's max_iters {end}, where train.py stops"
+    return None
 
 
 def plan_entry(payload: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from errors import short_error
+from errors import clipped, short_error
 from fileio import atomic_write, atomic_write_bytes, json_loads, path_kind, read_user_file
 from network import hub_offline_unless_reachable
 from model.gpt import GPT
@@ -247,7 +247,7 @@ def tensors_problem(state: dict[str, torch.Tensor], expected: dict[str, torch.Te
     """What keeps HF weights (under our names) from loading into a model of `expected`'s shapes."""
     unexpected = sorted(state.keys() - expected.keys())
     if unexpected:
-        return f"unexpected tensor {unexpected[0]!r} in the HF checkpoint"
+        return f"unexpected tensor {clipped(unexpected[0], 80)} in the HF checkpoint"
     missing = sorted({k for k in expected if k != "lm_head.weight" or not tied} - state.keys())
     if missing:
         return f"the HF checkpoint lacks {missing[:4]}"

@@ -16,10 +16,10 @@ import torch
 
 from data import Tokenizer, tokenizer_from_meta
 from data.chat_template import ChatTemplate
-from errors import UserError, short_error
+from errors import UserError, clipped, short_error
 from model.gpt import GPT, GPTConfig
 
-from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path
+from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path, train_entry_problem
 from .hf import Refused, from_pretrained
 from .meta import meta_model
 from .model_config import model_config_problem
@@ -53,7 +53,7 @@ def in_model_dtypes(weights: dict[str, Any], expected: dict[str, torch.Tensor], 
     is not floating point (an integer, a bool, a complex tensor) is no weight of this model: one line."""
     for name, value in weights.items():
         if isinstance(value, torch.Tensor) and name in expected and not value.is_floating_point():
-            raise UserError(f"checkpoint {where}: weight {name!r} is {str(value.dtype).removeprefix('torch.')}, not "
+            raise UserError(f"checkpoint {where}: weight {clipped(name, 80)} is {str(value.dtype).removeprefix('torch.')}, not "
                             "floating point; use an intact ckpt.pt")
     return {k: v.to(expected[k].dtype) if isinstance(v, torch.Tensor) and k in expected else v for k, v in weights.items()}
 
@@ -119,6 +119,10 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
         raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
                         "checkpoint")
     require(ckpt, where, ("tokenizer",))
+    problem = train_entry_problem(ckpt["train"], ckpt.get("plan")) if "train" in ckpt else None
+    if problem:  # its iter is printed, and kept by an export's model card
+        raise UserError(f"checkpoint {where}: its 'train' entry is malformed ({problem}); use another checkpoint "
+                        "(e.g. best.pt)")
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
     return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from errors import UserError
+from errors import UserError, clipped
 
-from .format import BEST_NAME, CKPT_NAME, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, find_checkpoint, load_checkpoint
+from .format import (BEST_NAME, CKPT_NAME, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, find_checkpoint, load_checkpoint,
+                     train_entry_problem)
 from .sharded import is_sharded_checkpoint
 
 
@@ -111,13 +112,12 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
 
 
 def check_counters(resume: Resume) -> None:
-    """The saved step and token counts are counts (>= 0), checked here, where the checkpoint is read: a damaged
-    one would otherwise reach the loop, whose batches trust their step."""
-    for key in ("iter", "tokens_seen"):
-        value = resume.train.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f"checkpoint {resume.path}: its 'train' entry is malformed ({key} {value!r} is not a count "
-                            ">= 0); use another checkpoint (e.g. best.pt), or a new --train.out_dir")
+    """The saved step and token counts are counts in their bounds (format.train_entry_problem), checked here,
+    where the checkpoint is read: a damaged one would otherwise reach the loop, whose batches trust their step."""
+    problem = train_entry_problem(resume.train, resume.payload.get("plan"))
+    if problem:
+        raise UserError(f"checkpoint {resume.path}: its 'train' entry is malformed ({problem}); use another "
+                        "checkpoint (e.g. best.pt), or a new --train.out_dir")
 
 
 def check_best_belongs_to(best: Path | None, run_id: str | None) -> None:
@@ -127,5 +127,6 @@ def check_best_belongs_to(best: Path | None, run_id: str | None) -> None:
         return
     other = load_checkpoint(best).get("train", {}).get("run_id")
     if other != run_id:
-        raise UserError(f"{best} belongs to another run ({other}) than this out_dir's latest checkpoint ({run_id}); resuming "
+        raise UserError(f"{best} belongs to another run ({clipped(other)}) than this out_dir's latest checkpoint "
+                        f"({clipped(run_id)}); resuming "
                         "could replace it with a worse model: move it away, or train into a new --train.out_dir")

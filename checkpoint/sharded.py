@@ -35,8 +35,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from errors import UserError, short_error
+from errors import UserError, clipped, short_error
 from fileio import path_kind, replace_dir, temp_dir
+from model.gpt import GPTConfig
+
+from .meta import meta_model
+from .model_config import model_config_problem
 
 if TYPE_CHECKING:  # imported for real on first use (_dcp)
     from torch.distributed.checkpoint.metadata import Metadata
@@ -44,6 +48,11 @@ if TYPE_CHECKING:  # imported for real on first use (_dcp)
 STATE_NAME = "state.pt"  # the entries written once, beside the shards
 METADATA_NAME = ".metadata"
 SHARDED_ENTRIES = ("model", "optimizer")  # what each rank writes its shards of
+# The most of a .metadata this reads: far past any index this project writes (20 KB for a one-layer model,
+# about 1.5 MB for GPT-2 124M sharded over 8 ranks), so a huge or sparse file is refused by its size, unread.
+MAX_METADATA_BYTES = 256 * 2**20
+DAMAGED = ("the checkpoint is damaged: use another one (e.g. best.dcp), or one consolidated from a good one "
+           "(python -m checkpoint consolidate)")
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
@@ -87,8 +96,7 @@ def _safe_reader() -> type:
 
     class SafeReader(_dcp().FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-            with open(Path(self.path) / METADATA_NAME, "rb") as f:
-                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            metadata = _MetadataUnpickler(io.BytesIO(_metadata_bytes(Path(self.path)))).load()
             if not isinstance(metadata, Metadata):
                 raise pickle.UnpicklingError(f"{METADATA_NAME} holds a {type(metadata).__name__}, not DCP's Metadata")
             if getattr(metadata, "storage_meta", None) is None:
@@ -97,6 +105,17 @@ def _safe_reader() -> type:
             return metadata
 
     return SafeReader
+
+
+def _metadata_bytes(path: Path) -> bytes:
+    """The .metadata's bytes, at most MAX_METADATA_BYTES of them (a 20 GB sparse file is refused by its size)."""
+    with open(path / METADATA_NAME, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(MAX_METADATA_BYTES + 1) if size <= MAX_METADATA_BYTES else None
+    if data is None or len(data) > MAX_METADATA_BYTES:
+        raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} is {size:,} bytes, more than the "
+                        f"{MAX_METADATA_BYTES // 2**20} MiB any checkpoint's index takes; {DAMAGED}")
+    return data
 
 
 def _metadata(path: Path) -> Metadata:
@@ -108,15 +127,17 @@ def _metadata(path: Path) -> Metadata:
                         "use another checkpoint (e.g. best.dcp)") from None
 
 
-def check_shards(path: Path, metadata: Metadata) -> None:
+def check_shards(path: Path, metadata: Metadata) -> int:
     """Every shard file the .metadata points into is there, a regular file, and long enough for every
     piece it should hold: a missing, empty or truncated shard is named in one line before DCP reads
-    anything (DCP itself fails deep in its reader, or reads a piece that ends early into a tensor)."""
+    anything (DCP itself fails deep in its reader, or reads a piece that ends early into a tensor).
+    Returns the bytes those shard files hold together: all that any tensor of the checkpoint can be."""
     ends: dict[str, int] = {}
+    total = 0
     for info in (metadata.storage_data or {}).values():
         name = getattr(info, "relative_path", None)
         if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
-            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} names a shard {name!r} outside the "
+            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} names a shard {clipped(name, 80)} outside the "
                             "checkpoint; the checkpoint is damaged: use another one (e.g. best.dcp)")
         try:
             ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
@@ -136,6 +157,58 @@ def check_shards(path: Path, metadata: Metadata) -> None:
         if st.st_size < end:
             raise UserError(f"sharded checkpoint {path}: shard {name} is truncated ({st.st_size} bytes, its "
                             f"{METADATA_NAME} says at least {end}); use another checkpoint (e.g. best.dcp)")
+        total += st.st_size
+    return total
+
+
+def check_claims(path: Path, metadata: Metadata, held: int, prefixes: tuple[str, ...],
+                 expected: dict[str, tuple[int, ...]] | None = None, whose: str = "") -> None:
+    """The tensors the .metadata claims under `prefixes` (e.g. "model."), refused by arithmetic before any is
+    allocated: each one's bytes (numel x itemsize), and all of them together, at most the `held` bytes of the
+    shard files (a tensor cannot hold more than was written), and each of the shape `expected` gives it (the
+    checkpoint's own model_config, or the tensors a resumed run loads into: `whose` says which). Else one line
+    naming the tensor:
+    a hand-edited index claiming a (2**20, 2**20) embedding would make the reader allocate 4 TiB."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    claimed = 0
+    for key, md in (metadata.state_dict_metadata or {}).items():
+        if not (isinstance(key, str) and key.startswith(prefixes) and isinstance(md, TensorStorageMetadata)):
+            continue
+        size, nbytes = _claimed_size(path, key, md)
+        if nbytes > held:
+            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} says tensor {clipped(key, 80)} is "
+                            f"{_shape(size)} ({nbytes:,} bytes), but its shard files hold only {held:,} bytes; {DAMAGED}")
+        want = (expected or {}).get(key)
+        if want is not None and tuple(want) != size:
+            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} says tensor {clipped(key, 80)} is "
+                            f"{_shape(size)}, but {whose} is {_shape(want)}; {DAMAGED}")
+        claimed += nbytes
+        if claimed > held:
+            raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} claims more tensor bytes (over "
+                            f"{claimed:,}) than its shard files hold ({held:,}); {DAMAGED}")
+
+
+def _shape(size: tuple[int, ...]) -> str:
+    """A shape for a one-line message, cut (a claim can have thousands of dimensions)."""
+    text = "x".join(map(str, size)) or "a scalar"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _claimed_size(path: Path, key: str, md: Any) -> tuple[tuple[int, ...], int]:
+    """(shape, bytes) of a tensor as the .metadata claims it; one line where it is no shape of a dtype."""
+    try:
+        size = tuple(md.size)
+        itemsize = md.properties.dtype.itemsize
+        if not all(isinstance(n, int) and n >= 0 for n in size) or not isinstance(itemsize, int):
+            raise ValueError("a size that is not a list of counts")
+    except (AttributeError, TypeError, ValueError) as e:
+        raise UserError(f"sharded checkpoint {path} has an unreadable {METADATA_NAME} (tensor {clipped(key, 80)}: "
+                        f"{short_error(e, 80)}); {DAMAGED}") from None
+    nbytes = itemsize
+    for n in size:  # exact integers: no float rounds a claim of 2**20 x 2**20 down to something that fits
+        nbytes *= n
+    return size, nbytes
 
 
 # ---------------------------------------------------------------------------------- the backend
@@ -192,17 +265,33 @@ class ShardedDir:
         payload = self.state_file.read(path / STATE_NAME)
         if isinstance(payload, dict):
             for name in set(needed) & set(SHARDED_ENTRIES):
-                payload[name] = load_whole(path, name)
+                expected = model_shapes(payload.get("model_config")) if name == "model" else None
+                payload[name] = load_whole(path, name, expected)
         return payload
 
 
-def load_whole(path: Path, name: str) -> dict[str, torch.Tensor]:
+def model_shapes(saved: Any) -> dict[str, tuple[int, ...]] | None:
+    """The shapes a checkpoint's model_config gives its model's tensors, keyed as in the shards ("model.<name>");
+    None where it is no valid config (its reader refuses it then, naming the field: checkpoint/load.py)."""
+    try:
+        config = GPTConfig(**saved)
+        if model_config_problem(config):
+            return None
+    except TypeError:  # not a dict, or a field GPTConfig does not have
+        return None
+    return {f"model.{k}": tuple(t.shape) for k, t in meta_model(config).state_dict().items()}
+
+
+def load_whole(path: Path, name: str, expected: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
     """The entry `name` of a sharded checkpoint, every tensor whole, in this process alone (no process
-    group needed, whatever number of ranks wrote it). Keyed as saved: parameter names for "model"."""
+    group needed, whatever number of ranks wrote it). Keyed as saved: parameter names for "model".
+    `expected`: the shapes the tensors must have (model_shapes); each claim is checked before it is allocated."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = _metadata(path)
     prefix = name + "."
+    check_claims(path, metadata, check_shards(path, metadata), (prefix,), expected,
+                 "the checkpoint's model_config makes it")
     template = {key: torch.empty(md.size, dtype=md.properties.dtype)
                 for key, md in metadata.state_dict_metadata.items()
                 if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
@@ -215,8 +304,24 @@ def load_whole(path: Path, name: str) -> dict[str, torch.Tensor]:
 def load_into(path: Path, state: dict[str, Any]) -> None:
     """Load the sharded entries of `state` ({"model": ..., "optimizer": ...}, state dicts of this run's
     sharded or plain tensors) in place from the checkpoint at `path`; DCP reshards as needed. Every
-    rank calls it."""
+    rank calls it. Each tensor's claimed shape must be its destination's (a DTensor's size is the whole one)."""
+    metadata = _metadata(path)
+    expected = {key: tuple(t.size()) for key, t in _flat_tensors(state, "")}
+    check_claims(path, metadata, check_shards(path, metadata), tuple(f"{k}." for k in state), expected,
+                 "this run's tensor")
     _load(path, state, no_dist=not dist.is_initialized())
+
+
+def _flat_tensors(obj: Any, key: str):
+    """(dotted key, tensor) of every tensor in nested dicts and lists, keyed as DCP flattens them."""
+    if isinstance(obj, torch.Tensor):
+        yield key, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _flat_tensors(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _flat_tensors(v, f"{key}.{i}" if key else str(i))
 
 
 def _load(path: Path, state: dict[str, Any], no_dist: bool) -> None:

@@ -129,10 +129,10 @@ def check_params(body: dict, limits: Limits) -> Params:
     if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
         raise _bad("n", f"must be an integer, got {type(n).__name__}", "invalid_type")
     if n is not None and n < 1:
-        raise _bad("n", f"must be 1 (one reply per request), got {n}; leave it out")
-    if n not in (None, 1):
-        raise _bad("n", f"only n=1 is supported, got {n}; send {n} requests instead (they decode together)",
-                   "unsupported_value")
+        raise _bad("n", f"must be 1 (one reply per request), got {_shown(n)}; leave it out")
+    if n not in (None, 1):  # quoted cut, and once: n of 4000 digits was echoed twice, as the number of requests to send
+        raise _bad("n", f"only n=1 is supported, got {_shown(n)}; send one request per reply instead (they decode "
+                   "together)", "unsupported_value")
     for name in ("frequency_penalty", "presence_penalty"):
         if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
             raise _bad(name, "is not supported; leave it out or 0", "unsupported_parameter")

@@ -145,3 +145,30 @@ def test_bad_checkpoint_files_raise_one_line_user_error(tmp_path, case):
     with pytest.raises(UserError, match=pattern) as ei:
         load_checkpoint(target)
     assert "\n" not in str(ei.value)
+
+
+# -------------------------------------------------------------- values from a file are quoted cut
+
+MODEL_FIELDS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attn_backend",
+                "gelu_approximate", "layer_norm_eps", "pos_embedding", "rope_base", "norm", "qk_norm", "mlp_act",
+                "tie_embeddings", "zero_init_proj", "logit_softcap")
+HUGE = [lambda n: "9" * n, lambda n: "x" * n, lambda n: int("9" * min(n, 4000)), lambda n: -int("9" * min(n, 4000)),
+        lambda n: ["a"] * n, lambda n: {"k" * n: 1}]
+
+
+@pytest.mark.parametrize("field", MODEL_FIELDS)
+@pytest.mark.parametrize("huge", range(len(HUGE)))
+def test_a_huge_value_in_a_checkpoints_model_config_is_quoted_cut(field, huge):
+    """A checkpoint whose model_config.n_embd was a 10,000-character string gave a 10,177-character line: every
+    field of it, given a huge string, number or list, is refused in a line of under 300 characters."""
+    from dataclasses import asdict
+
+    from checkpoint.load import checked_model_config
+    from model import GPTConfig
+
+    saved = {**asdict(GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=8)),
+             field: HUGE[huge](10_000)}
+    with pytest.raises(UserError) as e:
+        checked_model_config(saved, "out/ckpt.pt")
+    line = str(e.value)
+    assert "\n" not in line and len(line) < 300 and "out/ckpt.pt" in line, (len(line), line[:400])

@@ -157,8 +157,8 @@ def test_every_numeric_key_takes_every_special_value(tmp_path):
 @pytest.mark.parametrize("argv, words", [
     (["--train.lr=1e308"], "train.lr must be at most 1e+30"),  # lr * (step + 1) / warmup was inf
     (["--train.muon_lr=1e31"], "train.muon_lr must be at most 1e+30"),
-    ([f"--train.max_iters={10**400}"], "train.max_iters must fit in 64 bits"),  # lr_at: OverflowError
-    ([f"--train.warmup_iters={2**63}"], "train.warmup_iters must fit in 64 bits"),
+    ([f"--train.max_iters={10**400}"], "train.max_iters must be at most 1,000,000,000, got a 401-digit number"),  # lr_at:
+    ([f"--train.warmup_iters={2**63}"], "train.warmup_iters must be at most 1,000,000,000"),  # OverflowError
     ([f"--eval.sample_interval={10**30}"], "eval.sample_interval must fit in 64 bits"),
     ([f"--train.time_budget={'9' * 400}h"], "at most 1e+09 s"),  # inf s: OverflowError in plan
     ([f"--train.collective_timeout={'9' * 400}"], "at most 1e+09 s"),  # timedelta
@@ -174,12 +174,14 @@ def test_values_that_overflowed_the_start_up_are_refused(argv, words):
 
 
 def test_the_largest_accepted_values_keep_the_schedule_finite():
-    """lr at its bound and the step counts at theirs: the schedule's peak is lr, finite (a float computes
-    1e30 * (2**63 - 1) / (2**63 - 1) as 1e30, written out)."""
-    cfg = load_config(["--train.lr=1e30", f"--train.max_iters={2**63 - 1}", f"--train.warmup_iters={2**63 - 2}"])
+    """lr at its bound and the step counts at theirs (10**9, settings.MAX_ITERS): the schedule's peak is lr,
+    finite, and lr_at stays finite for any step a 64-bit counter holds."""
+    cfg = load_config(["--train.lr=1e30", f"--train.max_iters={10**9}", f"--train.warmup_iters={10**9 - 1}"])
     t = cfg.train
-    assert lr_at(2**63 - 3, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
-    assert lr_at(2**63 - 2, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
+    assert lr_at(10**9 - 2, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
+    assert lr_at(10**9 - 1, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters) == 1e30
+    with pytest.raises(UserError, match="at most 1,000,000,000"):
+        load_config([f"--train.max_iters={10**9 + 1}"])
 
 
 def test_a_run_at_lr_1e30_stops_at_the_non_finite_guard(tmp_path, data_root):
@@ -391,3 +393,25 @@ def test_each_duration_key_states_its_own_range_and_the_value_as_written(key, nu
         with pytest.raises(UserError) as e:
             budget.plan(seconds, slow, max_iters=10, warmup_iters=1, eval_interval=5, as_written=text.strip())
         assert f"train.time_budget={text.strip()} leaves no time" in one_line(e.value, key)
+
+
+@given(batch=st.integers(1, 2**40), accum=st.integers(1, 2**40), block=st.integers(1, 2**24),
+       auto=st.booleans())
+@example(batch=10**9, accum=1, block=64, auto=False)  # the case found: lower train.grad_accum_steps, it said
+def test_too_many_tokens_per_step_names_the_factor_that_makes_them(batch, accum, block, auto):
+    """The fix names the largest factor of the product, with every factor's value (found from outside: batch_size
+    1e9 with grad_accum_steps 1 was told to lower train.grad_accum_steps)."""
+    factors = ({"train.global_batch_size": batch} if auto else {"train.batch_size": batch, "train.grad_accum_steps": accum})
+    factors["model.block_size"] = block
+    argv = [f"--{k}={v}" for k, v in factors.items()] + (["--train.batch_size=auto"] if auto else [])
+    tokens = batch * block * (1 if auto else accum)
+    try:
+        load_config(argv)
+    except UserError as e:
+        msg = one_line(e, "tokens per optimizer step")
+        assert tokens > 2**30, (tokens, msg)
+        named = msg.rsplit("; lower ", 1)[1]
+        assert factors[named] == max(factors.values()), (factors, msg)
+        assert all(f"{k} ({v:,})" in msg for k, v in factors.items()), msg
+        return
+    assert tokens <= 2**30, tokens

@@ -89,6 +89,17 @@ def test_class_n_below_one_is_refused_without_asking_for_n_requests(app, n):
     assert "requests instead" not in msg, msg  # "send 0 requests instead" was the old advice
 
 
+@given(field=st.sampled_from(["n", "max_tokens", "max_completion_tokens", "seed", "temperature", "top_p",
+                              "frequency_penalty", "presence_penalty"]),
+       digits=st.integers(30, 4300), sign=st.sampled_from(["", "-"]))
+def test_class_a_huge_number_in_any_field_is_quoted_cut(app, field, digits, sign):
+    """n of 4000 digits gave an 8,171-byte error, the number twice ("send 9999...9 requests instead"): every
+    field's refusal quotes a number cut, and names it once."""
+    number = sign + "9" * digits
+    msg = assert_openai_400(post(app, "/v1/chat/completions", f'{{"messages": {USER}, "{field}": {number}}}'), field)
+    assert len(msg) < 300 and msg.count("9" * 20) <= 1, msg
+
+
 @given(field=st.sampled_from(["max_tokens", "seed", "n", "temperature", "x"]), digits=st.integers(4301, 6000))
 def test_class_integer_over_pythons_digit_limit_anywhere_says_so_not_how_to_raise_the_limit(app, field, digits):
     # int()'s own message ended "use sys.set_int_max_str_digits() to increase the limit": a fix for Python code
@@ -232,3 +243,52 @@ def test_a_route_that_fails_is_a_500_in_openais_shape_and_one_log_line(app, caps
     assert json.loads(sent[1]["body"])["error"]["code"] == "internal_error", sent
     err = capsys.readouterr().err
     assert err == "error: GET /health failed (ZeroDivisionError: division by zero)\n", err
+
+
+def _refused_upload(port: int, path: str, declared: int, send: int) -> tuple[bytes, str, float]:
+    """POST `path` declaring `declared` bytes, send `send` of them as a client that does not wait, then read
+    -> (what came back, how the reading ended: "closed" (EOF), "reset" or "open", seconds after the sending)."""
+    import socket
+    import time
+
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {declared}\r\n\r\n".encode())
+        try:
+            for _ in range(send // 2**16):
+                s.sendall(b" " * 2**16)
+        except OSError:  # closed by the server already
+            pass
+        start, got, end = time.monotonic(), b"", "open"
+        s.settimeout(3)
+        try:
+            while chunk := s.recv(2**16):
+                got += chunk
+            end = "closed"  # EOF
+        except ConnectionResetError:  # closed on the client's bytes unread: its answer may be lost
+            end = "reset"
+        except OSError:  # the timeout: the server is still reading (draining) the declared body
+            pass
+        return got, end, time.monotonic() - start
+
+
+@pytest.mark.parametrize("path, status", [("/v1/completions", 413), ("/v1/chat/completions", 413), ("/nowhere", 404),
+                                          ("/health", 405)])
+def test_a_response_before_the_body_is_read_ends_the_connection(tmp_path, path, status):
+    """A real uvicorn: a request refused before its body was read (Content-Length 2**40, a few MiB sent) gets
+    its answer and then the connection ends within seconds, by EOF (the bytes sent were read: no reset); the
+    server drained ~100 GiB in 25 s and never closed it. The next client is served."""
+    from serving import Server, make_chat_checkpoint
+
+    make_chat_checkpoint(tmp_path / "ckpt.pt")
+    server = Server(tmp_path / "ckpt.pt")
+    try:
+        got, end, seconds = _refused_upload(server.port, path, 2**40, 4 * 2**20)
+        assert got.startswith(f"HTTP/1.1 {status} ".encode()) and b"connection: close" in got.lower(), got[:300]
+        assert end == "closed" and seconds < 2.5, (end, seconds)
+        assert server.http.get(server.url + "/health").status_code == 200
+        # a body read whole keeps its connection (keep-alive): only a refusal before the body closes it
+        r = server.http.post(server.url + "/v1/completions", json={"prompt": "ab", "max_tokens": 0})
+        assert r.status_code == 400 and r.headers.get("connection") != "close", (r.status_code, r.headers)
+    finally:
+        server.stop()

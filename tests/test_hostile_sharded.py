@@ -35,6 +35,19 @@ def _shard(ckpt: Path) -> Path:
     return next(ckpt.glob("*.distcp"))
 
 
+def _claim(ckpt: Path, key: str, size) -> None:
+    """Rewrite the .metadata so that it claims `size` for tensor `key` (the shards are left as written)."""
+    import torch
+
+    from checkpoint.sharded import _MetadataUnpickler
+
+    md = _MetadataUnpickler(open(ckpt / ".metadata", "rb")).load()
+    md.state_dict_metadata[key].size = torch.Size(size)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(md))
+
+
+WTE = "model.transformer.wte.weight"
+
 DAMAGE = {
     "shard missing": lambda c: _shard(c).unlink(),
     "shard truncated": lambda c: _cut(_shard(c), 0.5),
@@ -45,6 +58,9 @@ DAMAGE = {
     "metadata empty": lambda c: _cut(c / ".metadata", 0),
     "metadata refused": lambda c: (c / ".metadata").write_bytes(pickle.dumps(os.getcwd)),  # a function: no
     "metadata missing": lambda c: (c / ".metadata").unlink(),
+    "metadata huge (sparse)": lambda c: os.truncate(c / ".metadata", 20 * 2**30),
+    "metadata claims a 4 TiB tensor": lambda c: _claim(c, WTE, (2**20, 2**20)),
+    "metadata claims a tensor of another shape": lambda c: _claim(c, WTE, (7, 8)),
     "state.pt truncated": lambda c: _cut(c / "state.pt", 0.5),
     "state.pt missing": lambda c: (c / "state.pt").unlink(),
 }
@@ -67,7 +83,9 @@ READERS = {
 
 
 def tree(path: Path) -> dict:
-    return {str(p.relative_to(path)): snapshot(p) for p in sorted(path.rglob("*"))}
+    # a huge (sparse) file by its size and time, not its 20 GB of bytes
+    return {str(p.relative_to(path)): ("huge", p.stat().st_size, p.stat().st_mtime_ns) if p.is_file()
+            and p.stat().st_size > 2**26 else snapshot(p) for p in sorted(path.rglob("*"))}
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -161,3 +179,53 @@ def test_sample_py_names_an_incomplete_ckpt_dcp(tmp_path, capsys, entry):
         DCP_ENTRIES[entry](tmp_path / "ckpt.dcp")
     code, _, err = run_entry(sample.main, ["--checkpoint", tmp_path, *SAMPLE_FAST], capsys)
     assert "it is incomplete" in assert_one_line(code, err, str(tmp_path / "ckpt.dcp"))
+
+
+# ------------------------------------------------------------------- sizes claimed by the .metadata
+
+def _shapes_of(ckpt: Path) -> dict:
+    from checkpoint.sharded import _MetadataUnpickler
+
+    md = _MetadataUnpickler(open(ckpt / ".metadata", "rb")).load()
+    return {k: tuple(v.size) for k, v in md.state_dict_metadata.items() if k.startswith("model.") and hasattr(v, "size")}
+
+
+_CLAIMS = st.lists(st.integers(0, 2**40), max_size=4) | st.lists(st.integers(0, 70), min_size=1, max_size=3)
+
+
+@given(data=st.data(), claim=_CLAIMS)
+def test_a_claimed_size_is_refused_by_arithmetic_before_anything_is_allocated(world, data, claim):
+    """Any size the .metadata claims for a model tensor: loaded when it is the tensor's true shape (the shape
+    written, read from the untouched checkpoint: the reference), else one line naming the tensor, and never an
+    allocation of more bytes than the shard files hold (a spy on torch.empty)."""
+    import torch
+
+    from checkpoint import load_checkpoint
+    from errors import UserError
+
+    shapes = _shapes_of(world.run / "ckpt.dcp")
+    key = data.draw(st.sampled_from(sorted(shapes)))
+    claim = data.draw(st.sampled_from([tuple(claim), shapes[key]]))
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "ckpt.dcp"
+        shutil.copytree(world.run / "ckpt.dcp", ckpt)
+        _claim(ckpt, key, claim)
+        held = sum(f.stat().st_size for f in ckpt.glob("*.distcp"))
+        empty = torch.empty
+
+        def spy(*size, **kw):
+            dims = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+            n = (kw.get("dtype") or torch.float32).itemsize
+            for d in dims:
+                n *= d
+            if n > held:
+                raise SystemExit(f"allocated {dims} before refusing it")  # caught by nothing on the way
+            return empty(*size, **kw)
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(torch, "empty", spy)
+            if claim == shapes[key]:
+                assert tuple(load_checkpoint(ckpt, needed=("model",))["model"][key[len("model."):]].shape) == claim
+            else:
+                line = _refused(lambda: load_checkpoint(ckpt, needed=("model",)))
+                assert str(ckpt) in line and key in line and len(line) < 400, line

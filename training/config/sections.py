@@ -23,8 +23,8 @@ from errors import UserError
 from checkpoint.model_config import model_config_problem
 from model.gpt import GPTConfig
 from runtime.precision import DTYPE_NAMES
-from settings import (Freezable, all_of, at_least, at_most, check_fields, help_of, in_range, may_change_on_resume,
-                      not_blank, one_of, setting, value_before)
+from settings import (ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, Freezable, all_of, at_least, at_most, check_fields,
+                      help_of, in_range, may_change_on_resume, not_blank, one_of, setting, value_before)
 
 from . import reading
 from ..float8 import RECIPES as FLOAT8_RECIPES
@@ -65,7 +65,6 @@ def _device(name: str) -> str | None:
 
 PARALLEL = ("ddp", "fsdp")
 AUTO_BATCH = "auto"
-MAX_TOKENS_PER_STEP = 2**30  # tokens per optimizer step: ~300x GPT-3's 3.2M batch; past it a config is a typo
 
 
 def _batch_size(v: int | str) -> str | None:
@@ -171,11 +170,11 @@ class TrainSection(Freezable):
     global_batch_size: int = setting(0, "sequences per optimizer step over all ranks; read with batch_size auto (e.g. "
                                         "512 = 16 x 32 for GPT-2 124M); 0 = batch_size x grad_accum_steps",
                                      check=at_least(0))
-    max_iters: int = setting(2000, "optimizer steps", resume=True, check=at_least(1))
+    max_iters: int = setting(2000, "optimizer steps", resume=True, check=ITERS)
     lr: float = setting(1e-3, "peak learning rate", resume=True,
                         check=all_of(at_least(0, LR_HINT), at_most(MAX_LR, LR_HINT)))
     min_lr: float = setting(1e-4, "cosine floor", resume=True)
-    warmup_iters: int = setting(100, "linear warmup steps", resume=True, check=at_least(0))
+    warmup_iters: int = setting(100, "linear warmup steps", resume=True, check=WARMUP_ITERS)
     weight_decay: float = setting(0.1, "on matrices and embeddings only", resume=True, check=at_least(0))
     beta1: float = setting(0.9, "AdamW's first-moment decay", resume=True, check=in_range(0, 1))
     beta2: float = setting(0.99, "AdamW's second-moment decay (0.95 for large models and batches)", resume=True,
@@ -310,13 +309,16 @@ class Config(Freezable):
                             "char is a character-level tokenizer (its vocabulary lacks characters HellaSwag uses); use "
                             "data.tokenizer=gpt2 or bpe:<n>, or eval.hellaswag_interval=0")
         t = self.train
-        auto = t.batch_size == AUTO_BATCH
-        sequences = t.global_batch_size if auto else t.batch_size * t.grad_accum_steps
-        if sequences * self.model.block_size > MAX_TOKENS_PER_STEP:  # arithmetic, before anything is built
-            keys = "train.global_batch_size" if auto else "train.batch_size x train.grad_accum_steps"
-            raise UserError(f"{keys} x model.block_size = {sequences * self.model.block_size:,} tokens per optimizer "
-                            f"step, over the {MAX_TOKENS_PER_STEP:,} any run could use (GPT-3 trained on 3.2M): a step "
-                            f"would never end; lower {'train.global_batch_size' if auto else 'train.grad_accum_steps'}")
+        factors = ({"train.global_batch_size": t.global_batch_size} if t.batch_size == AUTO_BATCH else
+                   {"train.batch_size": t.batch_size, "train.grad_accum_steps": t.grad_accum_steps})
+        factors["model.block_size"] = self.model.block_size
+        tokens = math.prod(factors.values())
+        if tokens > MAX_TOKENS_PER_STEP:  # arithmetic, before anything is built
+            # the fix names the largest factor (found from outside: batch_size 1e9 was told to lower grad_accum_steps 1)
+            largest = max(factors, key=factors.get)
+            product = " x ".join(f"{k} ({v:,})" for k, v in factors.items())
+            raise UserError(f"{product} = {tokens:,} tokens per optimizer step, over the {MAX_TOKENS_PER_STEP:,} any run "
+                            f"could use (GPT-3 trained on 3.2M): a step would never end; lower {largest}")
 
 
 def section_keys() -> dict[str, list[str]]:
