@@ -160,4 +160,12 @@ MAX_ITERS = 10**9  # optimizer steps: ~10,000x GPT-3's ~94k, and 11 days at 1 ms
 MAX_TOKENS_PER_STEP = 2**30  # tokens per optimizer step: ~300x GPT-3's 3.2M batch; past it a config is a typo
 ITERS = all_of(at_least(1), at_most(MAX_ITERS))  # train.max_iters
 WARMUP_ITERS = all_of(at_least(0), at_most(MAX_ITERS))  # train.warmup_iters
+# every N steps: beyond MAX_ITERS an interval never comes (an eval_interval of 1e18 was accepted); 0 = off where said
+EVERY = all_of(at_least(1), at_most(MAX_ITERS))
+EVERY_OR_OFF = all_of(at_least(0, " (0 turns it off)"), at_most(MAX_ITERS))
+# batches per split per eval: 1e18 was accepted and the first eval never ended; past this many random batches (77M
+# tokens at small.yaml's shape) the estimate is no better than the exact loss of one pass over the split
+MAX_EVAL_ITERS = 100_000
+EVAL_ITERS = all_of(at_least(1), at_most(MAX_EVAL_ITERS, "; for the val split's exact loss, train.eval_full reads "
+                                                         "it once, every token"))
 

@@ -252,8 +252,8 @@ def test_absurd_model_sizes_are_refused_by_arithmetic_in_one_line(override, word
 
 @pytest.mark.parametrize("overrides,words", [
     # 12 x 64 x 99,999,999,999 tokens: the loop would build batches for ever (before: a hang)
-    (["--train.grad_accum_steps=99999999999"], "train.batch_size x train.grad_accum_steps x model.block_size = "
-                                               "76,799,999,999,232 tokens"),
+    (["--train.grad_accum_steps=99999999999"], "train.batch_size (12) x train.grad_accum_steps (99,999,999,999) x "
+                                               "model.block_size (64) = 76,799,999,999,232 tokens"),
     (["--train.batch_size=auto", "--train.global_batch_size=99999999999"], "lower train.global_batch_size"),
     (["--train.batch_size=20000000"], "over the 1,073,741,824 any run could use"),
 ])
@@ -355,3 +355,20 @@ def test_a_yaml_boolean_word_for_a_string_key_says_to_quote_it(tmp_path_factory,
         assert "expects a string" not in msg, msg
     else:
         assert not isinstance(yaml.safe_load(word), bool), word
+
+
+BOUNDED = {"train.eval_iters": 100_000, "train.eval_interval": 10**9, "train.log_interval": 10**9,
+           "train.checkpoint_interval": 10**9, "eval.hellaswag_interval": 10**9, "eval.sample_interval": 10**9,
+           "eval.inspect_interval": 10**9, "eval.hellaswag_batch_size": 10_042}
+
+
+@settings(max_examples=40, deadline=None)
+@given(key=st.sampled_from(sorted(BOUNDED)), over=st.integers(1, 10**30))
+def test_every_count_of_steps_or_batches_has_an_upper_bound(key, over):
+    """train.eval_iters=1e18 was accepted and the first eval never ended (eval_interval, log_interval and
+    hellaswag_batch_size were as open): each is refused past its bound in one line naming it, and the bound
+    itself is accepted (the bounds written here by hand, not read from the code)."""
+    load_config([f"--{key}={BOUNDED[key]}"])
+    with pytest.raises(UserError) as e:
+        load_config([f"--{key}={BOUNDED[key] + over}"])
+    assert str(e.value).startswith(key) and "must be at most" in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -23,8 +23,9 @@ from errors import UserError
 from checkpoint.model_config import model_config_problem
 from model.gpt import GPTConfig
 from runtime.precision import DTYPE_NAMES
-from settings import (ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, Freezable, all_of, at_least, at_most, check_fields,
-                      help_of, in_range, may_change_on_resume, not_blank, one_of, setting, value_before)
+from settings import (EVAL_ITERS, EVERY, EVERY_OR_OFF, ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, Freezable, all_of,
+                      at_least, at_most, check_fields, help_of, in_range, may_change_on_resume, not_blank, one_of,
+                      setting, value_before)
 
 from . import reading
 from ..float8 import RECIPES as FLOAT8_RECIPES
@@ -208,14 +209,14 @@ class TrainSection(Freezable):
     device: str = setting("auto", "auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps", resume=True, check=_device)
     seed: int = setting(1337, "model init, dropout, training batches", check=SEED)
     eval_seed: int = setting(4242, "the fixed eval batches", resume=True, check=SEED)
-    eval_interval: int = setting(250, "evaluate every N steps, and at the last step", resume=True, check=at_least(1))
-    eval_iters: int = setting(20, "batches per split per eval", resume=True, check=at_least(1))
+    eval_interval: int = setting(250, "evaluate every N steps, and at the last step", resume=True, check=EVERY)
+    eval_iters: int = setting(20, "batches per split per eval", resume=True, check=EVAL_ITERS)
     eval_full: bool = setting(False, "the last eval also reads the whole val split in order, every token once: its "
                                      "exact loss (val/loss_full), where eval_iters' random batches give an estimate; "
                                      "costs one forward pass over the split", resume=True)
-    log_interval: int = setting(10, "read the loss back from the device every N steps", resume=True, check=at_least(1))
+    log_interval: int = setting(10, "read the loss back from the device every N steps", resume=True, check=EVERY)
     checkpoint_interval: int = setting(0, "write ckpt.pt every N steps; 0 = at each eval (and always at the end)",
-                                       resume=True, check=at_least(0))
+                                       resume=True, check=EVERY_OR_OFF)
     out_dir: str = setting("out", "checkpoints (ckpt.pt, best.pt), metrics.jsonl and wandb's files go here",
                            resume=True, path=True, check=not_blank("set it to a directory, e.g. out/small"))
     resume: str = setting("auto", "auto: continue from out_dir/ckpt.pt if there; never: refuse an existing one",
@@ -245,18 +246,22 @@ class TrainSection(Freezable):
             raise UserError(f"train.min_lr must be between 0 and train.lr ({self.lr}), got {self.min_lr}; e.g. lr/10")
 
 
+HELLASWAG_ITEMS = 10_042  # HellaSwag's validation split: a larger batch is the same one batch
+
+
 @dataclass
 class EvalSection(Freezable):
     hellaswag_interval: int = setting(0, "run HellaSwag every N steps (and at the last one); 0 = never", resume=True,
-                                      check=at_least(0, " (0 turns it off)"))
+                                      check=EVERY_OR_OFF)
     hellaswag_data: str = setting("", "a local jsonl in HellaSwag's original format; empty = Rowan/hellaswag from the "
                                       "HF hub", resume=True, path=True)
     hellaswag_limit: int = setting(0, "score the first N items only; 0 = all 10042", resume=True,
                                    check=at_least(0, " (0 turns it off)"))
-    hellaswag_batch_size: int = setting(8, "items per forward (x 4 endings)", resume=True, check=at_least(1))
+    hellaswag_batch_size: int = setting(8, "items per forward (x 4 endings)", resume=True,
+                                        check=all_of(at_least(1), at_most(HELLASWAG_ITEMS, " (the items there are)")))
     sample_interval: int = setting(0, "every N steps (and at the last one) rank 0 samples eval.sample_tokens tokens "
                                       "after each prompt, with a fixed seed, to the console, metrics.jsonl and wandb; "
-                                      "0 = never", resume=True, check=at_least(0, " (0 turns it off)"))
+                                      "0 = never", resume=True, check=EVERY_OR_OFF)
     sample_prompts: list[str] = setting(dataclasses.MISSING, 'the prompts to sample from, e.g. ["ROMEO:", "JULIET:"] '
                                         "(on the command line a YAML list, or one prompt); [] = the data's default",
                                         resume=True, default_factory=list, check=_sample_prompts)
@@ -265,7 +270,7 @@ class EvalSection(Freezable):
                                                 "; a sample is read, not trained on: e.g. 64"))
     inspect_interval: int = setting(0, "every N steps (and at the last one) the attention maps and per-token surprisal "
                                        "of the val split's first tokens go to wandb and <out_dir>/inspect/step-<N>/; "
-                                       "0 = never", resume=True, check=at_least(0, " (0 turns it off)"))
+                                       "0 = never", resume=True, check=EVERY_OR_OFF)
 
     def validate(self) -> None:
         check_fields(self, "eval")
