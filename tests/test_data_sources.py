@@ -6,6 +6,8 @@ import gzip
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -17,6 +19,7 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import data.formats
 import data.prepare
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
@@ -25,6 +28,7 @@ from prepared_files import read_bins, read_split, split_on
 ENC = tiktoken.get_encoding("gpt2")
 EOT = 50256
 FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
 
 DOCS = [f"Document number {i}: " + ["plain words here.", "naïve café 🎉 emoji’s", "Ελληνικά και русский текст",
                                      "日本語のテキストです。", "tabs\tand\r\nnewlines\n\n  spaced  "][i % 5] * (1 + i % 3)
@@ -250,6 +254,75 @@ def test_a_bad_parquet_row_is_one_line_naming_file_and_row(tmp_path):
         prepare_data(cfg(tmp_path / "n.parquet", tmp_path / "p"), progress=False)
     with pytest.raises(UserError, match=r"has no column 'body' \(columns: text\)"):
         prepare_data(cfg(tmp_path / "c.parquet", tmp_path / "p", text_field="body"), progress=False)
+
+
+# a child that prepares argv[2] into argv[3] with its address space capped 1 GiB above its imports: a source
+# decoded whole is a MemoryError (or pyarrow's) there, not gigabytes of the test machine's memory
+CAPPED_PREPARE = """
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+from data import DataConfig, prepare_data
+from errors import UserError
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30) if hard < 0 else min(vm + (1 << 30), hard), hard))
+try:
+    prepare_data(DataConfig(dataset=sys.argv[2], root=sys.argv[3], tokenizer="char"), progress=False)
+except UserError as e:
+    print(e)
+"""
+
+
+def capped_prepare(dataset: Path, root: Path) -> str:
+    r = subprocess.run([sys.executable, "-c", CAPPED_PREPARE, str(ROOT), str(dataset), str(root)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
+
+
+def test_a_parquet_file_that_decodes_to_gigabytes_is_refused_by_arithmetic_before_decoding(tmp_path):
+    """367 bytes (zstd, one dictionary value of 1 MiB used by 8192 rows) decode to 8 GiB of text: refused in one line
+    naming the file and the row, before the text is made (it was 4.5 GB of memory, then "damaged")."""
+    text = "the cat sat. " * (2**20 // 13)
+    rows = pa.DictionaryArray.from_arrays(pa.array([0] * 8192, pa.int32()), pa.array([text]))
+    bomb = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"text": rows}), bomb, compression="zstd", use_dictionary=True, store_schema=False)
+    assert bomb.stat().st_size < 1000
+    line = capped_prepare(bomb, tmp_path / "p")
+    assert "\n" not in line and line.startswith(f"{bomb}: its 'text' column decodes to over") and "by row " in line, line
+    assert "JSON Lines" in line
+
+
+def test_a_parquet_row_over_the_row_limit_is_one_line_naming_it(tmp_path, monkeypatch):
+    """As a JSON Lines row: a cell over ROW_MAX_BYTES is refused by its length, before it is a string."""
+    monkeypatch.setattr(data.formats, "ROW_MAX_BYTES", 1000)
+    for dictionary in (False, True):
+        path = tmp_path / f"c{dictionary}.parquet"
+        pq.write_table(pa.table({"text": DOCS[:2] + ["x" * 1001] + DOCS[2:]}), path, use_dictionary=dictionary)
+        with pytest.raises(UserError, match=rf"^{path}, row 3: it is 1,001 bytes, over the 1,000 a document may be; "
+                                            "split that document into several rows$"):
+            prepare_data(cfg(path, tmp_path / "p"), progress=False)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=40), group=st.integers(1, 9),
+       dictionary=st.booleans(), slice_bytes=st.integers(1, 200), rows=st.integers(1, 8))
+def test_parquet_rows_decoded_a_bounded_slice_at_a_time_are_the_documents(tmp_path_factory, monkeypatch, lengths, group,
+                                                                           dictionary, slice_bytes, rows):
+    """A legit corpus of many rows still prepares whole, whatever the batch and slice sizes: the tokens are
+    tiktoken's of each row (the reference), and no slice made into strings held more than the bound (or one row)."""
+    tmp = tmp_path_factory.mktemp("pq")
+    docs = [DOCS[i % len(DOCS)][:n] + f" {i}" for i, n in enumerate(lengths)] + DOCS  # (DOCS: both splits get some)
+    pq.write_table(pa.table({"text": docs}), tmp / "c.parquet", row_group_size=group, use_dictionary=dictionary)
+    monkeypatch.setattr(data.formats, "PARQUET_SLICE_BYTES", slice_bytes)
+    monkeypatch.setattr(data.formats, "PARQUET_ROWS", rows)
+    held, rows_of = [], data.formats._parquet_rows
+    monkeypatch.setattr(data.formats, "_parquet_rows",
+                        lambda column, *a: (held.append((len(column), sum(data.formats._cell_bytes(column)))),
+                                            rows_of(column, *a))[1])
+    out = prepare_data(cfg(tmp / "c.parquet", tmp / "p"), progress=False)
+    assert_same_documents(out, docs)
+    assert sum(n for n, _ in held) == len(docs) and all(n == 1 or b <= slice_bytes for n, b in held), held
 
 
 def test_skip_bad_rows_skips_them_and_counts_them(tmp_path):
