@@ -30,7 +30,26 @@ PARQUET_ROWS = 4096
 # at a time; and text past PARQUET_EXPANSION times the file's size (beyond one such slice) is no corpus but a
 # decompression bomb (367 bytes of zstd and dictionary decoded to 8 GB), refused before it is decoded.
 PARQUET_SLICE_BYTES, PARQUET_EXPANSION = 64 << 20, 1000
-JSON_ARRAY_MAX = 1 << 30  # a .json file holding one array is parsed whole: refuse larger ones
+# A .json file holding one array is parsed whole (JSON Lines stream, a row at a time): its bytes are capped low, and
+# so is what parsing one document (an array, or a row) may cost in memory, estimated before parsing (parse_cost):
+# 1 GiB of "[{},{},...]" took 30 GB, and one 127 MB row of '{"messages":[{},{},...]}' 3.6 GB, before their errors.
+JSON_ARRAY_MAX, PARSE_MAX = 64 << 20, 1 << 30
+
+
+def parse_cost(raw: bytes) -> int:
+    """An upper estimate of the memory json.loads takes for `raw`, counted at C speed before it is parsed: the text
+    (decoded, up to 4 bytes a character), ~120 bytes for each object or array (an empty dict is 64, with its GC
+    header and its slot in its parent ~90: measured) and ~60 for each string (a quote is half of one). Brackets and
+    quotes inside strings count too: an overestimate, by at most a few times the text's size."""
+    return 4 * len(raw) + 120 * (raw.count(b"{") + raw.count(b"[")) + 30 * raw.count(b'"')
+
+
+def _check_parse_cost(raw: bytes, where: str, fix: str) -> None:
+    cost = parse_cost(raw)
+    if cost > PARSE_MAX:
+        raise UserError(f"{where}: parsing its {len(raw):,} bytes of JSON would take ~{cost >> 20:,} MiB of memory "
+                        f"({raw.count(b'{') + raw.count(b'['):,} objects and arrays), over the {PARSE_MAX >> 20:,} MiB "
+                        f"one document may; {fix}")
 
 ROW_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -282,6 +301,7 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
             row += 1
             if row <= first:
                 continue
+            _check_parse_cost(line, f"{path}, row {line_no}", "split that document into several rows")
             try:
                 obj = json_loads(line.decode("utf-8"))
             except UnicodeDecodeError as e:
@@ -305,11 +325,16 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
 
 def _json_array_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
                        source: Source | None) -> Iterator[Piece]:
-    if compression is None and path.stat().st_size > JSON_ARRAY_MAX:
-        raise UserError(f"{path} is one JSON array of {path.stat().st_size >> 20} MB, too big to read at once; "
-                        f"convert it to JSON Lines (one object per line, e.g. jq -c '.[]')")
+    to_lines = f"convert it to JSON Lines, which are read a row at a time: jq -c '.[]' {path.name} > rows.jsonl"
+    if compression is None and path.stat().st_size > JSON_ARRAY_MAX:  # by its size, unread
+        raise UserError(f"{path} is one JSON array of {path.stat().st_size:,} bytes, over the {JSON_ARRAY_MAX:,} one "
+                        f"is read at once; {to_lines}")
     with _open_bytes(path, compression) as f:
         raw = f.read(JSON_ARRAY_MAX + 1)
+    if len(raw) > JSON_ARRAY_MAX:  # (compressed: its size is known once read)
+        raise UserError(f"{path} is one JSON array of more than {JSON_ARRAY_MAX:,} bytes (uncompressed), the most one "
+                        f"is read at once; {to_lines}")
+    _check_parse_cost(raw, str(path), to_lines)
     try:
         rows = json_loads(raw.removeprefix(BOM).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:

@@ -267,14 +267,14 @@ vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).sp
 hard = resource.getrlimit(resource.RLIMIT_AS)[1]
 resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30) if hard < 0 else min(vm + (1 << 30), hard), hard))
 try:
-    prepare_data(DataConfig(dataset=sys.argv[2], root=sys.argv[3], tokenizer="char"), progress=False)
+    prepare_data(DataConfig(dataset=sys.argv[2], root=sys.argv[3], tokenizer="char", format=sys.argv[4]), progress=False)
 except UserError as e:
     print(e)
 """
 
 
-def capped_prepare(dataset: Path, root: Path) -> str:
-    r = subprocess.run([sys.executable, "-c", CAPPED_PREPARE, str(ROOT), str(dataset), str(root)],
+def capped_prepare(dataset: Path, root: Path, format: str = "text") -> str:
+    r = subprocess.run([sys.executable, "-c", CAPPED_PREPARE, str(ROOT), str(dataset), str(root), format],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip()
@@ -323,6 +323,48 @@ def test_parquet_rows_decoded_a_bounded_slice_at_a_time_are_the_documents(tmp_pa
     out = prepare_data(cfg(tmp / "c.parquet", tmp / "p"), progress=False)
     assert_same_documents(out, docs)
     assert sum(n for n, _ in held) == len(docs) and all(n == 1 or b <= slice_bytes for n, b in held), held
+
+
+def test_json_that_costs_gigabytes_to_parse_is_refused_before_parsing(tmp_path):
+    """A JSON array is parsed whole: one over JSON_ARRAY_MAX (64 MiB; it was 1 GiB, ~30 GB to parse) is refused by
+    its size, pointing at JSON Lines; a row of JSON Lines is refused by what parsing it would cost (parse_cost),
+    not by parsing it (a 60 MB '{"messages":[{},{},...]}' took ~1.7 GB)."""
+    array = tmp_path / "a.json"
+    array.write_bytes(b"[" + b"{}," * ((70 << 20) // 3) + b"{}]")
+    line = capped_prepare(array, tmp_path / "p")
+    assert line == (f"{array} is one JSON array of {array.stat().st_size:,} bytes, over the 67,108,864 one is read at "
+                    "once; convert it to JSON Lines, which are read a row at a time: jq -c '.[]' a.json > rows.jsonl")
+    chat = tmp_path / "c.jsonl"
+    chat.write_bytes(b'{"messages":[' + b"{}," * (20 << 20) + b'{}]}\n')
+    line = capped_prepare(chat, tmp_path / "p", "chat")
+    assert line.startswith(f"{chat}, row 1: parsing its {chat.stat().st_size:,} bytes of JSON would take ~"), line
+    assert "over the 1,024 MiB one document may; split that document into several rows" in line, line
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+                           lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                      max_size=8), max_leaves=60)
+
+
+@given(value=st.lists(JSON_VALUES, min_size=1, max_size=30))
+def test_parse_cost_is_at_least_what_parsing_takes(value):
+    """The estimate against tracemalloc's peak of the parse itself (the text decoded, then json_loads): never
+    below it, past a fixed 4 KiB (the parser's own set-up, whatever the document)."""
+    import tracemalloc
+
+    from data.formats import parse_cost
+    from fileio import json_loads
+
+    raw = json.dumps(value, ensure_ascii=False).encode()
+    json_loads(raw.decode("utf-8"))  # once before: what the first parse of a process sets up is no document's
+    tracemalloc.start()
+    try:
+        parsed = json_loads(raw.decode("utf-8"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert parsed == value or value != value
+    assert peak <= parse_cost(raw) + 4096, (peak, parse_cost(raw), len(raw))
 
 
 def test_skip_bad_rows_skips_them_and_counts_them(tmp_path):
