@@ -103,7 +103,7 @@ class DirLock:
     between the two)."""
 
     TORN_GRACE_S = 10.0
-    MAX_BYTES = 64 << 10  # a lock is one line of JSON (a pid, a host, a time, what the holder does)
+    MAX_BYTES = 1 << 20  # a lock is one line of JSON (a pid, a host, a time, what the holder does): ~150 bytes
 
     def __init__(self, directory: str | os.PathLike, name: str = ".lock", what: str = ""):
         self.path = Path(directory) / name

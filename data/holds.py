@@ -16,7 +16,7 @@ from locks import DirLock, pid_alive
 
 PREPARE_LOCK = ".prepare.lock"
 READERS = ".readers"  # one file per live process reading the dir (hold_data)
-READER_MAX = 64 << 10  # bytes: a reader's record is one line of JSON
+READER_MAX = 1 << 20  # bytes: a reader's record is one line of JSON (~150 bytes)
 
 
 def hold_data(data_dir: str | os.PathLike, what: str) -> Callable[[], None]:
