@@ -40,7 +40,11 @@ def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
         st = os.fstat(f.fileno())
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # (a sparse 100 GB file: refused unread)
             raise TooLarge(st.st_size)
-        data = f.read(limit + 1)  # (/dev/zero, or a file that grew since the fstat)
+        # read(n) takes n bytes of memory at once: a file's own size + 1 (more: it grew since the fstat), not the limit
+        want = min(st.st_size, limit) + 1 if stat.S_ISREG(st.st_mode) else limit + 1  # (/dev/zero: limit + 1)
+        data = f.read(want)
+        if len(data) == want < limit + 1:
+            data += f.read(limit + 1 - want)
     if len(data) > limit:
         raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
     return data

@@ -123,6 +123,30 @@ def test_a_device_past_the_limit_is_refused_after_limit_plus_one_bytes():
         read_at_most("/nonexistent/x", 10)
 
 
+def test_a_small_file_under_a_large_limit_takes_its_own_size_of_memory(tmp_path):
+    """read(limit + 1) takes the limit's bytes of memory at once, whatever the file holds (a 40-byte prompt under
+    read_user_file's 1 GiB limit took 1 GiB): a regular file is read at its own size, and one that grew since its
+    size was taken is still read to the limit and refused past it."""
+    import tracemalloc
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 40)
+    tracemalloc.start()
+    try:
+        assert read_at_most(path, 1 << 30) == b"x" * 40
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    real_fstat = os.fstat
+    grown = lambda fd: os.stat_result((*real_fstat(fd)[:6], 10, *real_fstat(fd)[7:]))  # size 10 when taken
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "fstat", grown)
+        assert read_at_most(path, 40) == b"x" * 40
+        with pytest.raises(TooLarge):
+            read_at_most(path, 39)
+
+
 # whole-file reads the product may keep: files of the package itself, of the kernel, or of a read that is
 # bounded by arithmetic just before it
 WHOLE_READS_KEPT = {
