@@ -9,8 +9,8 @@ files of a writer killed mid-write can be told apart and removed (locks.py's `re
 a regular file (or a new name) is ever replaced (`output_target` says where other kinds' bytes go), and
 never one a command reads (`check_output_not_input`).
 
-Also here: bounded reads of the files a user names (`read_user_file`, `json_loads`), and
-`check_writable_dir`, the start-up check of a directory the run will write. Directory locks and the
+Also here: bounded reads of the files a user names (`read_user_file`, on bounded.py's `read_at_most`;
+`json_loads`), and `check_writable_dir`, the start-up check of a directory the run will write. Directory locks and the
 temps of dead writers are locks.py's.
 
 Two rules every writer keeps (docs/reliability.md, classes 1 and 3):
@@ -38,6 +38,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from bounded import TooLarge, read_at_most
 from errors import UserError, short_error
 
 
@@ -429,24 +430,21 @@ def _stats(folder: str | os.PathLike) -> Iterator[os.stat_result]:
 def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int) -> bytes:
     """The bytes of a file the user named (a prompt, a data file), at most `limit` of them. Every problem
     is a one-line UserError: `{what} {path}` and the problem, then `fix` where the file is missing. The
-    read is bounded, so /dev/zero or a huge file is refused after `limit` bytes, not read to the end."""
+    read is bounded (bounded.read_at_most), so /dev/zero or a huge file is refused after `limit` bytes, or
+    by its size unread (a sparse 100 GB file), not read to the end."""
     p = Path(path).expanduser()
-    try:  # O_NONBLOCK: opening a FIFO that no process writes would wait forever (it reads as empty)
-        with os.fdopen(os.open(p, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
-            os.set_blocking(f.fileno(), True)
-            st = os.fstat(f.fileno())  # too large: refused by its size unread (a sparse 100 GB file), or at limit
-            data = None if stat.S_ISREG(st.st_mode) and st.st_size > limit else f.read(limit + 1)  # (/dev/zero)
+    try:
+        return read_at_most(p, limit)
     except FileNotFoundError:
         raise UserError(f"{what} {p} does not exist; {fix}") from None
     except OSError as e:  # a directory, a socket, a symlink loop; else a permission
         if e.errno in (errno.EISDIR, errno.ENXIO, errno.ELOOP):
             raise UserError(f"{what} {p} is {path_kind(p)}; pass a file") from None
         raise UserError(f"cannot read {what} {p} ({e.strerror or short_error(e)}); check its permissions") from None
-    if data is None or len(data) > limit:
-        size = f" ({st.st_size} bytes)" if data is None else ""
+    except TooLarge as e:
+        size = f" ({e.size} bytes)" if e.size is not None else ""
         raise UserError(f"{what} {p} is larger than {limit / 2**20:.0f} MiB{size}, the most this reads; pass a smaller "
-                        "file")
-    return data
+                        "file") from None
 
 
 def path_kind(path: str | os.PathLike) -> str:

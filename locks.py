@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import fileio
+from bounded import read_own
 from errors import UserError, short_error, write_fix
 from fileio import TEMP_NAME, _start_time, fsync_dir, json_loads, temp_name
 
@@ -102,6 +103,7 @@ class DirLock:
     between the two)."""
 
     TORN_GRACE_S = 10.0
+    MAX_BYTES = 1 << 20  # a lock is one line of JSON (a pid, a host, a time, what the holder does): ~150 bytes
 
     def __init__(self, directory: str | os.PathLike, name: str = ".lock", what: str = ""):
         self.path = Path(directory) / name
@@ -114,8 +116,9 @@ class DirLock:
         file that is a symlink is refused (fileio.link_refusal): it is neither read nor written through."""
         if self.path.is_symlink():
             raise fileio.link_refusal(self.path)
-        try:
-            raw = self.path.read_bytes()
+        try:  # bounded: a huge file at the lock's name is refused in one line, not read (nor replaced)
+            raw = read_own(self.path, "a lock (one line of JSON naming the process that holds it)", limit=self.MAX_BYTES,
+                           fix="no run of ours wrote it: move it away, then rerun")
             age = time.time() - self.path.stat().st_mtime
         except OSError:  # none (or unreadable): nobody holds it
             return None

@@ -37,6 +37,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from bounded import TooLarge, read_at_most, read_own
 from errors import UserError
 from fileio import atomic_write_bytes, check_no_links, check_path_value, json_loads
 
@@ -60,6 +61,8 @@ OWN_PARTS = {OUT_DIR: {CHECKPOINT}}  # managed folders a kind holds directly as 
 # where each is written)
 OWN_NAMES = {OUT_DIR: (MARKER, *OUT_DIR_NAMES), DATA: (MARKER, DATA_MANIFEST, DATA_LOCK),
              EXPORT: (), CHECKPOINT: (DCP_METADATA,)}
+# bytes: a marker is one short line; a manifest holds ~200 bytes a shard and a source file (data/manifest.py)
+MARKER_MAX, MANIFEST_MAX = 4096, 128 << 20
 SCAN_DIRS = 2000  # folders looked into below a target: an out_dir set to a home directory is not walked whole
 
 
@@ -72,8 +75,9 @@ def mark(path: str | os.PathLike, kind: str) -> None:
 
 
 def _marked(path: Path) -> str | None:
-    try:
-        info = json_loads((path / MARKER).read_bytes()[:4096])  # (4096 '[' are past the parser's depth)
+    try:  # bounded (4096 '[' are past the parser's depth): a huge one is refused, never read nor replaced by mark()
+        info = json_loads(read_own(path / MARKER, "an owner marker (one line of JSON: what kind of folder this is)",
+                                   limit=MARKER_MAX, fix="it is not one of ours: move it away, then rerun"))
     except (OSError, ValueError):  # none, unreadable or damaged: recognised by its contents instead
         return None
     kind = info.get("kind") if isinstance(info, dict) else None
@@ -115,9 +119,9 @@ def kind_of(path: str | os.PathLike, *, around: bool = False) -> str | None:
 
 def _is_manifest(path: Path) -> bool:
     """A meta.json that python -m data.prepare wrote (its keys), not any file of that name."""
-    try:
-        info = json_loads(path.read_bytes()[:1 << 20])
-    except (OSError, ValueError):
+    try:  # a file of any size may be there: one over a manifest's size is none of ours, and is not read
+        info = json_loads(read_at_most(path, MANIFEST_MAX))
+    except (OSError, ValueError, TooLarge):
         return False
     return isinstance(info, dict) and {"tokenizer", "vocab_size"} <= info.keys()
 

@@ -10,6 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
+from bounded import TooLargeError
 from errors import UserError, to_stderr
 from fileio import check_output_not_input, check_writable_dir, no_empty_dirs_left
 from locks import DirLock, remove_stale_temps
@@ -221,6 +222,8 @@ def _rebuild_reason(out: Path, cfg: DataConfig, fingerprint: str) -> str | None:
     # The part of a UserError before ";" names the problem; its fix ("re-run prepare") is what we're doing.
     try:
         raw = read_meta_json(out)
+    except TooLargeError:  # (a file no prepare wrote: not replaced)
+        raise
     except UserError as e:
         return str(e).split(";")[0]
     if raw is None:
@@ -235,6 +238,8 @@ def _rebuild_reason(out: Path, cfg: DataConfig, fingerprint: str) -> str | None:
         )
     try:
         meta = load_meta(out)
+    except TooLargeError:  # (its tokenizer.json: the same)
+        raise
     except UserError as e:
         return str(e).split(";")[0]
     if meta["fingerprint"] != fingerprint and meta["fingerprint"] != _v1_fingerprint(cfg, meta):

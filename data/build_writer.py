@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from bounded import read_own
 from errors import UserError, short_error, to_stderr, write_fix
 from fileio import atomic_write_bytes, fsync_dir
 
@@ -21,7 +22,7 @@ from .conversations import fault_kind, skip_counts, skip_report
 from .formats import text_fault_kind
 from .fingerprint import SOURCE_RECORDS
 from .holds import PREPARE_LOCK, READERS
-from .manifest import META_NAME, manifest, read_meta_quietly
+from .manifest import META_NAME, MOVE_AWAY, TOKENIZER_MAX, manifest, read_meta_quietly
 from .pieces import Piece, Source
 from .shards import BUILD_FILE, INLINE_BELOW, SPLITS, doc_in_val, load_resume_state, peak_memory_mb, write_shards
 from .tokenizer import CHAR, CharTokenizer, Tokenizer, bpe_vocab_size, get_tokenizer, train_bpe
@@ -89,8 +90,11 @@ def _tokenizer_for(out: Path, build: str, cfg: DataConfig, source: Source, val_s
     if vocab is None:
         return get_tokenizer(cfg.tokenizer), {}
     path = out / f"tokenizer-{build}.json"
-    if resume and path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == resume.get("tokenizer_sha256"):
-        text = path.read_text(encoding="utf-8")
+    # bounded: a file at its name past a tokenizer's size is refused, not read (nor trained over)
+    raw = read_own(path, "a trained tokenizer's tokenizer.json", limit=TOKENIZER_MAX, fix=MOVE_AWAY) \
+        if resume and path.is_file() else None
+    if raw is not None and hashlib.sha256(raw).hexdigest() == resume.get("tokenizer_sha256"):
+        text = raw.decode("utf-8")
     else:
         if progress:
             to_stderr(f"training the {cfg.tokenizer} tokenizer on up to {cfg.tokenizer_sample_mb} MB of the corpus")

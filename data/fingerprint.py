@@ -6,16 +6,17 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from bounded import read_own
 from fileio import json_loads
 
 from .config import DataConfig
 from .formats import READ_ERRORS, read_error
-from .manifest import FORMAT_VERSION, json_sha256, read_meta_quietly
+from .manifest import FORMAT_VERSION, MOVE_AWAY, json_sha256, read_meta_quietly
 from .pieces import Source
 from .tokenizer import bpe_vocab_size
 
 SOURCE_RECORDS = ".source-hashes.json"  # a build's source files' hashes, until its manifest holds them
-SOURCE_RECORDS_MAX = 64 << 20  # read at most this much of it
+SOURCE_RECORDS_MAX = 64 << 20  # bytes: read at most this much of it
 
 
 def previous_records(out: Path) -> list:
@@ -26,10 +27,10 @@ def previous_records(out: Path) -> list:
     meta = read_meta_quietly(out)
     if meta and isinstance(meta.get("source_files"), list):
         records += meta["source_files"]
-    try:
-        with open(out / SOURCE_RECORDS, "rb") as f:
-            interrupted = json_loads(f.read(SOURCE_RECORDS_MAX))
-    except (OSError, ValueError):  # none, unreadable or cut short: those files are hashed again
+    try:  # bounded: one past the limit is refused in one line, not cut short (and then written over)
+        interrupted = json_loads(read_own(out / SOURCE_RECORDS, "an interrupted prepare's source hashes (JSON)",
+                                          limit=SOURCE_RECORDS_MAX, fix=MOVE_AWAY))
+    except (OSError, ValueError):  # none, unreadable or damaged: those files are hashed again
         interrupted = None
     if isinstance(interrupted, list):
         records += interrupted

@@ -24,7 +24,32 @@ READ_BYTES = 1 << 20
 # core, 30x what tiktoken encodes). A row is one document; one over this bound is refused, not read.
 ROW_MAX_BYTES = 128 << 20
 PARQUET_ROWS = 4096
-JSON_ARRAY_MAX = 1 << 30  # a .json file holding one array is parsed whole: refuse larger ones
+# A parquet file's text is decoded by arithmetic first: a text column is read dictionary-encoded (a value used by
+# 8192 rows is held once, not 8192 times) and each row's length taken from the dictionary before any string is
+# made. A row over ROW_MAX_BYTES is refused, as in JSON Lines; rows become Python strings at most this many bytes
+# at a time; and text past PARQUET_EXPANSION times the file's size (beyond one such slice) is no corpus but a
+# decompression bomb (367 bytes of zstd and dictionary decoded to 8 GB), refused before it is decoded.
+PARQUET_SLICE_BYTES, PARQUET_EXPANSION = 64 << 20, 1000
+# A .json file holding one array is parsed whole (JSON Lines stream, a row at a time): its bytes are capped low, and
+# so is what parsing one document (an array, or a row) may cost in memory, estimated before parsing (parse_cost):
+# 1 GiB of "[{},{},...]" took 30 GB, and one 127 MB row of '{"messages":[{},{},...]}' 3.6 GB, before their errors.
+JSON_ARRAY_MAX, PARSE_MAX = 64 << 20, 1 << 30
+
+
+def parse_cost(raw: bytes) -> int:
+    """An upper estimate of the memory json.loads takes for `raw`, counted at C speed before it is parsed: the text
+    (decoded, up to 4 bytes a character), ~120 bytes for each object or array (an empty dict is 64, with its GC
+    header and its slot in its parent ~90: measured) and ~60 for each string (a quote is half of one). Brackets and
+    quotes inside strings count too: an overestimate, by at most a few times the text's size."""
+    return 4 * len(raw) + 120 * (raw.count(b"{") + raw.count(b"[")) + 30 * raw.count(b'"')
+
+
+def _check_parse_cost(raw: bytes, where: str, fix: str) -> None:
+    cost = parse_cost(raw)
+    if cost > PARSE_MAX:
+        raise UserError(f"{where}: parsing its {len(raw):,} bytes of JSON would take ~{cost >> 20:,} MiB of memory "
+                        f"({raw.count(b'{') + raw.count(b'['):,} objects and arrays), over the {PARSE_MAX >> 20:,} MiB "
+                        f"one document may; {fix}")
 
 ROW_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -276,6 +301,7 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
             row += 1
             if row <= first:
                 continue
+            _check_parse_cost(line, f"{path}, row {line_no}", "split that document into several rows")
             try:
                 obj = json_loads(line.decode("utf-8"))
             except UnicodeDecodeError as e:
@@ -299,11 +325,16 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
 
 def _json_array_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,
                        source: Source | None) -> Iterator[Piece]:
-    if compression is None and path.stat().st_size > JSON_ARRAY_MAX:
-        raise UserError(f"{path} is one JSON array of {path.stat().st_size >> 20} MB, too big to read at once; "
-                        f"convert it to JSON Lines (one object per line, e.g. jq -c '.[]')")
+    to_lines = f"convert it to JSON Lines, which are read a row at a time: jq -c '.[]' {path.name} > rows.jsonl"
+    if compression is None and path.stat().st_size > JSON_ARRAY_MAX:  # by its size, unread
+        raise UserError(f"{path} is one JSON array of {path.stat().st_size:,} bytes, over the {JSON_ARRAY_MAX:,} one "
+                        f"is read at once; {to_lines}")
     with _open_bytes(path, compression) as f:
         raw = f.read(JSON_ARRAY_MAX + 1)
+    if len(raw) > JSON_ARRAY_MAX:  # (compressed: its size is known once read)
+        raise UserError(f"{path} is one JSON array of more than {JSON_ARRAY_MAX:,} bytes (uncompressed), the most one "
+                        f"is read at once; {to_lines}")
+    _check_parse_cost(raw, str(path), to_lines)
     try:
         rows = json_loads(raw.removeprefix(BOM).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
@@ -340,11 +371,17 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
         raise UserError(f"{path} has no column {fld!r} (columns: {', '.join(names)}); set {setting} to the "
                         f"one holding the {'messages' if kind.chat else 'text'}")
     col_type = pf.schema_arrow.field(fld).type
+    col_type = col_type.value_type if pa.types.is_dictionary(col_type) else col_type  # (stored as a dictionary)
     if kind.chat and not (pa.types.is_list(col_type) or pa.types.is_large_list(col_type)):
         raise UserError(f"{path}'s column {fld!r} holds {col_type}, not a list of messages; set data.messages_field "
                         f"to the column holding them")
     if not kind.chat and not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
         raise UserError(f"{path}'s column {fld!r} holds {col_type}, not text; set data.text_field to a text column")
+    if not kind.chat:  # its text read as a dictionary: see PARQUET_SLICE_BYTES
+        try:
+            pf = pq.ParquetFile(path, read_dictionary=[fld])
+        except (pa.ArrowException, OSError) as e:
+            raise UserError(f"{path} is not a readable parquet file ({short_error(e)}); check the file") from None
     done = 0
     groups = []
     for g in range(pf.num_row_groups):
@@ -355,33 +392,87 @@ def _parquet_pieces(path: Path, compression: str | None, index: int, first: int,
             done += n
     if not groups:
         return
-    for batch in pf.iter_batches(batch_size=PARQUET_ROWS, row_groups=groups, columns=[fld]):
+    size = path.stat().st_size
+    decoded = 0  # the text's bytes so far (the bomb's bound)
+    for batch in pf.iter_batches(batch_size=_batch_rows(pf, groups, fld), row_groups=groups, columns=[fld]):
         column = batch.column(0)
-        try:
-            texts = column.to_pylist()
-        except UnicodeDecodeError:
-            texts = []
-            for i in range(len(column)):
-                try:
-                    texts.append(column[i].as_py())
-                except UnicodeDecodeError:
-                    texts.append(b"")  # marks a bad row below
-        for i, text in enumerate(texts):
-            row = done + i
-            if row < first:
-                continue
-            if isinstance(text, bytes):
-                _bad_row(path, row + 1, "its text is not UTF-8", source, cfg)
-                continue
-            out = kind.take(text, True, [index, row], 0)
-            if isinstance(out, str):
-                _bad_row(path, row + 1, out, source, cfg)
-                continue
-            yield from out
-        done += len(texts)
-        step = path.stat().st_size * len(texts) // max(pf.metadata.num_rows, 1)  # progress: the rows' share
+        lengths = _cell_bytes(column)
+        for i, n in enumerate(lengths):  # by arithmetic: nothing of the batch is a Python object yet
+            if n > ROW_MAX_BYTES:
+                raise UserError(f"{path}, row {done + i + 1}: it is {n:,} bytes, over the {ROW_MAX_BYTES:,} a document "
+                                f"may be; split that document into several rows")
+            decoded += n
+            if decoded > PARQUET_EXPANSION * size + PARQUET_SLICE_BYTES:
+                raise UserError(f"{path}: its {fld!r} column decodes to over {decoded:,} bytes by row {done + i + 1}, "
+                                f"more than {PARQUET_EXPANSION}x the file's {size:,} bytes, which no corpus compresses "
+                                f"to (a decompression bomb, or one text repeated); if those rows are meant, write them "
+                                f"out as JSON Lines")
+        start = 0
+        while start < len(column):  # a slice of at most PARQUET_SLICE_BYTES of text (at least one row) at a time
+            end, held = start + 1, lengths[start]
+            while end < len(column) and held + lengths[end] <= PARQUET_SLICE_BYTES:
+                held += lengths[end]
+                end += 1
+            yield from _parquet_rows(column.slice(start, end - start), done + start, first, path, kind, index, cfg,
+                                     source)
+            start = end
+        done += len(column)
+        step = size * len(column) // max(pf.metadata.num_rows, 1)  # progress: the rows' share
         moved[0] += step
         yield Piece(False, "", step, None, None)
+
+
+def _batch_rows(pf, groups: list[int], fld: str) -> int:
+    """Rows per batch read from the file: PARQUET_ROWS, fewer where the column's pages (what the reader
+    decompresses: the dictionary, or plain values) average more than PARQUET_SLICE_BYTES over that many rows."""
+    rows = PARQUET_ROWS
+    for g in groups:
+        rg = pf.metadata.row_group(g)
+        chunk = sum(rg.column(c).total_uncompressed_size for c in range(rg.num_columns)
+                    if rg.column(c).path_in_schema.split(".")[0] == fld)
+        rows = min(rows, max(1, PARQUET_SLICE_BYTES * rg.num_rows // max(chunk, 1)))
+    return rows
+
+
+def _cell_bytes(column) -> list[int]:
+    """Each row's bytes, without making a string: of a dictionary column, its value's length in the dictionary;
+    of a plain one, its length; of a chat row (a list of messages), the bytes its slice of the column holds."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(column.type):
+        lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
+    elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        lengths = pc.binary_length(column)
+    else:
+        return [column.slice(i, 1).nbytes for i in range(len(column))]
+    return lengths.fill_null(0).to_pylist()
+
+
+def _parquet_rows(column, done: int, first: int, path: Path, kind: RowKind, index: int, cfg: DataConfig,
+                  source: Source | None) -> Iterator[Piece]:
+    """The documents of `column`'s rows (a slice whose first row is row `done` of the file)."""
+    try:
+        texts = column.to_pylist()
+    except UnicodeDecodeError:
+        texts = []
+        for i in range(len(column)):
+            try:
+                texts.append(column[i].as_py())
+            except UnicodeDecodeError:
+                texts.append(b"")  # marks a bad row below
+    for i, text in enumerate(texts):
+        row = done + i
+        if row < first:
+            continue
+        if isinstance(text, bytes):
+            _bad_row(path, row + 1, "its text is not UTF-8", source, cfg)
+            continue
+        out = kind.take(text, True, [index, row], 0)
+        if isinstance(out, str):
+            _bad_row(path, row + 1, out, source, cfg)
+            continue
+        yield from out
 
 
 def check_readable_kind(path: Path) -> None:

@@ -9,12 +9,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from bounded import read_own
 from errors import UserError, to_stderr
 from fileio import atomic_write_bytes, json_loads, process_start_time
 from locks import DirLock, pid_alive
 
 PREPARE_LOCK = ".prepare.lock"
 READERS = ".readers"  # one file per live process reading the dir (hold_data)
+READER_MAX = 1 << 20  # bytes: a reader's record is one line of JSON (~150 bytes)
 
 
 def hold_data(data_dir: str | os.PathLike, what: str) -> Callable[[], None]:
@@ -37,8 +39,9 @@ def hold_data(data_dir: str | os.PathLike, what: str) -> Callable[[], None]:
 def live_readers(data_dir: Path) -> dict | None:
     """The first live reader of `data_dir` ({"pid", "host", "what"}), removing the records of dead ones."""
     for path in sorted((data_dir / READERS).glob("*.json")):
-        try:
-            info = json_loads(path.read_text())
+        try:  # bounded: a huge file there is refused in one line, not read (nor removed: it is not a record of ours)
+            info = json_loads(read_own(path, "a reader's record (one line of JSON naming a run that reads this data)",
+                                       limit=READER_MAX, fix="move it away, then rerun"))
             pid, host = int(info["pid"]), info["host"]
         except (OSError, ValueError, KeyError, TypeError):
             path.unlink(missing_ok=True)

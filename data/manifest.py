@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from bounded import TooLargeError, read_own
 from errors import UserError
 from fileio import json_loads
+from ownership import MANIFEST_MAX
 
 from .config import DataConfig
 from .shards import SPLITS, file_sha256, sample_sha256
@@ -39,6 +41,15 @@ META_NAME = "meta.json"
 VERIFY_ALL = 1 << 30  # up to this many bytes of tokens, a start-up check hashes them all; above, samples
 # prepare rebuilds any dir it finds unusable, so this is the fix for every broken-data error
 REBUILD = "re-run `python -m data.prepare` with the same settings to rebuild it"
+TOKENIZER_MAX = 256 << 20  # bytes: a trained BPE's tokenizer.json (bpe:1048576, the largest, is ~100 MB)
+# what a prepared folder's bookkeeping file too large to be ours says to do: a rebuild would replace it, so not that
+MOVE_AWAY = "it is not one prepare wrote: move it away (or set data.root to another directory), then rerun"
+
+
+def plain_name(name) -> bool:
+    """A file name meta.json may hold (a shard's, the tokenizer's): a name inside the prepared folder, never a path
+    that leads out of it (`../x`, `/etc/x`) or no file at all (`.`, `..`, a NUL byte)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
 def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict:
@@ -68,10 +79,10 @@ def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict
         )
         if version == 2:
             ok = ok and all(
-                isinstance(sh["name"], str) and "/" not in sh["name"] and isinstance(sh["tokens"], int)
+                plain_name(sh["name"]) and isinstance(sh["tokens"], int)
                 and sh["tokens"] > 0 and isinstance(sh["sha256"], str) and isinstance(sh["sample_sha256"], str)
                 for s in SPLITS for sh in meta["shards"][s]
-            ) and (meta.get("tokenizer_file") is None or isinstance(meta["tokenizer_file"], str))
+            ) and (meta.get("tokenizer_file") is None or plain_name(meta["tokenizer_file"]))
     except (KeyError, TypeError):
         ok = False
     if not ok:
@@ -115,7 +126,8 @@ def load_meta(data_dir: str | os.PathLike, tokenizer: str | None = None) -> dict
     if bpe_vocab_size(meta["tokenizer"]) is not None:
         tok_path = data_dir / str(meta.get("tokenizer_file"))
         try:
-            meta["bpe"] = tok_path.read_text(encoding="utf-8")
+            meta["bpe"] = read_own(tok_path, "a trained tokenizer's tokenizer.json", limit=TOKENIZER_MAX,
+                                   fix=MOVE_AWAY).decode("utf-8")
         except (OSError, UnicodeDecodeError):
             raise UserError(f"{tok_path}, the trained tokenizer, is missing or unreadable; {REBUILD}") from None
         if hashlib.sha256(meta["bpe"].encode()).hexdigest() != meta.get("tokenizer_sha256"):
@@ -165,8 +177,8 @@ def read_meta_json(data_dir: Path) -> dict | None:
         raise UserError(f"{path} is not a file; move it away (the prepared data's metadata goes there), then rerun")
     if not path.exists():
         return None
-    try:
-        meta = json_loads(path.read_text(encoding="utf-8"))
+    try:  # bounded: one over a manifest's size is refused (TooLargeError: no rebuild replaces it), not read
+        meta = json_loads(read_own(path, "a prepared folder's manifest (JSON)", limit=MANIFEST_MAX, fix=MOVE_AWAY))
     except (ValueError, UnicodeDecodeError, IsADirectoryError):
         raise UserError(f"{path} is not valid JSON; {REBUILD}") from None
     if not isinstance(meta, dict):
@@ -177,6 +189,8 @@ def read_meta_json(data_dir: Path) -> dict | None:
 def read_meta_quietly(out: Path) -> dict | None:
     try:
         return read_meta_json(out)
+    except TooLargeError:  # not ours, nor rebuilt over: said at once
+        raise
     except UserError:
         return None
 

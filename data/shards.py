@@ -35,8 +35,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from bounded import read_own
 from errors import UserError
 from fileio import atomic_write_bytes, json_loads, open_own
+from ownership import MANIFEST_MAX
 
 from .pieces import Piece
 from .tokenizer import Tokenizer, get_tokenizer
@@ -224,7 +226,9 @@ def load_resume_state(out: Path, build: str, fingerprint: str, say) -> dict | No
     if not path.is_file():
         return None
     try:
-        state = json_loads(path.read_text(encoding="utf-8"))
+        # bounded (a manifest's limit: it holds as much): a huge file there is refused, not read nor written over
+        state = json_loads(read_own(path, "the record of an interrupted prepare (JSON)", limit=MANIFEST_MAX,
+                                    fix="it is not one prepare wrote: move it away, then rerun"))
         if state["fingerprint"] != fingerprint:  # another build's record (not an assert: python -O skips those)
             return None
         itemsize = np.dtype(state["dtype"]).itemsize

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from bounded import TooLarge, read_at_most
 from fileio import atomic_write_bytes, json_loads
 
 from . import precision
@@ -65,12 +66,10 @@ def _read() -> dict[str, Any] | None:
     too big, not JSON, or JSON of another shape than an object."""
     path = cache_path()
     try:
-        if path.stat().st_size > MAX_BYTES:
-            return None
-        data = json_loads(path.read_text(encoding="utf-8"))
+        data = json_loads(read_at_most(path, MAX_BYTES))
     except OSError:
         return {}
-    except ValueError:  # (UnicodeDecodeError too)
+    except (ValueError, TooLarge):  # (UnicodeDecodeError too)
         return None
     return data if isinstance(data, dict) else None
 

@@ -329,6 +329,27 @@ def test_a_char_vocabulary_that_does_not_match_vocab_size_is_one_line(prepared, 
         load_meta(prepared)
 
 
+# a prepared folder of a trained tokenizer and no tokens (load_meta reads the tokenizer's file last)
+BPE_META = {"format_version": 2, "tokenizer": "bpe:512", "vocab_size": 512, "eot": 511, "dtype": "uint16",
+            "chars": None, "fingerprint": "f", "tokens_sha256": "t", "tokenizer_file": "tokenizer-abc.json",
+            "splits": {s: {"tokens": 0, "bytes": 0} for s in ("train", "val")}, "shards": {"train": [], "val": []}}
+
+
+@pytest.mark.parametrize("name", ["../outside.json", "/etc/hostname", "..", ".", "", "a\0b"])
+def test_a_file_name_in_meta_that_is_no_name_in_the_folder_is_one_line(prepared, tmp_path, name):
+    """meta.json's file names (a shard's, the trained tokenizer's) are names inside the folder: the shards' were
+    checked for "/" only (".." was "is not a file"), the tokenizer's not at all (`../x` was read, whole)."""
+    (prepared.parent / "outside.json").write_text("{}")
+    edit_meta(prepared, lambda m: m["shards"]["train"][0].update(name=name))
+    with pytest.raises(UserError, match="missing fields or has wrong types"):
+        load_meta(prepared)
+    bpe = tmp_path / "bpe"
+    bpe.mkdir()
+    (bpe / "meta.json").write_text(json.dumps({**BPE_META, "tokenizer_file": name}))
+    with pytest.raises(UserError, match="missing fields or has wrong types"):
+        load_meta(bpe)
+
+
 # ------------------------------------------------------------------------------------------ filesystem
 
 def test_a_data_root_that_is_a_file_or_unwritable_is_one_line_before_any_work(source, tmp_path, monkeypatch):

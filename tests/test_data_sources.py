@@ -6,6 +6,8 @@ import gzip
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -17,6 +19,7 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import data.formats
 import data.prepare
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
@@ -25,6 +28,7 @@ from prepared_files import read_bins, read_split, split_on
 ENC = tiktoken.get_encoding("gpt2")
 EOT = 50256
 FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
 
 DOCS = [f"Document number {i}: " + ["plain words here.", "naïve café 🎉 emoji’s", "Ελληνικά και русский текст",
                                      "日本語のテキストです。", "tabs\tand\r\nnewlines\n\n  spaced  "][i % 5] * (1 + i % 3)
@@ -250,6 +254,117 @@ def test_a_bad_parquet_row_is_one_line_naming_file_and_row(tmp_path):
         prepare_data(cfg(tmp_path / "n.parquet", tmp_path / "p"), progress=False)
     with pytest.raises(UserError, match=r"has no column 'body' \(columns: text\)"):
         prepare_data(cfg(tmp_path / "c.parquet", tmp_path / "p", text_field="body"), progress=False)
+
+
+# a child that prepares argv[2] into argv[3] with its address space capped 1 GiB above its imports: a source
+# decoded whole is a MemoryError (or pyarrow's) there, not gigabytes of the test machine's memory
+CAPPED_PREPARE = """
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+from data import DataConfig, prepare_data
+from errors import UserError
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30) if hard < 0 else min(vm + (1 << 30), hard), hard))
+try:
+    prepare_data(DataConfig(dataset=sys.argv[2], root=sys.argv[3], tokenizer="char", format=sys.argv[4]), progress=False)
+except UserError as e:
+    print(e)
+"""
+
+
+def capped_prepare(dataset: Path, root: Path, format: str = "text") -> str:
+    r = subprocess.run([sys.executable, "-c", CAPPED_PREPARE, str(ROOT), str(dataset), str(root), format],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
+
+
+def test_a_parquet_file_that_decodes_to_gigabytes_is_refused_by_arithmetic_before_decoding(tmp_path):
+    """367 bytes (zstd, one dictionary value of 1 MiB used by 8192 rows) decode to 8 GiB of text: refused in one line
+    naming the file and the row, before the text is made (it was 4.5 GB of memory, then "damaged")."""
+    text = "the cat sat. " * (2**20 // 13)
+    rows = pa.DictionaryArray.from_arrays(pa.array([0] * 8192, pa.int32()), pa.array([text]))
+    bomb = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"text": rows}), bomb, compression="zstd", use_dictionary=True, store_schema=False)
+    assert bomb.stat().st_size < 1000
+    line = capped_prepare(bomb, tmp_path / "p")
+    assert "\n" not in line and line.startswith(f"{bomb}: its 'text' column decodes to over") and "by row " in line, line
+    assert "JSON Lines" in line
+
+
+def test_a_parquet_row_over_the_row_limit_is_one_line_naming_it(tmp_path, monkeypatch):
+    """As a JSON Lines row: a cell over ROW_MAX_BYTES is refused by its length, before it is a string."""
+    monkeypatch.setattr(data.formats, "ROW_MAX_BYTES", 1000)
+    for dictionary in (False, True):
+        path = tmp_path / f"c{dictionary}.parquet"
+        pq.write_table(pa.table({"text": DOCS[:2] + ["x" * 1001] + DOCS[2:]}), path, use_dictionary=dictionary)
+        with pytest.raises(UserError, match=rf"^{path}, row 3: it is 1,001 bytes, over the 1,000 a document may be; "
+                                            "split that document into several rows$"):
+            prepare_data(cfg(path, tmp_path / "p"), progress=False)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=40), group=st.integers(1, 9),
+       dictionary=st.booleans(), slice_bytes=st.integers(1, 200), rows=st.integers(1, 8))
+def test_parquet_rows_decoded_a_bounded_slice_at_a_time_are_the_documents(tmp_path_factory, monkeypatch, lengths, group,
+                                                                           dictionary, slice_bytes, rows):
+    """A legit corpus of many rows still prepares whole, whatever the batch and slice sizes: the tokens are
+    tiktoken's of each row (the reference), and no slice made into strings held more than the bound (or one row)."""
+    tmp = tmp_path_factory.mktemp("pq")
+    docs = [DOCS[i % len(DOCS)][:n] + f" {i}" for i, n in enumerate(lengths)] + DOCS  # (DOCS: both splits get some)
+    pq.write_table(pa.table({"text": docs}), tmp / "c.parquet", row_group_size=group, use_dictionary=dictionary)
+    monkeypatch.setattr(data.formats, "PARQUET_SLICE_BYTES", slice_bytes)
+    monkeypatch.setattr(data.formats, "PARQUET_ROWS", rows)
+    held, rows_of = [], data.formats._parquet_rows
+    monkeypatch.setattr(data.formats, "_parquet_rows",
+                        lambda column, *a: (held.append((len(column), sum(data.formats._cell_bytes(column)))),
+                                            rows_of(column, *a))[1])
+    out = prepare_data(cfg(tmp / "c.parquet", tmp / "p"), progress=False)
+    assert_same_documents(out, docs)
+    assert sum(n for n, _ in held) == len(docs) and all(n == 1 or b <= slice_bytes for n, b in held), held
+
+
+def test_json_that_costs_gigabytes_to_parse_is_refused_before_parsing(tmp_path):
+    """A JSON array is parsed whole: one over JSON_ARRAY_MAX (64 MiB; it was 1 GiB, ~30 GB to parse) is refused by
+    its size, pointing at JSON Lines; a row of JSON Lines is refused by what parsing it would cost (parse_cost),
+    not by parsing it (a 60 MB '{"messages":[{},{},...]}' took ~1.7 GB)."""
+    array = tmp_path / "a.json"
+    array.write_bytes(b"[" + b"{}," * ((70 << 20) // 3) + b"{}]")
+    line = capped_prepare(array, tmp_path / "p")
+    assert line == (f"{array} is one JSON array of {array.stat().st_size:,} bytes, over the 67,108,864 one is read at "
+                    "once; convert it to JSON Lines, which are read a row at a time: jq -c '.[]' a.json > rows.jsonl")
+    chat = tmp_path / "c.jsonl"
+    chat.write_bytes(b'{"messages":[' + b"{}," * (20 << 20) + b'{}]}\n')
+    line = capped_prepare(chat, tmp_path / "p", "chat")
+    assert line.startswith(f"{chat}, row 1: parsing its {chat.stat().st_size:,} bytes of JSON would take ~"), line
+    assert "over the 1,024 MiB one document may; split that document into several rows" in line, line
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+                           lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                      max_size=8), max_leaves=60)
+
+
+@given(value=st.lists(JSON_VALUES, min_size=1, max_size=30))
+def test_parse_cost_is_at_least_what_parsing_takes(value):
+    """The estimate against tracemalloc's peak of the parse itself (the text decoded, then json_loads): never
+    below it, past a fixed 4 KiB (the parser's own set-up, whatever the document)."""
+    import tracemalloc
+
+    from data.formats import parse_cost
+    from fileio import json_loads
+
+    raw = json.dumps(value, ensure_ascii=False).encode()
+    json_loads(raw.decode("utf-8"))  # once before: what the first parse of a process sets up is no document's
+    tracemalloc.start()
+    try:
+        parsed = json_loads(raw.decode("utf-8"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert parsed == value or value != value
+    assert peak <= parse_cost(raw) + 4096, (peak, parse_cost(raw), len(raw))
 
 
 def test_skip_bad_rows_skips_them_and_counts_them(tmp_path):

@@ -175,7 +175,7 @@ def test_a_non_utf8_line_is_skipped_with_a_note(tmp_path, capsys):
     with open(a / "metrics.jsonl", "ab") as f:
         f.write(b'{"iter": 7, "train/loss": 1.0, "no\xfft": 1}\n{"iter": 8, "train/loss": 0.9}\n')
     records = plot.read_metrics(a)
-    assert [r["iter"] for r in records] == [1, 2, 3, 4, 5, 6, 8]
+    assert [r[plot.KEYS.index("iter")] for r in records] == [1, 2, 3, 4, 5, 6, 8]
     err = capsys.readouterr().err
     assert err.strip() == f"note: {a / 'metrics.jsonl'} line 7 is damaged (not UTF-8); skipped"
 
@@ -298,3 +298,43 @@ def test_out_ending_in_a_separator_over_a_file_is_one_line(tmp_path, capsys):
     code, out, err = _cli([run, "--out", str(tmp_path / "figs") + "/"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "names a folder, but" in err and "is a file" in err, err
     assert (tmp_path / "figs").read_text() == "a file, not a folder" and not (tmp_path / "figs.png").exists()
+
+
+def test_a_long_metrics_file_is_read_a_line_at_a_time_keeping_only_the_plotted_numbers(tmp_path):
+    """Memory in proportion to the numbers plotted, not to the file: lines padded with a field nobody plots (2 KB
+    each) peak well under the file's size (read whole, split and parsed, a 1 GiB file took 7.4 GB)."""
+    import tracemalloc
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps({"iter": i, "train/loss": 5 - i / 1e4, "lr": 1e-3, "tokens_seen": 512 * i, "note": "x" * 2000})
+             for i in range(1, 5001)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    size = (run / "metrics.jsonl").stat().st_size
+    tracemalloc.start()
+    try:
+        records = plot.read_metrics(run)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(records) == 5000 and peak < size / 4, (peak, size)
+    xs, ys = plot.series(records, "train/loss", "iter")
+    assert xs == list(range(1, 5001)) and ys == [5 - i / 1e4 for i in range(1, 5001)]  # the file's own numbers
+
+
+def test_running_out_of_memory_while_reading_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    a = write_run(tmp_path / "a")
+    calls = []
+
+    def loads(line):
+        calls.append(line)
+        if len(calls) == 4:
+            raise MemoryError
+        return json.loads(line)
+
+    monkeypatch.setattr(plot, "json_loads", loads)
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: plot.main([str(a)]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "out of memory holding the numbers of its first 3 steps" in err and "Traceback" not in err, err

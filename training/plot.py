@@ -15,12 +15,14 @@ from __future__ import annotations
 import io
 import math
 import os
+import stat
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg,
-                    path_arg_path, read_user_file)
+                    path_arg_path, path_kind, read_user_file)
 from locks import remove_stale_temps
 from ownership import check_output
 
@@ -51,42 +53,82 @@ def is_number(value) -> bool:
         return False
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of `run_dir`/metrics.jsonl (or the file itself); a torn last line is skipped, and so is
-    a plotted value that is not a number, with one note per key naming the file, the line and the key
-    (one bad value in a long run should not cost the whole plot; null is the trainer's own "no value")."""
+KEYS = (*X_KEYS, *Y_KEYS)  # the order of a step's numbers, as read_metrics keeps them
+MAX_LINE = 1 << 20  # bytes: a logged record is a few hundred; a longer line is damaged, and read no further
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """The metrics file's lines, one at a time (each cut at MAX_LINE + 1 bytes), at most MAX_METRICS_BYTES in all,
+    so that memory holds the numbers kept, never the file: a 1 GiB file read whole, split and parsed took 7.4 GB.
+    Its refusals are read_user_file's lines."""
+    what, fix = "metrics file", "pass a training out_dir (train.out_dir) or its metrics.jsonl"
+    try:  # O_NONBLOCK: a FIFO no process writes would wait forever (it reads as empty)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # read_user_file says why in one line (missing, a socket, a loop, a permission), reading nothing
+        read_user_file(path, what, fix=fix, limit=0)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        os.set_blocking(fd, True)
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
+        regular = stat.S_ISREG(st.st_mode)
+        total = st.st_size if regular else 0  # too large: refused by its size, unread (a sparse 100 GB file)
+        while total <= MAX_METRICS_BYTES and (line := f.readline(MAX_LINE + 1)):
+            total = max(total, f.tell()) if regular else total + len(line)  # (/dev/zero, a FIFO: as read)
+            if total <= MAX_METRICS_BYTES:
+                yield line
+    if total > MAX_METRICS_BYTES:
+        size = f" ({st.st_size} bytes)" if regular else ""
+        raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this reads; "
+                        "pass a smaller file")
+
+
+def read_metrics(run_dir: Path) -> list[tuple]:
+    """The step records of `run_dir`/metrics.jsonl (or the file itself), read a line at a time, each kept as the
+    tuple of its plotted numbers (KEYS' order, None where not logged): memory in proportion to the numbers, not
+    to the file. A torn last line is skipped, and so is a plotted value that is not a number, with one note per
+    key naming the file, the line and the key (one bad value in a long run should not cost the whole plot; null
+    is the trainer's own "no value")."""
     path = metrics_file(run_dir)
     if not path.exists() and not path.is_symlink():
         raise UserError(f"no {METRICS_NAME} in {run_dir}; pass a training out_dir (train.out_dir) or the file itself")
-    # bounded, and refused by its size before any reading (a sparse 100 GB file is no memory problem)
-    data = read_user_file(path, "metrics file", limit=MAX_METRICS_BYTES,
-                          fix="pass a training out_dir (train.out_dir) or its metrics.jsonl")
-    records = []
+    records: list[tuple] = []
     skipped: dict[str, list] = {}  # key -> [first line, its value, how many lines]
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    for number, line in enumerate(lines, 1):
-        if "\ufffd" in line:  # a byte that was not UTF-8: the line is damaged, the rest still plots
-            print(f"note: {path} line {number} is damaged (not UTF-8); skipped", file=sys.stderr)
-            continue
-        try:
-            record = json_loads(line)  # a line nested too deep for the parser is "not JSON" too
-        except ValueError:
-            if number == len(lines):
-                continue  # the last line of a run killed mid-write
-            raise UserError(f"{path} line {number} is not JSON; fix or remove that line") from None
-        if not isinstance(record, dict) or "iter" not in record:
-            continue  # not a step record
-        # a step is a whole number (2.0 is no step the trainer logs); any other key may be null: not logged
-        bad = [k for k in (*X_KEYS, *Y_KEYS) if k in record and not (
-            isinstance(record[k], int) and is_number(record[k]) if k == "iter"
-            else record[k] is None or is_number(record[k]))]
-        for key in bad:
-            first = skipped.setdefault(key, [number, record[key], 0])
-            first[2] += 1
-        if "iter" in bad:
-            continue  # no step to put the line at
-        records.append({k: v for k, v in record.items() if k not in bad})
-    if not any("train/loss" in r or "val/loss" in r for r in records):
+    bad_json = None  # the first line that is not JSON: an error unless it is the last (torn by a kill)
+    try:
+        for number, raw in enumerate(_lines(path), 1):
+            if bad_json is not None:
+                raise UserError(f"{path} line {bad_json} is not JSON; fix or remove that line")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:  # a byte that was not UTF-8: the line is damaged, the rest still plots
+                print(f"note: {path} line {number} is damaged (not UTF-8); skipped", file=sys.stderr)
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json_loads(line)  # a line nested too deep for the parser is "not JSON" too
+            except ValueError:
+                bad_json = number
+                continue
+            if not isinstance(record, dict) or "iter" not in record:
+                continue  # not a step record
+            # a step is a whole number (2.0 is no step the trainer logs); any other key may be null: not logged
+            bad = [k for k in KEYS if k in record and not (
+                isinstance(record[k], int) and is_number(record[k]) if k == "iter"
+                else record[k] is None or is_number(record[k]))]
+            for key in bad:
+                first = skipped.setdefault(key, [number, record[key], 0])
+                first[2] += 1
+            if "iter" in bad:
+                continue  # no step to put the line at
+            records.append(tuple(None if k in bad else record.get(k) for k in KEYS))
+    except MemoryError:  # (records dropped first: the line below needs memory too)
+        kept, records = len(records), []
+        raise UserError(f"{path}: out of memory holding the numbers of its first {kept:,} steps; plot a shorter "
+                        "metrics file (e.g. every 10th line: awk 'NR % 10 == 1')") from None
+    if not any(r[KEYS.index("train/loss")] is not None or r[KEYS.index("val/loss")] is not None for r in records):
         why = next((f" ({path} line {number}: {key} is {clipped(value)}, not a number)"
                     for key, (number, value, _) in skipped.items() if key in ("iter", "train/loss", "val/loss")), "")
         raise UserError(f"{path} has no train or val loss yet{why}; plot again once the run has logged a step"
@@ -99,8 +141,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
-def series(records: list[dict], key: str, x: str) -> tuple[list, list]:
-    points = [(r[x], r[key]) for r in records if r.get(key) is not None and r.get(x) is not None]
+def series(records: list[tuple], key: str, x: str) -> tuple[list, list]:
+    k, i = KEYS.index(key), KEYS.index(x)
+    points = [(r[i], r[k]) for r in records if r[k] is not None and r[i] is not None]
     return [p[0] for p in points], [p[1] for p in points]
 
 

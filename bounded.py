@@ -1,0 +1,62 @@
+"""Bounded reads: every file this project reads whole is read at most `limit` + 1 bytes, and one over its limit is
+refused by arithmetic (a regular file's size, before a byte is read), or at byte limit + 1 where there is no size
+(a device, a FIFO): never read to its end.
+
+Two kinds of file are read whole: a file the user names (a prompt, a config: fileio.read_user_file, built on
+`read_at_most`), and the small files the project keeps for itself beside its work (a folder's owner marker, a
+lock, a prepared folder's manifest and its build record, a reader's record, a trained tokenizer): `read_own`.
+Why: each of those was read with Path.read_bytes(), so a sparse 6 GB marker cost 6 GB of memory, then errors.py's
+"out of memory; lower the batch size" line (or, with the memory to spare, it was silently replaced).
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+from errors import UserError
+
+
+class TooLarge(Exception):
+    """A file over the limit of its reader. Not an OSError nor a ValueError, so that no reader's "missing or
+    damaged" clause takes it for a file to ignore (or to replace). `size`: its size in bytes, None where it has
+    none (a device, a FIFO: more than `limit` bytes came)."""
+
+    def __init__(self, size: int | None):
+        super().__init__(size)
+        self.size = size
+
+
+class TooLargeError(UserError):
+    """read_own's refusal: a rebuild would not fix it (the file may not be ours), so a reader that rebuilds what
+    it finds damaged lets this one through."""
+
+
+def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of `path`, at most `limit` of them; TooLarge past that. A missing or unreadable file is the
+    OSError os.open raises."""
+    # O_NONBLOCK: opening a FIFO that no process writes would wait forever (it reads as empty)
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        os.set_blocking(f.fileno(), True)
+        st = os.fstat(f.fileno())
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # (a sparse 100 GB file: refused unread)
+            raise TooLarge(st.st_size)
+        # read(n) takes n bytes of memory at once: a file's own size + 1 (more: it grew since the fstat), not the limit
+        want = min(st.st_size, limit) + 1 if stat.S_ISREG(st.st_mode) else limit + 1  # (/dev/zero: limit + 1)
+        data = f.read(want)
+        if len(data) == want < limit + 1:
+            data += f.read(limit + 1 - want)
+    if len(data) > limit:
+        raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
+    return data
+
+
+def read_own(path: str | os.PathLike, what: str, *, limit: int, fix: str) -> bytes:
+    """The bytes of a small file the project keeps for itself, `what` in words (what it should be: "a lock, one
+    line of JSON"). Over `limit` bytes it is no file of ours: one line naming it, what it should be and `fix`
+    (move it away, re-prepare), a TooLargeError, never a MemoryError. Missing or unreadable: the OSError open
+    raises, which each reader treats by its own rule (most: as absent)."""
+    try:
+        return read_at_most(path, limit)
+    except TooLarge as e:
+        size = f"{e.size:,} bytes" if e.size is not None else f"more than {limit:,} bytes"
+        raise TooLargeError(f"{path} is {size}, but it should be {what}, at most {limit:,} bytes; {fix}") from None
