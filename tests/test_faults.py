@@ -43,7 +43,7 @@ def test_kill_9_at_random_moments_then_resume_ends_bitwise_equal_to_an_uninterru
                                 env={**ENV, "SMALLGPT_TEST_KILL_IN_SAVE": str(k)}, capture_output=True, timeout=300)
         assert killed.returncode == -signal.SIGKILL
         assert len(list(out.glob(".ckpt.pt.*.tmp"))) == 1  # the killed writer's; the one before it was removed
-    for _ in range(4):  # then each kill lands anywhere: imports, set-up, a step, mid-checkpoint-write
+    for _ in range(2):  # then each kill lands anywhere: imports, set-up, a step, mid-checkpoint-write
         proc = subprocess.Popen(train_argv(out, data_root), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.3, 4.0))  # start-up takes ~3 s: some land in imports, some in steps
         proc.send_signal(signal.SIGKILL)
