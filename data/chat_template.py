@@ -16,10 +16,11 @@ an assistant turn (so the model learns to stop); False on markers, system and us
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from errors import UserError
+from errors import UserError, clipped
 
 from .messages import check_messages
 
@@ -99,16 +100,17 @@ class ChatTemplate:
         if not isinstance(d, dict) or not isinstance(d.get("markers"), dict):
             raise UserError(fix.format("not a {name, markers} mapping"))
         if d.get("name") != NAME:
-            raise UserError(fix.format(f"name {str(d.get('name'))[:40]!r}, not {NAME!r}"))
+            raise UserError(fix.format(f"name {clipped(d.get('name'))}, not {NAME!r}"))
         markers = d["markers"]
         if set(markers) != set(MARKERS):  # (not sorted(): keys of several types, 1 and "<|user|>", don't sort)
-            raise UserError(fix.format(f"its markers are {', '.join(map(repr, markers))[:80]}, not {', '.join(MARKERS)}"))
+            shown = ", ".join(clipped(k, 30) for k in itertools.islice(markers, 4)) + (", ..." if len(markers) > 4 else "")
+            raise UserError(fix.format(f"its markers are {shown}, not {', '.join(MARKERS)}"))
         base = markers[MARKERS[0]]
         if isinstance(base, bool) or not isinstance(base, int) or base < 1:
-            raise UserError(fix.format(f"{MARKERS[0]} has id {str(base)[:20]!r}"))
+            raise UserError(fix.format(f"{MARKERS[0]} has id {clipped(base, 20)}"))
         for k, m in enumerate(MARKERS):
             if markers[m] != base + k or isinstance(markers[m], bool):
-                raise UserError(fix.format(f"{m} has id {str(markers[m])[:20]!r}, not {base + k}"))
+                raise UserError(fix.format(f"{m} has id {clipped(markers[m], 20)}, not {clipped(base + k, 20)}"))
         return cls(NAME, base)
 
 

@@ -127,3 +127,24 @@ def test_a_damaged_checkpoint_entry_is_one_line(entry):
     with pytest.raises(UserError) as e:
         ChatTemplate.from_dict(entry)
     assert "\n" not in str(e.value) and "chat_template entry is damaged" in str(e.value)
+
+
+HUGE = st.one_of(st.integers(min_value=10**5000, max_value=10**5001), st.text(min_size=2000, max_size=3000),
+                 st.just(-(10**9000)), st.lists(st.integers(), min_size=500, max_size=600))
+
+
+@given(where=st.sampled_from(["name", "<|system|>", "<|end|>", "extra key"]), value=HUGE)
+def test_a_damaged_entry_quotes_its_values_cut(where, value):
+    """A checkpoint's chat_template entry holding a 5000-digit id was a ValueError from str() (Python's limit on
+    printing ints), and a long name or key a line as long; each value is quoted cut, the line stays short."""
+    markers = dict(GOOD)
+    entry = {"name": "smallgpt-chat-v1", "markers": markers}
+    if where == "name":
+        entry["name"] = value
+    elif where == "extra key":
+        markers[str(value)[:3000] if not isinstance(value, int) else value] = 1
+    else:
+        markers[where] = value
+    with pytest.raises(UserError) as e:
+        ChatTemplate.from_dict(entry)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 300 and "chat_template entry is damaged" in str(e.value)
