@@ -48,6 +48,8 @@ READERS = {
                                                      "data.shards.load_resume_state(d, 'abc', 'f', print)", "refused"),
     "source hashes (data.fingerprint)": (".source-hashes.json", {}, "data.fingerprint.previous_records(d)", "refused"),
     "choice cache (runtime.choices)": ("choices.json", {}, "runtime.choices._read()", None),
+    "metrics log, resuming (training.report.metrics)": ("metrics.jsonl", {},
+                                                        "training.report.metrics.MetricsLog(d).resume_at(5)", "refused"),
 }
 
 # the child: imports first, then the address space capped at what they took plus 1 GiB, then the read
@@ -57,6 +59,8 @@ sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 import data.build, data.build_writer, data.fingerprint, data.holds, data.manifest, data.shards, locks, ownership
 from data import DataConfig
+if "training.report" in sys.argv[3]:
+    import training.report.metrics
 if "runtime.choices" in sys.argv[3]:
     import runtime.choices
     runtime.choices.cache_path = lambda: Path(sys.argv[2]) / "choices.json"

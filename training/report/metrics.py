@@ -22,11 +22,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from bounded import TooLarge, read_at_most
 from errors import UserError, short_error, to_stderr
 from fileio import atomic_write_bytes, json_loads, open_own, point_at_devnull
 
 METRICS_NAME = "metrics.jsonl"
-MAX_METRICS_BYTES = 1 << 30  # ~3M logged steps; a larger (or endless: /dev/zero) file is refused, not read
+# ~1M logged steps (a record is ~250 bytes): a resume holds the kept records in memory (~6x their bytes as dicts,
+# for wandb's missing steps and the sample table), so a larger (or endless: /dev/zero) file is refused, unread
+MAX_METRICS_BYTES = 256 << 20
 
 
 def _plain(value: Any) -> Any:
@@ -52,14 +55,14 @@ class MetricsLog:
             return []
         kept, records, dropped = [], [], 0
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read(MAX_METRICS_BYTES + 1)
+            raw = read_at_most(self.path, MAX_METRICS_BYTES)  # by its size first: a sparse 100 GB file stays unread
+        except TooLarge as e:
+            size = f"{e.size:,} bytes" if e.size is not None else "endless"
+            raise UserError(f"{self.path} is {size}, over the {MAX_METRICS_BYTES >> 20} MiB of ~1M logged steps; move it "
+                            "away (the run then logs into a new one), then resume") from None
         except OSError as e:
             raise UserError(f"cannot read {self.path} ({short_error(e)}); fix or move the file, then resume") from None
-        if len(raw) > MAX_METRICS_BYTES:
-            raise UserError(f"{self.path} is larger than {MAX_METRICS_BYTES / 2**30:.0f} GiB, far more than a run logs; "
-                            "move it away, then resume")
-        for line in raw.splitlines():
+        for line in io.BytesIO(raw):  # a line at a time (splitlines would hold a second copy of the file)
             try:
                 record = json_loads(line.decode("utf-8"))
             except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON (nested too deep too)
