@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from bounded import TooLarge, read_at_most
 from errors import UserError, clipped, short_error
 from fileio import path_kind, replace_dir, temp_dir
 from model.gpt import GPTConfig
@@ -109,13 +110,12 @@ def _safe_reader() -> type:
 
 def _metadata_bytes(path: Path) -> bytes:
     """The .metadata's bytes, at most MAX_METADATA_BYTES of them (a 20 GB sparse file is refused by its size)."""
-    with open(path / METADATA_NAME, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        data = f.read(MAX_METADATA_BYTES + 1) if size <= MAX_METADATA_BYTES else None
-    if data is None or len(data) > MAX_METADATA_BYTES:
-        raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} is {size:,} bytes, more than the "
-                        f"{MAX_METADATA_BYTES // 2**20} MiB any checkpoint's index takes; {DAMAGED}")
-    return data
+    try:  # (read at its own size: read(MAX + 1) would take 256 MiB of memory for a 20 KB index)
+        return read_at_most(path / METADATA_NAME, MAX_METADATA_BYTES)
+    except TooLarge as e:
+        size = f"{e.size:,} bytes" if e.size is not None else "endless"
+        raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} is {size}, more than the "
+                        f"{MAX_METADATA_BYTES // 2**20} MiB any checkpoint's index takes; {DAMAGED}") from None
 
 
 def _metadata(path: Path) -> Metadata:

@@ -159,8 +159,6 @@ WHOLE_READS_KEPT = {
     ("server.app", "PAGE.read_text(encoding='utf-8')"),  # server/page.html, shipped
     ("data.shards", "f.read()"),  # sample_sha256: only a file of at most SAMPLE_BLOCKS * SAMPLE_BLOCK bytes
     ("bench", "out.read_text()"),  # the JSON its own child process wrote
-    ("checkpoint.sharded", "f.read()"),  # DCP's .metadata: left open here (checkpoint/sharded.py, another fix)
-    ("training.report.wandb_logger", "f.read()"),  # wandb's own transaction log (not JSON of ours): left open
 }
 
 

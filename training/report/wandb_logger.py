@@ -33,7 +33,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import network
@@ -73,34 +73,35 @@ def resolve_mode(mode: str, env: dict[str, str] | None = None) -> tuple[str, str
 _LOG_HEADER, _BLOCK, _RECORD_HEADER = 7, 32768, 7
 
 
-def read_transaction_log(path: str | os.PathLike) -> list:
+def transaction_log(path: str | os.PathLike) -> Iterator:
     """The protobuf Records of a .wandb file, up to the first torn or damaged one (where a process
-    killed mid-write stopped): what wandb would upload from it."""
+    killed mid-write stopped): what wandb would upload from it. Read a 32 KiB block at a time (a record's
+    fragments never cross a block's edge, only its pieces do): a long run's log is never held whole."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     with open(path, "rb") as f:
-        data = f.read()
-    if data[:4] != b":W&B":
-        return []
-    records, pos, pending = [], _LOG_HEADER, b""
-    while pos + _RECORD_HEADER <= len(data):
-        if _BLOCK - pos % _BLOCK < _RECORD_HEADER:  # a block's tail too short for a header is padding
-            pos += _BLOCK - pos % _BLOCK
-            continue
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + _RECORD_HEADER])
-        chunk = data[pos + _RECORD_HEADER:pos + _RECORD_HEADER + length]
-        if kind not in (1, 2, 3, 4) or len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != crc:
-            break
-        pos += _RECORD_HEADER + length
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = pb.Record()
-            try:
-                record.ParseFromString(pending)
-            except Exception:  # the protobuf's own DecodeError: damaged data
-                break
-            records.append(record)
-    return records
+        block = f.read(_BLOCK)
+        if block[:4] != b":W&B":
+            return
+        pos, pending = _LOG_HEADER, b""
+        while block:
+            while pos + _RECORD_HEADER <= len(block):  # a block's tail too short for a header is padding
+                crc, length, kind = struct.unpack("<IHB", block[pos:pos + _RECORD_HEADER])
+                chunk = block[pos + _RECORD_HEADER:pos + _RECORD_HEADER + length]
+                if kind not in (1, 2, 3, 4) or len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != crc:
+                    return
+                pos += _RECORD_HEADER + length
+                pending = chunk if kind in (1, 2) else pending + chunk
+                if kind in (1, 4):
+                    record = pb.Record()
+                    try:
+                        record.ParseFromString(pending)
+                    except Exception:  # the protobuf's own DecodeError: damaged data
+                        return
+                    yield record
+            if len(block) < _BLOCK:
+                return
+            block, pos = f.read(_BLOCK), 0
 
 
 def _open_by_any_process(paths: list[str]) -> bool:
@@ -142,12 +143,11 @@ def last_offline_step(out_dir: str, run_id: str, *, wait_s: float = 60.0, printe
     last = -1
     for path in paths:
         try:
-            records = read_transaction_log(path)
+            for record in transaction_log(path):
+                if record.WhichOneof("record_type") == "history":
+                    last = max(last, int(record.history.step.num))
         except OSError:
             continue
-        for record in records:
-            if record.WhichOneof("record_type") == "history":
-                last = max(last, int(record.history.step.num))
     return last
 
 
