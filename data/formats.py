@@ -44,7 +44,7 @@ def parse_cost(raw: bytes) -> int:
     return 4 * len(raw) + 120 * (raw.count(b"{") + raw.count(b"[")) + 30 * raw.count(b'"')
 
 
-def _check_parse_cost(raw: bytes, where: str, fix: str) -> None:
+def check_parse_cost(raw: bytes, where: str, fix: str) -> None:
     cost = parse_cost(raw)
     if cost > PARSE_MAX:
         raise UserError(f"{where}: parsing its {len(raw):,} bytes of JSON would take ~{cost >> 20:,} MiB of memory "
@@ -301,7 +301,7 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
             row += 1
             if row <= first:
                 continue
-            _check_parse_cost(line, f"{path}, row {line_no}", "split that document into several rows")
+            check_parse_cost(line, f"{path}, row {line_no}", "split that document into several rows")
             try:
                 obj = json_loads(line.decode("utf-8"))
             except UnicodeDecodeError as e:
@@ -334,7 +334,7 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
     if len(raw) > JSON_ARRAY_MAX:  # (compressed: its size is known once read)
         raise UserError(f"{path} is one JSON array of more than {JSON_ARRAY_MAX:,} bytes (uncompressed), the most one "
                         f"is read at once; {to_lines}")
-    _check_parse_cost(raw, str(path), to_lines)
+    check_parse_cost(raw, str(path), to_lines)
     try:
         rows = json_loads(raw.removeprefix(BOM).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:

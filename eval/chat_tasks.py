@@ -21,6 +21,7 @@ import torch
 from checkpoint import load_model
 from data import tokenizer_from_meta
 from data.chat_template import ChatTemplate, template_for
+from data.formats import check_parse_cost
 from data.messages import message_fault
 from errors import ArgumentParser, UserError, run_cli, short_error, utf8_text
 from fileio import json_loads, path_arg, read_user_file
@@ -55,6 +56,7 @@ def numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        check_parse_cost(line.encode(), f"--tasks {path}, row {n}", "regenerate it with `python -m data.tasks`")
         try:
             row = json_loads(line)
         except ValueError as e:

@@ -193,6 +193,17 @@ def test_class_tasks_file_that_cannot_be_read_is_one_line_bounded_and_before_the
     assert "memory" not in err and "checkpoint" not in err, err
 
 
+def test_class_tasks_row_that_would_take_gigabytes_to_parse_is_refused_by_arithmetic(tmp_path, capsys):
+    """A 40 MB row of 13M empty objects took ~1.6 GB in json.loads before its 'not a task' line (rows of the file,
+    which may be 256 MiB, were parsed with no estimate): refused by data.formats' parse_cost, before parsing."""
+    from eval.chat_tasks import main
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_bytes(b'{"messages": [' + b"{}," * 13_000_000 + b'{}]}\n')
+    code, err = cli(main, ["--checkpoint", tmp_path / "no-checkpoint", "--tasks", tasks], capsys)
+    one_line(code, err, "--tasks", "row 1: parsing its", "of memory", "data.tasks")
+
+
 ROW = st.fixed_dictionaries({"kind": st.sampled_from(["arithmetic", "count"]), "messages": st.tuples(
     st.fixed_dictionaries({"role": st.just("user"), "content": st.text(st.characters(codec="utf-8"), min_size=1,
                                                                     max_size=8).filter(str.strip)}),
