@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import signal
 import sys
 from typing import Any, Callable
@@ -21,10 +22,14 @@ class UserError(Exception):
     """A problem with the user's input. The message says what is wrong and how to fix it."""
 
 
+# the end of a sentence: not the dot of an abbreviation ("e.g. 64" was cut to "e.g", losing the example)
+FULL_STOP = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)(?<!\bvs)\. ")
+
+
 def short_error(e: BaseException, limit: int = 160) -> str:
     """`Type: first sentence of the message`, on one line and at most `limit` characters of message:
     what goes inside the parentheses of a UserError built from a library's exception."""
-    msg = " ".join(str(e).split()).split(". ")[0][:limit]
+    msg = FULL_STOP.split(" ".join(str(e).split()), maxsplit=1)[0][:limit]
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 

@@ -12,6 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from errors import run_cli
 from model import GPTConfig
@@ -192,3 +194,15 @@ def test_keeping_freed_memory_stops_the_page_faults_of_reallocating_a_steps_buff
     # 3 x 26 MB is ~19,000 pages of 4 KiB. Kept memory faults ~0 times on a quiet machine; a kernel that reclaims
     # idle pages proactively (DAMON on this CI's VMs) can take some back between steps, hence the margin
     assert faults["mapped"] > 15000 and faults["keep"] < faults["mapped"] / 4, faults
+
+
+@given(first=st.lists(st.sampled_from(["must be", "at most 5,", "e.g.", "i.e.", "etc.", "vs.", "64", "x"]), min_size=1,
+                      max_size=6).map(" ".join),
+       rest=st.lists(st.sampled_from(["Then", "more", "words"]), max_size=3).map(" ".join))
+def test_short_error_keeps_the_first_sentence_whole_abbreviations_included(first, rest):
+    """errors.short_error cut at every '. ', so "…, e.g. 64. More" kept "…, e.g" and lost the example the hint
+    gave. The first sentence ends at a full stop that is no abbreviation's dot (this list written by hand)."""
+    from errors import short_error
+
+    message = f"{first}. {rest}" if rest else first
+    assert short_error(ValueError(message)) == f"ValueError: {first}"
