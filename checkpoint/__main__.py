@@ -18,10 +18,13 @@ from errors import ArgumentParser, UserError, run_cli
 from fileio import check_output_not_input, check_path_value, output_target, path_arg
 from ownership import OUT_DIR, check_output, kind_of
 
-from .format import CKPT_NAME, FORMAT, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
+from .format import CKPT_NAME, FORMAT, SCHEMA, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
 
 CONSOLIDATED_NAME = "consolidated.pt"
-KEPT = ("model", "model_config", "tokenizer", "config", "train")
+# what inference reads (the schema's inference entries: a chat model's template among them, which a list written
+# here by hand left out, so a consolidated chat model was "not a chat model"), and the run's record the export's
+# card reads (config, counters, plan); not the optimizer, scaler, loader or RNG: a consolidated file is not resumed
+KEPT = (*(name for name, entry in SCHEMA.items() if entry.inference), "config", "train", "plan")
 
 
 def consolidate(source: str | Path, out: str | Path | None = None) -> Path:

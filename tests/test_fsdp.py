@@ -314,6 +314,24 @@ def test_sample_greedy_from_the_sharded_checkpoint_equals_the_consolidated_one(t
     assert sharded == greedy(tmp_path / "one.pt") and sharded.startswith("ROMEO:") and len(sharded) > len("ROMEO:")
 
 
+def test_consolidating_keeps_what_inference_and_the_export_read_a_chat_template_included(tmp_path):
+    """A 2-rank FSDP chat fine-tune, consolidated, was "not a chat model": the file kept model, model_config,
+    tokenizer, config and train only. Every entry but the training state (this list written by hand) is kept."""
+    from checkpoint.format import backend_for
+    from serving import make_chat_checkpoint
+
+    make_chat_checkpoint(tmp_path / "chat.pt")
+    ck = load_checkpoint(tmp_path / "chat.pt")
+    ck |= {"train": {"iter": 3}, "plan": {"dtype": "float32"}, "optimizer": {"optimizers": []}, "scaler": {},
+           "loader": {}, "rng": {"ranks": []}}
+    sharded = tmp_path / "ckpt.dcp"
+    backend_for(sharded).write(sharded, ck)
+    one = load_checkpoint(consolidate(sharded, tmp_path / "one.pt"))
+    assert set(one) == {"format", "version", "model", "model_config", "tokenizer", "chat_template", "config", "train",
+                        "plan"}
+    assert one["chat_template"] == ck["chat_template"] and one["plan"] == ck["plan"]
+
+
 def test_consolidating_a_single_file_checkpoint_is_refused_in_one_line(tmp_path, fsdp_run):
     target = consolidate(fsdp_run, tmp_path / "one.pt")
     with pytest.raises(UserError, match=r"already a single-file checkpoint"):
