@@ -140,18 +140,24 @@ class ChatSession:
         s = self.sampling
         try:
             for _ in range(self.max_new_tokens):
-                if self.seq.room == 0 and not self._make_room(assistant.ids + generated):
-                    self.notice(f"the reply filled the context ({self.block_size} tokens): it is cut here")
-                    break
                 logits = self.seq.logits()[:, :self.template.vocab_size]  # ids above the markers: padding
                 token = int(sample(logits, s.temperature, s.top_k, s.top_p, self.generator)[0])
                 if token in self.stops:
                     break
-                self.seq.append([token])
                 generated.append(token)
+                # the token joins the cache before it is shown (a reply stopped at a yield keeps it there too);
+                # full, with nothing to drop, it is the last: the full context's logits gave it, as serve.py's
+                if self.seq.room:
+                    self.seq.append([token])
+                    last = False
+                else:
+                    last = not self._make_room(assistant.ids + generated)  # rebuilt with it, or nothing to drop
                 piece = stream.add(token)
                 if piece:
                     yield piece
+                if last:
+                    self.notice(f"the reply filled the context ({self.block_size} tokens): it is cut here")
+                    break
             tail = stream.finish()
             if tail:
                 yield tail
