@@ -131,8 +131,8 @@ def create_app(served: Served) -> FastAPI:
             text = prompt
             # an empty prompt starts from end-of-text: generation needs a token to condition on
             prompt = _encode(lambda: tok.encode(text), "prompt") or [tok.eot]
-        if params.max_tokens is None:
-            params = _with_tokens(params, COMPLETION_DEFAULT_TOKENS)
+        if params.max_tokens is None:  # OpenAI's default, within this server's limit (--max-tokens)
+            params = _with_tokens(params, min(COMPLETION_DEFAULT_TOKENS, served.limits.max_tokens))
         return await respond(request, served, prompt, params, frozenset({tok.eot}), tok.vocab_size, tok.decode,
                              chat=False)
 

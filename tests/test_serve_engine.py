@@ -212,6 +212,28 @@ def test_a_model_without_a_chat_template_completes_text_and_refuses_chat(model):
     assert done.status_code == 200 and done.json()["choices"][0]["text"] == tok.decode(want)
 
 
+def test_a_completion_without_max_tokens_gets_the_default_within_the_servers_limit(model):
+    """OpenAI's default of 16 new tokens for /v1/completions was applied past `serve.py --max-tokens 5` (an
+    explicit 16 was refused): the default is at most the server's limit, as the chat route's is."""
+    tok = get_tokenizer("char", " abc")
+    e = Engine(model, slots=2)
+    e.start()
+    app = create_app(Served(e, tok, None, "m", Limits(max_tokens=5), 0))
+
+    async def talk():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.post("/v1/completions", json={"prompt": "ab", "temperature": 0})
+
+    try:
+        done = asyncio.run(talk())
+    finally:
+        e.stop()
+    want = generate(model, [tok.encode("ab")], 16, temperature=0, eot=tok.eot, vocab_size=tok.vocab_size)[0]
+    assert len(want) > 5  # the default would give more than the limit
+    assert done.status_code == 200 and done.json()["choices"][0]["text"] == tok.decode(want[:5])
+    assert done.json()["usage"]["completion_tokens"] == 5
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--port", "70000"], "--port"), (["--slots", "0"], "--slots"), (["--queue", "-1"], "--queue"),
     (["--request-timeout", "nan"], "--request-timeout"), (["--threads", "0"], "--threads"),
