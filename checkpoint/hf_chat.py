@@ -11,10 +11,16 @@ export's tokenizer reads as the end-of-text token (a plain export's reads it as 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
+from typing import Any
 
-from data.chat_template import MARKERS, ChatTemplate
+from data.chat_template import MARKERS, NAME, ChatTemplate
+from data.tokenizer import BPE_MIN
 from errors import UserError
-from fileio import json_loads
+from fileio import json_loads, read_user_file
+
+MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json of 50k merges is ~2 MB; GPT-2's vocab.json is 1 MB
 
 EOT_TEXT = "<|endoftext|>"
 # The layout of data/chat_template.py: [<|system|> c <|end|>] (<|user|> c <|end|> <|assistant|> c <|end|>)+ and,
@@ -79,6 +85,48 @@ def chat_generation_config(config: bytes, template: ChatTemplate) -> bytes:
     gen = json_loads(config)
     gen["eos_token_id"] = [template.end, gen["eos_token_id"]]
     return _json(gen)
+
+
+def read_back(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """What an export of ours in GPT-2's format says of its tokenizer, read back: (the tokenizer entry of a
+    checkpoint, or None for GPT-2's own files; the chat_template entry, or None). Our trained BPE is the folder's
+    tokenizer.json with no vocab.json (its ids are not GPT-2's: loaded with GPT-2's tokenizer, a bpe:512 export
+    was "50257 ids but the model only 512", a bpe:N of N >= 50257 would read wrong text); our chat template is
+    tokenizer_config.json's exact JINJA with the four markers (chat.py called a fine-tuned export "not a chat
+    model" and said to fine-tune it). Anything else is read as GPT-2's, as transformers' GPT2Tokenizer reads it."""
+    def text(name: str) -> str | None:
+        if not (path / name).is_file():
+            return None
+        raw = read_user_file(path / name, name, limit=MAX_TOKENIZER_BYTES, fix="re-export it")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path / name} is not UTF-8 text; re-export it") from None
+
+    config = text("tokenizer_config.json")
+    try:
+        config = json_loads(config) if config is not None else {}
+    except ValueError:
+        raise UserError(f"{path / 'tokenizer_config.json'} is not JSON; re-export it") from None
+    chat = None
+    decoder = config.get("added_tokens_decoder") if isinstance(config, dict) else None
+    if isinstance(config, dict) and config.get("chat_template") == JINJA and isinstance(decoder, dict):
+        ids = {v.get("content"): k for k, v in decoder.items() if isinstance(v, dict)}
+        if all(m in ids for m in MARKERS):
+            chat = {"name": NAME, "markers": {m: int(ids[m]) if str(ids[m]).isdigit() else ids[m] for m in MARKERS}}
+    bpe = text("tokenizer.json") if not os.path.lexists(path / "vocab.json") else None
+    if bpe is None:
+        return None, chat
+    try:
+        spec = json_loads(bpe)
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in MARKERS]  # with_chat's, undone
+        vocab = len(spec["model"]["vocab"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path / 'tokenizer.json'} is not a tokenizer this project reads ({type(e).__name__}); pass "
+                        "an HF GPT-2 directory with GPT-2's vocab.json, or the checkpoint it was exported from") from None
+    # the name the run asked for (bpe:<n>) is not in the export; the tokenizer is its tokenizer.json, the name a label
+    name = f"bpe:{max(vocab, BPE_MIN)}"
+    return {"tokenizer": name, "chars": None, "bpe": json.dumps(spec, ensure_ascii=False)}, chat
 
 
 def _json(obj) -> bytes:

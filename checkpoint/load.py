@@ -21,6 +21,7 @@ from model.gpt import GPT, GPTConfig
 
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path, train_entry_problem
 from .hf import Refused, from_pretrained
+from .hf_chat import read_back
 from .meta import meta_model
 from .model_config import model_config_problem
 
@@ -175,4 +176,7 @@ def _load_hf(spec: str, **overrides: Any) -> LoadedModel:
     except Exception as e:  # e.g. safetensors' own errors on a damaged file
         raise UserError(f"cannot read the HF GPT-2 weights in {spec} ({type(e).__name__}); "
                         "re-export or re-download them") from None
-    return LoadedModel(model.eval(), dict(GPT2_TOKENIZER), f"HF GPT-2 {spec}")
+    tokenizer, chat = read_back(Path(spec).expanduser()) if not is_hub_name(spec) else (None, None)
+    where = Path(spec)
+    return LoadedModel(model.eval(), tokenizer or dict(GPT2_TOKENIZER), f"HF GPT-2 {spec}", None,
+                       chat_template_of({"chat_template": chat}, where, model))

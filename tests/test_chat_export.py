@@ -149,3 +149,30 @@ def test_the_exported_models_greedy_reply_through_transformers_equals_chat_py(tm
                           pad_token_id=tok.eot)[0, len(prompt):].tolist()
     stop = next((i for i, t in enumerate(ids) if t >= template.base or t == tok.eot), len(ids))
     assert stop > 0 and ours == tok.decode(ids[:stop]), (ours, ids)  # (a reply of at least one token)
+
+
+def test_an_export_of_ours_loads_back_with_its_own_tokenizer_and_template(tmp_path):
+    """An export read back by sample.py, chat.py and serve.py: a bpe run's export was read with GPT-2's tokenizer
+    ("50257 ids but the model only 512"), and a chat model's was "not a chat model: fine-tune it first". Each
+    kind loads with the tokenizer and template it was exported with (compared with the checkpoint's own), and the
+    same logits on the rows it keeps."""
+    from checkpoint import load_for_inference
+    from data import tokenizer_from_meta
+    from data.tokenizer import BpeTokenizer
+
+    bpe = train_bpe([" ".join(m["content"] for c in CONVS for m in c)] * 30, 600)
+    bpe_tok = BpeTokenizer("bpe:600", bpe)
+    gpt2_chat, bpe_chat = template_for(get_tokenizer("gpt2")).to_dict(), template_for(bpe_tok).to_dict()
+    bpe_entry = {"tokenizer": "bpe:600", "chars": None, "bpe": bpe}
+    cases = {"gpt2, chat": ({"tokenizer": "gpt2", "chars": None}, 50304, gpt2_chat),
+             "bpe": (bpe_entry, bpe_tok.vocab_size, None), "bpe, chat": (bpe_entry, bpe_tok.vocab_size + 4, bpe_chat)}
+    text = "What is 2 + 2? naïve café"
+    for name, (entry, vocab, chat) in cases.items():
+        model, out = export(tmp_path / name.replace(", ", "-"), entry, vocab, chat)
+        loaded, tok = load_for_inference(str(out)), tokenizer_from_meta(entry)
+        assert loaded.tok.encode(text) == tok.encode(text) and loaded.tok.vocab_size == tok.vocab_size, name
+        assert (loaded.chat_template.to_dict() if loaded.chat_template else None) == chat, name
+        ids = torch.tensor([tok.encode(text)])
+        rows = loaded.model.config.vocab_size
+        with torch.no_grad():
+            torch.testing.assert_close(loaded.model(ids)[..., :rows], model(ids)[..., :rows], rtol=0, atol=1e-5)
