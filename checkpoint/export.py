@@ -38,7 +38,7 @@ from runtime.sampling import Sampling
 
 from .format import resolve_checkpoint_path
 from .hf import write_hf_model
-from .hf_chat import chat_generation_config, template_of, with_chat
+from .hf_chat import BPE_CLASS, chat_generation_config, template_of, with_chat
 from .load import load_model
 from .model_card import model_card, tokenizer_words
 
@@ -93,7 +93,7 @@ def bpe_tokenizer_files(bpe: str, block_size: int) -> tuple[dict[str, bytes], in
     spec = json_loads(bpe)
     eot = next(t["id"] for t in spec["added_tokens"] if t["content"] == EOT_TEXT)
     special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size, **special,
+    config = {"tokenizer_class": BPE_CLASS, "model_max_length": block_size, **special,
               "clean_up_tokenization_spaces": False, "split_special_tokens": True}
     files = {"tokenizer.json": bpe.encode(), "tokenizer_config.json": _json(config), "special_tokens_map.json": _json(special)}
     return files, eot, len(spec["model"]["vocab"]) + sum(t["id"] >= len(spec["model"]["vocab"]) for t in spec["added_tokens"])

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from data.chat_template import MARKERS, NAME, ChatTemplate
+from data.manifest import TOKENIZER_MAX  # (the largest bpe:<n> a run may train)
 from data.tokenizer import BPE_MIN
 from errors import UserError
 from fileio import json_loads, read_user_file
 
-MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json of 50k merges is ~2 MB; GPT-2's vocab.json is 1 MB
 
 EOT_TEXT = "<|endoftext|>"
+BPE_CLASS = "PreTrainedTokenizerFast"  # tokenizer_config.json's class in an export of a trained BPE (export.py)
+GPT2_IDS = 50257  # GPT-2's BPE vocabulary, end-of-text included
 # The layout of data/chat_template.py: [<|system|> c <|end|>] (<|user|> c <|end|> <|assistant|> c <|end|>)+ and,
 # for a generation prompt, <|assistant|>. Order and alternation are checked by our encoder, not here: the
 # template only renders what it is given, and refuses what it would render wrongly.
@@ -97,7 +99,7 @@ def read_back(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]
     def text(name: str) -> str | None:
         if not (path / name).is_file():
             return None
-        raw = read_user_file(path / name, name, limit=MAX_TOKENIZER_BYTES, fix="re-export it")
+        raw = read_user_file(path / name, name, limit=TOKENIZER_MAX, fix="re-export it")
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -114,16 +116,22 @@ def read_back(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]
         ids = {v.get("content"): k for k, v in decoder.items() if isinstance(v, dict)}
         if all(m in ids for m in MARKERS):
             chat = {"name": NAME, "markers": {m: int(ids[m]) if str(ids[m]).isdigit() else ids[m] for m in MARKERS}}
-    bpe = text("tokenizer.json") if not os.path.lexists(path / "vocab.json") else None
+    # ours: the class bpe_tokenizer_files writes, and no vocab.json (transformers 5 saves GPT-2's own tokenizer as a
+    # tokenizer.json alone, under its own class name: that folder is GPT-2's, and read as GPT-2's)
+    ours = isinstance(config, dict) and config.get("tokenizer_class") == BPE_CLASS
+    bpe = text("tokenizer.json") if ours and not os.path.lexists(path / "vocab.json") else None
     if bpe is None:
         return None, chat
     try:
         spec = json_loads(bpe)
         spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in MARKERS]  # with_chat's, undone
-        vocab = len(spec["model"]["vocab"])
+        vocab = spec["model"]["vocab"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path / 'tokenizer.json'} is not a tokenizer this project reads ({type(e).__name__}); pass "
                         "an HF GPT-2 directory with GPT-2's vocab.json, or the checkpoint it was exported from") from None
+    if isinstance(vocab, dict) and len(vocab) == GPT2_IDS and vocab.get("Ġthe") == 262:  # GPT-2's own, so named
+        return None, chat
+    vocab = len(vocab)
     # the name the run asked for (bpe:<n>) is not in the export; the tokenizer is its tokenizer.json, the name a label
     name = f"bpe:{max(vocab, BPE_MIN)}"
     return {"tokenizer": name, "chars": None, "bpe": json.dumps(spec, ensure_ascii=False)}, chat

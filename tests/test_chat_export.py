@@ -176,3 +176,18 @@ def test_an_export_of_ours_loads_back_with_its_own_tokenizer_and_template(tmp_pa
         rows = loaded.model.config.vocab_size
         with torch.no_grad():
             torch.testing.assert_close(loaded.model(ids)[..., :rows], model(ids)[..., :rows], rtol=0, atol=1e-5)
+
+
+def test_a_gpt2_folder_saved_by_transformers_alone_stays_gpt2s(tmp_path):
+    """transformers 5 saves GPT-2's tokenizer as tokenizer.json alone (no vocab.json), as our bpe exports are: read
+    back as a trained BPE, it was named bpe:50257, and model.init_from then demanded data.tokenizer=gpt2 and refused
+    it. Only our export's own tokenizer class is read as a trained BPE."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from checkpoint import load_for_inference
+
+    _, out = export(tmp_path, {"tokenizer": "gpt2", "chars": None}, 50257, None)
+    AutoTokenizer.from_pretrained(out).save_pretrained(tmp_path / "resaved")
+    AutoModelForCausalLM.from_pretrained(out).save_pretrained(tmp_path / "resaved")
+    assert not (tmp_path / "resaved" / "vocab.json").exists() and (tmp_path / "resaved" / "tokenizer.json").exists()
+    assert load_for_inference(str(tmp_path / "resaved")).tokenizer["tokenizer"] == "gpt2"
