@@ -16,6 +16,9 @@ import stat
 from errors import UserError
 
 
+CHUNK = 1 << 20  # what one read of a file with no size takes at once
+
+
 class TooLarge(Exception):
     """A file over the limit of its reader. Not an OSError nor a ValueError, so that no reader's "missing or
     damaged" clause takes it for a file to ignore (or to replace). `size`: its size in bytes, None where it has
@@ -40,11 +43,17 @@ def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
         st = os.fstat(f.fileno())
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # (a sparse 100 GB file: refused unread)
             raise TooLarge(st.st_size)
-        # read(n) takes n bytes of memory at once: a file's own size + 1 (more: it grew since the fstat), not the limit
-        want = min(st.st_size, limit) + 1 if stat.S_ISREG(st.st_mode) else limit + 1  # (/dev/zero: limit + 1)
-        data = f.read(want)
-        if len(data) == want < limit + 1:
-            data += f.read(limit + 1 - want)
+        # read(n) takes n bytes of memory at once: a regular file is read at its own size + 1, and whatever has no size
+        # (a FIFO, /proc, a file that grew since the fstat) in chunks, up to limit + 1 bytes, never the limit at once
+        size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+        first = min(size + 1 if size else CHUNK, limit + 1)
+        parts = [f.read(first)]
+        got = len(parts[0])
+        if got == first:  # all that was asked came: more may follow (no size, or the file grew since the fstat)
+            while got <= limit and (part := f.read(min(CHUNK, limit + 1 - got))):
+                parts.append(part)
+                got += len(part)
+        data = b"".join(parts)
     if len(data) > limit:
         raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
     return data

@@ -127,6 +127,29 @@ def test_a_device_past_the_limit_is_refused_after_limit_plus_one_bytes():
         read_at_most("/nonexistent/x", 10)
 
 
+@pytest.mark.parametrize("kind", ["a pipe", "/proc (size 0)"])
+def test_a_file_with_no_size_under_a_large_limit_is_read_in_chunks(tmp_path, kind):
+    """What has no size (a pipe: --prompt-file <(...); /proc files report 0) was read with read(limit + 1): 1 GiB
+    of memory for a few bytes. Read in chunks now: the peak is about one chunk, and the bytes are all there."""
+    import tracemalloc
+
+    if kind == "a pipe":
+        r, w = os.pipe()
+        os.write(w, b"hello\n" * 1000)
+        os.close(w)
+        path, want = f"/proc/self/fd/{r}", b"hello\n" * 1000
+    else:
+        path, want = "/proc/self/cmdline", None
+    tracemalloc.start()
+    try:
+        got = read_at_most(path, 1 << 30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    assert got == (want if want is not None else Path("/proc/self/cmdline").read_bytes())
+
+
 def test_a_small_file_under_a_large_limit_takes_its_own_size_of_memory(tmp_path):
     """read(limit + 1) takes the limit's bytes of memory at once, whatever the file holds (a 40-byte prompt under
     read_user_file's 1 GiB limit took 1 GiB): a regular file is read at its own size, and one that grew since its
