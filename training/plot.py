@@ -26,10 +26,9 @@ from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, js
 from locks import remove_stale_temps
 from ownership import check_output
 
-from .report.metrics import METRICS_NAME
+from .report.metrics import MAX_METRICS_BYTES, METRICS_NAME
 
 
-MAX_METRICS_BYTES = 1 << 30  # ~3M logged steps; a larger (or endless: /dev/zero) file is refused, not read
 
 
 def metrics_file(run: Path) -> Path:

@@ -27,9 +27,10 @@ from errors import UserError, short_error, to_stderr
 from fileio import atomic_write_bytes, json_loads, open_own, point_at_devnull
 
 METRICS_NAME = "metrics.jsonl"
-# ~1M logged steps (a record is ~250 bytes): a resume holds the kept records in memory (~6x their bytes as dicts,
-# for wandb's missing steps and the sample table), so a larger (or endless: /dev/zero) file is refused, unread
-MAX_METRICS_BYTES = 256 << 20
+# ~3M logged steps (a record is ~300 bytes): what a run writes is not bounded by the trainer, and a resume must
+# not refuse its own run's log (256 MiB, ~1M lines, was passed in ~3 hours at log_interval 1 and 10 ms a step).
+# Past it (or endless: /dev/zero) refused by its size, unread; the plot (training/plot.py) reads the same bound.
+MAX_METRICS_BYTES = 1 << 30
 
 
 def _plain(value: Any) -> Any:
@@ -58,7 +59,7 @@ class MetricsLog:
             raw = read_at_most(self.path, MAX_METRICS_BYTES)  # by its size first: a sparse 100 GB file stays unread
         except TooLarge as e:
             size = f"{e.size:,} bytes" if e.size is not None else "endless"
-            raise UserError(f"{self.path} is {size}, over the {MAX_METRICS_BYTES >> 20} MiB of ~1M logged steps; move it "
+            raise UserError(f"{self.path} is {size}, over the {MAX_METRICS_BYTES >> 20} MiB of ~3M logged steps; move it "
                             "away (the run then logs into a new one), then resume") from None
         except OSError as e:
             raise UserError(f"cannot read {self.path} ({short_error(e)}); fix or move the file, then resume") from None
