@@ -61,8 +61,10 @@ OWN_PARTS = {OUT_DIR: {CHECKPOINT}}  # managed folders a kind holds directly as 
 # where each is written)
 OWN_NAMES = {OUT_DIR: (MARKER, *OUT_DIR_NAMES), DATA: (MARKER, DATA_MANIFEST, DATA_LOCK),
              EXPORT: (), CHECKPOINT: (DCP_METADATA,)}
-# bytes: a marker is one short line; a manifest holds ~200 bytes a shard and a source file (data/manifest.py)
-MARKER_MAX, MANIFEST_MAX = 4096, 128 << 20
+# bytes: a marker is one short line; a manifest holds ~200 bytes a shard and a source file (data/manifest.py), and a
+# folder corpus has no bound on its files: 512 MiB is ~2.5M of them (128 MiB, ~700k, refused an OpenWebText-like
+# corpus of a file per document as "not one prepare wrote")
+MARKER_MAX, MANIFEST_MAX = 4096, 512 << 20
 SCAN_DIRS = 2000  # folders looked into below a target: an out_dir set to a home directory is not walked whole
 
 

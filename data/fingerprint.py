@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from bounded import read_own
+from bounded import TooLargeError, read_own
 from fileio import json_loads
+from ownership import MANIFEST_MAX
 
 from .config import DataConfig
 from .formats import READ_ERRORS, read_error
@@ -16,7 +17,7 @@ from .pieces import Source
 from .tokenizer import bpe_vocab_size
 
 SOURCE_RECORDS = ".source-hashes.json"  # a build's source files' hashes, until its manifest holds them
-SOURCE_RECORDS_MAX = 64 << 20  # bytes: read at most this much of it
+SOURCE_RECORDS_MAX = MANIFEST_MAX  # bytes: the same records as the manifest's source_files
 
 
 def previous_records(out: Path) -> list:
@@ -30,7 +31,7 @@ def previous_records(out: Path) -> list:
     try:  # bounded: one past the limit is refused in one line, not cut short (and then written over)
         interrupted = json_loads(read_own(out / SOURCE_RECORDS, "an interrupted prepare's source hashes (JSON)",
                                           limit=SOURCE_RECORDS_MAX, fix=MOVE_AWAY))
-    except (OSError, ValueError):  # none, unreadable or damaged: those files are hashed again
+    except (OSError, ValueError, TooLargeError):  # none, unreadable, damaged or too large: hashed again (a cache)
         interrupted = None
     if isinstance(interrupted, list):
         records += interrupted

@@ -46,7 +46,8 @@ READERS = {
         "None, {'tokenizer_sha256': 'x'}, False)", "refused"),
     "build record (data.shards.load_resume_state)": (".prepare-abc.json", {},
                                                      "data.shards.load_resume_state(d, 'abc', 'f', print)", "refused"),
-    "source hashes (data.fingerprint)": (".source-hashes.json", {}, "data.fingerprint.previous_records(d)", "refused"),
+    # a cache: too large (a corpus of millions of files), its files are hashed again, as when it is damaged
+    "source hashes (data.fingerprint)": (".source-hashes.json", {}, "data.fingerprint.previous_records(d)", []),
     "choice cache (runtime.choices)": ("choices.json", {}, "runtime.choices._read()", None),
     "metrics log, resuming (training.report.metrics)": ("metrics.jsonl", {},
                                                         "training.report.metrics.MetricsLog(d).resume_at(5)", "refused"),
