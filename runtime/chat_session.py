@@ -95,6 +95,14 @@ class ChatSession:
         self._rebuild()
 
     def _rebuild(self) -> None:
+        """The cache anew from the turns, the oldest exchanges dropped (and said) while they outgrow the context: a
+        reply cut at the context's end closes its turn past it (its last token and <|end|>), and /system after it
+        asserted in seq.reset."""
+        dropped = 0
+        while self._length() > self.block_size and self._drop_oldest_exchange():
+            dropped += 1
+        if dropped:
+            self._say_dropped(dropped)
         self.seq.reset([i for t in self.turns for i in t.ids])
 
     def _drop_oldest_exchange(self, keep_last: int = 0) -> bool:
@@ -166,7 +174,8 @@ class ChatSession:
             assistant.content = self.tok.decode(generated)
             if self.seq.room > 0:
                 self.seq.append([self.template.end])
-            # else the next turn finds the cache one id short of the turns, drops an exchange and rebuilds
+            # else (a reply cut at the context's end) the cache holds fewer ids than the turns: the next turn, /system
+            # or /clear drops the oldest exchanges that no longer fit and rebuilds (_rebuild)
 
     def _length(self) -> int:
         return sum(len(t.ids) for t in self.turns)

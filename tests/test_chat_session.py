@@ -112,6 +112,8 @@ def test_a_reply_that_fills_the_context_with_nothing_to_drop_is_cut_with_a_notic
     assert any("cut" in n for n in notices)
     assert len(expected) == 33 - len(ids) and reply == TOK.decode(expected)
     assert len(s.seq.ids) == 32
+    s.set_system("be")  # the cut exchange outgrows the context: dropped, said (it asserted in seq.reset)
+    assert [t.role for t in s.turns] == ["system"] and any("dropped the oldest" in n for n in notices)
     "".join(s.reply("more"))  # the next turn drops the cut exchange and goes on
     assert [m["content"] for m in s.messages if m["role"] == "user"] == ["more"]
 
