@@ -338,11 +338,15 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = False
+        started, asked = False, False
         read = not _declares_body(scope)  # the whole body is in (a request with none: from the start)
+        # a client that waits for "100 Continue" sends its body only after it: uvicorn says it at the first receive,
+        # so a refusal before any (a 413 by Content-Length) closes at once, and the client uploads nothing
+        waits = (b"expect", b"100-continue") in [(k, v.strip().lower()) for k, v in scope.get("headers", [])]
 
         async def reading():
-            nonlocal read
+            nonlocal read, asked
+            asked = True
             message = await receive()
             read = read or message["type"] == "http.disconnect" or not message.get("more_body", False)
             return message
@@ -351,7 +355,7 @@ class Guard:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                if not read:
+                if not read and (asked or not waits):
                     await _linger(reading)
                 if not read:
                     message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}

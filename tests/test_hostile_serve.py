@@ -288,6 +288,15 @@ def test_a_response_before_the_body_is_read_ends_the_connection(tmp_path):
             assert got.startswith(f"HTTP/1.1 {status} ".encode()) and b"connection: close" in got.lower(), got[:300]
             assert end == "closed" and seconds < 2.5, (path, end, seconds)
             assert server.http.get(server.url + "/health").status_code == 200
+        # a client waiting for "100 Continue" (curl past 1 MiB) gets the 413 at once, not a "100 Continue" first
+        import socket
+
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n"
+                      b"Expect: 100-continue\r\n\r\n")
+            s.settimeout(3)
+            first = s.recv(64)
+        assert first.startswith(b"HTTP/1.1 413 "), first
         # a body read whole keeps its connection (keep-alive): only a refusal before the body closes it
         r = server.http.post(server.url + "/v1/completions", json={"prompt": "ab", "max_tokens": 0})
         assert r.status_code == 400 and r.headers.get("connection") != "close", (r.status_code, r.headers)
