@@ -176,8 +176,8 @@ def check_plan(state: Any) -> dict[str, Any]:
         if problem:
             raise ValueError(f"{name} {problem}")
     if state.get("micro_batch", 1) * state.get("accum", 1) > MAX_TOKENS_PER_STEP:
-        raise ValueError(f"micro_batch x accum = {state['micro_batch'] * state['accum']:,} sequences per step, over the "
-                         f"{MAX_TOKENS_PER_STEP:,} tokens any step may take")
+        raise ValueError(f"micro_batch x accum = {state['micro_batch'] * state['accum']:,} sequences per step: even of one "
+                         f"token each, more than the {MAX_TOKENS_PER_STEP:,} tokens any step may take")
     return state
 
 

@@ -5,6 +5,7 @@ that was not taught to chat); serve.py's bad options."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -326,9 +327,11 @@ def test_class_an_unsupported_field_passes_only_with_a_value_that_asks_for_nothi
     """"logprobs": 0 passed (0 == False) and was answered without logprobs, though on /v1/completions it asks for
     the sampled tokens' ones; likewise best_of true (== 1) or 1.0. The values that ask for nothing, as JSON
     writes them: null, false, 1, "", [], {} (each field its own)."""
-    nothing = {"logprobs": [None, False], "top_logprobs": [None], "tools": [None, []], "functions": [None, []],
-               "echo": [None, False], "suffix": [None, ""], "best_of": [None, 1], "logit_bias": [None, {}]}[name]
-    harmless = any(type(value) is type(v) and value == v for v in nothing)
+    # what asks for nothing, as JSON writes it (the request's own text): 0 is not false, 1.0 not 1, true not 1
+    nothing = {"logprobs": {"null", "false"}, "top_logprobs": {"null"}, "tools": {"null", "[]"},
+               "functions": {"null", "[]"}, "echo": {"null", "false"}, "suffix": {"null", '""'},
+               "best_of": {"null", "1"}, "logit_bias": {"null", "{}"}}[name]
+    harmless = json.dumps(value) in nothing
     try:
         check_params({name: value}, Limits())
     except ApiError as e:

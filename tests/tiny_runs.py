@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """Tiny models run fastest on one thread, and other jobs may share the cores (autouse in each module
-    that imports it)."""
+    """Tiny models run fastest on one thread, and other jobs may share the cores. pytest uses it in a module only
+    where the module imports it by name (test_train.py, test_train_wandb.py, test_showcase.py)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
