@@ -43,20 +43,24 @@ def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
         st = os.fstat(f.fileno())
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # (a sparse 100 GB file: refused unread)
             raise TooLarge(st.st_size)
-        # read(n) takes n bytes of memory at once: a regular file is read at its own size + 1, and whatever has no size
-        # (a FIFO, /proc, a file that grew since the fstat) in chunks, up to limit + 1 bytes, never the limit at once
-        size = st.st_size if stat.S_ISREG(st.st_mode) else 0
-        first = min(size + 1 if size else CHUNK, limit + 1)
-        parts = [f.read(first)]
-        got = len(parts[0])
-        if got == first:  # all that was asked came: more may follow (no size, or the file grew since the fstat)
-            while got <= limit and (part := f.read(min(CHUNK, limit + 1 - got))):
-                parts.append(part)
-                got += len(part)
-        data = b"".join(parts)
+        data = read_stream(f, limit, st.st_size if stat.S_ISREG(st.st_mode) else 0)
     if len(data) > limit:
         raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
     return data
+
+
+def read_stream(f, limit: int, size: int = 0) -> bytes:
+    """At most limit + 1 bytes of the open binary stream `f` (the caller refuses more than `limit`): read(n) takes
+    n bytes of memory at once, so a stream of known `size` is read at its own size + 1, and one without (a FIFO,
+    /proc, a decompressing reader, a file that grew since its size was taken) in CHUNKs, never the limit at once."""
+    first = min(size + 1 if size else CHUNK, limit + 1)
+    parts = [f.read(first)]
+    got = len(parts[0])
+    if got == first:  # all that was asked came: more may follow
+        while got <= limit and (part := f.read(min(CHUNK, limit + 1 - got))):
+            parts.append(part)
+            got += len(part)
+    return b"".join(parts)
 
 
 def read_own(path: str | os.PathLike, what: str, *, limit: int, fix: str) -> bytes:

@@ -10,6 +10,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
+from bounded import read_stream
 from errors import UserError, short_error
 from fileio import json_loads
 
@@ -332,8 +333,8 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
     if compression is None and path.stat().st_size > JSON_ARRAY_MAX:  # by its size, unread
         raise UserError(f"{path} is one JSON array of {path.stat().st_size:,} bytes, over the {JSON_ARRAY_MAX:,} one "
                         f"is read at once; {to_lines}")
-    with _open_bytes(path, compression) as f:
-        raw = f.read(JSON_ARRAY_MAX + 1)
+    with _open_bytes(path, compression) as f:  # (read(JSON_ARRAY_MAX + 1) took 64 MiB for any small file)
+        raw = read_stream(f, JSON_ARRAY_MAX, 0 if compression else path.stat().st_size)
     if len(raw) > JSON_ARRAY_MAX:  # (compressed: its size is known once read)
         raise UserError(f"{path} is one JSON array of more than {JSON_ARRAY_MAX:,} bytes (uncompressed), the most one "
                         f"is read at once; {to_lines}")

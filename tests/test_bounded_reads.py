@@ -198,3 +198,24 @@ def test_no_file_of_ours_is_read_to_its_end_outside_bounded():
     assert whole_reads(product_trees()) <= WHOLE_READS_KEPT, whole_reads(product_trees()) - WHOLE_READS_KEPT
     old = ast.parse("info = json_loads((path / MARKER).read_bytes()[:4096])\nraw = f.read()\nx = f.read(10)")
     assert whole_reads({"ownership": old}) == {("ownership", "(path / MARKER).read_bytes()"), ("ownership", "f.read()")}
+
+
+def test_a_stream_without_a_size_is_read_in_chunks_up_to_the_limit_plus_one():
+    """bounded.read_stream, as data/formats.py reads a (compressed) .json array: a few bytes under a 64 MiB limit
+    took 64 MiB with read(limit + 1); a stream past the limit gives limit + 1 bytes, for its caller to refuse."""
+    import gzip
+    import io
+    import tracemalloc
+
+    from bounded import read_stream
+
+    small = gzip.compress(b'[{"text": "hi"}]')
+    tracemalloc.start()
+    try:
+        got = read_stream(gzip.GzipFile(fileobj=io.BytesIO(small)), 64 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == b'[{"text": "hi"}]' and peak < 4 << 20, peak
+    big = gzip.compress(b"x" * (3 << 20))
+    assert len(read_stream(gzip.GzipFile(fileobj=io.BytesIO(big)), 2 << 20)) == (2 << 20) + 1
