@@ -74,8 +74,7 @@ def create_app(served: Served) -> FastAPI:
     async def failed(_, e: Exception):
         # Starlette's ServerErrorMiddleware answers a failed route before Guard sees it: without this handler
         # that answer is its plain-text 500, not OpenAI's shape (Guard still writes the log line)
-        return JSONResponse(error_body(f"internal error ({type(e).__name__}); the server is still up",
-                                       "server_error", None, "internal_error"), status_code=500)
+        return JSONResponse(internal_error(e), status_code=500)
 
     @app.exception_handler(ClientDisconnect)
     async def client_gone(_, e: ClientDisconnect):
@@ -366,11 +365,16 @@ class Guard:
         except Exception as e:  # noqa: BLE001 - the last line of defence; the server stays up
             to_stderr(f"error: {scope.get('method')} {scope.get('path', '')[:100]} failed ({short_error(e)})")
             if not started:
-                body = json.dumps(error_body(f"internal error ({type(e).__name__}); the server is still up",
-                                             "server_error", None, "internal_error")).encode()
+                body = json.dumps(internal_error(e)).encode()
                 await tracked({"type": "http.response.start", "status": 500,
                                "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": body})
+
+
+def internal_error(e: Exception) -> dict:
+    """The 500's body, in OpenAI's shape: the route's handler's (create_app) and Guard's alike."""
+    return error_body(f"internal error ({type(e).__name__}); the server is still up", "server_error", None,
+                      "internal_error")
 
 
 async def _linger(receive) -> None:

@@ -29,8 +29,6 @@ from ownership import check_output
 from .report.metrics import MAX_METRICS_BYTES, METRICS_NAME
 
 
-
-
 def metrics_file(run: Path) -> Path:
     """The metrics.jsonl a run argument names: <out_dir>/metrics.jsonl, or the file itself."""
     return run / METRICS_NAME if run.is_dir() else run
