@@ -12,6 +12,7 @@ prefixes with the key's name (`train.max_iters must be >= 1, got 0`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 from errors import UserError, clipped
@@ -113,6 +114,17 @@ def _int64(value: Any) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ checks
+
+def finite_number(value: Any) -> bool:
+    """An int or float (a bool is an int to Python, not a number here) that is finite as a float: an int of 400
+    digits overflows float() (math.isfinite raises on it), as it would in any plot or format of it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
 
 def _shown(v: Any) -> str:
     """A value for a message, cut: a number of 5000 digits (a config's, or a checkpoint's) is not quoted whole."""

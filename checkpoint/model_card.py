@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Collection
@@ -17,6 +16,7 @@ import yaml
 
 from fileio import json_loads
 from model.gpt import GPT
+from settings import finite_number  # (math.isfinite raised on an int of 400 digits: a traceback)
 
 METRICS_NAME = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 * 2**20  # a bound on what the card reads of metrics.jsonl
@@ -65,12 +65,8 @@ def eval_at(metrics: Path, iteration: Any) -> dict[str, Any] | None:
     return found
 
 
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
 def _number(value: Any, fmt: str) -> str:
-    return format(value, fmt) if _is_number(value) else NOT_RECORDED
+    return format(value, fmt) if finite_number(value) else NOT_RECORDED
 
 
 def tokenizer_words(tokenizer: dict, files: Collection[str]) -> str:
@@ -136,7 +132,7 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
         # auto) is in "plan" since format 3, where format.upgrade moves an older checkpoint's too
         elapsed = train_state.get("elapsed_s")
         done = {"steps": it, "tokens seen": train_state.get("tokens_seen"),
-                "wall time": f"{elapsed:.0f} s" if _is_number(elapsed) else None, "dtype": plan.get("dtype"),
+                "wall time": f"{elapsed:.0f} s" if finite_number(elapsed) else None, "dtype": plan.get("dtype"),
                 "run id": train_state.get("run_id")}
         lines += [*_table({k: NOT_RECORDED if v in (None, "") else v for k, v in done.items()}), ""]
     if config:

@@ -13,7 +13,6 @@ a one-line hint.
 from __future__ import annotations
 
 import io
-import math
 import os
 import stat
 import sys
@@ -25,6 +24,7 @@ from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, js
                     path_arg_path, path_kind, read_user_file)
 from locks import remove_stale_temps
 from ownership import check_output
+from settings import finite_number  # a value a curve can take (a string would be drawn as a category)
 
 from .report.metrics import MAX_METRICS_BYTES, METRICS_NAME
 
@@ -37,17 +37,6 @@ def metrics_file(run: Path) -> Path:
 # the keys the figure plots: x axes first (a record without a usable "iter" is not plotted at all)
 X_KEYS = ("iter", "tokens_seen")
 Y_KEYS = ("train/loss", "val/loss", "val/bpb", "lr")
-
-
-def is_number(value) -> bool:
-    """A value a curve can take: an int or float (bool is an int to Python, not to a plot) that is finite as
-    a float (an int of 400 digits overflows matplotlib's float(); a string would be drawn as a category)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
 
 
 KEYS = (*X_KEYS, *Y_KEYS)  # the order of a step's numbers, as read_metrics keeps them
@@ -113,8 +102,8 @@ def read_metrics(run_dir: Path) -> list[tuple]:
                 continue  # not a step record
             # a step is a whole number (2.0 is no step the trainer logs); any other key may be null: not logged
             bad = [k for k in KEYS if k in record and not (
-                isinstance(record[k], int) and is_number(record[k]) if k == "iter"
-                else record[k] is None or is_number(record[k]))]
+                isinstance(record[k], int) and finite_number(record[k]) if k == "iter"
+                else record[k] is None or finite_number(record[k]))]
             for key in bad:
                 first = skipped.setdefault(key, [number, record[key], 0])
                 first[2] += 1
