@@ -172,3 +172,51 @@ def test_configs_readme_lists_no_key_the_config_lacks():
     fields = {s: {k for s2, k, _ in SECTIONS if s2 == s} for s, _, _ in SECTIONS}
     for section, keys in documented_keys().items():
         assert section in fields and keys.keys() <= fields[section], (section, sorted(keys.keys() - fields.get(section, set())))
+
+
+# ------------------------------------------------------------------ the layouts: README's table, architecture.md's tree
+
+def tracked(pattern: str = "*") -> list[str]:
+    return subprocess.run(["git", "ls-files", pattern], cwd=ROOT, capture_output=True, text=True).stdout.split()
+
+
+def layout_tree(text: str) -> set[str]:
+    """The paths docs/architecture.md's layout block names: a line's indent (two spaces a level) puts its name in
+    the folder named last one level up."""
+    block = re.search(r"^## The layout, one line per folder and file\n.*?^```\n(.*?)^```", text, re.M | re.S)
+    assert block, "docs/architecture.md has no layout block"
+    names, folders = set(), []
+    for line in block.group(1).splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        assert depth <= len(folders), f"docs/architecture.md: {line.split()[0]!r} is indented under no folder"
+        path = "".join(folders[:depth]) + line.split()[0]
+        folders[depth:] = [line.split()[0]] if path.endswith("/") else []
+        names.add(path)
+    return names
+
+
+def test_the_architecture_layout_names_every_module_where_it_is():
+    """Before: server/ (six modules) was not in the layout, training/'s rooms' files were, and
+    modeling_smallgpt.py stood under checkpoint/ without its folder remote_code/."""
+    listed = layout_tree((ROOT / "docs" / "architecture.md").read_text())
+    modules = {p for p in tracked("*.py") if not p.startswith("tests/") and not p.endswith("/__init__.py")}
+    folders = {p.rsplit("/", 1)[0] + "/" for p in modules if "/" in p}
+    assert not (modules | folders) - listed, f"docs/architecture.md's layout lacks {sorted((modules | folders) - listed)}"
+    assert not listed - modules - folders, f"docs/architecture.md's layout names what is not there: {sorted(listed - modules - folders)}"
+    nested = "## The layout, one line per folder and file\n```\nx/\n  r/   a room\n    m.py   one\n  a.py   two\nb.py\n```"
+    assert layout_tree(nested) == {"x/", "x/r/", "x/r/m.py", "x/a.py", "b.py"}
+
+
+def test_the_readme_layout_names_every_top_level_part():
+    """Before: the README's layout named `train.py`, `sample.py` as "the two entry points" (chat.py and serve.py
+    were missing) and had no row for server/."""
+    text = (ROOT / "README.md").read_text()
+    table = re.search(r"^## Layout\n(.*?)^## ", text, re.M | re.S)
+    assert table, "README.md has no ## Layout section"
+    named = {name.rstrip("/") for row in table.group(1).splitlines() if row.startswith("| `")
+             for name in re.findall(r"`([^`]+)`", _cells(row)[0])}
+    top = {p.split("/")[0] for p in tracked() if not p.startswith(".")}
+    parts = {p for p in top if p.endswith(".py") or (ROOT / p).is_dir()}
+    assert not parts - named, f"README.md's layout table lacks {sorted(parts - named)}"
