@@ -7,13 +7,18 @@ cuDNN and torch versions, so it is measured: the causal forward + backward of on
 attention shape, with each kernel this build has, and the fastest goes first in SDPA's priority (the
 others stay enabled behind it, so a shape the chosen one cannot run, e.g. the masked attention of
 sampling, still finds a kernel). Every kernel computes the same attention; only the rounding differs.
-The choice is a decision of the run plan (training/builders.py), so a resumed run keeps it.
+The choice is a decision of the run plan (training/builders.py), so a resumed run keeps it, and it is
+measured once per GPU, software and shape (runtime/choices.py's cache, as the CPU's dtype), so a new run of the
+same config neither waits for the probe (and cuDNN's first build of its kernels) nor flips a near tie.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from . import choices
+from .precision import dtype_name
 
 DEFAULT = "default"  # SDPA's own priority (every device but CUDA, and a GPU where nothing beat it)
 KERNELS = ("flash", "cudnn", "efficient")
@@ -61,6 +66,23 @@ def fastest_kernel(device: torch.device, *, batch: int, n_head: int, seq: int, h
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return DEFAULT, ""
     shape = (batch, n_head, seq, head_dim)
+    parts = {"gpu": gpu_key(device), "shape": list(shape), "dtype": dtype_name(dtype)}
+
+    def measure():
+        kernel, note = _measure(device, shape, dtype)
+        return {"value": kernel, "note": note}
+
+    entry, source = choices.cached("attention", parts, measure, lambda v: v == DEFAULT or v in KERNELS)
+    return entry["value"], (entry.get("note") or "") and f"{entry['note']} ({source})"
+
+
+def gpu_key(device: torch.device) -> str:
+    """What the kernels' speeds depend on besides the shape: the GPU, and the torch and cuDNN builds."""
+    return (f"{torch.cuda.get_device_name(device)} | torch {torch.__version__} | cuda {torch.version.cuda} | "
+            f"cudnn {torch.backends.cudnn.version()}")
+
+
+def _measure(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[str, str]:
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     own = _time_kernel(None, q, k, v)
     times = {name: t for name in KERNELS if (t := _time_kernel(name, q, k, v)) is not None}

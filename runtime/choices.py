@@ -1,6 +1,6 @@
 """Choices measured once per machine and kept, so that the same command gives the same numbers on every
-run: the dtype `auto` picks on a CPU (timed per model shape), and the CPU's matmul peak that MFU is
-against. A timing on a busy machine can flip a near tie (fp32 for a config alone, bf16 for the same
+run: the dtype `auto` picks on a CPU (timed per model shape), the CPU's matmul peak that MFU is
+against, and the SDPA kernel a GPU trains with (runtime/attention.py, per GPU, builds and shape). A timing on a busy machine can flip a near tie (fp32 for a config alone, bf16 for the same
 config under torchrun) and a peak re-probed in every process moved the MFU of one resumed run from 3.6%
 to 77%; a decision made once and kept cannot.
 
