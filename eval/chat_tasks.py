@@ -76,19 +76,28 @@ def read_rows(path: str | Path) -> list[dict]:
     return [row for _, row in numbered_rows(path)]
 
 
-def check_encodable(numbered: Sequence[tuple[int, dict]], tok, template: ChatTemplate, path) -> None:
-    """Every row's prompt and answer in the model's tokenizer (a char model's vocabulary), or one line naming
-    the row: before any scoring, not as the batch that holds it comes up."""
+def check_scorable(numbered: Sequence[tuple[int, dict]], tok, template: ChatTemplate, block_size: int, path) -> None:
+    """Every row's prompt and answer in the model's tokenizer (a char model's vocabulary) and within its
+    context, or one line naming the row: before any scoring, not as the batch that holds it comes up. A row
+    longer than the context would be generated from a cropped prompt (model/generate.py's crop rule) and
+    scored wrong with nothing said."""
     for n, row in numbered:
         try:
-            template.encode_conversation(tok, row["messages"])  # (the prompt's turns, then the answer's)
+            ids = template.encode_conversation(tok, row["messages"])[0]  # (the prompt's turns, then the answer's)
         except UserError as e:
             raise UserError(f"{path}, row {n}: {e}") from None
+        needed = len(ids) - 1  # the closing <|end|> is predicted from the rest, never read
+        if needed > block_size:
+            raise UserError(f"{path}, row {n}: its prompt and answer need {needed} tokens of context, more than the "
+                            f"model's {block_size} (block_size), so it would be scored on a cropped prompt; "
+                            f"shorten or drop that row, or evaluate a model with a longer context")
 
 
 @torch.no_grad()
 def score(model, tok, template: ChatTemplate, rows: Sequence[dict], batch_size: int = 64) -> dict:
     """{"accuracy", "correct", "total", "by_kind": {kind: accuracy}, "examples": [(question, reply, answer)...]}."""
+    # (main checked the rows against the file's row numbers; a caller with rows of its own gets the same check)
+    check_scorable(list(enumerate(rows, 1)), tok, template, model.config.block_size, "the rows")
     model.eval()
     correct: Counter = Counter()
     total: Counter = Counter()
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     numbered = numbered_rows(args.tasks)
     model, tok, template, note = load_chat_model(args.checkpoint)
-    check_encodable(numbered, tok, template, args.tasks)
+    check_scorable(numbered, tok, template, model.config.block_size, args.tasks)
     rows = [row for _, row in numbered]
     if note:
         print(f"{args.checkpoint} has no chat template: {note}")

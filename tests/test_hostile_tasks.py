@@ -11,7 +11,7 @@ import json
 import io
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from errors import run_cli
@@ -288,3 +288,46 @@ def test_class_tasks_checkpoint_value_that_is_no_usable_path_is_argparses_one_li
     tasks.write_text(json.dumps(_row()) + "\n")
     code, err = cli(main, ["--checkpoint", value, "--tasks", tasks], capsys)
     one_line(code, err, "argument --checkpoint", "give a usable path")
+
+
+# the tiny chat model's context (chat_models.tiny_chat_model's block_size); a row of a question of q chars and
+# an answer of a chars is, with the char tokenizer's one id a character, <|user|> q <|end|> <|assistant|> a
+# <|end|>: q + a + 4 ids, of which the model reads all but the closing <|end|>, q + a + 3
+CONTEXT = 64
+
+
+@settings(max_examples=12, deadline=None)
+@given(q=st.integers(1, CONTEXT + 10), a=st.integers(1, 6), row=st.integers(1, 3))
+@example(q=CONTEXT - 7, a=4, row=2).via("the longest row that fits")
+@example(q=CONTEXT - 6, a=4, row=3).via("one token past the context")
+def test_class_tasks_row_longer_than_the_models_context_is_refused_before_scoring(chat_ckpt, q, a, row):
+    # such a row was generated from a cropped prompt (model/generate.py's crop rule) and scored wrong, silently
+    import tempfile
+
+    from eval.chat_tasks import main
+
+    rows = [_row()] * 3
+    rows[row - 1] = _row(user="w" * q, answer="7" * a)
+    with tempfile.TemporaryDirectory() as tmp:
+        tasks = Path(tmp) / "t.jsonl"
+        tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        code, err = _cli(main, ["--checkpoint", chat_ckpt, "--tasks", tasks])
+    if q + a + 3 <= CONTEXT:
+        assert code == 0 and err == "", err
+    else:
+        one_line(code, err, f"{tasks}, row {row}: ", f"need {q + a + 3} tokens", f"model's {CONTEXT} (block_size)",
+                 "shorten or drop")
+
+
+def test_class_tasks_row_longer_than_the_context_is_refused_by_score_too():
+    # score() is the other place where rows meet a model (tests/test_sft.py calls it with rows of its own)
+    from chat_models import char_tok, tiny_chat_model
+    from data.chat_template import template_for
+    from errors import UserError
+    from eval.chat_tasks import score
+
+    tok = char_tok()
+    rows = [_row(), _row(user="w" * (CONTEXT - 3), answer="7")]  # needs 65
+    with pytest.raises(UserError, match=r"row 2: its prompt and answer need 65 tokens"):
+        score(tiny_chat_model(block_size=CONTEXT), tok, template_for(tok), rows)
+    assert score(tiny_chat_model(block_size=CONTEXT + 1), tok, template_for(tok), rows)["total"] == 2
