@@ -193,15 +193,32 @@ def test_class_tasks_file_that_cannot_be_read_is_one_line_bounded_and_before_the
     assert "memory" not in err and "checkpoint" not in err, err
 
 
-def test_class_tasks_row_that_would_take_gigabytes_to_parse_is_refused_by_arithmetic(tmp_path, capsys):
+def test_class_tasks_row_that_would_take_gigabytes_to_parse_is_refused_unparsed(tmp_path, capsys):
     """A 40 MB row of 13M empty objects took ~1.6 GB in json.loads before its 'not a task' line (rows of the file,
-    which may be 256 MiB, were parsed with no estimate): refused by data.formats' parse_cost, before parsing."""
+    which may be 256 MiB, were parsed with no estimate): refused by its length (a row is at most 1 MiB), unparsed."""
     from eval.chat_tasks import main
 
     tasks = tmp_path / "t.jsonl"
     tasks.write_bytes(b'{"messages": [' + b"{}," * 13_000_000 + b'{}]}\n')
     code, err = cli(main, ["--checkpoint", tmp_path / "no-checkpoint", "--tasks", tasks], capsys)
-    one_line(code, err, "--tasks", "row 1: parsing its", "of memory", "data.tasks")
+    one_line(code, err, "--tasks", "row 1: it is over 1,048,576 bytes", "data.tasks")
+
+
+def test_class_tasks_stream_that_is_no_rows_is_refused_holding_one_row_not_the_256_mib_bound(tmp_path, capsys):
+    # the file was read whole up to its bound before a row was parsed: /dev/zero held 256 MiB of zeros (512 MiB
+    # with the join) before its "larger than 256 MiB" line
+    import tracemalloc
+
+    from eval.chat_tasks import main
+
+    tracemalloc.start()
+    try:
+        code, err = cli(main, ["--checkpoint", tmp_path / "no-checkpoint", "--tasks", "/dev/zero"], capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    one_line(code, err, "/dev/zero, row 1: ", "over 1,048,576 bytes")
+    assert peak < 16 * 2**20, peak  # a row and a chunk or two of 1 MiB
 
 
 ROW = st.fixed_dictionaries({"kind": st.sampled_from(["arithmetic", "count"]), "messages": st.tuples(
