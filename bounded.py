@@ -11,12 +11,15 @@ Why: each of those was read with Path.read_bytes(), so a sparse 6 GB marker cost
 from __future__ import annotations
 
 import os
+import re
 import stat
+from typing import Iterator
 
 from errors import UserError
 
 
 CHUNK = 1 << 20  # what one read of a file with no size takes at once
+LINE_END = re.compile(rb"\r\n|\r|\n")  # (in UTF-8 no byte of another character is \r or \n)
 
 
 class TooLarge(Exception):
@@ -47,6 +50,42 @@ def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
     if len(data) > limit:
         raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
     return data
+
+
+class LineTooLong(Exception):
+    """A line over the limit of read_lines; `number`: its line number (1-based)."""
+
+    def __init__(self, number: int):
+        super().__init__(number)
+        self.number = number
+
+
+def read_lines(path: str | os.PathLike, limit: int, line_limit: int) -> Iterator[bytes]:
+    """The lines of `path` (ended by \\n, \\r\\n or \\r, the ends dropped), read a CHUNK at a time: at most `limit`
+    bytes in all (TooLarge past it; a regular file's by its size, unread) and `line_limit` a line (LineTooLong as
+    soon as one outgrows it). Memory holds a line and a chunk, whatever the file: read_at_most held up to `limit`
+    (/dev/zero as a 256 MiB tasks file took 512 MiB before its refusal). Errors opening or reading: the OSError."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # (O_NONBLOCK: see read_at_most)
+        os.set_blocking(f.fileno(), True)
+        st = os.fstat(f.fileno())
+        regular = stat.S_ISREG(st.st_mode)
+        if regular and st.st_size > limit:
+            raise TooLarge(st.st_size)
+        pending, got, number = b"", 0, 0
+        while chunk := f.read(CHUNK):
+            got += len(chunk)
+            if got > limit:
+                raise TooLarge(st.st_size if regular else None)
+            data = pending + chunk
+            held = data.endswith(b"\r")  # maybe the first half of a \r\n: kept for the next chunk
+            lines = LINE_END.split(data[:-1] if held else data)
+            pending = lines.pop() + b"\r" * held
+            for line in lines:
+                number += 1
+                yield line
+            if len(pending) > line_limit:
+                raise LineTooLong(number + 1)
+        yield from LINE_END.split(pending)
 
 
 def read_stream(f, limit: int, size: int = 0) -> bytes:

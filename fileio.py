@@ -36,7 +36,7 @@ import stat
 import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from bounded import TooLarge, read_at_most
 from errors import UserError, short_error
@@ -427,14 +427,15 @@ def _stats(folder: str | os.PathLike) -> Iterator[os.stat_result]:
             yield f.stat()
 
 
-def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int) -> bytes:
+def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int, reader=read_at_most) -> Any:
     """The bytes of a file the user named (a prompt, a data file), at most `limit` of them. Every problem
     is a one-line UserError: `{what} {path}` and the problem, then `fix` where the file is missing. The
     read is bounded (bounded.read_at_most), so /dev/zero or a huge file is refused after `limit` bytes, or
-    by its size unread (a sparse 100 GB file), not read to the end."""
+    by its size unread (a sparse 100 GB file), not read to the end. `reader(path, limit)`: another bounded read
+    (one that parses as it reads: eval.chat_tasks' rows), its open and read errors said as this one's."""
     p = Path(path).expanduser()
     try:
-        return read_at_most(p, limit)
+        return reader(p, limit)
     except FileNotFoundError:
         raise UserError(f"{what} {p} does not exist; {fix}") from None
     except OSError as e:  # a directory, a socket, a symlink loop; else a permission

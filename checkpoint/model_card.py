@@ -69,6 +69,30 @@ def _number(value: Any, fmt: str) -> str:
     return format(value, fmt) if finite_number(value) else NOT_RECORDED
 
 
+def _wall_time(elapsed: Any) -> str | None:
+    """A run's wall time, None when not recorded. A run that saved a checkpoint spent more than 0 s (its set-up
+    counts): 0 is format.upgrade's value for a version 1 checkpoint, which kept none."""
+    if not finite_number(elapsed) or elapsed <= 0:
+        return None
+    return f"{elapsed:.0f} s" if elapsed >= 10 else f"{elapsed:.1f} s"  # (not "0 s" for a run of 0.4 s)
+
+
+def _count(value: Any, least: int = 1) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= least else None
+
+
+def _decisions(plan: dict) -> dict[str, Any]:
+    """What the run decided at start-up that a reader of the card would ask (training/plan.py): the config's
+    value where it named one, else what the run chose (dtype auto, a measured batch, a time budget's steps).
+    A decision the plan lacks (older checkpoints, a CPU run's kernel) is None."""
+    micro, accum = _count(plan.get("micro_batch")), _count(plan.get("accum"))
+    return {"dtype": plan.get("dtype"), "attention kernel": plan.get("attention"),
+            "LM head's weight gradient by": plan.get("loss_product"),
+            "micro-batch (sequences per rank)": micro, "micro-steps per step (all ranks)": accum,
+            "sequences per step": micro * accum if micro and accum else None,
+            "steps planned": _count(plan.get("max_iters")), "warm-up steps": _count(plan.get("warmup_iters"), 0)}
+
+
 def tokenizer_words(tokenizer: dict, files: Collection[str]) -> str:
     """The exported tokenizer and the files that carry it, in words (the card's line and the export's):
     told from `files`, the names the export writes. A BPE trained on the corpus (data.tokenizer bpe:<n>) is
@@ -128,12 +152,11 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
 
     lines += ["## Training", ""]
     if train_state:
-        # the counters are in "train"; what the run decided at start-up (its dtype: the config's may say
-        # auto) is in "plan" since format 3, where format.upgrade moves an older checkpoint's too
-        elapsed = train_state.get("elapsed_s")
+        # the counters are in "train"; what the run decided at start-up is in "plan" since format 3, where
+        # format.upgrade moves an older checkpoint's too
         done = {"steps": it, "tokens seen": train_state.get("tokens_seen"),
-                "wall time": f"{elapsed:.0f} s" if finite_number(elapsed) else None, "dtype": plan.get("dtype"),
-                "run id": train_state.get("run_id")}
+                "wall time": _wall_time(train_state.get("elapsed_s")), "run id": train_state.get("run_id"),
+                **_decisions(plan)}
         lines += [*_table({k: NOT_RECORDED if v in (None, "") else v for k, v in done.items()}), ""]
     if config:
         try:

@@ -3,7 +3,6 @@ parquet (a document per row), each plain or .gz/.zst; and the one-line errors fo
 from __future__ import annotations
 
 import codecs
-import io
 import lzma
 import re
 import zlib
@@ -14,11 +13,11 @@ from bounded import read_stream
 from errors import UserError, short_error
 from fileio import json_loads
 
+from .compressed import READ_BYTES, decompressed, decompressed_size, open_bytes
 from .config import CHAT, DataConfig
 from .messages import take_conversation
 from .pieces import Piece, Source, doc_pieces, first_cut_after, split_off
 
-READ_BYTES = 1 << 20
 # JSON Lines are read a line at a time with the json module, not pyarrow: pyarrow's streaming JSON reader
 # held 60-70 MB above its 25 MB import whatever the block size (a 128 MB corpus: the whole prepare peaked at
 # 181 MB PSS, against 103 MB line by line, and ran no faster: json's C scanner parses ~150 MB/s on one
@@ -112,17 +111,6 @@ def file_kind(path: Path) -> tuple[str, str | None]:
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 
-def _open_bytes(path: Path, compression: str | None):
-    if compression is None:
-        return open(path, "rb")
-    import pyarrow as pa  # decompresses gzip and zstd streams, so no extra package is needed
-
-    try:  # buffered: readline(limit) for JSON Lines, which pyarrow's stream lacks
-        return io.BufferedReader(pa.input_stream(str(path), compression=compression))
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot open {path} as {compression} ({short_error(e)}); check the file") from None
-
-
 def files_pieces(paths: list[Path], cfg: DataConfig, pos: Any, tail: float | None, source: Source | None = None) -> Iterator[Piece]:
     """The documents of `paths` from position `pos` = [file index, row] on. With `tail` (a single text
     file), the last `tail` of its bytes are val."""
@@ -146,7 +134,7 @@ def _file_pieces(path: Path, index: int, first: int, cfg: DataConfig, tail: floa
     if kind == "text":
         cut = None
         if tail is not None:  # the tail of the TEXT's bytes: a compressed file's own size is not that
-            size = path.stat().st_size if compression is None else _decompressed_size(path, compression)
+            size = path.stat().st_size if compression is None else decompressed_size(path, compression)
             cut = size - int(size * tail)
         yield from _text_pieces(path, compression, [index, 0], cut)
     else:
@@ -154,17 +142,6 @@ def _file_pieces(path: Path, index: int, first: int, cfg: DataConfig, tail: floa
         moved = [0]  # bytes of this file the progress bar has been moved by so far
         yield from reader(path, compression, index, first, cfg, source, moved)
         yield Piece(False, "", max(0, path.stat().st_size - moved[0]), None, None)  # the rest of the file
-
-
-def _decompressed_size(path: Path, compression: str) -> int:
-    """The bytes a compressed file holds, counted by decompressing it a block at a time (memory bounded). Its
-    headers cannot be trusted for this: gzip keeps the size modulo 4 GiB and only per member, and a zstd
-    frame written from a stream leaves the size out."""
-    size = 0
-    with _open_bytes(path, compression) as f:
-        while block := f.read(READ_BYTES):
-            size += len(block)
-    return size
 
 
 def is_read_error(e: BaseException) -> bool:
@@ -209,7 +186,8 @@ def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int |
         yield Piece(new_doc, text, 0, pos if new_doc else None, split)
         new_doc = False
 
-    with _open_bytes(path, compression) as f:
+    moved = 0  # the file's own bytes the progress bar has been moved by: its total is the file's size
+    with open(path, "rb") as disk, decompressed(disk, path, compression) as f:
         while True:
             raw = f.read(READ_BYTES)
             try:
@@ -226,7 +204,8 @@ def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int |
                 yield from emit(piece)
             if not raw:
                 break
-            yield Piece(False, "", len(raw), None, split)  # progress only
+            yield Piece(False, "", disk.tell() - moved, None, split)  # progress only (not len(raw): decompressed)
+            moved = disk.tell()
     yield from emit(pending)
 
 
@@ -280,14 +259,14 @@ def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cf
     """A JSON Lines file (or a .json file holding one array of objects): one document per row, the
     text in cfg.text_field. Each line is parsed by the standard library's json (its C scanner), which
     names a bad row's line directly and holds one row at a time; see ROW_MAX_BYTES for why not pyarrow."""
-    with _open_bytes(path, compression) as f:
+    with open_bytes(path, compression) as f:
         head = f.read(64).removeprefix(BOM).lstrip()
     if head.startswith(b"["):
         yield from _json_array_pieces(path, compression, index, first, cfg, source)
         return
     kind = row_kind(cfg)
     row, line_no, unreported = 0, 0, 0
-    with _open_bytes(path, compression) as f:
+    with open_bytes(path, compression) as f:
         while line := f.readline(ROW_MAX_BYTES + 1):
             line_no += 1
             unreported += len(line)
@@ -333,7 +312,7 @@ def _json_array_pieces(path: Path, compression: str | None, index: int, first: i
     if compression is None and path.stat().st_size > JSON_ARRAY_MAX:  # by its size, unread
         raise UserError(f"{path} is one JSON array of {path.stat().st_size:,} bytes, over the {JSON_ARRAY_MAX:,} one "
                         f"is read at once; {to_lines}")
-    with _open_bytes(path, compression) as f:  # (read(JSON_ARRAY_MAX + 1) took 64 MiB for any small file)
+    with open_bytes(path, compression) as f:  # (read(JSON_ARRAY_MAX + 1) took 64 MiB for any small file)
         raw = read_stream(f, JSON_ARRAY_MAX, 0 if compression else path.stat().st_size)
     if len(raw) > JSON_ARRAY_MAX:  # (compressed: its size is known once read)
         raise UserError(f"{path} is one JSON array of more than {JSON_ARRAY_MAX:,} bytes (uncompressed), the most one "

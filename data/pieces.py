@@ -2,7 +2,8 @@
 
 A source yields `Piece`s. `new_doc` marks the first piece of a document and carries `pos`, the point
 from which `read(pos)` starts again at that document (what a resumed prepare continues from).
-`advance` is how far the progress bar moves (bytes for files, rows for HF datasets). `split` is 0
+`advance` is how far the progress bar moves (the file's own bytes for files, a compressed one's
+too, as the Source's total counts them; rows for HF datasets). `split` is 0
 (train) or 1 (val) where the source decides it (the tail of a single text file, a separate val
 source), None where the builder decides by a hash of the document. Long documents come in pieces of
 about CHUNK_CHARS characters so that memory stays bounded whatever the corpus size.

@@ -11,13 +11,13 @@ Prints the accuracy per kind and overall, and with --json the numbers as one JSO
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from bounded import LineTooLong, read_lines
 from checkpoint import load_model
 from data import tokenizer_from_meta
 from data.chat_template import ChatTemplate, template_for
@@ -29,6 +29,7 @@ from model.generate import generate
 from model.vocab import grow_vocab
 
 MAX_TASKS_BYTES = 256 * 2**20  # data/tasks.py's largest train.jsonl is about 100 MB; a bigger file is refused unread
+MAX_ROW_BYTES = 1 << 20  # data/tasks.py's rows are under 200 bytes; a longer one would not fit a model's context
 MAX_NEW_TOKENS = 24  # every answer of data/tasks.py is shorter; a reply that runs on is wrong anyway
 
 
@@ -46,26 +47,36 @@ def row_fault(row) -> str | None:
 
 def numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, row) of a tasks .jsonl: each {"messages": [user, assistant], "kind"?}; one line naming
-    the row and what is wrong with it for a bad row."""
+    the row and what is wrong with it for a bad row. Parsed as it is read, a row at a time (bounded.read_lines):
+    a bad row, or a file that is no rows at all (/dev/zero), is refused by the time it is read, not after
+    MAX_TASKS_BYTES of it are held."""
     fix = "name a .jsonl written by `python -m data.tasks`"
-    text = utf8_text(read_user_file(path, "--tasks", fix=fix, limit=MAX_TASKS_BYTES), f"--tasks {path}", fix)
-    # rows end at \n, \r\n or \r, which JSON text never holds raw; not str.splitlines(), which also splits
-    # inside a row at U+2028, U+0085 and the like (valid in a JSON string); a Windows BOM is not data
-    lines = re.split(r"\r\n|\r|\n", text.removeprefix("\ufeff"))
+    return read_user_file(path, "--tasks", fix=fix, limit=MAX_TASKS_BYTES, reader=lambda p, limit: _parsed(p, limit, fix))
+
+
+def _parsed(path: Path, limit: int, fix: str) -> list[tuple[int, dict]]:
     rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        check_parse_cost(line.encode(), f"--tasks {path}, row {n}", "regenerate it with `python -m data.tasks`")
-        try:
-            row = json_loads(line)
-        except ValueError as e:
-            fault = f"not valid JSON ({short_error(e)})"
-        else:
-            fault = row_fault(row)
-        if fault:  # not an assert: python -O would skip it
-            raise UserError(f"{path}, row {n}: {fault}; fix that row or regenerate the file with `python -m data.tasks`")
-        rows.append((n, row))
+    lines = read_lines(path, limit, MAX_ROW_BYTES)
+    try:
+        # rows end at \n, \r\n or \r, which JSON text never holds raw; not str.splitlines(), which also splits
+        # inside a row at U+2028, U+0085 and the like (valid in a JSON string); a Windows BOM is not data
+        for n, raw in enumerate(lines, 1):
+            line = utf8_text(raw.removeprefix(b"\xef\xbb\xbf") if n == 1 else raw, f"--tasks {path}, row {n}", fix)
+            if not line.strip():
+                continue
+            check_parse_cost(raw, f"--tasks {path}, row {n}", "regenerate it with `python -m data.tasks`")
+            try:
+                row = json_loads(line)
+            except ValueError as e:
+                fault = f"not valid JSON ({short_error(e)})"
+            else:
+                fault = row_fault(row)
+            if fault:  # not an assert: python -O would skip it
+                raise UserError(f"{path}, row {n}: {fault}; fix that row or regenerate the file with `python -m data.tasks`")
+            rows.append((n, row))
+    except LineTooLong as e:
+        raise UserError(f"--tasks {path}, row {e.number}: it is over {MAX_ROW_BYTES:,} bytes on one line, which no "
+                        f"task is; {fix}") from None
     if not rows:
         raise UserError(f"{path} holds no rows; generate them with `python -m data.tasks --out DIR`")
     return rows
@@ -76,19 +87,28 @@ def read_rows(path: str | Path) -> list[dict]:
     return [row for _, row in numbered_rows(path)]
 
 
-def check_encodable(numbered: Sequence[tuple[int, dict]], tok, template: ChatTemplate, path) -> None:
-    """Every row's prompt and answer in the model's tokenizer (a char model's vocabulary), or one line naming
-    the row: before any scoring, not as the batch that holds it comes up."""
+def check_scorable(numbered: Sequence[tuple[int, dict]], tok, template: ChatTemplate, block_size: int, path) -> None:
+    """Every row's prompt and answer in the model's tokenizer (a char model's vocabulary) and within its
+    context, or one line naming the row: before any scoring, not as the batch that holds it comes up. A row
+    longer than the context would be generated from a cropped prompt (model/generate.py's crop rule) and
+    scored wrong with nothing said."""
     for n, row in numbered:
         try:
-            template.encode_conversation(tok, row["messages"])  # (the prompt's turns, then the answer's)
+            ids = template.encode_conversation(tok, row["messages"])[0]  # (the prompt's turns, then the answer's)
         except UserError as e:
             raise UserError(f"{path}, row {n}: {e}") from None
+        needed = len(ids) - 1  # the closing <|end|> is predicted from the rest, never read
+        if needed > block_size:
+            raise UserError(f"{path}, row {n}: its prompt and answer need {needed} tokens of context, more than the "
+                            f"model's {block_size} (block_size), so it would be scored on a cropped prompt; "
+                            f"shorten or drop that row, or evaluate a model with a longer context")
 
 
 @torch.no_grad()
 def score(model, tok, template: ChatTemplate, rows: Sequence[dict], batch_size: int = 64) -> dict:
     """{"accuracy", "correct", "total", "by_kind": {kind: accuracy}, "examples": [(question, reply, answer)...]}."""
+    # (main checked the rows against the file's row numbers; a caller with rows of its own gets the same check)
+    check_scorable(list(enumerate(rows, 1)), tok, template, model.config.block_size, "the rows")
     model.eval()
     correct: Counter = Counter()
     total: Counter = Counter()
@@ -139,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     numbered = numbered_rows(args.tasks)
     model, tok, template, note = load_chat_model(args.checkpoint)
-    check_encodable(numbered, tok, template, args.tasks)
+    check_scorable(numbered, tok, template, model.config.block_size, args.tasks)
     rows = [row for _, row in numbered]
     if note:
         print(f"{args.checkpoint} has no chat template: {note}")

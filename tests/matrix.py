@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402 (the product's one-line option errors)
+from errors import ArgumentParser, UserError, clipped, run_cli  # noqa: E402 (the product's one-line option errors)
 
 # factor -> its values; the first value of each is the plain default a refusal row starts from
 FACTORS: dict[str, tuple[str, ...]] = {
@@ -366,7 +366,8 @@ def at_least_1(text: str) -> int:
 
 def row_numbers(text: str, count: int) -> list[int]:
     """--rows K (the first K rows) or a comma list of row numbers. A K below 1 was a slice (-1: all but the
-    last) or no rows at all, and no rows (0, ',') a traceback in print_table."""
+    last) or no rows at all, and no rows (0, ',') a traceback in print_table; '' and a K past the last row
+    meant every row."""
     try:
         numbers = [int(x) for x in text.split(",") if x.strip()] if "," in text else list(range(1, int(text) + 1))
     except ValueError:
@@ -374,8 +375,11 @@ def row_numbers(text: str, count: int) -> list[int]:
                         f"got {text!r}") from None
     if not numbers:
         raise UserError(f"--rows {text!r} names no row; give a count K of at least 1 or row numbers (e.g. 3 or 2,5)")
+    if "," not in text and len(numbers) > count:  # (it was every row: a typo'd 99 ran 16 rows, silently)
+        raise UserError(f"--rows {clipped(text)}: there are {count} rows; give a count K from 1 to {count}, or row "
+                        f"numbers from 1 to {count} (--list shows them)")
     if "," not in text:
-        return numbers[:count]  # K past the last row: every row
+        return numbers
     if bad := [n for n in numbers if not 1 <= n <= count]:
         raise UserError(f"--rows: no row {bad[0]}; the rows are 1 to {count} (--list shows them)")
     return numbers
@@ -384,14 +388,14 @@ def row_numbers(text: str, count: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the covering's and the stop steps' seed (default 0)")
-    p.add_argument("--rows", default="", help="K: the first K rows; or a comma list of row numbers (1-based; "
+    p.add_argument("--rows", default=None, help="K: the first K rows; or a comma list of row numbers (1-based; "
                    "one row: N,)")
     p.add_argument("--list", action="store_true", help="print the rows and exit")
     p.add_argument("--jobs", type=at_least_1, default=2, help="rows run at once (default 2)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
     a = p.parse_args(argv)
     table = rows(a.seed)
-    numbers = row_numbers(a.rows, len(table)) if a.rows else list(range(1, len(table) + 1))
+    numbers = row_numbers(a.rows, len(table)) if a.rows is not None else list(range(1, len(table) + 1))
     if a.list:
         print_table(table, numbers, {})
         return 0

@@ -11,7 +11,7 @@ import json
 import io
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from errors import run_cli
@@ -193,15 +193,32 @@ def test_class_tasks_file_that_cannot_be_read_is_one_line_bounded_and_before_the
     assert "memory" not in err and "checkpoint" not in err, err
 
 
-def test_class_tasks_row_that_would_take_gigabytes_to_parse_is_refused_by_arithmetic(tmp_path, capsys):
+def test_class_tasks_row_that_would_take_gigabytes_to_parse_is_refused_unparsed(tmp_path, capsys):
     """A 40 MB row of 13M empty objects took ~1.6 GB in json.loads before its 'not a task' line (rows of the file,
-    which may be 256 MiB, were parsed with no estimate): refused by data.formats' parse_cost, before parsing."""
+    which may be 256 MiB, were parsed with no estimate): refused by its length (a row is at most 1 MiB), unparsed."""
     from eval.chat_tasks import main
 
     tasks = tmp_path / "t.jsonl"
     tasks.write_bytes(b'{"messages": [' + b"{}," * 13_000_000 + b'{}]}\n')
     code, err = cli(main, ["--checkpoint", tmp_path / "no-checkpoint", "--tasks", tasks], capsys)
-    one_line(code, err, "--tasks", "row 1: parsing its", "of memory", "data.tasks")
+    one_line(code, err, "--tasks", "row 1: it is over 1,048,576 bytes", "data.tasks")
+
+
+def test_class_tasks_stream_that_is_no_rows_is_refused_holding_one_row_not_the_256_mib_bound(tmp_path, capsys):
+    # the file was read whole up to its bound before a row was parsed: /dev/zero held 256 MiB of zeros (512 MiB
+    # with the join) before its "larger than 256 MiB" line
+    import tracemalloc
+
+    from eval.chat_tasks import main
+
+    tracemalloc.start()
+    try:
+        code, err = cli(main, ["--checkpoint", tmp_path / "no-checkpoint", "--tasks", "/dev/zero"], capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    one_line(code, err, "/dev/zero, row 1: ", "over 1,048,576 bytes")
+    assert peak < 16 * 2**20, peak  # a row and a chunk or two of 1 MiB
 
 
 ROW = st.fixed_dictionaries({"kind": st.sampled_from(["arithmetic", "count"]), "messages": st.tuples(
@@ -288,3 +305,46 @@ def test_class_tasks_checkpoint_value_that_is_no_usable_path_is_argparses_one_li
     tasks.write_text(json.dumps(_row()) + "\n")
     code, err = cli(main, ["--checkpoint", value, "--tasks", tasks], capsys)
     one_line(code, err, "argument --checkpoint", "give a usable path")
+
+
+# the tiny chat model's context (chat_models.tiny_chat_model's block_size); a row of a question of q chars and
+# an answer of a chars is, with the char tokenizer's one id a character, <|user|> q <|end|> <|assistant|> a
+# <|end|>: q + a + 4 ids, of which the model reads all but the closing <|end|>, q + a + 3
+CONTEXT = 64
+
+
+@settings(max_examples=12, deadline=None)
+@given(q=st.integers(1, CONTEXT + 10), a=st.integers(1, 6), row=st.integers(1, 3))
+@example(q=CONTEXT - 7, a=4, row=2).via("the longest row that fits")
+@example(q=CONTEXT - 6, a=4, row=3).via("one token past the context")
+def test_class_tasks_row_longer_than_the_models_context_is_refused_before_scoring(chat_ckpt, q, a, row):
+    # such a row was generated from a cropped prompt (model/generate.py's crop rule) and scored wrong, silently
+    import tempfile
+
+    from eval.chat_tasks import main
+
+    rows = [_row()] * 3
+    rows[row - 1] = _row(user="w" * q, answer="7" * a)
+    with tempfile.TemporaryDirectory() as tmp:
+        tasks = Path(tmp) / "t.jsonl"
+        tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        code, err = _cli(main, ["--checkpoint", chat_ckpt, "--tasks", tasks])
+    if q + a + 3 <= CONTEXT:
+        assert code == 0 and err == "", err
+    else:
+        one_line(code, err, f"{tasks}, row {row}: ", f"need {q + a + 3} tokens", f"model's {CONTEXT} (block_size)",
+                 "shorten or drop")
+
+
+def test_class_tasks_row_longer_than_the_context_is_refused_by_score_too():
+    # score() is the other place where rows meet a model (tests/test_sft.py calls it with rows of its own)
+    from chat_models import char_tok, tiny_chat_model
+    from data.chat_template import template_for
+    from errors import UserError
+    from eval.chat_tasks import score
+
+    tok = char_tok()
+    rows = [_row(), _row(user="w" * (CONTEXT - 3), answer="7")]  # needs 65
+    with pytest.raises(UserError, match=r"row 2: its prompt and answer need 65 tokens"):
+        score(tiny_chat_model(block_size=CONTEXT), tok, template_for(tok), rows)
+    assert score(tiny_chat_model(block_size=CONTEXT + 1), tok, template_for(tok), rows)["total"] == 2

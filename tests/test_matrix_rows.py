@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import matrix
@@ -105,25 +105,30 @@ def _int(text: str) -> int | None:
 
 
 @settings(max_examples=8)  # each computes the pairwise rows
+@example(rows="99", jobs="1").via("a K past the rows: it was every row")
+@example(rows="", jobs="1").via("an empty --rows: it was every row")
 @given(rows=st.one_of(st.integers(-3, 30).map(str), st.text(alphabet="0123456789-, x", max_size=6), st.just(",")),
        jobs=st.one_of(st.integers(-3, 3).map(str), st.sampled_from(["", "x", "1.5", "+2"])))
 def test_rows_and_jobs_below_1_or_not_numbers_are_refused_in_one_line(capsys, rows, jobs):
     """Before: --rows 0 and --rows , crashed in print_table (TypeError: 'int' object is not iterable),
-    --rows -1 quietly meant every row but the last, and --jobs 0 or -2 quietly ran 1 at a time. Now a
-    value below 1 or not a number is one UserError (run_cli's `error:` line); anything else lists rows."""
+    --rows -1 quietly meant every row but the last, --rows '' and a K past the last row every row, and --jobs
+    0 or -2 quietly ran 1 at a time. Now a value below 1, past the rows or not a number is one UserError
+    (run_cli's `error:` line), a K past the rows naming their range; anything else lists rows."""
     count = len(matrix.rows(0))
     try:
         matrix.main(["--list", f"--rows={rows}", f"--jobs={jobs}"])
     except UserError as e:
         assert "\n" not in str(e) and ("--rows" in str(e) or "--jobs" in str(e)), e
+        if "--rows" in str(e) and (_int(rows) or 0) > count:
+            assert f"from 1 to {count}" in str(e), e
         return
     finally:
         listed = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:-1]]
     assert (_int(jobs) or 0) >= 1, jobs
     numbers = [int(n) for n in listed]
     assert numbers and all(1 <= n <= count for n in numbers), (rows, listed)
-    if rows and "," not in rows:
-        assert _int(rows) >= 1 and numbers == list(range(1, min(_int(rows), count) + 1)), (rows, listed)
+    if "," not in rows:
+        assert 1 <= _int(rows) <= count and numbers == list(range(1, _int(rows) + 1)), (rows, listed)
 
 
 def test_matrix_py_prints_one_error_line_for_no_rows():

@@ -46,6 +46,8 @@ def test_the_card_gives_the_dtype_the_run_trained_in(bf16_run):
     assert card_row(card, "dtype") == saved["plan"]["dtype"]
     assert card_row(card, "run id") == saved["train"]["run_id"] and card_row(card, "steps") == str(saved["train"]["iter"])
     assert card_row(card, "tokens seen") == str(saved["train"]["tokens_seen"])
+    for row, key in PLAN_ROWS.items():  # the run's other start-up decisions, as its plan saved them
+        assert card_row(card, row) == str(saved["plan"][key]), row
 
 
 TINY = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257)
@@ -53,7 +55,7 @@ TINY = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=50257)
 
 @settings(max_examples=10)  # each writes an export
 @given(version=st.sampled_from([1, 2, 3]), dtype=st.sampled_from(["float32", "bfloat16", "float16", ""]),
-       elapsed=st.sampled_from([12.4, None, 10**400, True]))  # (an int past a float: math.isfinite raised)
+       elapsed=st.sampled_from([12.4, 0.4, 0.0, None, 10**400, True]))  # (an int past a float: math.isfinite raised)
 def test_every_checkpoint_version_gives_its_dtype_or_not_recorded(version, dtype, elapsed, tmp_path_factory):
     """A checkpoint of each format version, written by hand as that version wrote it: version 1 recorded no
     dtype, version 2 kept it among the counters ("" when not decided), version 3 in its own "plan" entry.
@@ -73,9 +75,37 @@ def test_every_checkpoint_version_gives_its_dtype_or_not_recorded(version, dtype
     assert export.main(["--checkpoint", str(base / "ckpt.pt"), "--out", str(base / "hf")]) == 0
     card = (base / "hf" / "README.md").read_text()
     assert card_row(card, "dtype") == (dtype if dtype and version > 1 else "not recorded")
-    if version > 1:  # (version 1's upgrade counts its wall time from 0 s: a resumed run adds to it)
-        assert card_row(card, "wall time") == ("12 s" if elapsed == 12.4 else "not recorded")
+    # version 1 kept no wall time (its upgrade's 0 s was shown as "0 s"), and a run's wall time is never 0
+    shown = {12.4: "12 s", 0.4: "0.4 s"}.get(elapsed, "not recorded") if version > 1 else "not recorded"
+    assert card_row(card, "wall time") == shown
     assert card_row(card, "run id") == f"r{version}" and "null" not in card.split("## Training")[1].split("```")[0]
+
+
+PLAN_ROWS = {"attention kernel": "attention", "LM head's weight gradient by": "loss_product",
+             "micro-batch (sequences per rank)": "micro_batch", "micro-steps per step (all ranks)": "accum",
+             "steps planned": "max_iters", "warm-up steps": "warmup_iters"}
+PLANS = st.fixed_dictionaries({}, optional={
+    "attention": st.sampled_from(["flash", "cudnn", "efficient", "default"]), "loss_product": st.just("torch.mm"),
+    "micro_batch": st.integers(1, 64), "accum": st.integers(1, 16), "max_iters": st.integers(1, 9000),
+    "warmup_iters": st.integers(0, 100)})
+
+
+@settings(max_examples=8)  # each writes an export
+@given(plan=PLANS)
+def test_the_card_gives_each_start_up_decision_of_the_plan_or_not_recorded(plan, tmp_path_factory):
+    """Before: of the plan the card gave the dtype only; a reader could not tell the batch a run measured, the
+    steps a time budget left or the GPU's attention kernel. Each row is the plan's value, "not recorded" without."""
+    base = tmp_path_factory.mktemp("plan")
+    torch.save({"format": "smallgpt-checkpoint", "version": 3, "model": GPT(TINY).state_dict(),
+                "model_config": dataclasses.asdict(TINY), "tokenizer": GPT2, "plan": {**plan, "notes": {}},
+                "train": {"iter": 1, "best_val_loss": 3.5, "tokens_seen": 64, "elapsed_s": 2.0, "run_id": "r"}},
+               base / "ckpt.pt")
+    assert export.main(["--checkpoint", str(base / "ckpt.pt"), "--out", str(base / "hf")]) == 0
+    card = (base / "hf" / "README.md").read_text()
+    for row, key in PLAN_ROWS.items():
+        assert card_row(card, row) == (str(plan[key]) if key in plan else "not recorded"), row
+    both = "micro_batch" in plan and "accum" in plan
+    assert card_row(card, "sequences per step") == (str(plan["micro_batch"] * plan["accum"]) if both else "not recorded")
 
 
 # ------------------------------------------------------------------ what the export says it wrote
