@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from bounded import TooLarge, read_lines
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg,
                     path_arg_path, path_kind, read_user_file)
@@ -55,19 +56,14 @@ def _lines(path: Path) -> Iterator[bytes]:
         raise
     with os.fdopen(fd, "rb") as f:
         os.set_blocking(fd, True)
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
             raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
-        regular = stat.S_ISREG(st.st_mode)
-        total = st.st_size if regular else 0  # too large: refused by its size, unread (a sparse 100 GB file)
-        while total <= MAX_METRICS_BYTES and (line := f.readline(MAX_LINE + 1)):
-            total = max(total, f.tell()) if regular else total + len(line)  # (/dev/zero, a FIFO: as read)
-            if total <= MAX_METRICS_BYTES:
-                yield line
-    if total > MAX_METRICS_BYTES:
-        size = f" ({st.st_size} bytes)" if regular else ""
-        raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this reads; "
-                        "pass a smaller file")
+        try:
+            yield from read_lines(f, MAX_METRICS_BYTES, MAX_LINE)
+        except TooLarge as e:
+            size = f" ({e.size} bytes)" if e.size is not None else ""
+            raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this "
+                            "reads; pass a smaller file") from None
 
 
 def read_metrics(run_dir: Path) -> list[tuple]:
