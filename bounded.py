@@ -102,6 +102,22 @@ def read_stream(f, limit: int, size: int = 0) -> bytes:
     return b"".join(parts)
 
 
+def read_lines(f, limit: int, max_line: int | None = None) -> Iterator[bytes]:
+    """The lines of the open binary file `f`, one at a time (each cut at `max_line` + 1 bytes when given), at most
+    `limit` bytes in all: memory holds a line, never the file (a 1 GiB log read whole took several GB). Past
+    `limit` TooLarge: a regular file by its size, before a line is read (a sparse 100 GB file); a device or a FIFO
+    (/dev/zero) once more than `limit` bytes came."""
+    st = os.fstat(f.fileno())
+    regular = stat.S_ISREG(st.st_mode)
+    total = st.st_size if regular else 0
+    while total <= limit and (line := f.readline((limit if max_line is None else max_line) + 1)):
+        total = max(total, f.tell()) if regular else total + len(line)  # (a file that grows while read: as read)
+        if total <= limit:
+            yield line
+    if total > limit:
+        raise TooLarge(st.st_size if regular else None)
+
+
 def read_own(path: str | os.PathLike, what: str, *, limit: int, fix: str) -> bytes:
     """The bytes of a small file the project keeps for itself, `what` in words (what it should be: "a lock, one
     line of JSON"). Over `limit` bytes it is no file of ours: one line naming it, what it should be and `fix`

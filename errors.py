@@ -22,6 +22,12 @@ class UserError(Exception):
     """A problem with the user's input. The message says what is wrong and how to fix it."""
 
 
+class EntryMismatch(UserError):
+    """A checkpoint entry that is well formed but does not fit this run (a loader's state of other data, or of
+    another split): its message names the cause and the fix, and the checkpointer puts the checkpoint's path
+    before it, never calling the entry malformed (that is for an entry it cannot read)."""
+
+
 # the end of a sentence: not the dot of an abbreviation ("e.g. 64" was cut to "e.g", losing the example)
 FULL_STOP = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)(?<!\bvs)\. ")
 

@@ -38,7 +38,7 @@ from eval.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_metric
 from fileio import no_empty_dirs_left
 from runtime.device import resolve_device
 from ownership import unmark_if_unused
-from training.timing.budget import resumed_length_notes, schedule_for
+from training.timing.budget import resumed_length_notes, resumed_ranks_notes, schedule_for
 from training.chat import chat_vocab_size, data_notes
 from training.init_from import resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
@@ -147,7 +147,8 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
         return None, cfg
     cfg, notes = keep_what_older_runs_did(resume.config, cfg)
     cfg, applied = resumed_init_from(resume.config, cfg, str(resume.path))
-    for note in notes + applied + resumed_length_notes(resume.config, cfg):
+    for note in (notes + applied + resumed_length_notes(resume.config, cfg)
+                 + resumed_ranks_notes(resume.payload, cfg, par.world_size)):
         say(note)
     return resume, cfg
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from errors import UserError, short_error
+from errors import EntryMismatch, UserError, short_error
 
 from .format import BEST_NAME, CKPT_NAME, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, save_checkpoint
 from .resume import Resume, no_resume_advice
@@ -116,7 +116,9 @@ class Checkpointer:
         for name, obj in self.states.items():
             try:
                 obj.load_state_dict(ckpt[name])
-            except UserError as e:  # a part's own refusal (the loader's "trained on different data"): say whose
+            except EntryMismatch as e:  # a readable entry that does not fit this run, its cause named by the part
+                raise UserError(f"checkpoint {where}: {e}") from None
+            except UserError as e:  # a part's own refusal of its entry: say whose
                 raise UserError(f"checkpoint {where}: its {name!r} entry is malformed ({str(e).split('; ')[0]}); "
                                 "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None
             except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from errors import UserError
+from errors import EntryMismatch, UserError, clipped
 
 from .manifest import load_meta, shard_files
 from .shards import SPLITS
@@ -74,16 +74,27 @@ class StepLoader:
         return {"tokens_sha256": self.meta["tokens_sha256"], "split": self.split, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("tokens_sha256") != self.meta["tokens_sha256"]:
-            raise UserError(
+        """A checkpoint's state of this loader, each cause of a refusal named: an entry that cannot be read (not a
+        dict, a field missing or of the wrong kind) is the ValueError naming the field that the checkpointer
+        calls malformed; a readable one of other tokens or of another split is an EntryMismatch saying which."""
+        if not isinstance(state, dict):
+            raise ValueError(f"a {type(state).__name__}, not the dict of tokens_sha256, split and seed")
+        sha, split, seed = (state.get(k) for k in ("tokens_sha256", "split", "seed"))
+        for name, value, ok, kind in (("tokens_sha256", sha, isinstance(sha, str), "a fingerprint (a string)"),
+                                      ("split", split, isinstance(split, str), "a split's name"),
+                                      ("seed", seed, type(seed) is int and seed >= 0, "a whole number >= 0")):
+            if not ok:
+                raise ValueError(f"{name} is {'missing' if name not in state else clipped(value)}, not {kind}")
+        if sha != self.meta["tokens_sha256"]:
+            raise EntryMismatch(
                 f"the checkpoint was trained on different data than {self._path} holds (tokens fingerprint "
-                f"{str(state.get('tokens_sha256'))[:12]} vs {self.meta['tokens_sha256'][:12]}); resume with the same "
-                f"data, or start a new run"
+                f"{sha[:12]} vs {self.meta['tokens_sha256'][:12]}); resume with the same data, or start a new run"
             )
-        if state.get("split") != self.split:
-            raise UserError(f"loader state is for the {state.get('split')!r} split, not {self.split!r}; load each loader's own state")
-        _check_int("seed", state.get("seed"), 0)
-        self.seed = state["seed"]
+        if split != self.split:
+            raise EntryMismatch(f"its loader state is the {split!r} split's, not the {self.split!r} split's this "
+                                "loader reads (a checkpoint edited or put together by hand); use another checkpoint, "
+                                "or start a new run")
+        self.seed = seed
 
 
 class BatchLoader(StepLoader):

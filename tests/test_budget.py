@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, strategies as st
 
 import training.timing.budget
 from errors import UserError
@@ -121,6 +122,45 @@ def test_a_max_iters_changed_on_a_budget_runs_resume_says_it_is_not_applied(tmp_
     assert (f"train.max_iters={max_iters} is not applied: train.time_budget=10s fixed this run's length when it "
             "started (from max_iters=40)") in capsys.readouterr().out
 
+
+
+def test_a_budget_run_resumed_on_another_number_of_ranks_warns_that_its_kept_length_no_longer_fits(
+        tmp_path, data_root, monkeypatch, capsys):
+    """Found from outside: a budget run resumed on other ranks kept its plan (as it must: bit for bit) without a
+    word, though its steps now take another time. The checkpoint's RNG entry is made 2 ranks' (as 2 ranks write
+    it); resumed on 1, one warning line names the budget, both rank counts and what to do."""
+    from checkpoint import save_checkpoint
+
+    monkeypatch.setattr(training.timing.budget, "measure",
+                        lambda r: Timing(setup_s=1.0, step_s=0.5, eval_s=0.4, checkpoint_s=0.05))  # plans 14 steps
+    with inject(interrupt_after=2):
+        _run(tmp_path / "out", data_root, "--train.time_budget=10s")
+    capsys.readouterr()
+    _run(tmp_path / "same", data_root, "--train.time_budget=10s", "--train.max_iters=3")
+    assert "warning" not in capsys.readouterr().out  # (fresh, and below resumed on its own ranks: nothing to say)
+    ckpt = load_checkpoint(tmp_path / "out" / "ckpt.pt")
+    save_checkpoint(tmp_path / "out" / "ckpt.pt", ckpt | {"rng": {"ranks": ckpt["rng"]["ranks"] * 2}})
+    res = _run(tmp_path / "out", data_root, "--train.time_budget=10s")
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
+    assert res["iter"] == 14 and len(warnings) == 1, warnings  # the plan is kept, and said once
+    assert ("train.time_budget=10s fixed this run's length (max_iters 14)" in warnings[0]
+            and "written on 2 rank(s), this run has 1" in warnings[0] and "resume on 2 rank(s)" in warnings[0]), warnings
+
+
+@given(saved=st.integers(1, 8), world=st.integers(1, 8), budget=st.sampled_from(["0", "", "10s", "2m"]),
+       rng=st.sampled_from(["ranks", "none", "not a dict", "empty"]))
+def test_the_ranks_warning_is_given_exactly_when_a_kept_budget_plan_meets_other_ranks(saved, world, budget, rng):
+    """The class: one line when a budget's plan is kept and the checkpoint's ranks are not this run's; none when
+    there is no budget, the ranks agree, or the RNG entry tells no ranks (restoring it reports that)."""
+    from training.timing.budget import resumed_ranks_notes
+
+    entry = {"ranks": {"ranks": [{}] * saved}, "none": None, "not a dict": [1, 2], "empty": {"ranks": []}}[rng]
+    cfg = load_config([f"--train.time_budget={budget}"])
+    notes = resumed_ranks_notes({"rng": entry, "plan": {"max_iters": 7}}, cfg, world)
+    if budget in ("10s", "2m") and rng == "ranks" and saved != world:
+        assert len(notes) == 1 and "\n" not in notes[0] and f"written on {saved} rank(s), this run has {world}" in notes[0]
+    else:
+        assert notes == []
 
 def test_timing_the_step_leaves_no_trace_the_budget_run_equals_a_plain_run_of_its_plan(tmp_path, data_root):
     """The real measure: it runs steps and evals, then restores every state; the run that follows is bit for

@@ -199,3 +199,51 @@ def _sharded_stream(d) -> np.ndarray:
 def test_the_sharded_split_has_many_files(sharded_dir):
     ld = BatchLoader(sharded_dir, "train", block_size=8, batch_size=1, seed=0)
     assert len(ld._files) > 100
+
+
+# ------------------------------------------------------------------ a checkpoint's loader entry that does not fit
+
+# each way a loader entry can fail to fit, with the words of the cause its line must name (an independent table:
+# "trained on different data" only for other tokens, "malformed" only for an entry that cannot be read)
+ODD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, -1), st.floats(allow_nan=False), st.text(max_size=4),
+                       st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=st.one_of(
+    st.tuples(st.just("not a dict"), st.one_of(st.lists(st.integers(), max_size=2), st.text(max_size=4), st.none())),
+    st.tuples(st.sampled_from(["tokens_sha256", "split", "seed"]), st.one_of(st.just("<missing>"), ODD_VALUES)),
+    st.tuples(st.just("other tokens"), st.text("0123456789abcdef", min_size=1, max_size=64)),
+    st.tuples(st.just("other split"), st.just("val"))))
+def test_each_cause_of_a_loader_entry_that_does_not_fit_is_one_line_naming_that_cause(char_dir, case):
+    """Before: the checkpointer read every refusal of the loader as "its 'loader' entry is malformed (...)", the
+    different data's included, and an entry without a fingerprint as "trained on different data (None vs ..)"."""
+    from checkpoint.checkpointer import Checkpointer
+
+    kind, value = case
+    good = loader(char_dir).state_dict()
+    if kind == "not a dict":
+        entry = value
+    elif kind == "other tokens":
+        entry = good | {"tokens_sha256": value if value != good["tokens_sha256"] else value + "0"}
+    elif kind == "other split":
+        entry = good | {"split": value}
+    elif value == "<missing>":
+        entry = {k: v for k, v in good.items() if k != kind}
+    else:
+        if kind == "seed" and type(value) is int and value >= 0 or kind in ("tokens_sha256", "split") \
+                and isinstance(value, str):
+            return  # (a readable value: the other cases draw those)
+        entry = good | {kind: value}
+    ckpt = Checkpointer("out")
+    ckpt.register("loader", loader(char_dir))
+    with pytest.raises(UserError) as e:
+        ckpt.restore_states({"loader": entry}, "out/ckpt.pt")
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("checkpoint out/ckpt.pt: "), line
+    expected = ([f"a {type(value).__name__}, not the dict"] if kind == "not a dict"
+                else ["trained on different data", entry["tokens_sha256"][:12]] if kind == "other tokens"
+                else ["'val' split's, not the 'train' split's"] if kind == "other split" else [f"{kind} is "])
+    assert all(words in line for words in expected), (expected, line)
+    assert ("malformed" in line) == (kind not in ("other tokens", "other split")), line
+    assert ("different data" in line) == (kind == "other tokens"), line

@@ -338,7 +338,7 @@ def test_resume_drops_a_metrics_line_nested_too_deep(tmp_path, capsys):
     is one more damaged line, dropped with the note, and the good records stay."""
     good = {"iter": 1, "train/loss": 2.5}
     (tmp_path / "metrics.jsonl").write_text(json.dumps(good) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
-    kept = MetricsLog(tmp_path).resume_at(5)
+    kept = list(MetricsLog(tmp_path).resume_at(5))
     assert kept == [good]
     assert "dropped 1 damaged line" in capsys.readouterr().out
     assert (tmp_path / "metrics.jsonl").read_text() == json.dumps(good) + "\n"
@@ -349,7 +349,7 @@ def test_resume_keeps_only_records_whose_iter_is_a_whole_number(tmp_path):
     wandb as step 1). Only an integer iter counts; the others are not records of a step."""
     lines = [{"iter": v, "x": 1.0} for v in (True, False, 2.0, "2", None, [2])] + [{"iter": 2, "x": 2.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    assert MetricsLog(tmp_path).resume_at(5) == [{"iter": 2, "x": 2.0}]
+    assert list(MetricsLog(tmp_path).resume_at(5)) == [{"iter": 2, "x": 2.0}]
 
 
 def test_resume_refuses_a_metrics_file_past_the_bound_unread(tmp_path, monkeypatch):

@@ -73,7 +73,7 @@ def test_a_torn_last_line_is_skipped_and_an_unwritable_out_is_one_line(tmp_path,
     a = write_run(tmp_path / "a")
     with open(a / "metrics.jsonl", "a") as f:
         f.write('{"iter": 7, "train/lo')  # a run killed mid-write
-    assert len(plot.read_metrics(a)) == 6
+    assert len(plot.read_metrics(a)["iter"]) == 6
     assert plot.main([str(a), "--out", str(tmp_path / "new" / "dir" / "x.png")]) == 0  # folders are made
     assert (tmp_path / "new" / "dir" / "x.png").stat().st_size > 0
     (tmp_path / "file").write_text("x")
@@ -174,8 +174,7 @@ def test_a_non_utf8_line_is_skipped_with_a_note(tmp_path, capsys):
     a = write_run(tmp_path / "a")
     with open(a / "metrics.jsonl", "ab") as f:
         f.write(b'{"iter": 7, "train/loss": 1.0, "no\xfft": 1}\n{"iter": 8, "train/loss": 0.9}\n')
-    records = plot.read_metrics(a)
-    assert [r[plot.KEYS.index("iter")] for r in records] == [1, 2, 3, 4, 5, 6, 8]
+    assert list(plot.read_metrics(a)["iter"]) == [1, 2, 3, 4, 5, 6, 8]
     err = capsys.readouterr().err
     assert err.strip() == f"note: {a / 'metrics.jsonl'} line 7 is damaged (not UTF-8); skipped"
 
@@ -255,7 +254,8 @@ def test_only_real_numbers_are_plotted_and_every_other_value_is_a_note_naming_fi
             assert np.asarray(drawn.get_ydata()).dtype.kind in "iuf", drawn.get_ydata()  # no strings, no objects
     train = [(i, v) for (k, i), v in sorted(expected.items()) if k == "train/loss"]
     drawn = list(zip(loss_step.lines[0].get_xdata(), loss_step.lines[0].get_ydata())) if train else []
-    assert [(i, float(v)) for i, v in train] == [(x, float(y)) for x, y in drawn]
+    # (doubles, as matplotlib draws them: a step past 2**53, such as 2**53 + 1, is held at its nearest double)
+    assert [(float(i), float(v)) for i, v in train] == [(float(x), float(y)) for x, y in drawn]
     if not any(k == "val/bpb" for k, _ in expected):  # no line, so the panel says so instead of an empty legend
         assert not bpb.lines and bpb.get_legend() is None and [t.get_text() for t in bpb.texts] == ["not logged"]
 
@@ -317,9 +317,30 @@ def test_a_long_metrics_file_is_read_a_line_at_a_time_keeping_only_the_plotted_n
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert len(records) == 5000 and peak < size / 4, (peak, size)
+    assert len(records["iter"]) == 5000 and peak < size / 4, (peak, size)
     xs, ys = plot.series(records, "train/loss", "iter")
-    assert xs == list(range(1, 5001)) and ys == [5 - i / 1e4 for i in range(1, 5001)]  # the file's own numbers
+    assert list(xs) == list(range(1, 5001)) and list(ys) == [5 - i / 1e4 for i in range(1, 5001)]  # the file's own
+
+
+def test_the_plotted_numbers_take_8_bytes_each_not_a_python_float_in_a_tuple(tmp_path):
+    """Before: each step was a tuple of Python floats (~250 bytes a step of 6 numbers): a 1 GiB metrics file, the
+    most a run may log, took ~3.4 GB to plot. Now a column of doubles per plotted key: the peak of reading and
+    taking one curve out is 8 bytes a number (the 6 columns, the curve's 2, one column's growth; +15% array
+    slack) and a few lines, bounded by the count of numbers, not by the file."""
+    import tracemalloc
+
+    n = 20_000
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"iter": i, "train/loss": 5 - i / 1e5, "val/loss": 5.1 - i / 1e5, "val/bpb": 1.5,
+                                        "lr": i / 1e9, "tokens_seen": 512 * i}) + "\n" for i in range(1, n + 1)))
+    tracemalloc.start()
+    try:
+        xs, ys = plot.series(plot.read_metrics(path), "val/loss", "tokens_seen")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * n * (len(plot.KEYS) + 2 + 1) * 1.15 + (64 << 10), (peak, n)
+    assert list(xs) == [512 * i for i in range(1, n + 1)] and list(ys) == [5.1 - i / 1e5 for i in range(1, n + 1)]
 
 
 def test_running_out_of_memory_while_reading_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):

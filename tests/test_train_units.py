@@ -118,7 +118,7 @@ def test_metrics_are_strict_json_with_null_for_non_finite_values_and_a_resume_dr
     strict = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
               for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["train/loss"] for r in strict] == [3.0, None, None, 2.5]
-    kept = MetricsLog(tmp_path).resume_at(2)  # the records up to the checkpoint, for wandb's missing steps
+    kept = list(MetricsLog(tmp_path).resume_at(2))  # the records up to the checkpoint, for wandb's missing steps
     assert [r["iter"] for r in kept] == [1, 2] and kept[1]["train/loss"] is None
     assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
@@ -132,8 +132,46 @@ def test_a_damaged_metrics_line_is_dropped_with_a_note_and_the_run_stays_resumab
 
     (tmp_path / "metrics.jsonl").write_bytes(b'{"iter": 1, "train/loss": 3.0}\n{"iter": 2, "train/lo\xff\xfess": 2.9}\n'
                                              b'not json\n{"iter": 3, "train/loss": 2.8}\n{"iter": 4, "train/loss": 2.7}\n')
-    kept = MetricsLog(tmp_path).resume_at(3)
+    kept = list(MetricsLog(tmp_path).resume_at(3))
     assert [r["iter"] for r in kept] == [1, 3]
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "dropped 2 damaged line(s)" in out[0]
     assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text("utf-8").splitlines()] == [1, 3]
+
+
+def test_a_resume_over_a_long_metrics_file_holds_a_line_at_a_time_never_the_file(tmp_path):
+    """Before: resume_at read metrics.jsonl whole and kept its records as a list of dicts (for the steps wandb
+    lacks and the samples table): the 1 GiB a run may log took several GB. Now the file is rewritten a line at a
+    time and the kept records are read from it again when wanted: the peak is a few lines (2 KB each here),
+    and wandb is still sent exactly the kept steps it lacks, in order."""
+    import json
+    import tracemalloc
+
+    from training.report.metrics import MetricsLog
+    from training.report.wandb_logger import WandbLogger
+
+    pad = "x" * 2000
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"iter": i, "train/loss": i / 8, "note": pad}) + "\n" for i in range(1, 5001)))
+    size = path.stat().st_size
+    logger = WandbLogger.__new__(WandbLogger)  # its sending only: a run that checks each step it is sent
+    logger.run, logger.logged_through, logger._print = True, 1000, lambda line: None
+    got = {"next": 1001, "rows": 0}
+
+    def log(values, step):
+        assert step == got["next"] and values == {"train/loss": step / 8, "note": pad}, step
+        got["next"] += 1
+    logger.log = log
+    tracemalloc.start()
+    try:
+        kept = MetricsLog(tmp_path).resume_at(4000)
+        logger._send_missing(kept)
+        for i, record in enumerate(kept, 1):  # (the samples table's reading)
+            assert record == {"iter": i, "train/loss": i / 8, "note": pad}
+            got["rows"] += 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == {"next": 4001, "rows": 4000} and len(kept) == 4000 and peak < size / 50, (got, peak, size)
+    assert path.read_text().splitlines() == [json.dumps({"iter": i, "train/loss": i / 8, "note": pad})
+                                             for i in range(1, 4001)]

@@ -13,12 +13,15 @@ a one-line hint.
 from __future__ import annotations
 
 import io
+import math
 import os
 import stat
 import sys
+from array import array
 from pathlib import Path
 from typing import Iterator
 
+from bounded import TooLarge, read_lines
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg,
                     path_arg_path, path_kind, read_user_file)
@@ -40,6 +43,7 @@ Y_KEYS = ("train/loss", "val/loss", "val/bpb", "lr")
 
 
 KEYS = (*X_KEYS, *Y_KEYS)  # the order of a step's numbers, as read_metrics keeps them
+NAN = float("nan")  # a number not logged (or not a number) at a step: every plotted value is finite
 MAX_LINE = 1 << 20  # bytes: a logged record is a few hundred; a longer line is damaged, and read no further
 
 
@@ -55,31 +59,26 @@ def _lines(path: Path) -> Iterator[bytes]:
         raise
     with os.fdopen(fd, "rb") as f:
         os.set_blocking(fd, True)
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
             raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
-        regular = stat.S_ISREG(st.st_mode)
-        total = st.st_size if regular else 0  # too large: refused by its size, unread (a sparse 100 GB file)
-        while total <= MAX_METRICS_BYTES and (line := f.readline(MAX_LINE + 1)):
-            total = max(total, f.tell()) if regular else total + len(line)  # (/dev/zero, a FIFO: as read)
-            if total <= MAX_METRICS_BYTES:
-                yield line
-    if total > MAX_METRICS_BYTES:
-        size = f" ({st.st_size} bytes)" if regular else ""
-        raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this reads; "
-                        "pass a smaller file")
+        try:
+            yield from read_lines(f, MAX_METRICS_BYTES, MAX_LINE)
+        except TooLarge as e:
+            size = f" ({e.size} bytes)" if e.size is not None else ""
+            raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this "
+                            "reads; pass a smaller file") from None
 
 
-def read_metrics(run_dir: Path) -> list[tuple]:
-    """The step records of `run_dir`/metrics.jsonl (or the file itself), read a line at a time, each kept as the
-    tuple of its plotted numbers (KEYS' order, None where not logged): memory in proportion to the numbers, not
-    to the file. A torn last line is skipped, and so is a plotted value that is not a number, with one note per
+def read_metrics(run_dir: Path) -> dict[str, array]:
+    """The step records of `run_dir`/metrics.jsonl (or the file itself), read a line at a time, kept as one column
+    of doubles per plotted key (KEYS; NaN where not logged: a plotted number is finite): 8 bytes a number, not the
+    file, nor a Python float in a tuple (~3.4 GB for the 1 GiB a run may log). A torn last line is skipped, and so is a plotted value that is not a number, with one note per
     key naming the file, the line and the key (one bad value in a long run should not cost the whole plot; null
     is the trainer's own "no value")."""
     path = metrics_file(run_dir)
     if not path.exists() and not path.is_symlink():
         raise UserError(f"no {METRICS_NAME} in {run_dir}; pass a training out_dir (train.out_dir) or the file itself")
-    records: list[tuple] = []
+    columns = {k: array("d") for k in KEYS}
     skipped: dict[str, list] = {}  # key -> [first line, its value, how many lines]
     bad_json = None  # the first line that is not JSON: an error unless it is the last (torn by a kill)
     try:
@@ -109,12 +108,13 @@ def read_metrics(run_dir: Path) -> list[tuple]:
                 first[2] += 1
             if "iter" in bad:
                 continue  # no step to put the line at
-            records.append(tuple(None if k in bad else record.get(k) for k in KEYS))
-    except MemoryError:  # (records dropped first: the line below needs memory too)
-        kept, records = len(records), []
+            for k in KEYS:
+                columns[k].append(NAN if k in bad or record.get(k) is None else record[k])
+    except MemoryError:  # (the numbers dropped first: the line below needs memory too)
+        kept, columns = len(columns["iter"]), {}
         raise UserError(f"{path}: out of memory holding the numbers of its first {kept:,} steps; plot a shorter "
                         "metrics file (e.g. every 10th line: awk 'NR % 10 == 1')") from None
-    if not any(r[KEYS.index("train/loss")] is not None or r[KEYS.index("val/loss")] is not None for r in records):
+    if not any(math.isfinite(v) for k in ("train/loss", "val/loss") for v in columns[k]):
         why = next((f" ({path} line {number}: {key} is {clipped(value)}, not a number)"
                     for key, (number, value, _) in skipped.items() if key in ("iter", "train/loss", "val/loss")), "")
         raise UserError(f"{path} has no train or val loss yet{why}; plot again once the run has logged a step"
@@ -124,13 +124,17 @@ def read_metrics(run_dir: Path) -> list[tuple]:
         what, kind = ("the line", "a whole number") if key == "iter" else ("that value", "a number")
         print(f"note: {path} line {number}: {key} is {clipped(value)}, not {kind}; {what} skipped{more}",
               file=sys.stderr)
-    return records
+    return columns
 
 
-def series(records: list[tuple], key: str, x: str) -> tuple[list, list]:
-    k, i = KEYS.index(key), KEYS.index(x)
-    points = [(r[i], r[k]) for r in records if r[k] is not None and r[i] is not None]
-    return [p[0] for p in points], [p[1] for p in points]
+def series(columns: dict[str, array], key: str, x: str) -> tuple[array, array]:
+    """The points of `key` against `x` where both were logged, as doubles (no float objects)."""
+    xs, ys = array("d"), array("d")
+    for a, b in zip(columns[x], columns[key]):
+        if math.isfinite(a) and math.isfinite(b):
+            xs.append(a)
+            ys.append(b)
+    return xs, ys
 
 
 def _pyplot():

@@ -13,18 +13,19 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from tqdm import tqdm
 
-from bounded import TooLarge, read_at_most
+from bounded import TooLarge, read_lines
 from errors import UserError, short_error, to_stderr
-from fileio import atomic_write_bytes, json_loads, open_own, point_at_devnull
+from fileio import atomic_write, json_loads, open_own, point_at_devnull
 
 METRICS_NAME = "metrics.jsonl"
 # ~3M logged steps (a record is ~300 bytes): what a run writes is not bounded by the trainer, and a resume must
@@ -39,45 +40,76 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class KeptRecords:
+    """The records a resumed run kept (MetricsLog.resume_at): the first `size` bytes of metrics.jsonl, read again a
+    line at a time each time they are iterated, in the file's order (step order: each session appends the steps
+    past the checkpoint the file was cut at). Never held in memory: ~3M records (the 1 GiB the file may reach)
+    took several GB as a list of dicts. Empty once the file is no longer the one resume_at wrote (moved away or replaced)."""
+
+    def __init__(self, path: Path | None = None, size: int = 0, count: int = 0, ident: tuple[int, int] | None = None):
+        self.path, self.size, self.count, self.ident = path, size, count, ident
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self.count:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self.ident:
+                    return
+                while f.tell() < self.size and (line := f.readline(self.size - f.tell())):
+                    try:
+                        yield json_loads(line)
+                    except ValueError:  # (a line changed under the run since: not one of the kept records)
+                        continue
+        except OSError:  # moved away: its records are gone with it, nothing to send
+            return
+
+
 class MetricsLog:
     def __init__(self, out_dir: str | Path, *, active: bool = True):
         self.path = Path(out_dir) / METRICS_NAME
         self.active = active
-        self.kept: list[dict[str, Any]] = []  # the records a resumed run kept (resume_at): its earlier sessions
+        self.kept = KeptRecords()  # the records a resumed run kept (resume_at): its earlier sessions
         if active and self.path.exists() and not self.path.is_file():
             raise UserError(f"{self.path} is not a file; move it away (train.py writes its metrics there)")
 
-    def resume_at(self, iter_num: int) -> list[dict[str, Any]]:
+    def resume_at(self, iter_num: int) -> KeptRecords:
         """Keep the records up to `iter_num` (the checkpoint's): later ones are about to be redone.
-        Returns the kept records (wandb_logger sends those wandb lacks). A line that is not a JSON
-        record (torn by a crash mid-write, or damaged: not UTF-8, not JSON) is dropped with a note, so a
+        Returns the kept records (wandb_logger sends those wandb lacks), read from the file again when iterated.
+        The file is rewritten a line at a time, so memory holds a line, never the file. A line that is not a
+        JSON record (torn by a crash mid-write, or damaged: not UTF-8, not JSON) is dropped with a note, so a
         damaged file never makes a run unresumable."""
         if not self.active or not self.path.is_file():
-            return []
-        kept, records, dropped = [], [], 0
+            return self.kept
+        count, size, dropped = 0, 0, 0
         try:
-            raw = read_at_most(self.path, MAX_METRICS_BYTES)  # by its size first: a sparse 100 GB file stays unread
-        except TooLarge as e:
-            size = f"{e.size:,} bytes" if e.size is not None else "endless"
-            raise UserError(f"{self.path} is {size}, over the {MAX_METRICS_BYTES >> 20} MiB of ~3M logged steps; move it "
-                            "away (the run then logs into a new one), then resume") from None
+            with open(self.path, "rb") as f, atomic_write(self.path) as tmp, open_own(tmp, "wb") as out:
+                for line in read_lines(f, MAX_METRICS_BYTES):  # by its size first: a sparse 100 GB file stays unread
+                    try:
+                        record = json_loads(line.decode("utf-8"))
+                    except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON (nested too deep too)
+                        dropped += bool(line.strip())
+                        continue
+                    if isinstance(record, dict) and type(record.get("iter")) is int and record["iter"] <= iter_num:
+                        size += out.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))  # (iter: not a bool)
+                        count += 1
+        except TooLarge as e:  # (atomic_write left the file as it was)
+            size_text = f"{e.size:,} bytes" if e.size is not None else "endless"
+            raise UserError(f"{self.path} is {size_text}, over the {MAX_METRICS_BYTES >> 20} MiB of ~3M logged steps; "
+                            "move it away (the run then logs into a new one), then resume") from None
         except OSError as e:
-            raise UserError(f"cannot read {self.path} ({short_error(e)}); fix or move the file, then resume") from None
-        for line in io.BytesIO(raw):  # a line at a time (splitlines would hold a second copy of the file)
-            try:
-                record = json_loads(line.decode("utf-8"))
-            except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON (nested too deep too)
-                dropped += bool(line.strip())
-                continue
-            if isinstance(record, dict) and type(record.get("iter")) is int and record["iter"] <= iter_num:  # not a bool
-                kept.append(json.dumps(record, allow_nan=False) + "\n")
-                records.append(record)
+            raise UserError(f"cannot rewrite {self.path} ({short_error(e)}); fix or move the file (or free some space), "
+                            "then resume") from None
         if dropped:
             print(f"note: {self.path}: dropped {dropped} damaged line(s) (not UTF-8 JSON); the other records are kept",
                   flush=True)
-        atomic_write_bytes(self.path, "".join(kept).encode("utf-8"))
-        self.kept = records
-        return records
+        st = os.stat(self.path)
+        self.kept = KeptRecords(self.path, size, count, (st.st_dev, st.st_ino))
+        return self.kept
 
     def append(self, iter_num: int, values: dict[str, Any]) -> None:
         if not self.active or not values:

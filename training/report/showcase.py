@@ -28,7 +28,7 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -182,9 +182,9 @@ class Showcase:
         return {"inspect/bits_per_token": bits}
 
 
-def earlier_rows(records: list[dict[str, Any]], before: int) -> list[list[Any]]:
+def earlier_rows(records: Iterable[dict[str, Any]], before: int) -> list[list[Any]]:
     """The table's rows from the sample records of the steps before `before`: a resumed run's earlier
-    sessions, as metrics.jsonl held them (MetricsLog.resume_at read them, bounded and checked, once)."""
+    sessions, as metrics.jsonl held them (MetricsLog.resume_at's KeptRecords, bounded and checked, streamed)."""
     rows = []
     for record in records:
         if record["iter"] < before and isinstance(record.get(SAMPLES), list):

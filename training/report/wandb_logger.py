@@ -33,7 +33,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from urllib.parse import urlparse
 
 import network
@@ -239,10 +239,10 @@ def sync_command(out_dir: str, run_id: str) -> str:
 class WandbLogger:
     def __init__(self, *, mode: str, project: str, run_name: str, run_id: str, out_dir: str,
                  config: dict[str, Any], active: bool = True, printer=print,
-                 history: list[dict[str, Any]] | None = None) -> None:
+                 history: Iterable[dict[str, Any]] | None = None) -> None:
         """active=False (ranks other than 0) makes every method a no-op. history: when resuming, the
-        records of metrics.jsonl up to the checkpoint (each with its "iter"); those wandb lacks are sent
-        first (see the module's docstring)."""
+        records of metrics.jsonl up to the checkpoint (each with its "iter", in step order; MetricsLog.resume_at's
+        KeptRecords, whose truth is whether there are any); those wandb lacks are sent first (see the module's docstring)."""
         self.run = None
         self.run_id = run_id
         self.out_dir = out_dir
@@ -287,17 +287,22 @@ class WandbLogger:
             return
         self._send_missing(history or [])
 
-    def _send_missing(self, history: list[dict[str, Any]]) -> None:
+    def _send_missing(self, history: Iterable[dict[str, Any]]) -> None:
         """Log the records of metrics.jsonl that wandb lacks: those an earlier process logged but that
-        never reached wandb's file or server (a hard kill), in step order."""
-        missing = sorted((r for r in history if isinstance(r.get("iter"), int) and r["iter"] > self.logged_through),
-                         key=lambda r: r["iter"])
-        for record in missing:
-            step = record["iter"]
+        never reached wandb's file or server (a hard kill). Streamed in the file's order, which is step order
+        (MetricsLog.KeptRecords: a long run's records are never held at once); wandb's history only grows, so
+        a record whose step is not past the last one wandb has (only in a file edited by hand) is left out."""
+        sent, first = 0, None
+        for record in history:
+            step = record.get("iter")
+            if self.run is None:  # (wandb failed on the way: logging is off)
+                return
+            if not isinstance(step, int) or step <= self.logged_through:
+                continue
             self.log({k: v for k, v in record.items() if k != "iter"}, step)
-            self.logged_through = max(self.logged_through, step)
-        if missing and self.run is not None:
-            self._print(f"wandb: sent {len(missing)} logged step(s) ({missing[0]['iter']}..{missing[-1]['iter']}) "
+            self.logged_through, sent, first = step, sent + 1, step if first is None else first
+        if sent and self.run is not None:
+            self._print(f"wandb: sent {sent} logged step(s) ({first}..{self.logged_through}) "
                         "that the interrupted process had not got to wandb, from metrics.jsonl")
 
     @property
