@@ -19,6 +19,7 @@ from errors import UserError
 
 
 CHUNK = 1 << 20  # what one read of a file with no size takes at once
+LINE_CHUNK = 1 << 14  # read_lines' reads: a chunk and its lines are in memory at once, beside the caller's line
 LINE_END = re.compile(rb"\r\n|\r|\n")  # (in UTF-8 no byte of another character is \r or \n)
 
 
@@ -37,12 +38,18 @@ class TooLargeError(UserError):
     it finds damaged lets this one through."""
 
 
+def opened(path: str | os.PathLike):
+    """`path` open for reading as a binary file. O_NONBLOCK to open, then blocking reads: opening a FIFO that no
+    process writes would wait forever (it reads as empty). A missing or unreadable file: the OSError os.open raises."""
+    f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+    os.set_blocking(f.fileno(), True)
+    return f
+
+
 def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of `path`, at most `limit` of them; TooLarge past that. A missing or unreadable file is the
     OSError os.open raises."""
-    # O_NONBLOCK: opening a FIFO that no process writes would wait forever (it reads as empty)
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
-        os.set_blocking(f.fileno(), True)
+    with opened(path) as f:
         st = os.fstat(f.fileno())
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # (a sparse 100 GB file: refused unread)
             raise TooLarge(st.st_size)
@@ -60,32 +67,37 @@ class LineTooLong(Exception):
         self.number = number
 
 
-def read_lines(path: str | os.PathLike, limit: int, line_limit: int) -> Iterator[bytes]:
-    """The lines of `path` (ended by \\n, \\r\\n or \\r, the ends dropped), read a CHUNK at a time: at most `limit`
-    bytes in all (TooLarge past it; a regular file's by its size, unread) and `line_limit` a line (LineTooLong as
-    soon as one outgrows it). Memory holds a line and a chunk, whatever the file: read_at_most held up to `limit`
-    (/dev/zero as a 256 MiB tasks file took 512 MiB before its refusal). Errors opening or reading: the OSError."""
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # (O_NONBLOCK: see read_at_most)
-        os.set_blocking(f.fileno(), True)
-        st = os.fstat(f.fileno())
-        regular = stat.S_ISREG(st.st_mode)
-        if regular and st.st_size > limit:
-            raise TooLarge(st.st_size)
-        pending, got, number = b"", 0, 0
-        while chunk := f.read(CHUNK):
-            got += len(chunk)
-            if got > limit:
-                raise TooLarge(st.st_size if regular else None)
-            data = pending + chunk
-            held = data.endswith(b"\r")  # maybe the first half of a \r\n: kept for the next chunk
-            lines = LINE_END.split(data[:-1] if held else data)
-            pending = lines.pop() + b"\r" * held
-            for line in lines:
+def read_lines(f, limit: int, line_limit: int | None = None) -> Iterator[bytes]:
+    """The lines of the open binary file `f` (see `opened`), ended by \\n, \\r\\n or \\r (the ends dropped), read a
+    LINE_CHUNK at a time: memory holds a line and a chunk, whatever the file (a 1 GiB metrics.jsonl read whole took
+    several GB; /dev/zero as a 256 MiB tasks file took 512 MiB before its refusal). At most `limit` bytes in all,
+    else TooLarge: a regular file by its size before a byte is read (a sparse 100 GB file), a device or a FIFO (or a
+    file growing while read) once more came. With `line_limit`, LineTooLong as soon as a line outgrows it."""
+    st = os.fstat(f.fileno())
+    regular = stat.S_ISREG(st.st_mode)
+    if regular and st.st_size > limit:
+        raise TooLarge(st.st_size)
+    parts, held, got, number, carry = [], 0, 0, 0, b""  # the unended line's pieces and their bytes
+    while chunk := f.read(LINE_CHUNK):
+        got += len(chunk)
+        if got > limit:
+            raise TooLarge(got if regular else None)
+        data = carry + chunk if carry else chunk
+        carry = data[-1:] if data.endswith(b"\r") else b""  # maybe the first half of a \r\n: read with the next chunk
+        pieces = LINE_END.split(data[:len(data) - len(carry)])
+        if len(pieces) > 1:  # a line ends in this chunk (pieces, not a join per chunk: a long line costs no copies)
+            pieces[0], parts, held = b"".join(parts) + pieces[0], [], 0
+            for line in pieces[:-1]:
                 number += 1
+                if line_limit is not None and len(line) > line_limit:
+                    raise LineTooLong(number)
                 yield line
-            if len(pending) > line_limit:
-                raise LineTooLong(number + 1)
-        yield from LINE_END.split(pending)
+        parts.append(pieces[-1])
+        held += len(pieces[-1])
+        if line_limit is not None and held > line_limit:
+            raise LineTooLong(number + 1)
+    if held or carry:  # the last line, with no end (or ended by a lone \r)
+        yield b"".join(parts)
 
 
 def read_stream(f, limit: int, size: int = 0) -> bytes:
@@ -100,22 +112,6 @@ def read_stream(f, limit: int, size: int = 0) -> bytes:
             parts.append(part)
             got += len(part)
     return b"".join(parts)
-
-
-def read_lines(f, limit: int, max_line: int | None = None) -> Iterator[bytes]:
-    """The lines of the open binary file `f`, one at a time (each cut at `max_line` + 1 bytes when given), at most
-    `limit` bytes in all: memory holds a line, never the file (a 1 GiB log read whole took several GB). Past
-    `limit` TooLarge: a regular file by its size, before a line is read (a sparse 100 GB file); a device or a FIFO
-    (/dev/zero) once more than `limit` bytes came."""
-    st = os.fstat(f.fileno())
-    regular = stat.S_ISREG(st.st_mode)
-    total = st.st_size if regular else 0
-    while total <= limit and (line := f.readline((limit if max_line is None else max_line) + 1)):
-        total = max(total, f.tell()) if regular else total + len(line)  # (a file that grows while read: as read)
-        if total <= limit:
-            yield line
-    if total > limit:
-        raise TooLarge(st.st_size if regular else None)
 
 
 def read_own(path: str | os.PathLike, what: str, *, limit: int, fix: str) -> bytes:

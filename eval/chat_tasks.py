@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from bounded import LineTooLong, read_lines
+from bounded import LineTooLong, opened, read_lines
 from checkpoint import load_model
 from data import tokenizer_from_meta
 from data.chat_template import ChatTemplate, template_for
@@ -56,24 +56,24 @@ def numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
 
 def _parsed(path: Path, limit: int, fix: str) -> list[tuple[int, dict]]:
     rows = []
-    lines = read_lines(path, limit, MAX_ROW_BYTES)
     try:
         # rows end at \n, \r\n or \r, which JSON text never holds raw; not str.splitlines(), which also splits
         # inside a row at U+2028, U+0085 and the like (valid in a JSON string); a Windows BOM is not data
-        for n, raw in enumerate(lines, 1):
-            line = utf8_text(raw.removeprefix(b"\xef\xbb\xbf") if n == 1 else raw, f"--tasks {path}, row {n}", fix)
-            if not line.strip():
-                continue
-            check_parse_cost(raw, f"--tasks {path}, row {n}", "regenerate it with `python -m data.tasks`")
-            try:
-                row = json_loads(line)
-            except ValueError as e:
-                fault = f"not valid JSON ({short_error(e)})"
-            else:
-                fault = row_fault(row)
-            if fault:  # not an assert: python -O would skip it
-                raise UserError(f"{path}, row {n}: {fault}; fix that row or regenerate the file with `python -m data.tasks`")
-            rows.append((n, row))
+        with opened(path) as f:  # (an error opening or reading it: read_user_file's line)
+            for n, raw in enumerate(read_lines(f, limit, MAX_ROW_BYTES), 1):
+                line = utf8_text(raw.removeprefix(b"\xef\xbb\xbf") if n == 1 else raw, f"--tasks {path}, row {n}", fix)
+                if not line.strip():
+                    continue
+                check_parse_cost(raw, f"--tasks {path}, row {n}", "regenerate it with `python -m data.tasks`")
+                try:
+                    row = json_loads(line)
+                except ValueError as e:
+                    fault = f"not valid JSON ({short_error(e)})"
+                else:
+                    fault = row_fault(row)
+                if fault:  # not an assert: python -O would skip it
+                    raise UserError(f"{path}, row {n}: {fault}; fix that row or regenerate the file with `python -m data.tasks`")
+                rows.append((n, row))
     except LineTooLong as e:
         raise UserError(f"--tasks {path}, row {e.number}: it is over {MAX_ROW_BYTES:,} bytes on one line, which no "
                         f"task is; {fix}") from None

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from bounded import TooLarge, TooLargeError, read_at_most, read_own
+import bounded
+from bounded import LineTooLong, TooLarge, TooLargeError, opened, read_at_most, read_lines, read_own
 from code_reading import ROOT, product_trees
 
 HUGE = 4 << 30  # sparse: no disk, and a whole read needs 4 GiB, over the cap below
@@ -118,6 +119,37 @@ def test_read_at_most_returns_the_file_up_to_its_limit_and_refuses_past_it(tmp_p
         with pytest.raises(TooLargeError, match=rf"^{path} is {size:,} bytes, but it should be a thing, at most "
                                                 rf"{limit:,} bytes; fix it$"):
             read_own(path, "a thing", limit=limit, fix="fix it")
+
+
+@given(pieces=st.lists(st.sampled_from([b"a", b"xyz", b"\r", b"\n", b"\r\n", "é".encode()]), max_size=40),
+       chunk=st.sampled_from([1, 2, 3, 7, 1 << 14]), limit=st.integers(0, 80))
+def test_read_lines_gives_the_lines_split_at_every_line_end_whatever_the_chunks(tmp_path_factory, pieces, chunk, limit):
+    """The reference: re.split over the whole text (its empty last piece after a final end is no line). Chunks of
+    a few bytes cut \r\n in two; a limit refuses past it, a line limit at the first line longer."""
+    import re
+    text = b"".join(pieces)
+    path = tmp_path_factory.mktemp("lines") / "f"
+    path.write_bytes(text)
+    expected = re.split(rb"\r\n|\r|\n", text)
+    expected = expected[:-1] if expected[-1] == b"" else expected
+    old, bounded.LINE_CHUNK = bounded.LINE_CHUNK, chunk
+    try:
+        with opened(path) as f:
+            if len(text) > limit:
+                with pytest.raises(TooLarge):
+                    list(read_lines(f, limit))
+                return
+            assert list(read_lines(f, limit)) == expected
+        longest = max(map(len, expected), default=0)
+        with opened(path) as f:
+            if longest > 2:
+                with pytest.raises(LineTooLong) as e:
+                    list(read_lines(f, limit, line_limit=2))
+                assert e.value.number == next(n for n, line in enumerate(expected, 1) if len(line) > 2)
+            else:
+                assert list(read_lines(f, limit, line_limit=2)) == expected
+    finally:
+        bounded.LINE_CHUNK = old
 
 
 def test_a_device_past_the_limit_is_refused_after_limit_plus_one_bytes():

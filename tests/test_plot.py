@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from errors import run_cli
+from errors import UserError, run_cli
 from training import plot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,3 +359,12 @@ def test_running_out_of_memory_while_reading_is_one_line_not_a_traceback(tmp_pat
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "out of memory holding the numbers of its first 3 steps" in err and "Traceback" not in err, err
+
+
+def test_a_line_longer_than_any_record_is_one_line_naming_it(tmp_path):
+    """A line over MAX_LINE (1 MiB; a record is a few hundred bytes) is damaged: one line naming it and the fix,
+    read no further than the limit (bounded.read_lines)."""
+    lines = [json.dumps({"iter": 1, "train/loss": 5.0}), json.dumps({"iter": 2, "note": "x" * (plot.MAX_LINE + 10)})]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"line 2 is over 1,048,576 bytes.*fix or remove that line"):
+        plot.read_metrics(tmp_path)

@@ -21,7 +21,7 @@ from array import array
 from pathlib import Path
 from typing import Iterator
 
-from bounded import TooLarge, read_lines
+from bounded import LineTooLong, TooLarge, opened, read_lines
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg,
                     path_arg_path, path_kind, read_user_file)
@@ -48,18 +48,17 @@ MAX_LINE = 1 << 20  # bytes: a logged record is a few hundred; a longer line is 
 
 
 def _lines(path: Path) -> Iterator[bytes]:
-    """The metrics file's lines, one at a time (each cut at MAX_LINE + 1 bytes), at most MAX_METRICS_BYTES in all,
-    so that memory holds the numbers kept, never the file: a 1 GiB file read whole, split and parsed took 7.4 GB.
-    Its refusals are read_user_file's lines."""
+    """The metrics file's lines, one at a time, at most MAX_LINE bytes each and MAX_METRICS_BYTES in all
+    (bounded.read_lines), so that memory holds the numbers kept, never the file: a 1 GiB file read whole, split and
+    parsed took 7.4 GB. Its refusals are read_user_file's lines."""
     what, fix = "metrics file", "pass a training out_dir (train.out_dir) or its metrics.jsonl"
-    try:  # O_NONBLOCK: a FIFO no process writes would wait forever (it reads as empty)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        f = opened(path)
     except OSError:  # read_user_file says why in one line (missing, a socket, a loop, a permission), reading nothing
         read_user_file(path, what, fix=fix, limit=0)
         raise
-    with os.fdopen(fd, "rb") as f:
-        os.set_blocking(fd, True)
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
+    with f:
+        if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
             raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
         try:
             yield from read_lines(f, MAX_METRICS_BYTES, MAX_LINE)
@@ -67,6 +66,9 @@ def _lines(path: Path) -> Iterator[bytes]:
             size = f" ({e.size} bytes)" if e.size is not None else ""
             raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this "
                             "reads; pass a smaller file") from None
+        except LineTooLong as e:
+            raise UserError(f"{path} line {e.number} is over {MAX_LINE:,} bytes, which no record train.py logs is (it "
+                            "is damaged); fix or remove that line") from None
 
 
 def read_metrics(run_dir: Path) -> dict[str, array]:
