@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import stat
+from contextlib import contextmanager
+from typing import BinaryIO, Iterator
 
 from errors import UserError
 
@@ -37,16 +39,30 @@ class TooLargeError(UserError):
 def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of `path`, at most `limit` of them; TooLarge past that. A missing or unreadable file is the
     OSError os.open raises."""
+    with _opened(path, limit) as (f, st):
+        data = read_stream(f, limit, st.st_size if stat.S_ISREG(st.st_mode) else 0)
+    if len(data) > limit:
+        raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
+    return data
+
+
+def read_head(path: str | os.PathLike, n: int, limit: int) -> bytes:
+    """The first `n` bytes of `path` (all of it where it is shorter), for a file recognised by its beginning; TooLarge
+    where it is a regular file over `limit` bytes, as read_at_most (not read)."""
+    with _opened(path, limit) as (f, _):
+        return f.read(n)
+
+
+@contextmanager
+def _opened(path: str | os.PathLike, limit: int) -> Iterator[tuple[BinaryIO, os.stat_result]]:
+    """`path` open for reading, and its stat; TooLarge, unread, where it is a regular file over `limit` bytes."""
     # O_NONBLOCK: opening a FIFO that no process writes would wait forever (it reads as empty)
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
         os.set_blocking(f.fileno(), True)
         st = os.fstat(f.fileno())
         if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # (a sparse 100 GB file: refused unread)
             raise TooLarge(st.st_size)
-        data = read_stream(f, limit, st.st_size if stat.S_ISREG(st.st_mode) else 0)
-    if len(data) > limit:
-        raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
-    return data
+        yield f, st
 
 
 def read_stream(f, limit: int, size: int = 0) -> bytes:
