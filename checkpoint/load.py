@@ -22,7 +22,7 @@ from model.gpt import GPT, GPTConfig
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path, train_entry_problem
 from .hf import Refused, from_pretrained
 from .hf_chat import read_back
-from .meta import meta_model
+from .meta import filled_model
 from .model_config import model_config_problem
 from .sharded import is_sharded_checkpoint, load_whole, model_shapes
 
@@ -39,17 +39,19 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **over
         if key not in ckpt:
             raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
     config = checked_model_config(ckpt["model_config"], where, **overrides)
-    model = meta_model(config)  # no point initialising weights that load_state_dict overwrites
-    if sharded:
-        ckpt["model"] = load_whole(Path(where), "model", model_shapes(model))
-    try:
+
+    def weights(model: GPT) -> dict[str, Any]:  # of the meta model: no point initialising what is overwritten
+        if sharded:
+            ckpt["model"] = load_whole(Path(where), "model", model_shapes(model))
         # a plain dict: assign=True records itself in a state dict's _metadata, which would make every
         # later load_state_dict of the checkpoint's dict replace parameters instead of copying into them
-        model.load_state_dict(in_model_dtypes(dict(ckpt["model"]), model.state_dict(), where), assign=True)
+        return in_model_dtypes(dict(ckpt["model"]), model.state_dict(), where)
+
+    try:
+        model = filled_model(config, weights)
     except (RuntimeError, TypeError, AttributeError) as e:
         raise UserError(f"checkpoint {where}: weights do not match its model_config ({short_error(e, 120)}); "
                         "use an intact ckpt.pt") from None
-    model.tie_weights()  # assign=True replaced the tied tensor; tie again
     return model
 
 
