@@ -24,7 +24,7 @@ import train
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 
-from test_hostile_kinds import SAMPLE_FAST, assert_one_line, run_entry, snapshot, train_argv
+from hostile_world import SAMPLE_FAST, assert_one_line, run_entry, snapshot, train_argv
 
 
 def _cut(path: Path, keep: float) -> None:
