@@ -46,17 +46,31 @@ def opened(path: str | os.PathLike):
     return f
 
 
+def _stat_within(f, limit: int) -> os.stat_result:
+    """The open file's stat; TooLarge, unread, where it is a regular file over `limit` bytes (a sparse 100 GB file)."""
+    st = os.fstat(f.fileno())
+    if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+        raise TooLarge(st.st_size)
+    return st
+
+
 def read_at_most(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of `path`, at most `limit` of them; TooLarge past that. A missing or unreadable file is the
     OSError os.open raises."""
     with opened(path) as f:
-        st = os.fstat(f.fileno())
-        if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # (a sparse 100 GB file: refused unread)
-            raise TooLarge(st.st_size)
+        st = _stat_within(f, limit)
         data = read_stream(f, limit, st.st_size if stat.S_ISREG(st.st_mode) else 0)
     if len(data) > limit:
         raise TooLarge(st.st_size if stat.S_ISREG(st.st_mode) else None)
     return data
+
+
+def read_head(path: str | os.PathLike, n: int, limit: int) -> bytes:
+    """The first `n` bytes of `path` (all of it where it is shorter), for a file recognised by its beginning; TooLarge
+    where it is a regular file over `limit` bytes, as read_at_most (not read)."""
+    with opened(path) as f:
+        _stat_within(f, limit)
+        return f.read(n)
 
 
 class LineTooLong(Exception):
@@ -73,10 +87,7 @@ def read_lines(f, limit: int, line_limit: int | None = None) -> Iterator[bytes]:
     several GB; /dev/zero as a 256 MiB tasks file took 512 MiB before its refusal). At most `limit` bytes in all,
     else TooLarge: a regular file by its size before a byte is read (a sparse 100 GB file), a device or a FIFO (or a
     file growing while read) once more came. With `line_limit`, LineTooLong as soon as a line outgrows it."""
-    st = os.fstat(f.fileno())
-    regular = stat.S_ISREG(st.st_mode)
-    if regular and st.st_size > limit:
-        raise TooLarge(st.st_size)
+    regular = stat.S_ISREG(_stat_within(f, limit).st_mode)
     parts, held, got, number, carry = [], 0, 0, 0, b""  # the unended line's pieces and their bytes
     while chunk := f.read(LINE_CHUNK):
         got += len(chunk)

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Iterable
 
-from bounded import TooLarge, read_at_most, read_own
+from bounded import TooLarge, read_head, read_own
 from errors import UserError
 from fileio import atomic_write_bytes, check_no_links, check_path_value, json_loads
 
@@ -65,6 +66,7 @@ OWN_NAMES = {OUT_DIR: (MARKER, *OUT_DIR_NAMES), DATA: (MARKER, DATA_MANIFEST, DA
 # folder corpus has no bound on its files: 512 MiB is ~2.5M of them (128 MiB, ~700k, refused an OpenWebText-like
 # corpus of a file per document as "not one prepare wrote")
 MARKER_MAX, MANIFEST_MAX = 4096, 512 << 20
+MANIFEST_HEAD = 64 << 10  # a manifest's first keys, source (a path) and all, are in its first 64 KiB (_is_manifest)
 SCAN_DIRS = 2000  # folders looked into below a target: an out_dir set to a home directory is not walked whole
 
 
@@ -120,12 +122,46 @@ def kind_of(path: str | os.PathLike, *, around: bool = False) -> str | None:
 
 
 def _is_manifest(path: Path) -> bool:
-    """A meta.json that python -m data.prepare wrote (its keys), not any file of that name."""
+    """A meta.json that python -m data.prepare wrote (its first keys), not any file of that name. Only its first
+    MANIFEST_HEAD bytes are read: a prepare writes the tokenizer and vocab_size before its long lists (a manifest
+    may be hundreds of MiB), and this is asked of every folder around an output."""
     try:  # a file of any size may be there: one over a manifest's size is none of ours, and is not read
-        info = json_loads(read_at_most(path, MANIFEST_MAX))
-    except (OSError, ValueError, TooLarge):
+        head = read_head(path, MANIFEST_HEAD, MANIFEST_MAX)
+    except (OSError, TooLarge):
         return False
-    return isinstance(info, dict) and {"tokenizer", "vocab_size"} <= info.keys()
+    return {"tokenizer", "vocab_size"} <= _first_keys(head, {"tokenizer", "vocab_size"})
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _first_keys(head: bytes, wanted: set[str]) -> set[str]:
+    """The keys of the JSON object `head` begins with (a file's first bytes), in order and as far as their values
+    are whole in `head`, stopping once all of `wanted` are found; set() where `head` begins no JSON object."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:  # (a character the head's end cuts in two is the file's own: the keys before it)
+        cut = e.reason == "unexpected end of data" and e.end == len(head)
+        text = head[:e.start].decode("utf-8", "replace") if cut else ""
+    decode, keys = json.JSONDecoder().raw_decode, set()
+    at = _SPACE.match(text).end() + 1
+    if text[at - 1:at] != "{":
+        return keys
+    try:
+        while not wanted <= keys:
+            key, at = decode(text, _SPACE.match(text, at).end())
+            at = _SPACE.match(text, at).end()
+            if not isinstance(key, str) or text[at:at + 1] != ":":
+                break
+            _, at = decode(text, _SPACE.match(text, at + 1).end())  # (its value: whole, or no key counted)
+            keys.add(key)
+            at = _SPACE.match(text, at).end()
+            if text[at:at + 1] != ",":
+                break
+            at += 1
+    except (ValueError, RecursionError):  # not JSON, or a value the head cuts
+        pass
+    return keys
 
 
 def unmark_if_unused(path: str | os.PathLike) -> None:

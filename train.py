@@ -155,7 +155,8 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
 
 def prepare(cfg: Config, par: Parallel, resume: Resume | None, cleanup: ExitStack) -> tuple[Path, dict, dict]:
     """(data dir, its meta, the tokenizer entry): rank 0 prepares the data (or finds it up to date) while
-    the others wait; the dir is held, never rebuilt under this run; a resume must read the same tokens."""
+    the others wait; the dir is held, never rebuilt under this run; a resume must read the same tokens (checked
+    by prepare_data, before and after preparing)."""
     trained_on = resume.tokens_sha256 if resume is not None else None
     resumes = (str(resume.path), trained_on) if trained_on else None
     data_dir = Path(par.decide(lambda: str(prepare_data(cfg.data, progress=True, resumes=resumes)),
@@ -167,11 +168,6 @@ def prepare(cfg: Config, par: Parallel, resume: Resume | None, cleanup: ExitStac
         raise UserError(f"cannot resume {resume.path}: it was trained with tokenizer "
                         f"{(resume.tokenizer or {}).get('tokenizer')!r} and different data; "
                         "use the original data settings, or a new --train.out_dir")
-    if resumes and meta["tokens_sha256"] != trained_on:  # the data changed, and was prepared anew before this run
-        raise UserError(f"the data of data.dataset {cfg.data.dataset!r} changed since the checkpoint {resume.path} was "
-                        f"written (tokens {trained_on[:12]} then, {meta['tokens_sha256'][:12]} now in {data_dir}), and a "
-                        "run resumes only on the tokens it trained on; put the original data back, or train into a "
-                        "new --train.out_dir")
     return data_dir, meta, tokenizer
 
 

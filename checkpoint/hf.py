@@ -25,7 +25,7 @@ from network import hub_offline_unless_reachable
 from model.gpt import GPT
 from model.hf import HF_ACTIVATIONS, config_from_hf, cropped_state, gpt2_tensors, hf_config, state_from_hf
 
-from .meta import meta_model
+from .meta import filled_model
 from .model_config import model_config_problem
 from model.hf_modern import hf_format, llama_config, llama_tensors, qwen3_config, smallgpt_config
 
@@ -171,20 +171,19 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
         raise Refused("config.json says tie_word_embeddings=false but the weights hold no lm_head.weight; if the "
                       "head is the embedding (wte), set tie_word_embeddings to true in config.json")
     state = state_from_hf(weights, config.tie_embeddings)
-    # the shapes only: a config.json that disagrees with its weights (or asks for an absurd size) is refused
-    # before any memory is spent on it
-    model = meta_model(config)
-    expected = model.state_dict()
-    problem = tensors_problem(state, expected, config.tie_embeddings)
-    if problem:
-        raise ValueError(problem)
-    # the file's tensors become the parameters (no random init first, to be overwritten); strict=False only
-    # for a tied lm_head.weight, which tie_weights then points at wte's. In the model's dtype (fp32) whatever
-    # the file keeps (fp16, bf16), and contiguous: the Conv1D matrices come transposed (a view)
-    model.load_state_dict({k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}, strict=False,
-                          assign=True)
-    model.tie_weights()
-    return model
+
+    def weights(model: GPT) -> dict[str, torch.Tensor]:
+        # the meta model's shapes only: a config.json that disagrees with its weights (or asks for an absurd
+        # size) is refused before any memory is spent on it
+        expected = model.state_dict()
+        problem = tensors_problem(state, expected, config.tie_embeddings)
+        if problem:
+            raise ValueError(problem)
+        # In the model's dtype (fp32) whatever the file keeps (fp16, bf16), and contiguous: the Conv1D matrices
+        # come transposed (a view)
+        return {k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}
+
+    return filled_model(config, weights, strict=False)  # (not strict: a tied lm_head.weight, pointed at wte's)
 
 
 def _own_head(weights: dict[str, torch.Tensor]) -> bool:

@@ -22,28 +22,36 @@ from model.gpt import GPT, GPTConfig
 from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path, train_entry_problem
 from .hf import Refused, from_pretrained
 from .hf_chat import read_back
-from .meta import meta_model
+from .meta import filled_model
 from .model_config import model_config_problem
+from .sharded import is_sharded_checkpoint, load_whole, model_shapes
 
 GPT2_TOKENIZER = {"tokenizer": "gpt2", "chars": None}
 
 
 def model_from_checkpoint(ckpt: dict[str, Any], where: str | os.PathLike, **overrides: Any) -> GPT:
     """Our GPT, on the CPU, with the checkpoint's model_config (fields in `overrides` replaced, e.g.
-    dropout) and its weights. A checkpoint whose config or weights don't fit gives a one-line UserError."""
-    for key in ("model", "model_config"):
+    dropout) and its weights. A checkpoint whose config or weights don't fit gives a one-line UserError.
+    A sharded checkpoint read without its weights (load_checkpoint's `needed` without "model") has them read
+    here, each claim checked against the shape of the model they go into: one meta model a load."""
+    sharded = "model" not in ckpt and is_sharded_checkpoint(Path(where))
+    for key in ("model_config",) if sharded else ("model", "model_config"):
         if key not in ckpt:
             raise UserError(f"checkpoint {where} has no {key!r} entry; use a ckpt.pt written by train.py")
     config = checked_model_config(ckpt["model_config"], where, **overrides)
-    model = meta_model(config)  # no point initialising weights that load_state_dict overwrites
-    try:
+
+    def weights(model: GPT) -> dict[str, Any]:  # of the meta model: no point initialising what is overwritten
+        if sharded:
+            ckpt["model"] = load_whole(Path(where), "model", model_shapes(model))
         # a plain dict: assign=True records itself in a state dict's _metadata, which would make every
         # later load_state_dict of the checkpoint's dict replace parameters instead of copying into them
-        model.load_state_dict(in_model_dtypes(dict(ckpt["model"]), model.state_dict(), where), assign=True)
+        return in_model_dtypes(dict(ckpt["model"]), model.state_dict(), where)
+
+    try:
+        model = filled_model(config, weights)
     except (RuntimeError, TypeError, AttributeError) as e:
         raise UserError(f"checkpoint {where}: weights do not match its model_config ({short_error(e, 120)}); "
                         "use an intact ckpt.pt") from None
-    model.tie_weights()  # assign=True replaced the tied tensor; tie again
     return model
 
 
@@ -112,7 +120,8 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     if is_hf_dir(spec) or is_hub_name(spec):
         return _load_hf(spec, **overrides)
     where = resolve_checkpoint_path(spec)
-    ckpt = load_checkpoint(where, needed=("model", "model_config"))
+    # a sharded checkpoint's weights are read by model_from_checkpoint, into the shapes of the model it builds
+    ckpt = load_checkpoint(where, needed=("model_config",) if is_sharded_checkpoint(where) else ("model", "model_config"))
     model = model_from_checkpoint(ckpt, where, **overrides)
     bad = next((name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()),
                None)

@@ -10,6 +10,8 @@ skipped where its tensor is a meta one: there are no values to draw.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -34,3 +36,14 @@ def meta_model(config: GPTConfig) -> GPT:
     """GPT(config) with every parameter on the meta device, its init skipped."""
     with torch.device("meta"), _NoInitOnMeta():
         return GPT(config)
+
+
+def filled_model(config: GPTConfig, weights: Callable[[GPT], dict[str, torch.Tensor]], *, strict: bool = True) -> GPT:
+    """GPT(config) whose parameters are the tensors `weights(model)` gives for its meta model (the caller checks
+    and casts them against `model.state_dict()`'s shapes and dtypes): assigned, not copied into random ones
+    (load_state_dict(assign=True)), and the tied head pointed at wte again (assign replaced the tied tensor).
+    strict=False: a tied lm_head.weight may be left out. The callers' errors are their own (load.py, hf.py)."""
+    model = meta_model(config)
+    model.load_state_dict(weights(model), strict=strict, assign=True)
+    model.tie_weights()
+    return model

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from bounded import TooLarge, read_at_most
 from errors import UserError, clipped, short_error
 from fileio import path_kind, replace_dir, temp_dir
-from model.gpt import GPTConfig
+from model.gpt import GPT, GPTConfig
 
 from .meta import meta_model
 from .model_config import model_config_problem
@@ -96,8 +96,16 @@ def _safe_reader() -> type:
     from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
     class SafeReader(_dcp().FileSystemReader):
+        """`known`: the .metadata already read (and checked) by this load, handed to DCP instead of read again."""
+
+        def __init__(self, path: str | os.PathLike, known: Metadata | None = None):
+            super().__init__(path)
+            self.known = known
+
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-            metadata = _MetadataUnpickler(io.BytesIO(_metadata_bytes(Path(self.path)))).load()
+            metadata = self.known
+            if metadata is None:
+                metadata = _MetadataUnpickler(io.BytesIO(_metadata_bytes(Path(self.path)))).load()
             if not isinstance(metadata, Metadata):
                 raise pickle.UnpicklingError(f"{METADATA_NAME} holds a {type(metadata).__name__}, not DCP's Metadata")
             if getattr(metadata, "storage_meta", None) is None:
@@ -265,21 +273,27 @@ class ShardedDir:
         payload = self.state_file.read(path / STATE_NAME)
         if isinstance(payload, dict):
             for name in set(needed) & set(SHARDED_ENTRIES):
-                expected = model_shapes(payload.get("model_config")) if name == "model" else None
+                expected = model_shapes(saved_meta_model(payload.get("model_config"))) if name == "model" else None
                 payload[name] = load_whole(path, name, expected)
         return payload
 
 
-def model_shapes(saved: Any) -> dict[str, tuple[int, ...]] | None:
-    """The shapes a checkpoint's model_config gives its model's tensors, keyed as in the shards ("model.<name>");
-    None where it is no valid config (its reader refuses it then, naming the field: checkpoint/load.py)."""
+def saved_meta_model(saved: Any) -> GPT | None:
+    """The meta model (checkpoint/meta.py) of a checkpoint's model_config; None where it is no valid config (its
+    reader refuses it then, naming the field: checkpoint/load.py)."""
     try:
         config = GPTConfig(**saved)
         if model_config_problem(config):
             return None
     except TypeError:  # not a dict, or a field GPTConfig does not have
         return None
-    return {f"model.{k}": tuple(t.shape) for k, t in meta_model(config).state_dict().items()}
+    return meta_model(config)
+
+
+def model_shapes(model: GPT | None) -> dict[str, tuple[int, ...]] | None:
+    """The shapes of `model`'s tensors (a meta model: built once per load, and the one its weights are then
+    assigned to), keyed as in the shards ("model.<name>"); None for None."""
+    return None if model is None else {f"model.{k}": tuple(t.shape) for k, t in model.state_dict().items()}
 
 
 def load_whole(path: Path, name: str, expected: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
@@ -297,7 +311,7 @@ def load_whole(path: Path, name: str, expected: dict[str, tuple[int, ...]] | Non
                 if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
     if not template:
         raise UserError(f"sharded checkpoint {path} holds no {name!r} tensors; use a checkpoint written by train.py")
-    _load(path, template, no_dist=True)
+    _load(path, template, metadata, no_dist=True)
     return {key[len(prefix):]: t for key, t in template.items()}
 
 
@@ -309,7 +323,7 @@ def load_into(path: Path, state: dict[str, Any]) -> None:
     expected = {key: tuple(t.size()) for key, t in _flat_tensors(state, "")}
     check_claims(path, metadata, check_shards(path, metadata), tuple(f"{k}." for k in state), expected,
                  "this run's tensor")
-    _load(path, state, no_dist=not dist.is_initialized())
+    _load(path, state, metadata, no_dist=not dist.is_initialized())
 
 
 def _flat_tensors(obj: Any, key: str):
@@ -324,13 +338,13 @@ def _flat_tensors(obj: Any, key: str):
             yield from _flat_tensors(v, f"{key}.{i}" if key else str(i))
 
 
-def _load(path: Path, state: dict[str, Any], no_dist: bool) -> None:
-    # checked here first: DCP logs a reader's failure as a traceback (and retries it) before raising its own
-    check_shards(path, _metadata(path))
+def _load(path: Path, state: dict[str, Any], metadata: Metadata, no_dist: bool) -> None:
+    """DCP's load of `state` from `path`, whose .metadata this load read (and check_shards checked) once: DCP is
+    handed it (a failure of DCP's own reader is logged as a traceback, and retried, before it raises)."""
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            _dcp().load(state, storage_reader=_safe_reader()(path), no_dist=no_dist)
+            _dcp().load(state, storage_reader=_safe_reader()(path, metadata), no_dist=no_dist)
     except UserError:
         raise
     except (Exception, _dcp().api.CheckpointException) as e:  # DCP wraps every rank's failure (a missing shard, a torn

@@ -32,11 +32,15 @@ def prepare_data(cfg: DataConfig, *, progress: bool = True, resumes: tuple[str, 
     Skips the work when the stored fingerprint matches and the tokens check out, rebuilds (saying why)
     when they don't, resumes a prepare that was killed, and refuses to rebuild a dir a live training
     run reads (hold_data). `resumes`: (a checkpoint, the tokens_sha256 it trained on): a dir holding those
-    tokens whose source changed is refused, not rebuilt (a rebuild would remove the only copy of them).
+    tokens whose source changed is refused, not rebuilt (a rebuild would remove the only copy of them), and a
+    dir that holds other tokens once prepared (prepared anew since, from changed data) is refused too.
     """
     cfg.validate()
     with no_empty_dirs_left(cfg.root):  # a refusal (or a failure) leaves no empty data.root behind
-        return _prepare_data(cfg, progress, resumes)
+        out = _prepare_data(cfg, progress, resumes)
+    if resumes:
+        _check_trained_on(out, cfg, resumes)
+    return out
 
 
 def _prepare_data(cfg: DataConfig, progress: bool, resumes: tuple[str, str] | None = None) -> Path:
@@ -104,6 +108,16 @@ def _check_resumed_tokens(out: Path, cfg: DataConfig, fingerprint: str, files: l
     raise UserError(f"data.dataset {cfg.dataset!r}: {what} since the checkpoint {resumes[0]} was written, and a run "
                     f"resumes only on the tokens it trained on (kept in {out}); put the original data back, or train "
                     f"into a new --train.out_dir")
+
+
+def _check_trained_on(out: Path, cfg: DataConfig, resumes: tuple[str, str]) -> None:
+    """The prepared dir holds the tokens the resumed run trained on: not when the data changed and was prepared
+    anew before this run (by `python -m data.prepare`), or the dir held other tokens and was rebuilt."""
+    now = load_meta(out)["tokens_sha256"]
+    if now != resumes[1]:
+        raise UserError(f"the data of data.dataset {cfg.dataset!r} changed since the checkpoint {resumes[0]} was "
+                        f"written (tokens {resumes[1][:12]} then, {now[:12]} now in {out}), and a run resumes only on "
+                        "the tokens it trained on; put the original data back, or train into a new --train.out_dir")
 
 
 def _check_is_dir(out: Path) -> None:

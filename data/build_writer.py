@@ -22,9 +22,9 @@ from .conversations import fault_kind, skip_counts, skip_report
 from .formats import text_fault_kind
 from .fingerprint import SOURCE_RECORDS
 from .holds import PREPARE_LOCK, READERS
-from .manifest import META_NAME, MOVE_AWAY, TOKENIZER_MAX, manifest, read_meta_quietly
+from .manifest import META_NAME, TOKENIZER_MAX, manifest, read_meta_quietly
 from .pieces import Piece, Source
-from .shards import BUILD_FILE, INLINE_BELOW, SPLITS, doc_in_val, load_resume_state, peak_memory_mb, write_shards
+from .shards import BUILD_FILE, INLINE_BELOW, MOVE_AWAY, SPLITS, doc_in_val, load_resume_state, peak_memory_mb, write_shards
 from .tokenizer import CHAR, CharTokenizer, Tokenizer, bpe_vocab_size, get_tokenizer, train_bpe
 
 

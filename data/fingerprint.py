@@ -12,8 +12,9 @@ from ownership import MANIFEST_MAX
 
 from .config import DataConfig
 from .formats import READ_ERRORS, read_error
-from .manifest import FORMAT_VERSION, MOVE_AWAY, json_sha256, read_meta_quietly
+from .manifest import FORMAT_VERSION, json_sha256, read_meta_quietly
 from .pieces import Source
+from .shards import MOVE_AWAY
 from .tokenizer import bpe_vocab_size
 
 SOURCE_RECORDS = ".source-hashes.json"  # a build's source files' hashes, until its manifest holds them

@@ -32,7 +32,7 @@ from fileio import json_loads
 from ownership import MANIFEST_MAX
 
 from .config import DataConfig
-from .shards import SPLITS, file_sha256, sample_sha256
+from .shards import MOVE_AWAY, SPLITS, file_sha256, sample_sha256
 from .tokenizer import CHAR, Tokenizer, bpe_vocab_size
 
 FORMAT_VERSION = 2
@@ -42,8 +42,6 @@ VERIFY_ALL = 1 << 30  # up to this many bytes of tokens, a start-up check hashes
 # prepare rebuilds any dir it finds unusable, so this is the fix for every broken-data error
 REBUILD = "re-run `python -m data.prepare` with the same settings to rebuild it"
 TOKENIZER_MAX = 256 << 20  # bytes: a trained BPE's tokenizer.json (bpe:1048576, the largest, is ~100 MB)
-# what a prepared folder's bookkeeping file too large to be ours says to do: a rebuild would replace it, so not that
-MOVE_AWAY = "it is not one prepare wrote: move it away (or set data.root to another directory), then rerun"
 
 
 def plain_name(name) -> bool:

@@ -44,6 +44,9 @@ from .pieces import Piece
 from .tokenizer import Tokenizer, get_tokenizer
 
 SPLITS = ("train", "val")
+# what a prepared folder's bookkeeping file too large to be ours says to do (a rebuild would replace it, so not that):
+# the resume record's here, the manifest's, the source records' and a trained tokenizer's (manifest.py imports shards)
+MOVE_AWAY = "it is not one prepare wrote: move it away (or set data.root to another directory), then rerun"
 BATCH_CHARS = 1 << 16  # text per task; with IN_FLIGHT_PER_WORKER tasks per process at most, this bounds memory
 IN_FLIGHT_PER_WORKER = 4
 RECORD_EVERY_S = 1.0  # the longest a kill can set a prepare back (plus the batches in flight)
@@ -228,7 +231,7 @@ def load_resume_state(out: Path, build: str, fingerprint: str, say) -> dict | No
     try:
         # bounded (a manifest's limit: it holds as much): a huge file there is refused, not read nor written over
         state = json_loads(read_own(path, "the record of an interrupted prepare (JSON)", limit=MANIFEST_MAX,
-                                    fix="it is not one prepare wrote: move it away, then rerun"))
+                                    fix=MOVE_AWAY))
         if state["fingerprint"] != fingerprint:  # another build's record (not an assert: python -O skips those)
             return None
         itemsize = np.dtype(state["dtype"]).itemsize

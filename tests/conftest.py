@@ -72,7 +72,7 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def world(data_root):
-    """The hostile tests' shared inputs: tests/test_hostile_kinds.py's build_world."""
-    from test_hostile_kinds import build_world
+    """The hostile tests' shared inputs: tests/hostile_world.py's build_world."""
+    from hostile_world import build_world
 
     yield from build_world(data_root)

@@ -32,7 +32,7 @@ from settings import path_fields
 from training import plot
 from training.config.sections import Config
 
-from test_hostile_kinds import SAMPLE_FAST, run_entry, train_argv  # noqa: F401  (run_entry: for the tests)
+from hostile_world import SAMPLE_FAST, run_entry, train_argv  # noqa: F401  (run_entry: for the tests)
 
 Main = Callable[[list[str]], "int | None"]
 

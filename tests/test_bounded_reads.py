@@ -17,6 +17,7 @@ from hypothesis import given, strategies as st
 
 import bounded
 from bounded import LineTooLong, TooLarge, TooLargeError, opened, read_at_most, read_lines, read_own
+from errors import UserError
 from code_reading import ROOT, product_trees
 
 HUGE = 4 << 30  # sparse: no disk, and a whole read needs 4 GiB, over the cap below
@@ -251,3 +252,21 @@ def test_a_stream_without_a_size_is_read_in_chunks_up_to_the_limit_plus_one():
     assert got == b'[{"text": "hi"}]' and peak < 4 << 20, peak
     big = gzip.compress(b"x" * (3 << 20))
     assert len(read_stream(gzip.GzipFile(fileobj=io.BytesIO(big)), 2 << 20)) == (2 << 20) + 1
+
+
+def test_a_prepared_folders_files_too_large_to_be_ours_say_one_fix(tmp_path):
+    """The resume record (data.shards) and the manifest (data.manifest) name the same fix, data.root included:
+    the record's said only "move it away, then rerun"."""
+    import data.manifest
+    import data.shards
+
+    for name in (".prepare-abc.json", "meta.json"):
+        with (tmp_path / name).open("wb") as f:
+            f.truncate(HUGE)  # sparse: refused by its size, unread
+    lines = []
+    for call in (lambda: data.shards.load_resume_state(tmp_path, "abc", "f", print),
+                 lambda: data.manifest.load_meta(tmp_path)):
+        with pytest.raises(UserError) as e:
+            call()
+        lines.append(str(e.value))
+    assert all(line.endswith(data.shards.MOVE_AWAY) and "data.root" in line for line in lines), lines

@@ -85,7 +85,7 @@ def test_the_cache_lives_in_the_users_cache_dir_unless_told_otherwise(monkeypatc
 
 
 def test_greedy_sampling_gives_the_same_text_on_every_run_whatever_the_timings(tmp_path, monkeypatch, capsys):
-    from test_sample import make_char_checkpoint, run as sample_run
+    from sample_runs import make_char_checkpoint, run as sample_run
 
     ckpt = tmp_path / "ckpt.pt"
     make_char_checkpoint(ckpt)

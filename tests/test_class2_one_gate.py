@@ -5,7 +5,6 @@ command manages (a training out_dir, an HF export, a prepared data folder, a sha
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
@@ -18,32 +17,11 @@ import ownership
 from entry_points import NOT_ENTRY_POINTS, PARSERS, WRITERS, run_entry
 from errors import UserError
 from fileio import no_empty_dirs_left
+from managed_folders import make_managed, KINDS
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
-
-
-def make_managed(kind: str, path: Path) -> Path:
-    """A folder of `kind` as its command leaves it (its marker, or the files that say what it is)."""
-    path.mkdir(parents=True)
-    if kind == ownership.OUT_DIR:
-        ownership.mark(path, kind)
-        (path / "ckpt.pt").write_bytes(b"weights of a run")
-        (path / "metrics.jsonl").write_text('{"iter": 0}\n')
-    elif kind == ownership.EXPORT:
-        (path / "config.json").write_text("{}")
-        (path / "model.safetensors").write_bytes(b"tensors")
-    elif kind == ownership.DATA:
-        (path / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 65}))
-        (path / "train_000.bin").write_bytes(b"tokens")
-    else:
-        (path / ".metadata").write_bytes(b"index")
-        (path / "__0_0.distcp").write_bytes(b"shards")
-    return path
-
-
-KINDS = (ownership.OUT_DIR, ownership.EXPORT, ownership.DATA, ownership.CHECKPOINT)
 
 
 def scripts(root: Path) -> set[str]:

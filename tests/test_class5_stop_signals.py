@@ -15,7 +15,7 @@ from pathlib import Path
 from checkpoint import load_checkpoint
 from training.parallel.signals import STOP_SIGNALS
 
-from test_multirank import argv as train_argv
+from multirank_runs import argv as train_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -17,7 +17,7 @@ from data import holds
 from entry_points import WRITERS, run_entry, train_argv
 from eval.figures import Inspection, attention_figure, figure_png, surprisal_figure
 from locks import DirLock
-from test_class2_one_gate import KINDS, make_managed
+from managed_folders import KINDS, make_managed
 
 
 def one_error(code, err) -> str:

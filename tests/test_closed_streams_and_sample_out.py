@@ -18,7 +18,7 @@ import pytest
 
 import train
 from checkpoint import load_checkpoint
-from test_sample import ENV, assert_one_error_line, make_char_checkpoint, run
+from sample_runs import ENV, assert_one_error_line, make_char_checkpoint, run
 from tiny_runs import tiny_argv
 from training.report.metrics import Console, Progress, console_guard
 

@@ -256,6 +256,23 @@ def test_touching_the_source_rebuilds_nothing_and_an_edit_is_a_new_dataset(sourc
     assert "\n" not in str(e.value)
 
 
+def test_prepare_data_owns_the_resumed_runs_tokens_before_and_after_preparing(source, tmp_path):
+    """`resumes`: the dir holding the run's tokens is not rebuilt when the source changed (one line, the dir
+    as it was), and a dir prepared anew since (other tokens) is refused by prepare_data itself, one line."""
+    root = tmp_path / "prepared"
+    out = prepare_data(cfg(source, root), progress=False)
+    trained_on = load_meta(out)["tokens_sha256"]
+    source.write_text(source.read_text() + "an edit\n", encoding="utf-8")
+    before = (out / "meta.json").read_bytes()
+    with pytest.raises(UserError, match=r"changed since the checkpoint ck\.pt") as e:
+        prepare_data(cfg(source, root), progress=False, resumes=("ck.pt", trained_on))
+    assert "\n" not in str(e.value) and (out / "meta.json").read_bytes() == before
+    prepare_data(cfg(source, root), progress=False)  # prepared anew, without a resume
+    with pytest.raises(UserError, match=r"changed since the checkpoint ck\.pt.*put the original data back") as e:
+        prepare_data(cfg(source, root), progress=False, resumes=("ck.pt", trained_on))
+    assert "\n" not in str(e.value) and trained_on[:12] in str(e.value)
+
+
 def test_an_unchanged_big_source_is_not_read_again_to_fingerprint_it(source, tmp_path, monkeypatch):
     root = tmp_path / "prepared"
     prepare_data(cfg(source, root), progress=False)

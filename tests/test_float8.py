@@ -12,7 +12,7 @@ from runtime.loss_path import LMLoss
 from training.float8 import check_float8, convert_to_float8, float8_problem
 from errors import UserError
 
-from test_train_reliability import cli, one_line
+from cli_lines import cli, one_line
 from tiny_runs import tiny_argv
 
 CUDA = torch.device("cuda", 0)

@@ -27,7 +27,7 @@ from runtime.memory import training_bytes
 from training.config.sections import load_config
 from training.parallel.sharding import checkpoint_blocks
 
-from test_multirank import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, torchrun, two_ranks
+from multirank_runs import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, torchrun, two_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from checkpoint import load_for_inference  # noqa: E402
 from errors import UserError  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from test_hostile_kinds import run_entry  # noqa: E402
+from hostile_world import run_entry  # noqa: E402
 
 TINY = dict(n_layer=1, n_head=2, n_embd=8, n_positions=32, vocab_size=50257)
 IDX = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(1))

@@ -1,7 +1,7 @@
 """The number and string options of the other entry points, given any value: python -m eval.hellaswag
 (--limit, --batch-size, --device), python -m eval.inspect (--layer, --head, --text) and python -m
 data.prepare (--val-fraction, --shard-tokens, --tokenizer-sample-mb, --num-proc, --tokenizer), through
-each CLI's main(argv) in-process, with the real tiny checkpoints of tests/test_hostile_kinds.py's world:
+each CLI's main(argv) in-process, with the real tiny checkpoints of tests/hostile_world.py's world:
 one `error:` line naming the option (status 2), or a working output; never a traceback, never past
 HANG_S. python -m checkpoint.export, python -m checkpoint consolidate and python -m training.plot take
 only paths and flags (tests/test_hostile_kinds.py gives those every kind of path).
@@ -25,8 +25,8 @@ from data import DataConfig, prepare_data
 from data.prepare import main as prepare_main
 from errors import UserError
 
-from test_hostile_counts import SPECIAL_FLOATS, SPECIAL_INTS, TEXTS
-from test_hostile_kinds import assert_one_line, make_kind, run_entry
+from hostile_values import SPECIAL_FLOATS, SPECIAL_INTS, TEXTS
+from hostile_world import assert_one_line, make_kind, run_entry
 
 
 

@@ -35,7 +35,7 @@ from training.config.sections import Config, load_config
 from training.report.metrics import MetricsLog
 from training.timing.schedule import lr_at
 
-from test_hostile_counts import SPECIAL_FLOATS, SPECIAL_INTS
+from hostile_values import SPECIAL_FLOATS, SPECIAL_INTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("model", "data", "train", "eval", "wandb")
@@ -187,7 +187,7 @@ def test_the_largest_accepted_values_keep_the_schedule_finite():
 def test_a_run_at_lr_1e30_stops_at_the_non_finite_guard(tmp_path, data_root):
     """End to end, the most extreme lr accepted: the weights blow up, and the run stops with the guard's
     one line (status 2), not a traceback and not a run of nan."""
-    from test_hostile_kinds import train_argv
+    from hostile_world import train_argv
 
     argv = train_argv(tmp_path / "out", data_root, "--train.lr=1e30", "--train.max_iters=4", "--train.warmup_iters=0",
                       "--train.grad_clip=0")
@@ -202,7 +202,7 @@ def test_a_run_at_lr_1e30_stops_at_the_non_finite_guard(tmp_path, data_root):
 def test_a_run_with_the_other_extreme_accepted_values_trains_finite(tmp_path, data_root):
     """End to end, the extremes that are accepted and train: a subnormal lr and grad clip, eps and the
     rope base at 1e308, the soft-cap at its bound. It ends (status 0) with finite logged losses."""
-    from test_hostile_kinds import train_argv
+    from hostile_world import train_argv
 
     argv = train_argv(tmp_path / "out", data_root, "--train.lr=5e-324", "--train.min_lr=0", "--train.grad_clip=5e-324",
                       "--model.layer_norm_eps=1e308", "--model.pos_embedding=rope", "--model.rope_base=1e308",
@@ -320,7 +320,7 @@ def test_a_prompt_that_is_not_utf8_is_refused_before_the_run():
 @pytest.mark.parametrize("kind", ["fifo", "null_device", "socket", "symlink_loop", "directory"])
 def test_config_that_is_not_a_file_is_named_by_its_kind(tmp_path, kind):
     """--config given a FIFO, a device, a socket, a symlink loop: it said 'not found', though it is there."""
-    from test_hostile_kinds import make_kind
+    from hostile_world import make_kind
 
     path = make_kind(kind, tmp_path / "cfg.yaml")
     expected = {"fifo": "a FIFO", "null_device": "a device", "socket": "a socket",

@@ -37,8 +37,8 @@ import train  # noqa: E402
 from checkpoint.export import main as export_main  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from test_hostile_kinds import SAMPLE_FAST, assert_one_line, run_entry  # noqa: E402
-from test_multirank import argv as tiny_train_argv  # noqa: E402
+from hostile_world import SAMPLE_FAST, assert_one_line, run_entry  # noqa: E402
+from multirank_runs import argv as tiny_train_argv  # noqa: E402
 
 N_POSITIONS = 32  # tiny_train_argv's model.block_size: train.py gets as far as loading the weights
 

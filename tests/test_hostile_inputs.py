@@ -33,7 +33,7 @@ from locks import DirLock
 from runtime import choices
 from training import plot
 
-from test_hostile_kinds import SAMPLE_FAST, assert_one_line, run_entry, train_argv
+from hostile_world import SAMPLE_FAST, assert_one_line, run_entry, train_argv
 
 
 

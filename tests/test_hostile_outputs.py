@@ -30,7 +30,7 @@ from data.prepare import main as prepare_main
 from fileio import process_start_time
 from training import plot
 
-from test_hostile_kinds import SAMPLE_FAST, assert_one_line, run_entry, snapshot
+from hostile_world import SAMPLE_FAST, assert_one_line, run_entry, snapshot
 
 
 
@@ -169,7 +169,7 @@ def test_a_fifo_with_a_reader_gets_the_whole_output(tmp_path):
 
     import sample
     from errors import run_cli
-    from test_sample import make_char_checkpoint
+    from sample_runs import make_char_checkpoint
 
     make_char_checkpoint(tmp_path / "ckpt.pt")
     fifo = tmp_path / "out.fifo"

@@ -24,7 +24,7 @@ import train
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 
-from test_hostile_kinds import SAMPLE_FAST, assert_one_line, run_entry, snapshot, train_argv
+from hostile_world import SAMPLE_FAST, assert_one_line, run_entry, snapshot, train_argv
 
 
 def _cut(path: Path, keep: float) -> None:
@@ -229,3 +229,44 @@ def test_a_claimed_size_is_refused_by_arithmetic_before_anything_is_allocated(wo
             else:
                 line = _refused(lambda: load_checkpoint(ckpt, needed=("model",)))
                 assert str(ckpt) in line and key in line and len(line) < 400, line
+
+
+# ------------------------------------------------------------------- one read of the .metadata a load
+
+def test_a_sharded_load_reads_its_metadata_once_and_builds_one_meta_model(world, monkeypatch):
+    """Each load of a ckpt.dcp (inference's load_model, consolidate's load_checkpoint, a resume's load_into)
+    unpickles its .metadata once (handed to DCP's reader, not read again) and builds at most one meta model (its
+    shapes checked against the one the weights then go into)."""
+    import checkpoint.meta
+    from checkpoint import load_checkpoint, load_model
+    from checkpoint.load import checked_model_config
+    from checkpoint.sharded import _MetadataUnpickler, load_into
+    from model.gpt import GPT
+
+    counts = {"unpickles": 0, "meta models": 0}
+    unpickle = _MetadataUnpickler.load
+
+    def counted_load(self):
+        counts["unpickles"] += 1
+        return unpickle(self)
+
+    class Counted(checkpoint.meta.GPT):
+        def __init__(self, *a, **k):
+            counts["meta models"] += 1
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(_MetadataUnpickler, "load", counted_load)
+    monkeypatch.setattr(checkpoint.meta, "GPT", Counted)
+    ckpt = world.run / "ckpt.dcp"
+    config = checked_model_config(load_checkpoint(ckpt)["model_config"], ckpt)
+    counts.update({"unpickles": 0, "meta models": 0})
+    reference = load_model(str(ckpt)).model.state_dict()
+    assert counts == {"unpickles": 1, "meta models": 1}
+    counts.update({"unpickles": 0, "meta models": 0})
+    assert load_checkpoint(ckpt, needed=("model",))["model"].keys() == reference.keys()
+    assert counts == {"unpickles": 1, "meta models": 1}
+    counts.update({"unpickles": 0, "meta models": 0})
+    state = {"model": GPT(config).state_dict()}
+    load_into(ckpt, state)
+    assert counts == {"unpickles": 1, "meta models": 0}
+    assert all(state["model"][k].equal(v) for k, v in reference.items())

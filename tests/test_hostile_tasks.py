@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from errors import run_cli
-from test_hostile_kinds import make_kind
+from hostile_world import make_kind
 
 SMALL = ["--train", "20", "--heldout", "4", "--pretrain-lines", "3"]
 
@@ -143,7 +143,7 @@ def test_class_tasks_heldout_over_the_arithmetic_questions_there_are_is_refused_
     assert not out.exists()
 
 
-# the kinds of path every path option meets (tests/test_hostile_kinds.py's make_kind), under this file's names
+# the kinds of path every path option meets (tests/hostile_world.py's make_kind), under this file's names
 SHARED_KINDS = {"directory": "directory", "fifo nobody writes": "fifo", "broken symlink": "dangling_symlink",
                 "empty file": "empty"}
 

@@ -93,7 +93,7 @@ def test_training_that_cannot_fit_is_refused_in_one_line_before_allocating(tmp_p
 def test_sampling_that_cannot_fit_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     import runtime.memory
     import sample
-    from test_sample import make_char_checkpoint
+    from sample_runs import make_char_checkpoint
 
     make_char_checkpoint(tmp_path / "ckpt.pt")
     # --num-samples is bounded by a count now (65536, sample.py's own check); under it, 1 MiB free is too little

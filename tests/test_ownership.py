@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,31 @@ def test_each_kind_is_recognised_by_its_marker_or_by_what_todays_code_leaves(tmp
     claim(tmp_path / "new-run")
     assert ownership.kind_of(tmp_path / "new-run") == ownership.OUT_DIR
     assert sorted(p.name for p in (tmp_path / "new-run").iterdir()) == [ownership.MARKER]  # the lock is gone
+
+
+def test_a_manifest_is_recognised_around_an_output_by_its_first_keys_in_bounded_memory(tmp_path, prepared):
+    """A prepared folder near an output is known by its meta.json's first keys, read from its first bytes: a
+    manifest of hundreds of MiB (a corpus of many files; here sparse past its first keys) is recognised without
+    being read whole, and a JSON that is no manifest (other keys first, small or large) is not."""
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "meta.json", "wb") as f:
+        f.write(b'{\n "tokens_sha256": "ab", "format_version": 2, "source": "corpus/", "val_dataset": null,\n'
+                b' "tokenizer": "char", "vocab_size": 66,\n "shards": [')
+        f.truncate(300 << 20)
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.mkdir(), large.mkdir()
+    (small / "meta.json").write_text('{"name": "not ours", "tokenizer": "char"}')
+    with open(large / "meta.json", "wb") as f:
+        f.write(b'{"rows": [')
+        f.truncate(300 << 20)
+    tracemalloc.start()
+    try:
+        kinds = [ownership.kind_of(p, around=True) for p in (prepared, big, small, large)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert kinds == [ownership.DATA, ownership.DATA, None, None] and peak < 4 << 20
 
 
 def test_an_out_dir_of_todays_code_without_a_marker_is_claimed_again_and_keeps_its_files(tmp_path):

@@ -6,7 +6,6 @@ Most runs call `run_cli(sample.main)` in-process (same exit code and stderr as t
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import re
 import subprocess
@@ -21,30 +20,12 @@ import runtime.precision
 import sample
 from runtime.precision import inference_dtype
 from data import get_tokenizer
-from errors import run_cli
 from model import GPT, GPTConfig
 from model.generate import generate
 from checkpoint import load_for_inference, save_checkpoint
+from sample_runs import CHARS, ENV, make_char_checkpoint, run, assert_one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
-CHARS = "".join(sorted(set(TEXT)))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: one thread is fastest, as tests/conftest.py does in-process
-
-
-def make_char_checkpoint(path: Path, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, n_embd=32)
-    model = GPT(config)
-    with torch.no_grad():  # peaky logits: greedy choices are far from float ties
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.4)
-    save_checkpoint(path, {
-        "model": model.state_dict(), "model_config": dataclasses.asdict(config), "config": {},
-        "tokenizer": {"tokenizer": "char", "chars": CHARS}, "iter": 0,
-    })
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -54,26 +35,9 @@ def char_ckpt(tmp_path_factory):
     return path, model
 
 
-def run(argv, capsys):
-    """sample.py in-process through run_cli -> (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        run_cli(lambda: sample.main([str(a) for a in argv]))
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
-
-
 def run_script(argv, cwd=ROOT, **kw):
     return subprocess.run([sys.executable, str(ROOT / "sample.py"), *map(str, argv)], cwd=cwd,
                           capture_output=True, text=True, timeout=120, env=ENV, **kw)
-
-
-def assert_one_error_line(code, err, *words):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
 
 
 # ---------------------------------------------------------------------------------- HF parity

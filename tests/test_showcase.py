@@ -30,7 +30,7 @@ from training.config.sections import load_config
 from training.timing.schedule import Cadence
 from training.report.showcase import build_showcase
 
-from test_multirank import argv as multirank_argv, two_ranks
+from multirank_runs import argv as multirank_argv, two_ranks
 from tiny_runs import _one_thread, run, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
 from wandb_files import file_records
 

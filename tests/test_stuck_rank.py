@@ -14,7 +14,7 @@ import pytest
 
 from checkpoint import load_checkpoint
 
-from test_multirank import argv
+from multirank_runs import argv
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -18,29 +18,13 @@ import pytest
 import torch
 
 import sample
-import train
-from errors import UserError, run_cli
+from errors import UserError
 from checkpoint import load_checkpoint, save_checkpoint
 from tiny_runs import run, tiny_argv
+from cli_lines import cli, one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
-def cli(argv, capsys, main=train.main):
-    with pytest.raises(SystemExit) as e:
-        run_cli(lambda: main(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def one_line(code, err, *words):
-    assert code == 2 and "Traceback" not in err, err
-    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, err
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------------------ one writer
@@ -126,7 +110,7 @@ def test_a_resumed_run_refuses_a_best_checkpoint_of_another_run(tmp_path, data_r
 
 @pytest.fixture(scope="module")
 def char_ckpt(tmp_path_factory) -> Path:
-    from test_sample import make_char_checkpoint
+    from sample_runs import make_char_checkpoint
 
     path = tmp_path_factory.mktemp("ck") / "ckpt.pt"
     make_char_checkpoint(path)
@@ -246,7 +230,7 @@ def test_a_checkpoint_with_a_missing_or_malformed_entry_is_one_line(tmp_path, da
 
 
 def test_a_checkpoint_with_nan_weights_is_one_line_in_sample(tmp_path, capsys):
-    from test_sample import make_char_checkpoint
+    from sample_runs import make_char_checkpoint
 
     make_char_checkpoint(tmp_path / "ckpt.pt")
     ck = load_checkpoint(tmp_path / "ckpt.pt")
