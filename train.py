@@ -48,7 +48,7 @@ from training.parallel.distributed import Parallel, destroy_distributed, dist_fr
 from training.report.evaluate import bits_per_byte
 from training.float8 import check_float8
 from training.health import NonFiniteGuard
-from training.report.metrics import METRICS_NAME, LossWindow, MetricsLog, Progress, console_guard
+from training.report.metrics import METRICS_NAME, MetricsLog, Progress, console_guard
 from training.report.mfu import mfu
 from training.plan import RunPlan
 from training.rng import seed_everything
@@ -60,6 +60,7 @@ from training.state import TrainState
 from training.report.state_size import shard_counts, state_bytes
 from training.step import StepOutput
 from training.report.wandb_logger import WandbLogger
+from training.report.window import LossWindow
 
 if __name__ == "__main__":  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     errors.start_up_done()
@@ -115,15 +116,16 @@ def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack,
     plan = RunPlan.start(resume)
     trainer = build_trainer(cfg, par, device, model, plan, data_loaders(cfg, data_dir, par, device), say)
     notes += data_notes(trainer, cfg.model.block_size)  # conversations cut or dropped to fit the context
-    state = TrainState()
+    state, window = TrainState(), LossWindow(device, par)
     checkpointer, rng = build_checkpointer(Path(cfg.train.out_dir), par, trainer=trainer, plan=plan, state=state,
-                                           cfg=cfg, tokenizer=tokenizer)
+                                           window=window, cfg=cfg, tokenizer=tokenizer)
     restore_or_start(checkpointer, resume, cfg.train.seed, par)
     hellaswag = load_hellaswag(cfg, tokenizer, par)
     log = open_log(cfg, par, trainer, plan, state, resume, cleanup, say)
     stop = install_stop_flag(par, checkpointer, cleanup)
-    run = Run(cfg=cfg, par=par, device=device, trainer=trainer, plan=plan, state=state, checkpointer=checkpointer,
-              log=log, stop=stop, hellaswag=hellaswag, clock=Clock(started, state.elapsed_s), showcase=showcase)
+    run = Run(cfg=cfg, par=par, device=device, trainer=trainer, plan=plan, state=state, window=window,
+              checkpointer=checkpointer, log=log, stop=stop, hellaswag=hellaswag, clock=Clock(started, state.elapsed_s),
+              showcase=showcase)
     plan.settle("schedule", schedule_for(run))  # train.time_budget: sized to this machine by timing the loop's work
     run.log.progress.total(plan.max_iters)
     say_start(run, notes + ([rng.note] if rng.note else []), resume)
@@ -264,7 +266,8 @@ def loop(r: Run) -> dict[str, Any]:
     losses: dict[int, float] = {}  # the logged train losses, by iteration
     last_eval: dict[str, Any] = {}
     stopped = None
-    window = LossWindow(r.device)
+    window = r.window  # restored: a run stopped inside a window goes on with it (training/report/window.py)
+    window.resume()  # its clock: the set-up is no step's time
     guard = NonFiniteGuard(r.device, fp16=r.trainer.step.scaler.is_enabled())
     r.trainer.model.train()
     while state.iter < plan.max_iters:

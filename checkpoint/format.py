@@ -25,12 +25,12 @@ from errors import UserError, clipped, short_error
 from fileio import atomic_write, open_own, path_kind, recover_replaced_dir
 from ownership import BEST_NAME, CKPT_NAME
 from runtime.precision import DTYPE_BY_NAME
-from settings import ITERS, MAX_ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, all_of, at_least, at_most
+from settings import ITERS, MAX_ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, all_of, at_least, at_most, finite_number
 
 from .sharded import ShardedDir, is_sharded_checkpoint, sharded_name
 
 FORMAT = "smallgpt-checkpoint"
-VERSION = 3  # versions 1 and 2 are read too (upgrade below)
+VERSION = 4  # versions 1 to 3 are read too (upgrade below)
 # CKPT_NAME: the latest complete checkpoint of a run; BEST_NAME: the one with the run's best val loss. Spelled
 # in ownership.py, which recognises an out_dir by them and must stay importable without torch (data/ reads it)
 SHARDED_CKPT_NAME = sharded_name(CKPT_NAME)  # ckpt.dcp/ and best.dcp/: the same, sharded (train.parallel=fsdp)
@@ -62,6 +62,7 @@ SCHEMA: dict[str, Entry] = {
     "plan": Entry(dict, "every decision the run made at start-up, and how: PLAN_FIELDS and their notes"),
     "optimizer": Entry(dict, '{"optimizers": [state_dict, ...]}, one per optimizer'),
     "scaler": Entry(dict, "the GradScaler's state ({} when disabled)"),
+    "window": Entry(dict, "the log window's steps so far: check_window's fields (empty at a window's end)"),
     "loader": Entry(dict, "the batch loader's position and the tokens' fingerprint"),
     "rng": Entry(dict, '{"ranks": [streams of rank 0, rank 1, ...]}'),
 }
@@ -97,7 +98,9 @@ def require(obj: dict[str, Any], where: str | os.PathLike, needed: tuple[str, ..
 def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
     """Version 1 kept the counters at the top level, one optimizer state, rank 0's RNG streams and a
     scaler entry of None; version 2 groups the counters under "train" and has lists for the others.
-    Version 2 kept the start-up decisions among the counters; version 3 has them in their own "plan"."""
+    Version 2 kept the start-up decisions among the counters; version 3 has them in their own "plan".
+    Version 3 kept no log window: its run logged the steps since its last record at the stop, so it resumes
+    with an empty one (version 4)."""
     if obj["version"] == 1:
         obj = dict(obj)
         train = {k: obj.pop(k) for k in ("iter", "best_val_loss", "tokens_seen") if k in obj}
@@ -116,7 +119,9 @@ def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
         obj = dict(obj)
         if isinstance(obj.get("train"), dict):
             obj["train"], obj["plan"] = plan_of_version_2(obj["train"])
-        obj["version"] = VERSION
+        obj["version"] = 3
+    if obj["version"] == 3:
+        obj = {**obj, "window": dict(EMPTY_WINDOW), "version": 4}
     return obj
 
 
@@ -184,6 +189,41 @@ def check_plan(state: Any) -> dict[str, Any]:
 # the "train" entry's counts: steps done (at most a config's max_iters), and tokens (at most a config's most per step)
 STEPS_DONE = all_of(at_least(0), at_most(MAX_ITERS))
 TOKENS_SEEN = all_of(at_least(0), at_most(MAX_ITERS * MAX_TOKENS_PER_STEP))
+
+
+# the "window" entry: the steps of the log window so far (train.log_interval's), saved so that a run stopped inside a
+# window and resumed logs the uninterrupted run's records. The loss sum of every rank (in rank order: each rank
+# averages its own, then the ranks are averaged), and the window's wall seconds so far (rank 0's).
+EMPTY_WINDOW = {"steps": 0, "loss_sums": [], "seconds": 0.0}
+
+
+def check_window(state: Any) -> tuple[int, list[float], float]:
+    """A saved log window, checked: (steps, the ranks' loss sums, seconds); a TypeError or ValueError naming the
+    field otherwise. Its sums are finite (train.py saves no checkpoint after a non-finite loss: health.py), there
+    is one a rank when it holds steps and none but zeros when it holds none."""
+    if not isinstance(state, dict):
+        raise TypeError(f"the window should be a dict of steps, loss_sums and seconds, got {clipped(state, 80)}")
+    missing = [k for k in EMPTY_WINDOW if k not in state]
+    if missing:
+        raise TypeError(f"the window has no {' or '.join(missing)}")
+    steps, sums, seconds = (state[k] for k in EMPTY_WINDOW)
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"steps should be int, got {clipped(steps)}")
+    problem = STEPS_DONE(steps)
+    if problem:
+        raise ValueError(f"steps {problem}")
+    if not isinstance(sums, list):
+        raise TypeError(f"loss_sums should be a list of numbers, got {clipped(sums)}")
+    for value in sums:
+        if not finite_number(value):
+            raise ValueError(f"loss_sums should hold finite numbers, got {clipped(value)}")
+    if steps and not sums:
+        raise ValueError(f"{steps} step(s) but no rank's loss_sums")
+    if not steps and any(sums):
+        raise ValueError(f"no steps but loss_sums {clipped(sums)}")
+    if not finite_number(seconds) or seconds < 0:
+        raise ValueError(f"seconds should be a finite number >= 0, got {clipped(seconds)}")
+    return steps, [float(v) for v in sums], float(seconds)
 
 
 def train_entry_problem(train: Any, plan: Any) -> str | None:

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 import training.timing.budget
 from errors import UserError
 from faults import inject
-from checkpoint import load_checkpoint
+from checkpoint import VERSION, load_checkpoint
 from training.timing.budget import Timing, parse_duration, plan
 from training.config.sections import load_config
 
@@ -265,4 +265,4 @@ def test_a_run_saved_by_format_2_resumes_with_every_decision_it_made(tmp_path, d
     assert {k: v for k, v in full["losses"].items() if k > 5} == resumed["losses"] and resumed["iter"] == 14
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "old")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert b["version"] == 3 and b["plan"]["micro_batch"] == 8 and "budget_iters" not in b["train"]
+    assert b["version"] == VERSION and b["plan"]["micro_batch"] == 8 and "budget_iters" not in b["train"]

@@ -25,7 +25,7 @@ def _payload(value: float) -> dict:
 def test_saved_checkpoint_loads_back_with_weights_only_and_is_stamped(tmp_path):
     save_checkpoint(tmp_path / "ckpt.pt", _payload(2.0))
     ck = load_checkpoint(tmp_path / "ckpt.pt")
-    assert ck["format"] == FORMAT and ck["version"] == 3
+    assert ck["format"] == FORMAT and ck["version"] == 4
     assert torch.equal(ck["model"]["w"], torch.full((4, 4), 2.0))
     # a directory means its ckpt.pt; plain torch.load with weights_only works too (other readers)
     assert load_checkpoint(tmp_path)["iter"] == 2
@@ -40,7 +40,7 @@ def test_version_1_checkpoint_is_read_with_its_counters_under_train(tmp_path):
           "rng": {"torch": torch.zeros(3, dtype=torch.uint8)}, "scaler": None}
     torch.save(v1, tmp_path / "ckpt.pt")
     ck = load_checkpoint(tmp_path)
-    assert ck["version"] == 3
+    assert ck["version"] == 4 and ck["window"] == {"steps": 0, "loss_sums": [], "seconds": 0.0}  # none was kept
     assert ck["train"] == {"iter": 7, "best_val_loss": 2.5, "tokens_seen": 700, "run_id": "abcd1234", "elapsed_s": 0.0}
     assert ck["plan"] == {"notes": {"loss_product": "LM head's weight gradient by torch.mm"}, "loss_product": "torch.mm"}
     assert ck["optimizer"] == {"optimizers": [{"state": {}, "param_groups": []}]}

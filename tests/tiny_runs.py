@@ -46,8 +46,9 @@ def sub_env() -> dict:
 
 def as_version_2(ckpt: dict, without: tuple[str, ...] = ()) -> dict:
     """A checkpoint as format 2 wrote it: the plan's decisions among the counters of "train" (0 or "": none),
-    less the fields in `without` (written before they existed). Written by hand, not by the upgrade code."""
-    plan, ckpt = ckpt["plan"], {k: v for k, v in ckpt.items() if k != "plan"}
+    less the fields in `without` (written before they existed), and no log window (format 4's). Written by hand,
+    not by the upgrade code."""
+    plan, ckpt = ckpt["plan"], {k: v for k, v in ckpt.items() if k not in ("plan", "window")}
     notes = plan.get("notes", {})
     v2 = {"dtype": plan.get("dtype", ""), "loss_product": plan.get("loss_product", "torch.mm"),
           "micro_batch": plan.get("micro_batch", 0) if notes.get("batch") else 0, "batch_note": notes.get("batch", ""),

@@ -43,6 +43,7 @@ from .parallel.distributed import Parallel
 from .float8 import convert_to_float8
 from .init_from import initial_model
 from .report.mfu import peak_flops
+from .report.window import LossWindow
 from .optim import Muon, make_optimizers
 from .plan import Batch, Decision, RunPlan
 from .rng import RNGState
@@ -381,7 +382,7 @@ class Stepper:
 
 
 def build_checkpointer(out_dir: Path, par: Parallel, *, trainer: Trainer, plan: RunPlan, state: TrainState,
-                       cfg: Config, tokenizer: dict[str, Any]) -> tuple[Checkpointer, RNGState]:
+                       window: LossWindow, cfg: Config, tokenizer: dict[str, Any]) -> tuple[Checkpointer, RNGState]:
     """Every stateful part, registered once: the same mapping is saved and restored. The RNG streams
     come last, so that restoring nothing after them consumes a random number."""
     if par.sharded:  # the layout follows train.parallel, on any number of ranks
@@ -400,6 +401,7 @@ def build_checkpointer(out_dir: Path, par: Parallel, *, trainer: Trainer, plan: 
     ckpt.register("loader", trainer.train_loader)
     ckpt.register("train", state)
     ckpt.register("plan", plan)
+    ckpt.register("window", window)  # the log window so far: a stop inside one logs nothing partial
     rng = RNGState(par)
     ckpt.register("rng", rng)
     return ckpt, rng

@@ -21,6 +21,7 @@ from .config.sections import Config
 from .parallel.distributed import Parallel
 from .report.evaluate import evaluate, evaluate_full
 from .report.metrics import MetricsLog, Progress
+from .report.window import LossWindow
 from .plan import RunPlan
 from .timing.schedule import apply_lr, lr_at
 from .report.showcase import Showcase
@@ -66,6 +67,7 @@ class Run:
     trainer: Trainer  # the model, its step, the batches
     plan: RunPlan  # every start-up decision: the loop reads the schedule from here, never from cfg
     state: TrainState
+    window: LossWindow  # the steps since the last logged record (kept in the checkpoint)
     checkpointer: Checkpointer
     log: RunLog
     stop: StopFlag

@@ -1,5 +1,5 @@
-"""What the loop logs: `<out_dir>/metrics.jsonl`, the window of steps each log line averages, the
-progress display (a bar on a terminal, plain lines elsewhere), and the console they print to.
+"""What the loop logs: `<out_dir>/metrics.jsonl`, the progress display (a bar on a terminal, plain lines
+elsewhere), and the console they print to (the window of steps each record averages: window.py).
 
 `metrics.jsonl` holds one JSON record per logged step (train and eval values of that step
 together), written by rank 0, readable without wandb.
@@ -15,12 +15,10 @@ import json
 import math
 import os
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
 from tqdm import tqdm
 
 from bounded import TooLarge, read_lines
@@ -121,34 +119,6 @@ class MetricsLog:
         except OSError as e:
             raise UserError(f"cannot append to {self.path} ({short_error(e)}); free some space or fix the file, then "
                             "rerun the same command to resume") from None
-
-
-class LossWindow:
-    """The train losses and wall time of the steps since the last log line. Losses are summed on the
-    device (no host sync per step); time spent evaluating or checkpointing is left out of tokens/s."""
-
-    def __init__(self, device: torch.device):
-        self.loss = torch.zeros((), device=device)
-        self.steps = 0
-        self._seconds = 0.0
-        self._t0 = time.perf_counter()
-
-    def add(self, loss: torch.Tensor) -> None:
-        self.loss += loss
-        self.steps += 1
-
-    def pause(self) -> None:
-        self._seconds += time.perf_counter() - self._t0
-
-    def resume(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def elapsed(self) -> float:
-        return self._seconds + time.perf_counter() - self._t0
-
-    def reset(self) -> None:
-        self.loss.zero_()
-        self.steps, self._seconds, self._t0 = 0, 0.0, time.perf_counter()
 
 
 class Progress:

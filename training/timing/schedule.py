@@ -55,16 +55,17 @@ class Cadence:
     inspect: int = 0
 
     def after(self, step: int, stopping: bool) -> Due:
-        """After optimizer step number `step` (1-based: `step` steps are done). The last step and a stop
-        always log and checkpoint, and the last one evaluates (HellaSwag, samples and the attention maps
-        too, each when it is on), and a step that evaluates, samples or draws also logs. So a run of n steps
-        samples ceil(n / sample) times, as the time budget counts. Every rank computes the same answer, since
-        `stopping` is agreed between ranks."""
+        """After optimizer step number `step` (1-based: `step` steps are done). The last step always logs
+        and checkpoints, and evaluates (HellaSwag, samples and the attention maps too, each when it is on), and a
+        step that evaluates, samples or draws also logs. So a run of n steps samples ceil(n / sample) times, as
+        the time budget counts. A stop checkpoints and logs nothing of its own: the log window so far is saved
+        with the checkpoint (training/report/window.py), so the resumed run logs the steps an uninterrupted one
+        would. Every rank computes the same answer, since `stopping` is agreed between ranks."""
         last = step == self.max_iters
         eval_now = step % self.eval == 0 or last
         checkpoint = step % (self.checkpoint or self.eval) == 0 or last or stopping
         hellaswag, sample, inspect = (n > 0 and (step % n == 0 or last) for n in (self.hellaswag, self.sample,
                                                                                  self.inspect))
         # whatever runs the model logs too: the loop checks for non-finite weights before it logs
-        log = step % self.log == 0 or last or stopping or eval_now or hellaswag or sample or inspect
+        log = step % self.log == 0 or last or eval_now or hellaswag or sample or inspect
         return Due(log=log, eval=eval_now, checkpoint=checkpoint, hellaswag=hellaswag, sample=sample, inspect=inspect)
