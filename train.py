@@ -40,7 +40,7 @@ from runtime.device import resolve_device
 from ownership import unmark_if_unused
 from training.timing.budget import resumed_length_notes, resumed_ranks_notes, schedule_for
 from training.chat import chat_vocab_size, data_notes
-from training.init_from import resumed_init_from
+from training.init_from import check_init_from, resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
 from training.batch_size import check_world_size
 from training.config.sections import Config, keep_what_older_runs_did, load_config, parse_duration, resume_conflicts, to_yaml
@@ -105,6 +105,8 @@ def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack,
     decision is settled into `plan` by its one rule (training/plan.py)."""
     say = tqdm.write if par.is_main else (lambda *a, **k: None)
     resume, cfg = claim_and_decide_resume(cfg, par, say, cleanup)
+    if resume is None:  # a resumed run's weights are its checkpoint's
+        check_init_from(cfg.model, cfg.data.tokenizer)  # before the data's preparation (long): a refusal at once
     data_dir, meta, tokenizer = prepare(cfg, par, resume, cleanup)
     showcase = build_showcase(cfg, tokenizer)  # samples and attention maps: the prompts checked before the model
     chat_vocab = chat_vocab_size(meta)  # conversations: the vocabulary their markers need (training/chat.py)

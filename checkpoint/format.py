@@ -252,7 +252,8 @@ class TorchFile:
                     raise
                 raise cause from None
 
-    def read(self, path: Path, needed: tuple[str, ...] = ()) -> Any:
+    def read(self, path: Path, needed: tuple[str, ...] = (), *, mapped: bool = False) -> Any:
+        """`mapped`: a zip's tensors mapped from the file (torch.load's mmap), read only where touched."""
         try:
             kind = os.stat(path).st_mode
             if not stat.S_ISREG(kind):  # torch.load seeks: a pipe (`<(cat ckpt.pt)`) would read as corrupt
@@ -268,7 +269,8 @@ class TorchFile:
         try:
             with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
                 warnings.simplefilter("ignore")
-                return packed(torch.load(path, map_location="cpu", weights_only=True))
+                return packed(torch.load(path, map_location="cpu", weights_only=True,
+                                         mmap=mapped and head == b"PK\x03\x04"))
         except pickle.UnpicklingError as e:
             if head != b"PK\x03\x04":  # a plain pickle: whether it is refused or corrupt, only the message says
                 raise UserError(f"checkpoint {path} is a plain pickle that could not be read safely: one holding objects "
@@ -365,3 +367,12 @@ def load_checkpoint(path: str | os.PathLike, needed: tuple[str, ...] = ()) -> di
     (model, optimizer) are loaded whole only when `needed`. Every problem is a one-line UserError."""
     p = resolve_checkpoint_path(path)
     return check_payload(backend_for(p).read(p, needed), p, needed)
+
+
+def peek_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """load_checkpoint's payload with its model_config, without reading the weights: a sharded checkpoint's
+    state.pt alone, a file's tensors mapped (TorchFile.read), so that a refusal costs no load."""
+    p = resolve_checkpoint_path(path)
+    backend = backend_for(p)
+    obj = backend.read(p, ()) if backend is SHARDED else BACKEND.read(p, mapped=True)
+    return check_payload(obj, p, ("model_config",))
