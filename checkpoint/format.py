@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from errors import UserError, clipped, short_error
-from fileio import atomic_write, open_own, path_kind, recover_replaced_dir
+from fileio import atomic_write, no_empty_dirs_left, open_own, path_kind, recover_replaced_dir
 from ownership import BEST_NAME, CKPT_NAME
 from runtime.precision import DTYPE_BY_NAME
 from settings import ITERS, MAX_ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, all_of, at_least, at_most
@@ -238,19 +238,20 @@ class TorchFile:
     (fileio.atomic_write), so a reader sees the old checkpoint or the new one, never a torn one."""
 
     def write(self, path: Path, payload: dict[str, Any], *, follow: bool = False) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # (follow: a file the user named, maybe a device written straight into through a link, /dev/stdout)
-        with atomic_write(path, follow=follow) as tmp, (open(tmp, "wb") if follow else open_own(tmp, "wb")) as f:
-            try:
-                torch.save(payload, f)
-            except RuntimeError as e:
-                # torch's zip writer turns a failed write (a full disk, a quota) into "[enforce fail at
-                # inline_container.cc] unexpected pos", raised while handling the OSError: raise that OSError,
-                # which every caller reports in one line
-                cause = _os_error_behind(e)
-                if cause is None:
-                    raise
-                raise cause from None
+        with no_empty_dirs_left(path.parent):  # a failed write leaves none of the folders made for it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # (follow: a file the user named, maybe a device written straight into through a link, /dev/stdout)
+            with atomic_write(path, follow=follow) as tmp, (open(tmp, "wb") if follow else open_own(tmp, "wb")) as f:
+                try:
+                    torch.save(payload, f)
+                except RuntimeError as e:
+                    # torch's zip writer turns a failed write (a full disk, a quota) into "[enforce fail at
+                    # inline_container.cc] unexpected pos", raised while handling the OSError: raise that OSError,
+                    # which every caller reports in one line
+                    cause = _os_error_behind(e)
+                    if cause is None:
+                        raise
+                    raise cause from None
 
     def read(self, path: Path, needed: tuple[str, ...] = (), *, mapped: bool = False) -> Any:
         """`mapped`: a zip's tensors mapped from the file (torch.load's mmap), read only where touched."""
