@@ -52,7 +52,7 @@ from training.report.metrics import METRICS_NAME, LossWindow, MetricsLog, Progre
 from training.report.mfu import mfu
 from training.plan import RunPlan
 from training.rng import seed_everything
-from training.run import Clock, HellaSwag, Run, RunLog, evaluate_splits, lr_of_plan, step_at
+from training.run import Clock, HellaSwag, Run, RunLog, evaluate_splits, lr_of_plan, resumed_clock_notes, step_at
 from training.timing.schedule import Cadence
 from training.report.showcase import build_showcase
 from training.parallel.signals import StopFlag, launched_by_torchrun
@@ -150,7 +150,7 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
     cfg, notes = keep_what_older_runs_did(resume.config, cfg)
     cfg, applied = resumed_init_from(resume.config, cfg, str(resume.path))
     for note in (notes + applied + resumed_length_notes(resume.config, cfg)
-                 + resumed_ranks_notes(resume.payload, cfg, par.world_size)):
+                 + resumed_ranks_notes(resume.payload, cfg, par.world_size) + resumed_clock_notes(resume.payload)):
         say(note)
     return resume, cfg
 

@@ -103,7 +103,7 @@ def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
         train = {k: obj.pop(k) for k in ("iter", "best_val_loss", "tokens_seen") if k in obj}
         train["run_id"] = obj.pop("wandb_run_id", None) or ""
         train["dtype"] = ""
-        train["elapsed_s"] = 0.0  # not recorded (the model card says so); a resumed run counts on from it
+        train["elapsed_s"] = 0.0  # not recorded (the model card says so); a resumed run says its clock starts at 0
         obj["train"] = train
         if "optimizer" in obj:
             obj["optimizer"] = {"optimizers": [obj["optimizer"]]}
