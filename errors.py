@@ -111,6 +111,22 @@ def to_stderr(line: str) -> None:
             pass
 
 
+def point_at_devnull(stream) -> None:
+    """`stream`'s descriptor now leads to /dev/null, so that what its buffer still holds is flushed there at
+    exit (a failing final flush prints a traceback-like note and exits 120), and child processes inheriting
+    it write nowhere instead of failing. Nothing for a stream with no descriptor (closed, or a test's
+    capture)."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def said(e: UserError) -> UserError:
     """`e`, its line printed now, before the stack unwinds: for a rank whose peer died, which torchrun then
     ends with SIGTERM once our stop handlers are put back (found from outside: the surviving rank printed no
@@ -126,8 +142,17 @@ OOM_FIX = "close other programs, or give the command smaller sizes"
 
 
 def run_cli(main: Callable[[], int | None], oom_fix: str = OOM_FIX) -> None:
+    """`main` as a command: its UserError one line (exit 2), Ctrl-C one line (130), its output into a pipe
+    whose reader left (`... | head -1`) quiet, exit 0, as sample.py's and chat.py's own writes did."""
     try:
         code = main()
+        _flush_stdout()
+    except SystemExit:  # argparse's --help and --version, a main's own exit: what it printed, flushed here
+        _flush_stdout()
+        raise
+    except BrokenPipeError:  # the reader left: nothing more to say, and no traceback
+        point_at_devnull(sys.stdout)
+        sys.exit(0)
     except UserError as e:
         if not getattr(e, "said", False):
             to_stderr(f"error: {e}")
@@ -141,6 +166,18 @@ def run_cli(main: Callable[[], int | None], oom_fix: str = OOM_FIX) -> None:
         to_stderr(f"error: out of memory ({short_error(e)}); {oom_fix}")
         sys.exit(2)
     sys.exit(code or 0)
+
+
+def _flush_stdout() -> None:
+    """stdout's buffer written now, where a reader that left is caught (at exit it would print 'Exception
+    ignored ... BrokenPipeError' and exit 120); from then on stdout leads to /dev/null."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        point_at_devnull(sys.stdout)
+    except (OSError, ValueError):  # a full disk (the command's own writes report it), a closed stream
+        pass
 
 
 def is_out_of_memory(e: BaseException) -> bool:

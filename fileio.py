@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from bounded import TooLarge, read_at_most
-from errors import UserError, short_error
+from errors import UserError, point_at_devnull, short_error  # noqa: F401 (point_at_devnull: its old home)
 
 
 
@@ -97,22 +97,6 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def point_at_devnull(stream) -> None:
-    """`stream`'s descriptor now leads to /dev/null, so that what its buffer still holds is flushed there at
-    exit (a failing final flush prints a traceback-like note and exits 120), and child processes inheriting
-    it write nowhere instead of failing. Nothing for a stream with no descriptor (closed, or a test's
-    capture)."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
 
 
 # the one place a file of ours is opened for writing: O_NOFOLLOW, so a link planted at its name fails (ELOOP)

@@ -49,8 +49,8 @@ from pathlib import Path
 
 import torch
 from checkpoint import checkpoint_dirs, checkpoint_files, default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
-from fileio import atomic_write_bytes, check_output_not_input, check_path_value, output_target, path_arg, point_at_devnull, read_user_file
+from errors import ArgumentParser, UserError, point_at_devnull, run_cli, short_error, to_stderr, write_fix
+from fileio import atomic_write_bytes, check_output_not_input, check_path_value, output_target, path_arg, read_user_file
 from model.generate import generate, generate_stream
 from ownership import check_output
 from runtime.device import resolve_device

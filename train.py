@@ -40,7 +40,7 @@ from runtime.device import resolve_device
 from ownership import unmark_if_unused
 from training.timing.budget import resumed_length_notes, resumed_ranks_notes, schedule_for
 from training.chat import chat_vocab_size, data_notes
-from training.init_from import resumed_init_from
+from training.init_from import check_init_from, resumed_init_from
 from training.builders import build_checkpointer, build_model, build_trainer, check_memory, data_loaders
 from training.batch_size import check_world_size
 from training.config.sections import Config, keep_what_older_runs_did, load_config, parse_duration, resume_conflicts, to_yaml
@@ -52,7 +52,7 @@ from training.report.metrics import METRICS_NAME, MetricsLog, Progress, console_
 from training.report.mfu import mfu
 from training.plan import RunPlan
 from training.rng import seed_everything
-from training.run import Clock, HellaSwag, Run, RunLog, evaluate_splits, lr_of_plan, step_at
+from training.run import Clock, HellaSwag, Run, RunLog, evaluate_splits, lr_of_plan, resumed_clock_notes, step_at
 from training.timing.schedule import Cadence
 from training.report.showcase import build_showcase
 from training.parallel.signals import StopFlag, launched_by_torchrun
@@ -106,6 +106,8 @@ def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack,
     decision is settled into `plan` by its one rule (training/plan.py)."""
     say = tqdm.write if par.is_main else (lambda *a, **k: None)
     resume, cfg = claim_and_decide_resume(cfg, par, say, cleanup)
+    if resume is None:  # a resumed run's weights are its checkpoint's
+        check_init_from(cfg.model, cfg.data.tokenizer)  # before the data's preparation (long): a refusal at once
     data_dir, meta, tokenizer = prepare(cfg, par, resume, cleanup)
     showcase = build_showcase(cfg, tokenizer)  # samples and attention maps: the prompts checked before the model
     chat_vocab = chat_vocab_size(meta)  # conversations: the vocabulary their markers need (training/chat.py)
@@ -150,7 +152,7 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
     cfg, notes = keep_what_older_runs_did(resume.config, cfg)
     cfg, applied = resumed_init_from(resume.config, cfg, str(resume.path))
     for note in (notes + applied + resumed_length_notes(resume.config, cfg)
-                 + resumed_ranks_notes(resume.payload, cfg, par.world_size)):
+                 + resumed_ranks_notes(resume.payload, cfg, par.world_size) + resumed_clock_notes(resume.payload)):
         say(note)
     return resume, cfg
 

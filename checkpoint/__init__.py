@@ -18,7 +18,7 @@ from .format import (
     resolve_checkpoint_path, save_checkpoint,
 )
 from .load import (
-    LoadedModel, is_hf_dir, is_hub_name, load_for_inference, load_model, model_config_dict, model_from_checkpoint,
+    LoadedModel, check_source, is_hf_dir, is_hub_name, load_for_inference, load_model, model_config_dict, model_from_checkpoint,
 )
 from .locate import checkpoint_dirs, checkpoint_files, default_checkpoint
 from .checkpointer import Checkpointer
@@ -27,7 +27,7 @@ from .resume import Resume, decide_resume, no_resume_advice
 
 __all__ = [
     "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "SHARDED_BEST_NAME", "SHARDED_CKPT_NAME", "VERSION", "Checkpointer",
-    "LoadedModel", "Resume", "checkpoint_dirs", "checkpoint_files", "claim_out_dir", "decide_resume",
+    "LoadedModel", "Resume", "check_source", "checkpoint_dirs", "checkpoint_files", "claim_out_dir", "decide_resume",
     "default_checkpoint", "find_checkpoint", "is_hf_dir", "is_hub_name", "load_checkpoint", "load_for_inference",
     "load_model", "model_config_dict", "model_from_checkpoint", "no_resume_advice", "resolve_checkpoint_path",
     "save_checkpoint",

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from errors import UserError, clipped, short_error
-from fileio import atomic_write, open_own, path_kind, recover_replaced_dir
+from fileio import atomic_write, no_empty_dirs_left, open_own, path_kind, recover_replaced_dir
 from ownership import BEST_NAME, CKPT_NAME
 from runtime.precision import DTYPE_BY_NAME
 from settings import ITERS, MAX_ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, all_of, at_least, at_most, finite_number
@@ -106,7 +106,7 @@ def upgrade(obj: dict[str, Any]) -> dict[str, Any]:
         train = {k: obj.pop(k) for k in ("iter", "best_val_loss", "tokens_seen") if k in obj}
         train["run_id"] = obj.pop("wandb_run_id", None) or ""
         train["dtype"] = ""
-        train["elapsed_s"] = 0.0  # not recorded (the model card says so); a resumed run counts on from it
+        train["elapsed_s"] = 0.0  # not recorded (the model card says so); a resumed run says its clock starts at 0
         obj["train"] = train
         if "optimizer" in obj:
             obj["optimizer"] = {"optimizers": [obj["optimizer"]]}
@@ -278,21 +278,23 @@ class TorchFile:
     (fileio.atomic_write), so a reader sees the old checkpoint or the new one, never a torn one."""
 
     def write(self, path: Path, payload: dict[str, Any], *, follow: bool = False) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # (follow: a file the user named, maybe a device written straight into through a link, /dev/stdout)
-        with atomic_write(path, follow=follow) as tmp, (open(tmp, "wb") if follow else open_own(tmp, "wb")) as f:
-            try:
-                torch.save(payload, f)
-            except RuntimeError as e:
-                # torch's zip writer turns a failed write (a full disk, a quota) into "[enforce fail at
-                # inline_container.cc] unexpected pos", raised while handling the OSError: raise that OSError,
-                # which every caller reports in one line
-                cause = _os_error_behind(e)
-                if cause is None:
-                    raise
-                raise cause from None
+        with no_empty_dirs_left(path.parent):  # a failed write leaves none of the folders made for it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # (follow: a file the user named, maybe a device written straight into through a link, /dev/stdout)
+            with atomic_write(path, follow=follow) as tmp, (open(tmp, "wb") if follow else open_own(tmp, "wb")) as f:
+                try:
+                    torch.save(payload, f)
+                except RuntimeError as e:
+                    # torch's zip writer turns a failed write (a full disk, a quota) into "[enforce fail at
+                    # inline_container.cc] unexpected pos", raised while handling the OSError: raise that OSError,
+                    # which every caller reports in one line
+                    cause = _os_error_behind(e)
+                    if cause is None:
+                        raise
+                    raise cause from None
 
-    def read(self, path: Path, needed: tuple[str, ...] = ()) -> Any:
+    def read(self, path: Path, needed: tuple[str, ...] = (), *, mapped: bool = False) -> Any:
+        """`mapped`: a zip's tensors mapped from the file (torch.load's mmap), read only where touched."""
         try:
             kind = os.stat(path).st_mode
             if not stat.S_ISREG(kind):  # torch.load seeks: a pipe (`<(cat ckpt.pt)`) would read as corrupt
@@ -308,7 +310,8 @@ class TorchFile:
         try:
             with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
                 warnings.simplefilter("ignore")
-                return packed(torch.load(path, map_location="cpu", weights_only=True))
+                return packed(torch.load(path, map_location="cpu", weights_only=True,
+                                         mmap=mapped and head == b"PK\x03\x04"))
         except pickle.UnpicklingError as e:
             if head != b"PK\x03\x04":  # a plain pickle: whether it is refused or corrupt, only the message says
                 raise UserError(f"checkpoint {path} is a plain pickle that could not be read safely: one holding objects "
@@ -405,3 +408,12 @@ def load_checkpoint(path: str | os.PathLike, needed: tuple[str, ...] = ()) -> di
     (model, optimizer) are loaded whole only when `needed`. Every problem is a one-line UserError."""
     p = resolve_checkpoint_path(path)
     return check_payload(backend_for(p).read(p, needed), p, needed)
+
+
+def peek_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """load_checkpoint's payload with its model_config, without reading the weights: a sharded checkpoint's
+    state.pt alone, a file's tensors mapped (TorchFile.read), so that a refusal costs no load."""
+    p = resolve_checkpoint_path(path)
+    backend = backend_for(p)
+    obj = backend.read(p, ()) if backend is SHARDED else BACKEND.read(p, mapped=True)
+    return check_payload(obj, p, ("model_config",))

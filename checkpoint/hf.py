@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from errors import clipped, short_error
 from fileio import atomic_write, atomic_write_bytes, json_loads, path_kind, read_user_file
 from network import hub_offline_unless_reachable
-from model.gpt import GPT
+from model.gpt import GPT, GPTConfig
 from model.hf import HF_ACTIVATIONS, config_from_hf, cropped_state, gpt2_tensors, hf_config, state_from_hf
 
 from .meta import filled_model
@@ -32,7 +32,7 @@ from model.hf_modern import hf_format, llama_config, llama_tensors, qwen3_config
 REMOTE_CODE = Path(__file__).with_name("remote_code") / "modeling_smallgpt.py"
 
 
-def _resolve_dir(name_or_dir: str) -> Path:
+def _resolve_dir(name_or_dir: str, patterns: tuple[str, ...] = ("config.json", "*.safetensors")) -> Path:
     path = Path(name_or_dir)
     if path.is_dir():
         return path
@@ -41,7 +41,7 @@ def _resolve_dir(name_or_dir: str) -> Path:
 
     hub_offline_unless_reachable()  # the hub not answering: the cache or a quick error, not 30 s of retries
     try:
-        return Path(snapshot_download(name_or_dir, allow_patterns=["config.json", "*.safetensors"]))
+        return Path(snapshot_download(name_or_dir, allow_patterns=list(patterns)))
     except Exception as e:  # offline, unknown repo, ...: the caller turns this into a clear message
         raise FileNotFoundError(
             f"{name_or_dir!r} is neither a local HF directory nor a reachable hub model ({type(e).__name__})"
@@ -67,15 +67,20 @@ def _must_be_a_file(path: Path) -> None:
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    name = _weights_name(path)
+    if name == "model.safetensors":
+        return _read_safetensors(path / name)
+    if name == INDEX_NAME:
+        return _read_sharded(path)
+    return _read_bin(path / name)
+
+
+def _weights_name(path: Path) -> str:
+    """Which of WEIGHT_FILES holds the directory's weights (a file, unread); else why there is none."""
     for name in WEIGHT_FILES:
-        if not os.path.lexists(path / name):
-            continue
-        _must_be_a_file(path / name)
-        if name == "model.safetensors":
-            return _read_safetensors(path / name)
-        if name == INDEX_NAME:
-            return _read_sharded(path)
-        return _read_bin(path / name)
+        if os.path.lexists(path / name):
+            _must_be_a_file(path / name)
+            return name
     if os.path.lexists(path / "pytorch_model.bin.index.json"):  # transformers' old sharded .bin: not read here
         raise Refused("its weights are sharded pytorch_model-*.bin files, which are not read here; re-save the model "
                       "as safetensors (transformers' save_pretrained(dir)) and pass that directory")
@@ -146,21 +151,7 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
     """HF GPT-2 weights from a local HF directory or a hub name ('gpt2', 'gpt2-medium', ...). What the
     directory holds is checked here, before anything is built: ValueError naming what does not fit."""
     path = _resolve_dir(name_or_dir)
-    if not os.path.lexists(path / "config.json"):
-        raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
-    _must_be_a_file(path / "config.json")
-    hf = json_loads(read_user_file(path / "config.json", "config.json", limit=MAX_CONFIG_BYTES,
-                                   fix="pass an HF GPT-2 directory"))
-    problem = model_type_problem(hf)
-    if problem:  # another model's directory: its message says what to pass instead
-        raise Refused(problem)
-    problem = hf_config_problem(hf)
-    if problem:
-        raise ValueError(problem)
-    config = config_from_hf(hf, **overrides)
-    problem = model_config_problem(config, prefix="config.json's ")
-    if problem:  # checked before anything is built: an absurd size would spin even on the meta device
-        raise ValueError(problem)
+    config = _checked_config(path, **overrides)
     weights = _read_state_dict(path)
     if config.tie_embeddings and _own_head(weights):
         # as transformers does ("both are present ... with different values, so we will NOT tie them"): the
@@ -184,6 +175,38 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
         return {k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}
 
     return filled_model(config, weights, strict=False)  # (not strict: a tied lm_head.weight, pointed at wte's)
+
+
+def check_pretrained(name_or_dir: str, **overrides) -> None:
+    """What from_pretrained checks before reading a weight: config.json (of a hub model, downloaded alone) and,
+    in a local directory, which weight file there is. The same exceptions, for the same directories."""
+    path = _resolve_dir(name_or_dir, patterns=("config.json",))
+    _checked_config(path, **overrides)
+    if Path(name_or_dir).is_dir():
+        _weights_name(path)
+
+
+def _checked_config(path: Path, **overrides) -> GPTConfig:
+    """The GPTConfig of the directory's config.json (`overrides` replacing fields), checked."""
+    if not os.path.lexists(path / "config.json"):
+        raise FileNotFoundError(f"{path} has no config.json; expected an HF GPT-2 directory")
+    _must_be_a_file(path / "config.json")
+    data = read_user_file(path / "config.json", "config.json", limit=MAX_CONFIG_BYTES, fix="pass an HF GPT-2 directory")
+    try:
+        hf = json_loads(data)
+    except ValueError as e:  # (JSONDecodeError, UnicodeDecodeError) naming neither the file nor a fix
+        raise ValueError(f"its config.json is not JSON ({short_error(e, 80)})") from None
+    problem = model_type_problem(hf)
+    if problem:  # another model's directory: its message says what to pass instead
+        raise Refused(problem)
+    problem = hf_config_problem(hf)
+    if problem:
+        raise ValueError(problem)
+    config = config_from_hf(hf, **overrides)
+    problem = model_config_problem(config, prefix="config.json's ")
+    if problem:  # checked before anything is built: an absurd size would spin even on the meta device
+        raise ValueError(problem)
+    return config
 
 
 def _own_head(weights: dict[str, torch.Tensor]) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -19,8 +21,10 @@ from data.chat_template import ChatTemplate
 from errors import UserError, clipped, short_error
 from model.gpt import GPT, GPTConfig
 
-from .format import CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, require, resolve_checkpoint_path, train_entry_problem
-from .hf import Refused, from_pretrained
+from .format import (
+    CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, peek_checkpoint, require, resolve_checkpoint_path, train_entry_problem,
+)
+from .hf import Refused, check_pretrained, from_pretrained
 from .hf_chat import read_back
 from .meta import filled_model
 from .model_config import model_config_problem
@@ -128,14 +132,34 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     if bad is not None:  # train.py never saves such weights; a damaged or foreign file can hold them
         raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
                         "checkpoint")
+    _check_entries(ckpt, where)
+    it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
+    desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
+    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))
+
+
+def _check_entries(ckpt: dict[str, Any], where: Path) -> None:
+    """The entries beside the weights that a load reads: the tokenizer, the counters."""
     require(ckpt, where, ("tokenizer",))
     problem = train_entry_problem(ckpt["train"], ckpt.get("plan")) if "train" in ckpt else None
     if problem:  # its iter is printed, and kept by an export's model card
         raise UserError(f"checkpoint {where}: its 'train' entry is malformed ({problem}); use another checkpoint "
                         "(e.g. best.pt)")
-    it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
-    desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
-    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))
+
+
+def check_source(spec: str, **overrides: Any) -> dict[str, Any] | None:
+    """What load_model(spec, **overrides) would refuse without reading a weight (the same one line): a path
+    that is not there, a directory of no kind it loads, a config that is not one, a checkpoint's damaged entries.
+    Returns the tokenizer entry of one of our checkpoints (None for HF GPT-2, whose tokenizer is gpt2's)."""
+    if is_hf_dir(spec) or is_hub_name(spec):
+        with _hf_refusals(spec):
+            check_pretrained(spec, **overrides)
+        return None
+    where = resolve_checkpoint_path(spec)
+    ckpt = peek_checkpoint(where)
+    checked_model_config(ckpt["model_config"], where, **overrides)
+    _check_entries(ckpt, where)
+    return ckpt["tokenizer"]
 
 
 def chat_template_of(ckpt: dict[str, Any], where: Path, model: GPT) -> ChatTemplate | None:
@@ -170,8 +194,19 @@ def load_for_inference(spec: str) -> LoadedModel:
 
 
 def _load_hf(spec: str, **overrides: Any) -> LoadedModel:
-    try:
+    with _hf_refusals(spec):
         model = from_pretrained(spec, **overrides)
+    tokenizer, chat = read_back(Path(spec).expanduser()) if not is_hub_name(spec) else (None, None)
+    where = Path(spec)
+    return LoadedModel(model.eval(), tokenizer or dict(GPT2_TOKENIZER), f"HF GPT-2 {spec}", None,
+                       chat_template_of({"chat_template": chat}, where, model))
+
+
+@contextmanager
+def _hf_refusals(spec: str) -> Iterator[None]:
+    """What reading the HF GPT-2 directory (or hub name) `spec` raises, as one line naming it."""
+    try:
+        yield
     except FileNotFoundError as e:
         raise UserError(f"cannot load {spec!r}: {' '.join(str(e).split())[:160]}; pass a checkpoint file, "
                         "a training out_dir, or an HF GPT-2 directory") from None
@@ -185,7 +220,3 @@ def _load_hf(spec: str, **overrides: Any) -> LoadedModel:
     except Exception as e:  # e.g. safetensors' own errors on a damaged file
         raise UserError(f"cannot read the HF GPT-2 weights in {spec} ({type(e).__name__}); "
                         "re-export or re-download them") from None
-    tokenizer, chat = read_back(Path(spec).expanduser()) if not is_hub_name(spec) else (None, None)
-    where = Path(spec)
-    return LoadedModel(model.eval(), tokenizer or dict(GPT2_TOKENIZER), f"HF GPT-2 {spec}", None,
-                       chat_template_of({"chat_template": chat}, where, model))

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from errors import UserError, short_error
-from fileio import atomic_write_bytes
+from fileio import atomic_write_bytes, no_empty_dirs_left
 
 from .formats import READ_ERRORS, read_error
 
@@ -82,5 +82,6 @@ def _download_shakespeare(dest: Path) -> None:
         raise UserError(f"could not download tiny shakespeare ({reason}); {fix}") from None
     if hashlib.sha256(body).hexdigest() != SHAKESPEARE_SHA256:
         raise UserError(f"the downloaded tiny shakespeare has the wrong sha256 (a proxy or a changed file?); {fix}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(dest, body)
+    with no_empty_dirs_left(dest.parent):  # a failed write leaves none of the folders made for it
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(dest, body)

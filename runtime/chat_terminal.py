@@ -10,8 +10,7 @@ import signal
 import sys
 import threading
 
-from errors import UserError, short_error, to_stderr, utf8_text
-from fileio import point_at_devnull
+from errors import UserError, point_at_devnull, short_error, to_stderr, utf8_text
 from runtime.chat_session import ChatSession
 from runtime.sampling import check_temperature
 

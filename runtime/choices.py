@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from bounded import TooLarge, read_at_most
-from fileio import atomic_write_bytes, json_loads
+from fileio import atomic_write_bytes, json_loads, no_empty_dirs_left
 
 from . import precision
 from .precision import DTYPE_BY_NAME, dtype_name
@@ -84,8 +84,9 @@ def _write(key: str, value: dict[str, Any]) -> bool:
     data = {k: v for k, v in (_read() or {}).items() if _whole(v)}  # damaged entries are dropped, not rewritten
     data[key] = value
     try:
-        cache_path().parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cache_path(), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+        with no_empty_dirs_left(cache_path().parent):  # a failed write leaves none of the folders made for it
+            cache_path().parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(cache_path(), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
     except OSError:
         return False
     return True

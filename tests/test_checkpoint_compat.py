@@ -94,3 +94,28 @@ def test_a_format_3_run_resumes_bit_for_bit_as_it_would_have_gone_on(tmp_path):
     assert set(weights) == set(after["model"])
     for k, t in after["model"].items():
         assert torch.equal(weights[k], t), k
+
+
+def version_1_of(v2: dict) -> dict:
+    """The fixture as format 1 kept it (format.upgrade's docstring, written out by hand): the counters at the top
+    level, no elapsed_s, one optimizer state, rank 0's RNG streams."""
+    old = {k: v for k, v in v2.items() if k not in ("train", "optimizer", "rng")}
+    old |= {k: v2["train"][k] for k in ("iter", "best_val_loss", "tokens_seen")} | {"wandb_run_id": v2["train"]["run_id"]}
+    return old | {"version": 1, "optimizer": v2["optimizer"]["optimizers"][0], "rng": v2["rng"]["ranks"][0]}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_resumed_run_says_when_its_clock_starts_at_the_resume(tmp_path, capsys, version):
+    """A version 1 checkpoint recorded no wall time: its resumed run counts from 0, and says so in a line; a
+    checkpoint that recorded it resumes without the line."""
+    root = tmp_path / "prepared"
+    shutil.copytree(PREPARED_V1, root)
+    out = tmp_path / "old-run"
+    out.mkdir()
+    v2 = torch.load(FIXTURE, map_location="cpu", weights_only=True)
+    torch.save(version_1_of(v2) if version == 1 else v2, out / "ckpt.pt")
+    res = train.train(load_config([*FIXTURE_ARGV, f"--train.out_dir={out}", f"--data.root={root}",
+                                   "--train.max_iters=4"]))
+    assert res["iter"] == 4
+    said = "did not record the wall time of its 3 steps" in capsys.readouterr().out
+    assert said == (version == 1)

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from errors import UserError
+from errors import UserError, clipped
 from model import GPT
-from checkpoint import is_hf_dir, is_hub_name, load_model, model_from_checkpoint
+from checkpoint import check_source, is_hf_dir, is_hub_name, load_model, model_from_checkpoint
 
 from .chat import grow_vocab
 from .config.sections import ARCH_KEYS, Config, ModelSection
@@ -30,6 +30,28 @@ def resumed_init_from(saved: dict[str, Any], cfg: Config, where: str) -> tuple[C
     return Config.from_dict(d | {"model": d["model"] | {"init_from": before}}).freeze(), [note]
 
 
+def check_init_from(m: ModelSection, data_tokenizer: str) -> None:
+    """Before the data is prepared (which can take long): what initial_model would refuse of model.init_from
+    without its weights (a path that is not there, a folder of no kind it loads, a config that is not one, a
+    source trained with another tokenizer), in the same line. Its weights are read (and checked) by initial_model."""
+    if m.init_from == "scratch":
+        return
+    hf = is_hf_dir(m.init_from) or is_hub_name(m.init_from)
+    if hf:
+        _check_hf_tokenizer(m.init_from, data_tokenizer)
+    source = check_source(m.init_from, dropout=m.dropout, attn_backend=m.attn_backend)
+    name = source.get("tokenizer") if isinstance(source, dict) else None
+    if not hf and name != data_tokenizer:
+        raise UserError(f"model.init_from={m.init_from} was trained with tokenizer {clipped(name)}, but this data "
+                        f"uses {data_tokenizer!r}; set data.tokenizer (and dataset) to match")
+
+
+def _check_hf_tokenizer(init_from: str, data_tokenizer: Any) -> None:
+    if data_tokenizer != "gpt2":
+        raise UserError(f"model.init_from={init_from} is HF GPT-2, which needs data.tokenizer=gpt2 "
+                        f"(got {data_tokenizer!r}); set --data.tokenizer=gpt2")
+
+
 def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], seed: int,
                   resume: dict[str, Any] | None = None, chat_vocab: int = 0) -> tuple[GPT, list[str]]:
     """(model on CPU in fp32, notes to print). For init_from other than scratch the architecture comes
@@ -47,9 +69,8 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
         torch.manual_seed(seed)
         return GPT(m.gpt_config(max(m.vocab_size, vocab_size, chat_vocab))), []
 
-    if (is_hf_dir(m.init_from) or is_hub_name(m.init_from)) and tokenizer.get("tokenizer") != "gpt2":
-        raise UserError(f"model.init_from={m.init_from} is HF GPT-2, which needs data.tokenizer=gpt2 "
-                        f"(got {tokenizer.get('tokenizer')!r}); set --data.tokenizer=gpt2")
+    if is_hf_dir(m.init_from) or is_hub_name(m.init_from):
+        _check_hf_tokenizer(m.init_from, tokenizer.get("tokenizer"))
     loaded = load_model(m.init_from, **runtime)  # a checkpoint, an out_dir, an HF directory or hub name
     notes = []
     if loaded.tokenizer.get("tokenizer") != tokenizer.get("tokenizer"):

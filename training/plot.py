@@ -23,7 +23,8 @@ from typing import Iterator
 
 from bounded import LineTooLong, TooLarge, opened, read_lines
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
-from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, output_target, path_arg,
+from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
+                    output_target, path_arg,
                     path_arg_path, path_kind, read_user_file)
 from locks import remove_stale_temps
 from ownership import check_output
@@ -253,16 +254,16 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
     plt = _pyplot()
     try:
         target, straight = output_target(out, "--out")
-        if not straight:
-            target.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
-            remove_stale_temps(target.parent, name=target.name)  # what a plot killed mid-write left
         if straight:  # a device or a FIFO: drawn whole first, as a PNG writer seeks, which a FIFO cannot
             image = io.BytesIO()
             fig.savefig(image, dpi=110, format="png")
             atomic_write_bytes(out, image.getvalue(), "--out", follow=True)
         else:
-            with atomic_write(out, "--out", follow=True) as tmp:  # a failure (a full disk) leaves the old PNG, not a torn one
-                fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
+            with no_empty_dirs_left(target.parent):  # a failed write leaves none of the folders made for it
+                target.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
+                remove_stale_temps(target.parent, name=target.name)  # what a plot killed mid-write left
+                with atomic_write(out, "--out", follow=True) as tmp:  # a failure (a full disk) leaves the old PNG
+                    fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
     except OSError as e:
         raise UserError(f"cannot write {out} ({short_error(e)}); choose another --out") from None
     finally:

@@ -52,6 +52,21 @@ class Clock(NamedTuple):
         return self.earlier_s + time.perf_counter() - self.started
 
 
+def resumed_clock_notes(payload: dict[str, Any]) -> list[str]:
+    """A checkpoint that recorded no wall time (version 1: format.upgrade gives it elapsed_s 0, and a run that
+    saved spent more than 0 s) is resumed with a clock from 0: said in a line, so that the wall time the run
+    records from here on (metrics.jsonl's elapsed_s, the model card, a time budget) is read as the time since
+    this resume, not the run's."""
+    train = payload.get("train") if isinstance(payload, dict) else None
+    elapsed = train.get("elapsed_s") if isinstance(train, dict) else None
+    if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) and elapsed > 0:
+        return []
+    it = train.get("iter") if isinstance(train, dict) else None
+    return [f"the checkpoint did not record the wall time of its {it if isinstance(it, int) else 'earlier'} steps (a "
+            "version 1 checkpoint): the run's wall time (metrics.jsonl's elapsed_s, the model card's) counts from "
+            "this resume, and is less than the run took"]
+
+
 class HellaSwag(NamedTuple):
     """HellaSwag's items, loaded once, and the tokenizer that scores them."""
     tok: Any

@@ -38,7 +38,7 @@ from data.config import SHAKESPEARE
 from errors import UserError, short_error, write_fix
 from eval.figures import Inspection, attention_figure, figure_png, surprisal_figure, surprisal_html
 from eval.inspect import inspect_tokens
-from fileio import atomic_write_bytes
+from fileio import atomic_write_bytes, no_empty_dirs_left
 from model.generate import generate
 from runtime.sampling import Sampling
 from runtime.text import DEFAULT_PROMPT
@@ -165,14 +165,15 @@ class Showcase:
         insp, pictures = made
         step, bits = r.state.iter, insp.mean_bits()
         folder = Path(r.cfg.train.out_dir) / INSPECT_DIR / f"step-{step}"
-        for name, data in pictures.items():
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(folder / name, data, what="eval.inspect_interval's picture")
-            except OSError as e:
-                raise UserError(f"cannot write {folder / name} ({short_error(e)}); "
-                                f"{write_fix(e, 'set eval.inspect_interval=0')}, then rerun the same command to "
-                                "resume") from None
+        with no_empty_dirs_left(folder):  # a failed write leaves none of the folders made for it
+            for name, data in pictures.items():
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    atomic_write_bytes(folder / name, data, what="eval.inspect_interval's picture")
+                except OSError as e:
+                    raise UserError(f"cannot write {folder / name} ({short_error(e)}); "
+                                    f"{write_fix(e, 'set eval.inspect_interval=0')}, then rerun the same command to "
+                                    "resume") from None
         r.log.wandb.log_media(step, images={"inspect/attention": str(folder / "attention.png"),
                                             "inspect/surprisal": str(folder / "surprisal.png")},
                               html={"inspect/surprisal_html": pictures["surprisal.html"].decode("utf-8")},
