@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from bounded import TooLarge, read_at_most
-from errors import UserError, point_at_devnull, short_error  # noqa: F401 (point_at_devnull: its old home)
+from errors import UserError, short_error
 
 
 

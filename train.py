@@ -107,7 +107,8 @@ def set_up(cfg: Config, par: Parallel, device: torch.device, cleanup: ExitStack,
     say = tqdm.write if par.is_main else (lambda *a, **k: None)
     resume, cfg = claim_and_decide_resume(cfg, par, say, cleanup)
     if resume is None:  # a resumed run's weights are its checkpoint's
-        check_init_from(cfg.model, cfg.data.tokenizer)  # before the data's preparation (long): a refusal at once
+        # before the data's preparation (long): a refusal at once; on rank 0 alone (a hub name's config.json is fetched)
+        par.on_main(lambda: check_init_from(cfg.model, cfg.data.tokenizer), "the check of model.init_from", patient=True)
     data_dir, meta, tokenizer = prepare(cfg, par, resume, cleanup)
     showcase = build_showcase(cfg, tokenizer)  # samples and attention maps: the prompts checked before the model
     chat_vocab = chat_vocab_size(meta)  # conversations: the vocabulary their markers need (training/chat.py)

@@ -22,8 +22,8 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from bounded import TooLarge, read_lines
-from errors import UserError, short_error, to_stderr
-from fileio import atomic_write, json_loads, open_own, point_at_devnull
+from errors import UserError, point_at_devnull, short_error, to_stderr
+from fileio import atomic_write, json_loads, open_own
 
 METRICS_NAME = "metrics.jsonl"
 # ~3M logged steps (a record is ~300 bytes): what a run writes is not bounded by the trainer, and a resume must
