@@ -161,23 +161,3 @@ def test_the_windows_seconds_carry_over_and_its_sum_is_restored_bit_for_bit():
     assert 5.0 <= window.elapsed() < 60
     window.reset()
     assert window.steps == 0 and window.elapsed() < 60 and window.state_dict()["loss_sums"] == [0.0]
-
-
-@pytest.mark.slow
-def test_two_ranks_stopped_inside_a_window_and_resumed_log_the_uninterrupted_runs_records(tmp_path, data_root):
-    """Each rank's own loss sum is saved and given back to it (the record averages the ranks' means)."""
-    from multirank_runs import argv, two_ranks
-
-    args = ("--train.max_iters=12", "--train.log_interval=4", "--train.eval_interval=12")
-    r = two_ranks(argv(tmp_path / "full", data_root, *args))
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = two_ranks(argv(tmp_path / "out", data_root, *args), SMALLGPT_TEST_TERM_AFTER="6")
-    assert r.returncode == 0 and "stopped by SIGTERM after iter 6;" in r.stdout, r.stderr[-3000:]
-    sums = load_checkpoint(tmp_path / "out")["window"]["loss_sums"]
-    assert len(sums) == 2 and sums[0] != sums[1]  # each rank's own
-    assert [rec["iter"] for rec in records(tmp_path / "out")] == [4]
-    r = two_ranks(argv(tmp_path / "out", data_root, *args))
-    assert r.returncode == 0 and "resuming" in r.stdout, r.stderr[-3000:]
-    full, resumed = records(tmp_path / "full"), records(tmp_path / "out")
-    assert [rec["iter"] for rec in resumed] == [4, 8, 12]
-    assert without_timing(resumed) == without_timing(full)

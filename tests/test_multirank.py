@@ -23,21 +23,26 @@ def test_two_ranks_with_dropout_killed_9_resume_bitwise_equal_to_an_uninterrupte
     resume changes the weights (measured before the fix: max |dw| = 0.097). And every rank's rows are its share
     of the step's rows, a pure function of the step (data/loader.py's StepLoader, shared by the text and the
     conversation loaders), here with data.format chat: a kill -9 of both ranks and a rerun end bitwise where
-    the uninterrupted run ends."""
+    the uninterrupted run ends, and logs the uninterrupted run's train losses (the window the checkpoint holds
+    completed after the resume)."""
     from data.tasks import generate, write_jsonl
 
     write_jsonl(tmp_path / "t.jsonl", generate(300, 4, seed=2)[0])
     chat = (f"--data.dataset={tmp_path / 't.jsonl'}", "--data.format=chat",
-            "--model.block_size=64", "--train.checkpoint_interval=2")
+            "--model.block_size=64", "--train.checkpoint_interval=2", "--train.log_interval=3",
+            "--train.eval_interval=8")
     r = two_ranks(argv(tmp_path / "full", tmp_path / "prepared", *chat))
     assert r.returncode == 0, r.stderr[-3000:]
     r = two_ranks(argv(tmp_path / "killed", tmp_path / "prepared", *chat), SMALLGPT_TEST_KILL_AFTER="5")
     ck = load_checkpoint(tmp_path / "killed")
     assert r.returncode == -signal.SIGKILL and ck["train"]["iter"] == 4 and len(ck["rng"]["ranks"]) == 2
     assert not torch.equal(ck["rng"]["ranks"][0]["torch"], ck["rng"]["ranks"][1]["torch"])  # own streams
+    # the log window the checkpoint at step 4 holds (step 4 of the window 4-6): each rank's own loss sum, so the
+    # resumed record at step 6 averages steps 4-6 as the uninterrupted run's does (training/report/window.py)
+    assert ck["window"]["steps"] == 1 and len(set(ck["window"]["loss_sums"])) == 2
     r = two_ranks(argv(tmp_path / "killed", tmp_path / "prepared", *chat))
     assert r.returncode == 0 and "resuming" in r.stdout, r.stderr[-3000:]
-    assert losses(tmp_path / "killed") == losses(tmp_path / "full")
+    assert losses(tmp_path / "killed") == losses(tmp_path / "full") and list(losses(tmp_path / "full")) == [3, 6, 8]
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "killed")
     assert a["chat_template"] == b["chat_template"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
