@@ -13,6 +13,7 @@ import argparse
 import errno
 import os
 import re
+import select
 import signal
 import sys
 from typing import Any, Callable
@@ -143,16 +144,22 @@ OOM_FIX = "close other programs, or give the command smaller sizes"
 
 def run_cli(main: Callable[[], int | None], oom_fix: str = OOM_FIX) -> None:
     """`main` as a command: its UserError one line (exit 2), Ctrl-C one line (130), its output into a pipe
-    whose reader left (`... | head -1`) quiet, exit 0, as sample.py's and chat.py's own writes did."""
+    whose reader left (`... | head -1`) quiet, exit 0, as sample.py's and chat.py's own writes did; another
+    pipe's reader leaving is a failure, one line (exit 1)."""
     try:
         code = main()
         _flush_stdout()
     except SystemExit:  # argparse's --help and --version, a main's own exit: what it printed, flushed here
         _flush_stdout()
         raise
-    except BrokenPipeError:  # the reader left: nothing more to say, and no traceback
-        point_at_devnull(sys.stdout)
-        sys.exit(0)
+    except BrokenPipeError as e:
+        if stdout_gone():  # the reader of the output left: nothing more to say, and no traceback
+            point_at_devnull(sys.stdout)
+            sys.exit(0)
+        # another pipe or socket the command wrote (a FIFO as --out): a failure, not an end of reading
+        to_stderr(f"error: {short_error(e)}{' ' + repr(e.filename) if e.filename else ''}: the reader of what this "
+                  "command wrote went away before the end; run it again with the reader attached")
+        sys.exit(1)
     except UserError as e:
         if not getattr(e, "said", False):
             to_stderr(f"error: {e}")
@@ -166,6 +173,17 @@ def run_cli(main: Callable[[], int | None], oom_fix: str = OOM_FIX) -> None:
         to_stderr(f"error: out of memory ({short_error(e)}); {oom_fix}")
         sys.exit(2)
     sys.exit(code or 0)
+
+
+def stdout_gone() -> bool:
+    """stdout is a pipe (or socket) whose reader has left: the poll of its write end says POLLERR (Linux). False
+    where it can't be told (no descriptor, no poll)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _flush_stdout() -> None:

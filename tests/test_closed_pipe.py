@@ -63,10 +63,38 @@ def test_output_into_a_closed_pipe_is_quiet_and_exits_0(entry, capsys, monkeypat
 
 
 def test_matrix_list_into_head_ends_quietly():
-    """The reported command, as a shell runs it: its stdout a pipe closed after the first line."""
-    child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "matrix.py"), "--list"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, cwd=ROOT)
-    first = child.stdout.readline()
-    child.stdout.close()
-    err = child.stderr.read().decode()
-    assert child.wait(timeout=120) == 0 and first and "Traceback" not in err and "Exception" not in err, err
+    """The reported command as a process: its stdout a pipe whose reader has left before its first write (a
+    reader that left after the first line raced the listing, which fits in the pipe's buffer)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        child = subprocess.run([sys.executable, str(ROOT / "tests" / "matrix.py"), "--list"], stdout=w,
+                               stderr=subprocess.PIPE, cwd=ROOT, timeout=120)
+    finally:
+        os.close(w)
+    err = child.stderr.decode()
+    assert child.returncode == 0 and "Traceback" not in err and "Exception" not in err, err
+
+
+def test_another_pipes_reader_leaving_is_a_failure_in_one_line(tmp_path, capsys, monkeypatch):
+    """Only stdout's reader leaving is the quiet end of `| head`: a command whose other pipe broke (a FIFO given
+    as its output, a socket) failed, and says so (before: exit 0 and nothing said, its output cut short)."""
+    r, w = os.pipe()
+    os.close(r)
+
+    def main():
+        print("the first line")
+        os.write(w, b"x")  # EPIPE: Python ignores SIGPIPE
+
+    out = open(tmp_path / "stdout.txt", "w")
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_cli(main)
+    finally:
+        monkeypatch.undo()
+        out.close()
+        os.close(w)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1 and err[0].startswith("error: ") and "went away" in err[0], err
+    assert (tmp_path / "stdout.txt").read_text() == "the first line\n"
