@@ -81,14 +81,16 @@ class LineTooLong(Exception):
         self.number = number
 
 
-def read_lines(f, limit: int, line_limit: int | None = None) -> Iterator[bytes]:
+def read_lines(f, limit: int, line_limit: int | None = None, *, skip_long: bool = False) -> Iterator[bytes | None]:
     """The lines of the open binary file `f` (see `opened`), ended by \\n, \\r\\n or \\r (the ends dropped), read a
     LINE_CHUNK at a time: memory holds a line and a chunk, whatever the file (a 1 GiB metrics.jsonl read whole took
     several GB; /dev/zero as a 256 MiB tasks file took 512 MiB before its refusal). At most `limit` bytes in all,
     else TooLarge: a regular file by its size before a byte is read (a sparse 100 GB file), a device or a FIFO (or a
-    file growing while read) once more came. With `line_limit`, LineTooLong as soon as a line outgrows it."""
+    file growing while read) once more came. With `line_limit`, LineTooLong as soon as a line outgrows it, or, with
+    `skip_long`, None in its place (its bytes dropped as they come: a reader that drops damaged lines goes on)."""
     regular = stat.S_ISREG(_stat_within(f, limit).st_mode)
     parts, held, got, number, carry = [], 0, 0, 0, b""  # the unended line's pieces and their bytes
+    skipping = False  # the unended line is over line_limit (skip_long): its pieces are not kept
     while chunk := f.read(LINE_CHUNK):
         got += len(chunk)
         if got > limit:
@@ -97,18 +99,28 @@ def read_lines(f, limit: int, line_limit: int | None = None) -> Iterator[bytes]:
         carry = data[-1:] if data.endswith(b"\r") else b""  # maybe the first half of a \r\n: read with the next chunk
         pieces = LINE_END.split(data[:len(data) - len(carry)])
         if len(pieces) > 1:  # a line ends in this chunk (pieces, not a join per chunk: a long line costs no copies)
-            pieces[0], parts, held = b"".join(parts) + pieces[0], [], 0
+            pieces[0] = None if skipping else b"".join(parts) + pieces[0]
+            parts, held, skipping = [], 0, False
             for line in pieces[:-1]:
                 number += 1
-                if line_limit is not None and len(line) > line_limit:
-                    raise LineTooLong(number)
-                yield line
-        parts.append(pieces[-1])
-        held += len(pieces[-1])
-        if line_limit is not None and held > line_limit:
-            raise LineTooLong(number + 1)
-    if held or carry:  # the last line, with no end (or ended by a lone \r)
-        yield b"".join(parts)
+                yield _within(line, line_limit, number, skip_long)
+        if not skipping:
+            parts.append(pieces[-1])
+            held += len(pieces[-1])
+            if line_limit is not None and held > line_limit:
+                if not skip_long:
+                    raise LineTooLong(number + 1)
+                parts, held, skipping = [], 0, True
+    if held or carry or skipping:  # the last line, with no end (or ended by a lone \r)
+        yield None if skipping else b"".join(parts)
+
+
+def _within(line: bytes | None, line_limit: int | None, number: int, skip_long: bool) -> bytes | None:
+    if line is None or line_limit is None or len(line) <= line_limit:
+        return line
+    if skip_long:
+        return None
+    raise LineTooLong(number)
 
 
 def read_stream(f, limit: int, size: int = 0) -> bytes:

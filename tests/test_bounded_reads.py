@@ -149,6 +149,8 @@ def test_read_lines_gives_the_lines_split_at_every_line_end_whatever_the_chunks(
                 assert e.value.number == next(n for n, line in enumerate(expected, 1) if len(line) > 2)
             else:
                 assert list(read_lines(f, limit, line_limit=2)) == expected
+        with opened(path) as f:  # skip_long: None for each line over the limit, the others as they are
+            assert list(read_lines(f, limit, 2, skip_long=True)) == [None if len(x) > 2 else x for x in expected]
     finally:
         bounded.LINE_CHUNK = old
 

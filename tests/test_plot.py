@@ -362,9 +362,9 @@ def test_running_out_of_memory_while_reading_is_one_line_not_a_traceback(tmp_pat
 
 
 def test_a_line_longer_than_any_record_is_one_line_naming_it(tmp_path):
-    """A line over MAX_LINE (1 MiB; a record is a few hundred bytes) is damaged: one line naming it and the fix,
+    """A line over MAX_METRICS_LINE (16 MiB; a record is a few hundred bytes) is damaged: one line naming it and the fix,
     read no further than the limit (bounded.read_lines)."""
-    lines = [json.dumps({"iter": 1, "train/loss": 5.0}), json.dumps({"iter": 2, "note": "x" * (plot.MAX_LINE + 10)})]
+    lines = [json.dumps({"iter": 1, "train/loss": 5.0}), json.dumps({"iter": 2, "note": "x" * (plot.MAX_METRICS_LINE + 10)})]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(UserError, match=r"line 2 is over 1,048,576 bytes.*fix or remove that line"):
+    with pytest.raises(UserError, match=r"line 2 is over 16,777,216 bytes.*fix or remove that line"):
         plot.read_metrics(tmp_path)

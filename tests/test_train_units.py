@@ -123,19 +123,23 @@ def test_metrics_are_strict_json_with_null_for_non_finite_values_and_a_resume_dr
     assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
-def test_a_damaged_metrics_line_is_dropped_with_a_note_and_the_run_stays_resumable(tmp_path, capsys):
-    """A non-UTF-8 byte (or a line that is not JSON) anywhere in metrics.jsonl: resume drops that line,
-    says so in one line, and keeps the rest."""
+def test_a_damaged_metrics_line_is_dropped_with_a_note_and_the_run_stays_resumable(tmp_path, capsys, monkeypatch):
+    """A non-UTF-8 byte, a line that is not JSON, a NaN or Infinity (which json.loads takes and this log never
+    writes: before, a traceback and no resume), or a line over MAX_METRICS_LINE (here lowered to 80 bytes)
+    anywhere in metrics.jsonl: resume drops that line, says so in one line, and keeps the rest."""
     import json
 
-    from training.report.metrics import MetricsLog
+    from training.report import metrics
 
+    monkeypatch.setattr(metrics, "MAX_METRICS_LINE", 80)
     (tmp_path / "metrics.jsonl").write_bytes(b'{"iter": 1, "train/loss": 3.0}\n{"iter": 2, "train/lo\xff\xfess": 2.9}\n'
-                                             b'not json\n{"iter": 3, "train/loss": 2.8}\n{"iter": 4, "train/loss": 2.7}\n')
-    kept = list(MetricsLog(tmp_path).resume_at(3))
+                                             b'not json\n{"iter": 2, "train/loss": NaN}\n{"iter": 2, "lr": -Infinity}\n'
+                                             b'{"iter": 2, "note": "' + b"x" * 100 + b'"}\n'
+                                             b'{"iter": 3, "train/loss": 2.8}\n{"iter": 4, "train/loss": 2.7}\n')
+    kept = list(metrics.MetricsLog(tmp_path).resume_at(3))
     assert [r["iter"] for r in kept] == [1, 3]
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "dropped 2 damaged line(s)" in out[0]
+    assert len(out) == 1 and "dropped 5 damaged line(s)" in out[0]
     assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text("utf-8").splitlines()] == [1, 3]
 
 

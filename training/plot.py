@@ -30,7 +30,7 @@ from locks import remove_stale_temps
 from ownership import check_output
 from settings import finite_number  # a value a curve can take (a string would be drawn as a category)
 
-from .report.metrics import MAX_METRICS_BYTES, METRICS_NAME
+from .report.metrics import MAX_METRICS_BYTES, MAX_METRICS_LINE, METRICS_NAME
 
 
 def metrics_file(run: Path) -> Path:
@@ -45,11 +45,10 @@ Y_KEYS = ("train/loss", "val/loss", "val/bpb", "lr")
 
 KEYS = (*X_KEYS, *Y_KEYS)  # the order of a step's numbers, as read_metrics keeps them
 NAN = float("nan")  # a number not logged (or not a number) at a step: every plotted value is finite
-MAX_LINE = 1 << 20  # bytes: a logged record is a few hundred; a longer line is damaged, and read no further
 
 
 def _lines(path: Path) -> Iterator[bytes]:
-    """The metrics file's lines, one at a time, at most MAX_LINE bytes each and MAX_METRICS_BYTES in all
+    """The metrics file's lines, one at a time, at most MAX_METRICS_LINE bytes each and MAX_METRICS_BYTES in all
     (bounded.read_lines), so that memory holds the numbers kept, never the file: a 1 GiB file read whole, split and
     parsed took 7.4 GB. Its refusals are read_user_file's lines."""
     what, fix = "metrics file", "pass a training out_dir (train.out_dir) or its metrics.jsonl"
@@ -62,13 +61,13 @@ def _lines(path: Path) -> Iterator[bytes]:
         if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
             raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
         try:
-            yield from read_lines(f, MAX_METRICS_BYTES, MAX_LINE)
+            yield from read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE)
         except TooLarge as e:
             size = f" ({e.size} bytes)" if e.size is not None else ""
             raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this "
                             "reads; pass a smaller file") from None
         except LineTooLong as e:
-            raise UserError(f"{path} line {e.number} is over {MAX_LINE:,} bytes, which no record train.py logs is (it "
+            raise UserError(f"{path} line {e.number} is over {MAX_METRICS_LINE:,} bytes, which no record train.py logs is (it "
                             "is damaged); fix or remove that line") from None
 
 

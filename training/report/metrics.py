@@ -30,6 +30,9 @@ METRICS_NAME = "metrics.jsonl"
 # not refuse its own run's log (256 MiB, ~1M lines, was passed in ~3 hours at log_interval 1 and 10 ms a step).
 # Past it (or endless: /dev/zero) refused by its size, unread; the plot (training/plot.py) reads the same bound.
 MAX_METRICS_BYTES = 1 << 30
+# a record is a few hundred bytes, one with samples at most ~1 MiB (16 prompts x 1024 tokens, JSON-escaped): a longer
+# line is damaged, and neither the resume nor the plot holds it
+MAX_METRICS_LINE = 16 << 20
 
 
 def _plain(value: Any) -> Any:
@@ -86,14 +89,20 @@ class MetricsLog:
         count, size, dropped = 0, 0, 0
         try:
             with open(self.path, "rb") as f, atomic_write(self.path) as tmp, open_own(tmp, "wb") as out:
-                for line in read_lines(f, MAX_METRICS_BYTES):  # by its size first: a sparse 100 GB file stays unread
-                    try:
-                        record = json_loads(line.decode("utf-8"))
-                    except ValueError:  # not UTF-8 (UnicodeDecodeError is a ValueError) or not JSON (nested too deep too)
+                # by its size first: a sparse 100 GB file stays unread; a line past MAX_METRICS_LINE comes as None
+                for line in read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE, skip_long=True):
+                    if line is None:
+                        dropped += 1
+                        continue
+                    try:  # not UTF-8 (UnicodeDecodeError is a ValueError), not JSON (nested too deep too), NaN or inf
+                        record = json_loads(line.decode("utf-8"))  # (which this log never writes)
+                        kept = isinstance(record, dict) and type(record.get("iter")) is int and record["iter"] <= iter_num
+                        text = json.dumps(record, allow_nan=False) + "\n" if kept else ""  # (iter: not a bool)
+                    except ValueError:
                         dropped += bool(line.strip())
                         continue
-                    if isinstance(record, dict) and type(record.get("iter")) is int and record["iter"] <= iter_num:
-                        size += out.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))  # (iter: not a bool)
+                    if kept:
+                        size += out.write(text.encode("utf-8"))
                         count += 1
         except TooLarge as e:  # (atomic_write left the file as it was)
             size_text = f"{e.size:,} bytes" if e.size is not None else "endless"
@@ -103,7 +112,8 @@ class MetricsLog:
             raise UserError(f"cannot rewrite {self.path} ({short_error(e)}); fix or move the file (or free some space), "
                             "then resume") from None
         if dropped:
-            print(f"note: {self.path}: dropped {dropped} damaged line(s) (not UTF-8 JSON); the other records are kept",
+            print(f"note: {self.path}: dropped {dropped} damaged line(s) (not UTF-8 JSON of finite numbers, or over "
+                  f"{MAX_METRICS_LINE >> 20} MiB); the other records are kept",
                   flush=True)
         st = os.stat(self.path)
         self.kept = KeptRecords(self.path, size, count, (st.st_dev, st.st_ino))
