@@ -105,10 +105,11 @@ def check_scorable(numbered: Sequence[tuple[int, dict]], tok, template: ChatTemp
 
 
 @torch.no_grad()
-def score(model, tok, template: ChatTemplate, rows: Sequence[dict], batch_size: int = 64) -> dict:
-    """{"accuracy", "correct", "total", "by_kind": {kind: accuracy}, "examples": [(question, reply, answer)...]}."""
-    # (main checked the rows against the file's row numbers; a caller with rows of its own gets the same check)
-    check_scorable(list(enumerate(rows, 1)), tok, template, model.config.block_size, "the rows")
+def score(model, tok, template: ChatTemplate, rows: Sequence[dict], batch_size: int = 64, *,
+          where: str | Path = "the rows", numbers: Sequence[int] | None = None) -> dict:
+    """{"accuracy", "correct", "total", "by_kind": {kind: accuracy}, "examples": [(question, reply, answer)...]}.
+    Every row is checked first (check_scorable), named by `where` and its number (`numbers`: the file's lines)."""
+    check_scorable(list(zip(numbers or range(1, len(rows) + 1), rows)), tok, template, model.config.block_size, where)
     model.eval()
     correct: Counter = Counter()
     total: Counter = Counter()
@@ -159,11 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     numbered = numbered_rows(args.tasks)
     model, tok, template, note = load_chat_model(args.checkpoint)
-    check_scorable(numbered, tok, template, model.config.block_size, args.tasks)
-    rows = [row for _, row in numbered]
+    result = score(model, tok, template, [row for _, row in numbered], args.batch_size, where=args.tasks,
+                   numbers=[n for n, _ in numbered])
     if note:
         print(f"{args.checkpoint} has no chat template: {note}")
-    result = score(model, tok, template, rows, args.batch_size)
     for question, reply, answer in result["examples"][:4]:
         print(f"  {question!r} -> {reply!r} (expected {answer!r})")
     kinds = ", ".join(f"{k} {v:.1%}" for k, v in result["by_kind"].items())
