@@ -40,16 +40,23 @@ def check_init_from(m: ModelSection, data_tokenizer: str) -> None:
     if hf:
         _check_hf_tokenizer(m.init_from, data_tokenizer)
     source = check_source(m.init_from, dropout=m.dropout, attn_backend=m.attn_backend)
-    name = source.get("tokenizer") if isinstance(source, dict) else None
-    if not hf and name != data_tokenizer:
-        raise UserError(f"model.init_from={m.init_from} was trained with tokenizer {clipped(name)}, but this data "
-                        f"uses {data_tokenizer!r}; set data.tokenizer (and dataset) to match")
+    if not hf:
+        _check_tokenizer(m.init_from, source, {"tokenizer": data_tokenizer})
 
 
 def _check_hf_tokenizer(init_from: str, data_tokenizer: Any) -> None:
     if data_tokenizer != "gpt2":
         raise UserError(f"model.init_from={init_from} is HF GPT-2, which needs data.tokenizer=gpt2 "
                         f"(got {data_tokenizer!r}); set --data.tokenizer=gpt2")
+
+
+def _check_tokenizer(init_from: str, source: Any, data: dict[str, Any]) -> None:
+    """The source's tokenizer entry names the data's tokenizer (check_init_from before the data is prepared,
+    initial_model after, with the same line)."""
+    name = source.get("tokenizer") if isinstance(source, dict) else None
+    if name != data.get("tokenizer"):
+        raise UserError(f"model.init_from={init_from} was trained with tokenizer {clipped(name)}, but this data "
+                        f"uses {clipped(data.get('tokenizer'))}; set data.tokenizer (and dataset) to match")
 
 
 def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any], seed: int,
@@ -73,9 +80,7 @@ def initial_model(m: ModelSection, *, vocab_size: int, tokenizer: dict[str, Any]
         _check_hf_tokenizer(m.init_from, tokenizer.get("tokenizer"))
     loaded = load_model(m.init_from, **runtime)  # a checkpoint, an out_dir, an HF directory or hub name
     notes = []
-    if loaded.tokenizer.get("tokenizer") != tokenizer.get("tokenizer"):
-        raise UserError(f"model.init_from={m.init_from} was trained with tokenizer {_tok(loaded.tokenizer)}, "
-                        f"but this data uses {_tok(tokenizer)}; set data.tokenizer (and dataset) to match")
+    _check_tokenizer(m.init_from, loaded.tokenizer, tokenizer)
     if loaded.tokenizer.get("chars") != tokenizer.get("chars"):  # the same tokenizer, other characters
         raise UserError(f"model.init_from={m.init_from} was trained with the char tokenizer on other characters than "
                         f"this data's: {_chars_differ(loaded.tokenizer.get('chars'), tokenizer.get('chars'))}, so its "
@@ -114,9 +119,3 @@ def _chars_differ(source: Any, data: Any) -> str:
     parts = [f"only the data has {few(set(data) - set(source))}" if set(data) - set(source) else "",
              f"only the source has {few(set(source) - set(data))}" if set(source) - set(data) else ""]
     return f"{len(set(source))} characters against {len(set(data))} ({'; '.join(p for p in parts if p)})"
-
-
-def _tok(t: Any) -> str:
-    if isinstance(t, dict):
-        return repr(t.get("tokenizer")) + (" (char vocab)" if t.get("chars") else "")
-    return repr(t)
