@@ -32,6 +32,10 @@ class TooLarge(Exception):
         super().__init__(size)
         self.size = size
 
+    def words(self, limit: int) -> str:
+        """Its size in words: "5,000,000 bytes", or "more than LIMIT bytes" where it has none (it kept coming)."""
+        return f"{self.size:,} bytes" if self.size is not None else f"more than {limit:,} bytes"
+
 
 class TooLargeError(UserError):
     """read_own's refusal: a rebuild would not fix it (the file may not be ours), so a reader that rebuilds what
@@ -145,5 +149,4 @@ def read_own(path: str | os.PathLike, what: str, *, limit: int, fix: str) -> byt
     try:
         return read_at_most(path, limit)
     except TooLarge as e:
-        size = f"{e.size:,} bytes" if e.size is not None else f"more than {limit:,} bytes"
-        raise TooLargeError(f"{path} is {size}, but it should be {what}, at most {limit:,} bytes; {fix}") from None
+        raise TooLargeError(f"{path} is {e.words(limit)}, but it should be {what}, at most {limit:,} bytes; {fix}") from None

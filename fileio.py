@@ -427,9 +427,14 @@ def read_user_file(path: str | os.PathLike, what: str, *, fix: str, limit: int, 
             raise UserError(f"{what} {p} is {path_kind(p)}; pass a file") from None
         raise UserError(f"cannot read {what} {p} ({e.strerror or short_error(e)}); check its permissions") from None
     except TooLarge as e:
-        size = f" ({e.size} bytes)" if e.size is not None else ""
-        raise UserError(f"{what} {p} is larger than {limit / 2**20:.0f} MiB{size}, the most this reads; pass a smaller "
-                        "file") from None
+        raise too_large(what, p, limit, e) from None
+
+
+def too_large(what: str, path: str | os.PathLike, limit: int, e: TooLarge) -> UserError:
+    """The line for a file the user named that is over what its reader takes."""
+    size = f" ({e.size} bytes)" if e.size is not None else ""
+    return UserError(f"{what} {path} is larger than {limit / 2**20:.0f} MiB{size}, the most this reads; pass a smaller "
+                     "file")
 
 
 def path_kind(path: str | os.PathLike) -> str:

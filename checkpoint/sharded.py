@@ -121,8 +121,7 @@ def _metadata_bytes(path: Path) -> bytes:
     try:  # (read at its own size: read(MAX + 1) would take 256 MiB of memory for a 20 KB index)
         return read_at_most(path / METADATA_NAME, MAX_METADATA_BYTES)
     except TooLarge as e:
-        size = f"{e.size:,} bytes" if e.size is not None else "endless"
-        raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} is {size}, more than the "
+        raise UserError(f"sharded checkpoint {path}: its {METADATA_NAME} is {e.words(MAX_METADATA_BYTES)}, more than the "
                         f"{MAX_METADATA_BYTES // 2**20} MiB any checkpoint's index takes; {DAMAGED}") from None
 
 

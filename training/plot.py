@@ -24,8 +24,7 @@ from typing import Iterator
 from bounded import LineTooLong, TooLarge, opened, read_lines
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
-                    output_target, path_arg,
-                    path_arg_path, path_kind, read_user_file)
+                    output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
 from locks import remove_stale_temps
 from ownership import check_output
 from settings import finite_number  # a value a curve can take (a string would be drawn as a category)
@@ -63,9 +62,7 @@ def _lines(path: Path) -> Iterator[bytes]:
         try:
             yield from read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE)
         except TooLarge as e:
-            size = f" ({e.size} bytes)" if e.size is not None else ""
-            raise UserError(f"{what} {path} is larger than {MAX_METRICS_BYTES / 2**20:.0f} MiB{size}, the most this "
-                            "reads; pass a smaller file") from None
+            raise too_large(what, path, MAX_METRICS_BYTES, e) from None
         except LineTooLong as e:
             raise UserError(f"{path} line {e.number} is over {MAX_METRICS_LINE:,} bytes, which no record train.py logs is (it "
                             "is damaged); fix or remove that line") from None

@@ -105,8 +105,7 @@ class MetricsLog:
                         size += out.write(text.encode("utf-8"))
                         count += 1
         except TooLarge as e:  # (atomic_write left the file as it was)
-            size_text = f"{e.size:,} bytes" if e.size is not None else "endless"
-            raise UserError(f"{self.path} is {size_text}, over the {MAX_METRICS_BYTES >> 20} MiB of ~3M logged steps; "
+            raise UserError(f"{self.path} is {e.words(MAX_METRICS_BYTES)}, over the {MAX_METRICS_BYTES >> 20} MiB of ~3M logged steps; "
                             "move it away (the run then logs into a new one), then resume") from None
         except OSError as e:
             raise UserError(f"cannot rewrite {self.path} ({short_error(e)}); fix or move the file (or free some space), "
