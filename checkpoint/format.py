@@ -214,9 +214,9 @@ def check_window(state: Any) -> tuple[int, list[float], float]:
         raise ValueError(f"steps {problem}")
     if not isinstance(sums, list):
         raise TypeError(f"loss_sums should be a list of numbers, got {clipped(sums)}")
-    for value in sums:
-        if not finite_number(value):
-            raise ValueError(f"loss_sums should hold finite numbers, got {clipped(value)}")
+    for value in sums:  # (a cross-entropy is never negative)
+        if not finite_number(value) or value < 0:
+            raise ValueError(f"loss_sums should hold finite numbers >= 0, got {clipped(value)}")
     if steps and not sums:
         raise ValueError(f"{steps} step(s) but no rank's loss_sums")
     if not steps and any(sums):
@@ -224,6 +224,25 @@ def check_window(state: Any) -> tuple[int, list[float], float]:
     if not finite_number(seconds) or seconds < 0:
         raise ValueError(f"seconds should be a finite number >= 0, got {clipped(seconds)}")
     return steps, [float(v) for v in sums], float(seconds)
+
+
+def window_entry_problem(payload: dict[str, Any]) -> str | None:
+    """The log window against the entries beside it (None: nothing wrong): no more steps than the run had taken,
+    one loss sum for each rank that saved it (its RNG entry holds a stream set a rank), no more seconds than the
+    run's. A hand-edited window that passes check_window alone would put a made-up train/loss in the next record."""
+    window, train, rng = payload.get("window"), payload.get("train"), payload.get("rng")
+    if not isinstance(window, dict) or not isinstance(train, dict):
+        return None  # (what is wrong with either is said where it is restored)
+    steps, sums, seconds, done = window.get("steps"), window.get("loss_sums"), window.get("seconds"), train.get("iter")
+    if type(steps) is int and type(done) is int and steps > done:
+        return f"its {steps} step(s) are more than the {done} the run had taken"
+    ranks = rng.get("ranks") if isinstance(rng, dict) else None
+    if isinstance(sums, list) and sums and isinstance(ranks, list) and len(sums) != len(ranks):
+        return f"it holds {len(sums)} loss sum(s), one a rank, but {len(ranks)} rank(s) saved it"
+    elapsed = train.get("elapsed_s")
+    if finite_number(seconds) and finite_number(elapsed) and elapsed > 0 and seconds > elapsed:
+        return f"its {clipped(seconds)} s are more than the run's {clipped(elapsed)} s"
+    return None
 
 
 def train_entry_problem(train: Any, plan: Any) -> str | None:

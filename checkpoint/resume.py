@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 from errors import UserError, clipped
 
 from .format import (BEST_NAME, CKPT_NAME, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, find_checkpoint, load_checkpoint,
-                     train_entry_problem)
+                     train_entry_problem, window_entry_problem)
 from .sharded import is_sharded_checkpoint
 
 
@@ -114,10 +114,11 @@ def decide_resume(out_dir: Path, *, mode: str, config_conflicts: Callable[[dict]
 def check_counters(resume: Resume) -> None:
     """The saved step and token counts are counts in their bounds (format.train_entry_problem), checked here,
     where the checkpoint is read: a damaged one would otherwise reach the loop, whose batches trust their step."""
-    problem = train_entry_problem(resume.train, resume.payload.get("plan"))
-    if problem:
-        raise UserError(f"checkpoint {resume.path}: its 'train' entry is malformed ({problem}); use another "
-                        "checkpoint (e.g. best.pt), or a new --train.out_dir")
+    for entry, problem in (("train", train_entry_problem(resume.train, resume.payload.get("plan"))),
+                           ("window", window_entry_problem(resume.payload))):
+        if problem:
+            raise UserError(f"checkpoint {resume.path}: its {entry!r} entry is malformed ({problem}); use another "
+                            "checkpoint (e.g. best.pt), or a new --train.out_dir")
 
 
 def check_best_belongs_to(best: Path | None, run_id: str | None) -> None:

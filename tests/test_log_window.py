@@ -88,8 +88,9 @@ DAMAGED = [
     ({"steps": True, "loss_sums": [1.0], "seconds": 0.0}, r"TypeError: steps should be int, got True"),
     ({"steps": -1, "loss_sums": [1.0], "seconds": 0.0}, r"ValueError: steps must be >= 0, got -1"),
     ({"steps": 2, "loss_sums": 1.0, "seconds": 0.0}, r"TypeError: loss_sums should be a list of numbers, got 1\.0"),
-    ({"steps": 2, "loss_sums": [math.nan], "seconds": 0.0}, r"ValueError: loss_sums should hold finite numbers, got nan"),
-    ({"steps": 2, "loss_sums": ["1"], "seconds": 0.0}, r"ValueError: loss_sums should hold finite numbers, got '1'"),
+    ({"steps": 2, "loss_sums": [math.nan], "seconds": 0.0}, r"ValueError: loss_sums should hold finite numbers >= 0, got nan"),
+    ({"steps": 2, "loss_sums": ["1"], "seconds": 0.0}, r"ValueError: loss_sums should hold finite numbers >= 0, got '1'"),
+    ({"steps": 1, "loss_sums": [-3.8], "seconds": 0.0}, r"ValueError: loss_sums should hold finite numbers >= 0, got -3\.8"),
     ({"steps": 2, "loss_sums": [], "seconds": 0.0}, r"ValueError: 2 step\(s\) but no rank's loss_sums"),
     ({"steps": 0, "loss_sums": [3.5], "seconds": 0.0}, r"ValueError: no steps but loss_sums \[3\.5\]"),
     ({"steps": 2, "loss_sums": [1.0], "seconds": -1.0}, r"ValueError: seconds should be a finite number >= 0, got -1\.0"),
@@ -110,16 +111,39 @@ def test_a_damaged_window_entry_is_one_line(entry, problem, tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_a_resumed_run_refuses_a_checkpoint_with_a_nan_window_in_one_line(tmp_path, data_root):
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, data_root) -> Path:
+    """A 1-rank run stopped after step 6, inside its second window (steps 5-6 in the checkpoint's window)."""
+    out, threads = tmp_path_factory.mktemp("stopped") / "out", torch.get_num_threads()
+    torch.set_num_threads(1)  # as _one_thread does, which runs after a module's fixtures
+    try:
+        with inject(interrupt_after=6):
+            run(out, data_root, *COMMON)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+# a window edited by hand, and the line its resume gives: alone (check_window), or against the entries beside it
+# (format.window_entry_problem: before, each of the last three resumed and logged a made-up train/loss)
+EDITED = [
+    ({"loss_sums": [math.nan]}, r"\(ValueError: loss_sums should hold finite numbers >= 0, got nan\)"),
+    ({"steps": 1000}, r"\(its 1000 step\(s\) are more than the 6 the run had taken\)"),
+    ({"loss_sums": [3.8, 100.0, 5.0]}, r"\(it holds 3 loss sum\(s\), one a rank, but 1 rank\(s\) saved it\)"),
+    ({"seconds": 1e300}, r"\(its 1e\+300 s are more than the run's [0-9.e+-]+ s\)"),
+]
+
+
+@pytest.mark.parametrize("edit, problem", EDITED, ids=["nan", "steps", "ranks", "seconds"])
+def test_a_resumed_run_refuses_an_edited_window_in_one_line(edit, problem, stopped, tmp_path, data_root):
     out = tmp_path / "out"
-    with inject(interrupt_after=6):
-        run(out, data_root, *COMMON)
+    shutil.copytree(stopped, out)
     ckpt = load_checkpoint(out)
-    save_checkpoint(out / "ckpt.pt", ckpt | {"window": {**ckpt["window"], "loss_sums": [math.nan]}})
-    with pytest.raises(UserError, match=r"its 'window' entry is malformed \(ValueError: loss_sums should hold finite "
-                                        r"numbers, got nan\)") as e:
+    save_checkpoint(out / "ckpt.pt", ckpt | {"window": {**ckpt["window"], **edit}})
+    with pytest.raises(UserError, match=r"its 'window' entry is malformed " + problem) as e:
         run(out, data_root, *COMMON)
     assert "\n" not in str(e.value)
+    assert not (out / "metrics.jsonl").read_text().count('"iter": 8')  # nothing logged
 
 
 class Ranks:
