@@ -143,6 +143,23 @@ def test_a_damaged_metrics_line_is_dropped_with_a_note_and_the_run_stays_resumab
     assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text("utf-8").splitlines()] == [1, 3]
 
 
+def test_a_resume_keeps_every_step_once_in_order_and_says_what_it_dropped(tmp_path, capsys):
+    """A metrics.jsonl edited by hand (found from outside: duplicated lines, a step out of order and a JSON line
+    that is no record were all kept, so the file held steps 4, 4, 6, 6, 8): a record of a step at or before the
+    one kept last is dropped, a line of JSON that is no record counts as damaged, and the note says both."""
+    import json
+
+    from training.report.metrics import MetricsLog
+
+    steps = [4, 4, 6, 5, 6, 8, 12]
+    lines = [json.dumps({"iter": i, "train/loss": 1.0}) for i in steps] + ["[1, 2]", '{"iter": true}', '"x"']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    kept = list(MetricsLog(tmp_path).resume_at(10))
+    assert [r["iter"] for r in kept] == [4, 6, 8]  # 12 is past the checkpoint: redone, not counted
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "dropped 3 damaged line(s)" in out[0] and "3 record(s) of a step already logged" in out[0]
+
+
 def test_a_resume_over_a_long_metrics_file_holds_a_line_at_a_time_never_the_file(tmp_path):
     """Before: resume_at read metrics.jsonl whole and kept its records as a list of dicts (for the steps wandb
     lacks and the samples table): the 1 GiB a run may log took several GB. Now the file is rewritten a line at a

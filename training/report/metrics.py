@@ -83,36 +83,41 @@ class MetricsLog:
         Returns the kept records (wandb_logger sends those wandb lacks), read from the file again when iterated.
         The file is rewritten a line at a time, so memory holds a line, never the file. A line that is not a
         JSON record (torn by a crash mid-write, or damaged: not UTF-8, not JSON) is dropped with a note, so a
-        damaged file never makes a run unresumable."""
+        damaged file never makes a run unresumable; so is a record of a step at or before the one kept last (a
+        file edited by hand): every step is logged once, in order."""
         if not self.active or not self.path.is_file():
             return self.kept
-        count, size, dropped = 0, 0, 0
+        count, size, dropped, unordered, last = 0, 0, 0, 0, None
         try:
             with open(self.path, "rb") as f, atomic_write(self.path) as tmp, open_own(tmp, "wb") as out:
                 # by its size first: a sparse 100 GB file stays unread; a line past MAX_METRICS_LINE comes as None
                 for line in read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE, skip_long=True):
-                    if line is None:
-                        dropped += 1
+                    if line is None or not line.strip():
+                        dropped += line is None
                         continue
                     try:  # not UTF-8 (UnicodeDecodeError is a ValueError), not JSON (nested too deep too), NaN or inf
                         record = json_loads(line.decode("utf-8"))  # (which this log never writes)
-                        kept = isinstance(record, dict) and type(record.get("iter")) is int and record["iter"] <= iter_num
-                        text = json.dumps(record, allow_nan=False) + "\n" if kept else ""  # (iter: not a bool)
+                        text = json.dumps(record, allow_nan=False) + "\n"
                     except ValueError:
-                        dropped += bool(line.strip())
+                        dropped += 1
                         continue
-                    if kept:
+                    if not isinstance(record, dict) or type(record.get("iter")) is not int:  # (a bool is no step)
+                        dropped += 1
+                    elif last is not None and record["iter"] <= last:  # every step once, in order (edited by hand)
+                        unordered += 1
+                    elif record["iter"] <= iter_num:  # (later ones are about to be redone)
                         size += out.write(text.encode("utf-8"))
-                        count += 1
+                        count, last = count + 1, record["iter"]
         except TooLarge as e:  # (atomic_write left the file as it was)
             raise UserError(f"{self.path} is {e.words(MAX_METRICS_BYTES)}, over the {MAX_METRICS_BYTES >> 20} MiB of ~3M logged steps; "
                             "move it away (the run then logs into a new one), then resume") from None
         except OSError as e:
             raise UserError(f"cannot rewrite {self.path} ({short_error(e)}); fix or move the file (or free some space), "
                             "then resume") from None
-        if dropped:
-            print(f"note: {self.path}: dropped {dropped} damaged line(s) (not UTF-8 JSON of finite numbers, or over "
-                  f"{MAX_METRICS_LINE >> 20} MiB); the other records are kept",
+        if dropped or unordered:
+            said = [f"{dropped} damaged line(s) (not a JSON record of finite numbers, or over {MAX_METRICS_LINE >> 20} MiB)"
+                    if dropped else "", f"{unordered} record(s) of a step already logged" if unordered else ""]
+            print(f"note: {self.path}: dropped {' and '.join(w for w in said if w)}; the other records are kept",
                   flush=True)
         st = os.stat(self.path)
         self.kept = KeptRecords(self.path, size, count, (st.st_dev, st.st_ino))
