@@ -186,6 +186,12 @@ def stdout_gone() -> bool:
         return False
 
 
+def reader_left(e: OSError) -> bool:
+    """`e` is stdout's reader leaving (`--out /dev/stdout | head -1`): a writer re-raises it for run_cli to end
+    quietly, rather than word it as a failure to write."""
+    return isinstance(e, BrokenPipeError) and stdout_gone()
+
+
 def _flush_stdout() -> None:
     """stdout's buffer written now, where a reader that left is caught (at exit it would print 'Exception
     ignored ... BrokenPipeError' and exit 120); from then on stdout leads to /dev/null."""

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 from checkpoint import checkpoint_dirs, checkpoint_files, default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, point_at_devnull, run_cli, short_error, to_stderr, write_fix
+from errors import ArgumentParser, UserError, point_at_devnull, reader_left, run_cli, short_error, to_stderr, write_fix
 from fileio import atomic_write_bytes, check_output_not_input, check_path_value, output_target, path_arg, read_user_file
 from model.generate import generate, generate_stream
 from ownership import check_output
@@ -371,6 +371,8 @@ def write_out_file(name: str, text: str) -> None:
     try:
         atomic_write_bytes(Path(name).expanduser(), text.encode("utf-8", "replace"), "--out", follow=True)
     except OSError as e:
+        if reader_left(e):  # --out /dev/stdout | head: run_cli's quiet end
+            raise
         raise UserError(f"cannot write --out {name} ({short_error(e)}); {write_fix(e, 'choose another --out')}") from None
 
 

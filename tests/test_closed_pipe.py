@@ -98,3 +98,22 @@ def test_another_pipes_reader_leaving_is_a_failure_in_one_line(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and len(err) == 1 and err[0].startswith("error: ") and "went away" in err[0], err
     assert (tmp_path / "stdout.txt").read_text() == "the first line\n"
+
+
+@pytest.mark.parametrize("writer", ["sample.py --out", "training.plot --out"])
+def test_a_file_writer_pointed_at_stdout_ends_quietly_when_its_reader_left(writer, tmp_path, capsys, monkeypatch):
+    """`--out /dev/stdout | head -c0` (found from outside: the plot said "cannot write /dev/stdout (BrokenPipeError)"
+    and exited 2): the writers that take any path let stdout's reader leaving reach run_cli, which ends quietly.
+    Here stdout is a pipe whose reader left, and the output path is that pipe (/dev/fd/N, as /dev/stdout is)."""
+    stream = closed_pipe()
+    path = f"/dev/fd/{stream.fileno()}"
+    if writer == "sample.py --out":
+        write = lambda: importlib.import_module("sample").write_out_file(path, "ROMEO:\n")  # noqa: E731
+    else:
+        (tmp_path / "metrics.jsonl").write_text('{"iter": 1, "train/loss": 5.0}\n{"iter": 2, "train/loss": 4.0}\n')
+        write = lambda: importlib.import_module("training.plot").main([str(tmp_path), "--out", path])  # noqa: E731
+    monkeypatch.setattr(sys, "stdout", stream)
+    with pytest.raises(SystemExit) as e:
+        run_cli(write)
+    monkeypatch.undo()
+    assert e.value.code in (0, None) and capsys.readouterr().err == ""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bounded import LineTooLong, TooLarge, opened, read_lines
-from errors import ArgumentParser, UserError, clipped, run_cli, short_error
+from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
 from locks import remove_stale_temps
@@ -261,6 +261,8 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
                 with atomic_write(out, "--out", follow=True) as tmp:  # a failure (a full disk) leaves the old PNG
                     fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
     except OSError as e:
+        if reader_left(e):  # --out /dev/stdout | head: run_cli's quiet end
+            raise
         raise UserError(f"cannot write {out} ({short_error(e)}); choose another --out") from None
     finally:
         plt.close(fig)
