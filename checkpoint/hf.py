@@ -11,12 +11,13 @@ import dataclasses
 import json
 import os
 import pickle
+import struct
 import warnings
 import zipfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from errors import clipped, short_error
@@ -87,8 +88,13 @@ def _weights_name(path: Path) -> str:
     raise FileNotFoundError(f"{path} holds none of model.safetensors, {INDEX_NAME} (sharded) or pytorch_model.bin")
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(path: Path, *, header_only: bool = False) -> dict[str, torch.Tensor] | None:
+    """The file's tensors; with `header_only` its header alone opened and checked (nothing returned)."""
     try:
+        if header_only:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+            return None
         return load_file(str(path))
     except SafetensorError as e:  # a truncated file, a header that is not safetensors' JSON, bad offsets
         raise ValueError(f"its {path.name} is damaged or not a safetensors file ({short_error(e, 80)})") from None
@@ -125,16 +131,19 @@ def _read_sharded(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _read_bin(path: Path) -> dict[str, torch.Tensor]:
-    """pytorch_model.bin: read without running code from it (weights_only), and a dict of named tensors."""
+def _read_bin(path: Path, *, mapped: bool = False) -> dict[str, torch.Tensor]:
+    """pytorch_model.bin: read without running code from it (weights_only), and a dict of named tensors
+    (`mapped`: its tensors mapped from the file, for a check that reads none of them)."""
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            zipped = mapped and zipfile.is_zipfile(path)  # (torch.load maps only the zip format, torch >= 1.6's)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError:
         raise ValueError(f"its {path.name} holds objects that would run code when loaded (refused), or is not a "
                          "PyTorch file") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, AttributeError) as e:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, AttributeError,
+            struct.error) as e:  # (struct.error: a file of a few bytes, read as an old-format header)
         raise ValueError(f"its {path.name} is damaged or not a PyTorch file ({short_error(e, 80)})") from None
     if not isinstance(state, dict):
         raise ValueError(f"its {path.name} holds a {type(state).__name__}; expected a dict of named tensors")
@@ -179,11 +188,16 @@ def from_pretrained(name_or_dir: str, **overrides) -> GPT:
 
 def check_pretrained(name_or_dir: str, **overrides) -> None:
     """What from_pretrained checks before reading a weight: config.json (of a hub model, downloaded alone) and,
-    in a local directory, which weight file there is. The same exceptions, for the same directories."""
+    in a local directory, which weight file there is, opened (a safetensors header, a .bin's tensors mapped, not
+    read; a sharded save's shards are read by the load). The same exceptions, for the same directories."""
     path = _resolve_dir(name_or_dir, patterns=("config.json",))
     _checked_config(path, **overrides)
     if Path(name_or_dir).is_dir():
-        _weights_name(path)
+        name = _weights_name(path)
+        if name == "model.safetensors":
+            _read_safetensors(path / name, header_only=True)
+        elif name != INDEX_NAME:
+            _read_bin(path / name, mapped=True)
 
 
 def _checked_config(path: Path, **overrides) -> GPTConfig:

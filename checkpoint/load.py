@@ -127,15 +127,19 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     # a sharded checkpoint's weights are read by model_from_checkpoint, into the shapes of the model it builds
     ckpt = load_checkpoint(where, needed=("model_config",) if is_sharded_checkpoint(where) else ("model", "model_config"))
     model = model_from_checkpoint(ckpt, where, **overrides)
+    _check_finite(model, where)
+    _check_entries(ckpt, where)
+    it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
+    desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
+    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))
+
+
+def _check_finite(model: GPT, where: Path) -> None:
     bad = next((name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()),
                None)
     if bad is not None:  # train.py never saves such weights; a damaged or foreign file can hold them
         raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
                         "checkpoint")
-    _check_entries(ckpt, where)
-    it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
-    desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
-    return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))
 
 
 def _check_entries(ckpt: dict[str, Any], where: Path) -> None:
@@ -148,9 +152,12 @@ def _check_entries(ckpt: dict[str, Any], where: Path) -> None:
 
 
 def check_source(spec: str, **overrides: Any) -> dict[str, Any] | None:
-    """What load_model(spec, **overrides) would refuse without reading a weight (the same one line): a path
-    that is not there, a directory of no kind it loads, a config that is not one, a checkpoint's damaged entries.
-    Returns the tokenizer entry of one of our checkpoints (None for HF GPT-2, whose tokenizer is gpt2's)."""
+    """What load_model(spec, **overrides) would refuse, in the same line, without loading the weights into memory:
+    a path that is not there, a directory of no kind it loads, a config that is not one, a checkpoint's damaged
+    entries, and of one of our checkpoint files its weights too (mapped from the file, not read into memory:
+    missing, of other shapes, not finite). An HF directory's weight file is opened, not read; a sharded
+    checkpoint's shards are read by the load. Returns the tokenizer entry of one of our checkpoints (None for HF
+    GPT-2, whose tokenizer is gpt2's)."""
     if is_hf_dir(spec) or is_hub_name(spec):
         with _hf_refusals(spec):
             check_pretrained(spec, **overrides)
@@ -158,6 +165,8 @@ def check_source(spec: str, **overrides: Any) -> dict[str, Any] | None:
     where = resolve_checkpoint_path(spec)
     ckpt = peek_checkpoint(where)
     checked_model_config(ckpt["model_config"], where, **overrides)
+    if not is_sharded_checkpoint(where):  # its tensors are mapped: the model holds the file's pages, not copies
+        _check_finite(model_from_checkpoint(ckpt, where, **overrides), where)
     _check_entries(ckpt, where)
     return ckpt["tokenizer"]
 

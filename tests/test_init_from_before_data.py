@@ -27,12 +27,19 @@ def hf_folder(t: Path, config: object) -> Path:
     return t
 
 
-def checkpoint(t: Path, model_config: dict, tokenizer: str) -> Path:
-    """A checkpoint of ours as train.py's format has it (format, version, model_config, tokenizer), written as
-    a plain torch.save; no weights needed: the check reads none."""
+def checkpoint(t: Path, model_config: dict, tokenizer: str, edit=lambda weights: weights) -> Path:
+    """A checkpoint of ours as train.py's format has it (format, version, model_config, tokenizer, weights of a
+    model of that config, `edit`ed), written as a plain torch.save."""
+    from model import GPT, GPTConfig
+
+    weights = GPT(GPTConfig(**OUR_CONFIG)).state_dict() if model_config == OUR_CONFIG else {}
     torch.save({"format": "smallgpt-checkpoint", "version": 3, "model_config": model_config,
-                "tokenizer": {"tokenizer": tokenizer, "chars": None}, "model": {}}, t)
+                "tokenizer": {"tokenizer": tokenizer, "chars": None}, "model": edit(dict(weights))}, t)
     return t
+
+
+def nan_in(name: str):
+    return lambda weights: weights | {name: torch.full_like(weights[name], float("nan"))}
 
 
 def not_a_checkpoint(t: Path) -> Path:
@@ -58,6 +65,17 @@ KINDS = {
     "a checkpoint of another tokenizer": (lambda t: checkpoint(t / "ckpt.pt", OUR_CONFIG, "gpt2"), "char",
                                           ("trained with tokenizer", "gpt2")),
     "a hub name not there (offline)": (lambda t: "no-such-model-xyz", "gpt2", ("no-such-model-xyz",)),
+    # the weights themselves (found from outside: each was refused only after the data's preparation)
+    "a checkpoint whose weights lack one": (lambda t: checkpoint(t / "ckpt.pt", OUR_CONFIG, "char", lambda w: {
+        k: v for k, v in w.items() if k != "transformer.wpe.weight"}), "char", ("do not match", "wpe")),
+    "a checkpoint whose weight has another shape": (lambda t: checkpoint(t / "ckpt.pt", OUR_CONFIG, "char", lambda w: w | {
+        "transformer.wpe.weight": torch.zeros(3, 8)}), "char", ("do not match", "wpe")),
+    "a checkpoint with NaN weights": (lambda t: checkpoint(t / "ckpt.pt", OUR_CONFIG, "char", nan_in("transformer.h.0.mlp.c_fc.weight")),
+                                      "char", ("non-finite weights",)),
+    "an HF folder whose model.safetensors is damaged": (lambda t: hf_folder(t / "hf", GPT2_CONFIG) and (
+        (t / "hf" / "model.safetensors").write_text("junk") and t / "hf"), "gpt2", ("model.safetensors", "damaged")),
+    "an HF folder whose pytorch_model.bin is no PyTorch file": (lambda t: hf_folder(t / "hf", GPT2_CONFIG) and (
+        (t / "hf" / "pytorch_model.bin").write_text("junk") and t / "hf"), "gpt2", ("pytorch_model.bin", "damaged")),
 }
 
 
@@ -85,3 +103,24 @@ def test_a_good_checkpoint_passes_the_check_and_is_loaded_after_the_data(tmp_pat
     assert train.main([*tiny_argv(tmp_path / "b", data_root), "--train.max_iters=1", "--train.eval_interval=1",
                        f"--model.init_from={tmp_path / 'a'}"]) == 0
     assert calls == [1]
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin", "pytorch_model.bin (torch < 1.6)"])
+def test_the_check_passes_a_good_hf_folder_in_each_weight_format(weights, tmp_path):
+    """The check refuses nothing that loads (the reviewer's case): an HF GPT-2 folder whose weights are whole, in
+    each file format from_pretrained reads, passes check_source, and load_model then loads it."""
+    from safetensors.torch import load_file
+
+    from checkpoint import check_source, load_model
+    from checkpoint.hf import write_hf_weights
+    from model import GPT, GPTConfig
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    write_hf_weights(GPT(GPTConfig(block_size=32, vocab_size=50257, n_layer=1, n_head=2, n_embd=8)), hf)
+    if weights != "model.safetensors":  # the same tensors in a .bin, zip (torch >= 1.6) or legacy format
+        tensors = load_file(hf / "model.safetensors")
+        torch.save(tensors, hf / "pytorch_model.bin", _use_new_zipfile_serialization=weights == "pytorch_model.bin")
+        (hf / "model.safetensors").unlink()
+    assert check_source(str(hf)) is None
+    assert load_model(str(hf)).model.config.n_embd == 8
