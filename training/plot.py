@@ -21,7 +21,7 @@ from array import array
 from pathlib import Path
 from typing import Iterator
 
-from bounded import LineTooLong, TooLarge, opened, read_lines
+from bounded import TooLarge, opened, read_lines
 from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
@@ -46,8 +46,8 @@ KEYS = (*X_KEYS, *Y_KEYS)  # the order of a step's numbers, as read_metrics keep
 NAN = float("nan")  # a number not logged (or not a number) at a step: every plotted value is finite
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    """The metrics file's lines, one at a time, at most MAX_METRICS_LINE bytes each and MAX_METRICS_BYTES in all
+def _lines(path: Path) -> Iterator[bytes | None]:
+    """The metrics file's lines, one at a time (None for one over MAX_METRICS_LINE), at most MAX_METRICS_BYTES in all
     (bounded.read_lines), so that memory holds the numbers kept, never the file: a 1 GiB file read whole, split and
     parsed took 7.4 GB. Its refusals are read_user_file's lines."""
     what, fix = "metrics file", "pass a training out_dir (train.out_dir) or its metrics.jsonl"
@@ -60,12 +60,9 @@ def _lines(path: Path) -> Iterator[bytes]:
         if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
             raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
         try:
-            yield from read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE)
+            yield from read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE, skip_long=True)
         except TooLarge as e:
             raise too_large(what, path, MAX_METRICS_BYTES, e) from None
-        except LineTooLong as e:
-            raise UserError(f"{path} line {e.number} is over {MAX_METRICS_LINE:,} bytes, which no record train.py logs is (it "
-                            "is damaged); fix or remove that line") from None
 
 
 def read_metrics(run_dir: Path) -> dict[str, array]:
@@ -79,22 +76,27 @@ def read_metrics(run_dir: Path) -> dict[str, array]:
         raise UserError(f"no {METRICS_NAME} in {run_dir}; pass a training out_dir (train.out_dir) or the file itself")
     columns = {k: array("d") for k in KEYS}
     skipped: dict[str, list] = {}  # key -> [first line, its value, how many lines]
-    bad_json = None  # the first line that is not JSON: an error unless it is the last (torn by a kill)
+    damaged: list = []  # [first line, why, how many]: skipped, the rest still plots (as a resume drops them)
+    torn = None  # the last line seen if it is not JSON: torn by a kill when nothing follows it, else damaged
     try:
         for number, raw in enumerate(_lines(path), 1):
-            if bad_json is not None:
-                raise UserError(f"{path} line {bad_json} is not JSON; fix or remove that line")
+            if torn is not None:
+                _count(damaged, torn, "not JSON")
+                torn = None
+            if raw is None:  # over MAX_METRICS_LINE: read no further than the bound
+                _count(damaged, number, f"over {MAX_METRICS_LINE:,} bytes")
+                continue
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:  # a byte that was not UTF-8: the line is damaged, the rest still plots
-                print(f"note: {path} line {number} is damaged (not UTF-8); skipped", file=sys.stderr)
+                line = raw.removeprefix(b"\xef\xbb\xbf" if number == 1 else b"").decode("utf-8")  # (a BOM is no data)
+            except UnicodeDecodeError:
+                _count(damaged, number, "not UTF-8")
                 continue
             if not line.strip():
                 continue
             try:
                 record = json_loads(line)  # a line nested too deep for the parser is "not JSON" too
             except ValueError:
-                bad_json = number
+                torn = number
                 continue
             if not isinstance(record, dict) or "iter" not in record:
                 continue  # not a step record
@@ -118,12 +120,23 @@ def read_metrics(run_dir: Path) -> dict[str, array]:
                     for key, (number, value, _) in skipped.items() if key in ("iter", "train/loss", "val/loss")), "")
         raise UserError(f"{path} has no train or val loss yet{why}; plot again once the run has logged a step"
                         + (", or fix that line" if why else ""))
+    if damaged:
+        number, why, count = damaged
+        more = f" (and {count - 1} more damaged line(s))" if count > 1 else ""
+        print(f"note: {path} line {number} is damaged ({why}); skipped{more}", file=sys.stderr)
     for key, (number, value, count) in skipped.items():
         more = f" (and {count - 1} more line(s) like it)" if count > 1 else ""
         what, kind = ("the line", "a whole number") if key == "iter" else ("that value", "a number")
         print(f"note: {path} line {number}: {key} is {clipped(value)}, not {kind}; {what} skipped{more}",
               file=sys.stderr)
     return columns
+
+
+def _count(damaged: list, number: int, why: str) -> None:
+    if damaged:
+        damaged[2] += 1
+    else:
+        damaged[:] = [number, why, 1]
 
 
 def series(columns: dict[str, array], key: str, x: str) -> tuple[array, array]:
