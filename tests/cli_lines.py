@@ -1,5 +1,5 @@
 """An entry point (train.py's main by default) in-process through run_cli -> (code, stdout, stderr), and the
-check that it ended with one `error:` line naming given words."""
+checks that it ended with one `error:` line naming given words."""
 from __future__ import annotations
 
 import pytest
@@ -14,10 +14,21 @@ def cli(argv, capsys, main=train.main):
     return e.value.code, out, err
 
 
-def one_line(code, err, *words):
-    assert code == 2 and "Traceback" not in err, err
-    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, err
+def one_error_line(code, err, *words) -> str:
+    """The command failed (exit 2) and said so in one `error:` line holding `words`, and stderr holds nothing else:
+    no traceback, no second line."""
+    return _error_line(code, err, words, alone=True)
+
+
+def an_error_line(code, err, *words) -> str:
+    """As one_error_line, among other stderr lines (progress bars, notes) that are no error and no traceback."""
+    return _error_line(code, err, words, alone=False)
+
+
+def _error_line(code, err, words, alone: bool) -> str:
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err and (not alone or len(lines) == 1), (code, err)
     for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
+        assert w in errors[0], (w, errors[0])
+    return errors[0]

@@ -56,14 +56,6 @@ def run_entry(main: Callable[[list[str]], int | None], argv: list[str], capsys) 
     return exc.value.code or 0, out, err
 
 
-def assert_one_line(code: int, err: str, *words: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
-
-
 OLD = b"old bytes\n"
 
 

@@ -43,12 +43,3 @@ def run(argv, capsys):
         run_cli(lambda: sample.main([str(a) for a in argv]))
     out, err = capsys.readouterr()
     return exc.value.code, out, err
-
-
-def assert_one_error_line(code, err, *words):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    for w in words:
-        assert w in lines[0], (w, lines[0])

@@ -29,6 +29,7 @@ from data import DataConfig, hold_data, prepare_data
 from errors import UserError
 from prepared_files import first_file
 from runtime import choices
+from cli_lines import an_error_line
 from runtime.memory import check_fits
 from training.parallel import distributed
 from training.parallel.distributed import Parallel, dist_from_env
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def one_line(fn, *words: str) -> str:
+def an_error_line(fn, *words: str) -> str:
     """Run fn, expect a one-line UserError with a fix after ';' that names `words`."""
     with pytest.raises(UserError) as e:
         fn()
@@ -94,7 +95,7 @@ def test_a_truncated_compressed_source_is_named_as_damaged_not_the_output_disk(t
     root = tmp_path / "prepared"
     cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(root), val_fraction=0.5)
     tester = "gzip -t" if suffix == ".gz" else "zstd -t"
-    msg = one_line(lambda: prepare_data(cfg, progress=False), str(src), "damaged", "cut short", "again", tester)
+    msg = an_error_line(lambda: prepare_data(cfg, progress=False), str(src), "damaged", "cut short", "again", tester)
     assert "data.root" not in msg and "write" not in msg
     assert files_under(root) == {}  # nothing half-built left behind
 
@@ -110,7 +111,7 @@ def test_a_read_error_in_the_middle_of_a_source_blames_the_source_not_data_root(
 
     monkeypatch.setattr(data.formats, "_text_pieces", failing)
     cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(tmp_path / "prepared"))
-    msg = one_line(lambda: prepare_data(cfg, progress=False), f"cannot read {src}", "damaged", "copy or download it again")
+    msg = an_error_line(lambda: prepare_data(cfg, progress=False), f"cannot read {src}", "damaged", "copy or download it again")
     assert "data.root" not in msg
 
 
@@ -123,7 +124,7 @@ def test_an_unreadable_source_file_says_fix_its_permissions_not_data_root(tmp_pa
 
     monkeypatch.setattr(hashlib, "file_digest", refused)  # the first read of a source: hashing its content
     cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(tmp_path / "prepared"))
-    msg = one_line(lambda: prepare_data(cfg, progress=False), f"cannot read {src}", "fix its permissions")
+    msg = an_error_line(lambda: prepare_data(cfg, progress=False), f"cannot read {src}", "fix its permissions")
     assert "data.root" not in msg
 
 
@@ -133,7 +134,7 @@ def test_a_source_compressed_in_a_format_that_is_not_read_is_refused_by_name(tmp
     src = tmp_path / f"src.txt{suffix}"
     src.write_bytes(compress(_text().encode()))
     cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(tmp_path / "prepared"))
-    msg = one_line(lambda: prepare_data(cfg, progress=False), str(src), "compressed", "decompress", ".gz and .zst")
+    msg = an_error_line(lambda: prepare_data(cfg, progress=False), str(src), "compressed", "decompress", ".gz and .zst")
     assert "UTF-8" not in msg
 
 
@@ -141,13 +142,13 @@ def test_compressed_data_in_a_file_named_as_text_is_named(tmp_path):
     src = tmp_path / "src.txt"
     src.write_bytes(gzip.compress(_text().encode()))
     cfg = DataConfig(dataset=str(src), tokenizer="char", root=str(tmp_path / "prepared"))
-    msg = one_line(lambda: prepare_data(cfg, progress=False), str(src), "gzip-compressed", ".gz")
+    msg = an_error_line(lambda: prepare_data(cfg, progress=False), str(src), "gzip-compressed", ".gz")
     assert "UTF-8" not in msg
 
 
 def test_shakespeare_env_pointing_at_a_directory_says_it_is_a_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("SMALLGPT_SHAKESPEARE", str(tmp_path))
-    msg = one_line(lambda: prepare_data(DataConfig(tokenizer="char", root=str(tmp_path / "p")), progress=False),
+    msg = an_error_line(lambda: prepare_data(DataConfig(tokenizer="char", root=str(tmp_path / "p")), progress=False),
                    "SMALLGPT_SHAKESPEARE", "is a directory", "input.txt")
     assert "does not exist" not in msg
 
@@ -168,7 +169,7 @@ def test_class_a_tiny_shakespeare_path_that_cannot_be_read_is_one_line(tmp_path_
     monkeypatch.setenv("SMALLGPT_SHAKESPEARE", value if source != "data.local_path" else "")
     cfg = DataConfig(tokenizer="char", root=str(tmp / "p"), local_path=value if source == "data.local_path" else "")
     # data.local_path is a config path, checked with the others first (a name over 255 bytes, ...)
-    msg = one_line(lambda: prepare_data(cfg, progress=False), source)
+    msg = an_error_line(lambda: prepare_data(cfg, progress=False), source)
     assert len(msg) < 600, msg
 
 
@@ -190,7 +191,7 @@ def test_a_file_where_the_prepared_dir_goes_is_one_line_and_kept(good, tmp_path)
     cfg.root = str(tmp_path / "other")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / out.name).write_text("someone's notes")
-    one_line(lambda: prepare_data(cfg, progress=False), str(tmp_path / "other" / out.name), "is a file",
+    an_error_line(lambda: prepare_data(cfg, progress=False), str(tmp_path / "other" / out.name), "is a file",
              "move it away", "data.root")
     assert (tmp_path / "other" / out.name).read_text() == "someone's notes"
 
@@ -202,7 +203,7 @@ def test_a_shard_turned_into_a_directory_is_one_line_and_the_directory_kept(good
     shard.unlink()
     shard.mkdir()
     (shard / "keep.txt").write_text("mine")
-    one_line(lambda: prepare_data(cfg, progress=False), str(shard), "directory", "move it away", "data.root")
+    an_error_line(lambda: prepare_data(cfg, progress=False), str(shard), "directory", "move it away", "data.root")
     assert (shard / "keep.txt").read_text() == "mine"
     assert first_file(out, "val").is_file()  # the rest of the data is still there
 
@@ -210,7 +211,7 @@ def test_a_shard_turned_into_a_directory_is_one_line_and_the_directory_kept(good
 def test_a_readers_entry_that_is_a_file_is_one_line(good):
     cfg, out = good
     (out / ".readers").write_text("x")
-    one_line(lambda: hold_data(out, "a test"), ".readers", "is a file", "move it away")
+    an_error_line(lambda: hold_data(out, "a test"), ".readers", "is a file", "move it away")
 
 
 # --- the launch environment (torchrun's variables) -------------------------------------------------------
@@ -239,7 +240,7 @@ def launch_env(monkeypatch):
 ])
 def test_bad_launch_variables_are_one_line_saying_to_use_torchrun(launch_env, env, words):
     launch_env(**env)
-    one_line(dist_from_env, *words, "torchrun", "unset")
+    an_error_line(dist_from_env, *words, "torchrun", "unset")
 
 
 def test_good_launch_variables_still_give_the_ranks(launch_env):
@@ -256,7 +257,7 @@ def test_good_launch_variables_still_give_the_ranks(launch_env):
 def test_a_missing_rendezvous_is_one_line_before_any_process_group(launch_env, monkeypatch, env, words):
     launch_env(RANK=0, WORLD_SIZE=2, **env)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: pytest.fail("tried to join a group"))
-    one_line(lambda: dist_from_env().join(torch.device("cpu")), *words, "torchrun")
+    an_error_line(lambda: dist_from_env().join(torch.device("cpu")), *words, "torchrun")
 
 
 def test_train_refuses_bad_launch_variables_before_anything_is_written(launch_env, tmp_path):
@@ -265,7 +266,7 @@ def test_train_refuses_bad_launch_variables_before_anything_is_written(launch_en
 
     launch_env(WORLD_SIZE="abc", RANK=0)
     cfg = load_config([f"--train.out_dir={tmp_path / 'out'}", f"--data.root={tmp_path / 'data'}", "--wandb.mode=disabled"])
-    one_line(lambda: train.train(cfg), "WORLD_SIZE='abc'", "torchrun")
+    an_error_line(lambda: train.train(cfg), "WORLD_SIZE='abc'", "torchrun")
     assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
 
 
@@ -278,7 +279,7 @@ def test_a_streamed_hf_dataset_that_fails_midway_blames_the_network_not_data_roo
 
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.IterableDataset.from_generator(rows))
     cfg = DataConfig(dataset="hf:x/y", root=str(tmp_path / "prepared"), tokenizer="char", streaming=True)
-    msg = one_line(lambda: prepare_data(cfg, progress=False), "could not read HF dataset 'x/y'", "Connection reset",
+    msg = an_error_line(lambda: prepare_data(cfg, progress=False), "could not read HF dataset 'x/y'", "Connection reset",
                    "check your network")
     assert "data.root" not in msg
 

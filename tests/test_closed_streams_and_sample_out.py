@@ -18,8 +18,9 @@ import pytest
 
 import train
 from checkpoint import load_checkpoint
-from sample_runs import ENV, assert_one_error_line, make_char_checkpoint, run
+from sample_runs import ENV, make_char_checkpoint, run
 from tiny_runs import tiny_argv
+from cli_lines import one_error_line
 from training.report.metrics import Console, Progress, console_guard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +65,7 @@ def test_out_naming_a_checkpoint_file_is_refused_and_the_checkpoint_is_unchanged
     (tmp / "link.txt").symlink_to(out_dir / "ckpt.pt")
     before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
     code, stdout, err = run(["--checkpoint", tmp / spec, "--out", tmp / out, *FAST], capsys)
-    assert_one_error_line(code, err, f"--out {tmp / out}", "checkpoint file", "choose another --out")
+    one_error_line(code, err, f"--out {tmp / out}", "checkpoint file", "choose another --out")
     assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
     assert (tmp / "link.txt").is_symlink()
 
@@ -76,7 +77,7 @@ def test_out_inside_a_sharded_checkpoint_of_the_out_dir_is_refused_before_loadin
     (shard / ".metadata").write_bytes(b"metadata")
     (shard / "__0_0.distcp").write_bytes(b"shard 0")
     code, _, err = run(["--checkpoint", out_dir, "--out", shard / "__0_0.distcp", *FAST], capsys)
-    assert_one_error_line(code, err, "checkpoint file", "choose another --out")
+    one_error_line(code, err, "checkpoint file", "choose another --out")
     assert (shard / "__0_0.distcp").read_bytes() == b"shard 0"
 
 
@@ -84,7 +85,7 @@ def test_out_naming_a_prompt_file_is_refused_and_the_prompt_is_unchanged(ckpt_fi
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("All:\n")
     code, _, err = run(["--checkpoint", ckpt_file, "--prompt-file", prompt, "--out", prompt, *FAST], capsys)
-    assert_one_error_line(code, err, "prompt file", "choose another --out")
+    one_error_line(code, err, "prompt file", "choose another --out")
     assert prompt.read_text() == "All:\n"
 
 
@@ -94,7 +95,7 @@ def test_out_naming_the_file_on_stdin_is_refused_and_the_file_is_unchanged(ckpt_
     with open(prompt) as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
         code, _, err = run(["--checkpoint", ckpt_file, "-", "--out", prompt, *FAST], capsys)
-    assert_one_error_line(code, err, "stdin", "choose another --out")
+    one_error_line(code, err, "stdin", "choose another --out")
     assert prompt.read_text() == "All:\n"
 
 
@@ -110,7 +111,7 @@ def test_out_beside_the_checkpoint_under_a_new_name_is_still_written(out_dir, ca
 @pytest.mark.slow
 def test_sample_with_stdout_closed_is_one_line_asking_for_out(ckpt_file):
     r = bash('exec "$@" >&-', sys.executable, ROOT / "sample.py", "--checkpoint", ckpt_file, *FAST)
-    assert_one_error_line(r.returncode, r.stderr, "stdout is closed", "--out")
+    one_error_line(r.returncode, r.stderr, "stdout is closed", "--out")
 
 
 def test_sample_with_stdout_closed_writes_to_out(ckpt_file, tmp_path, capsys, monkeypatch):
@@ -123,14 +124,14 @@ def test_sample_with_stdout_closed_writes_to_out(ckpt_file, tmp_path, capsys, mo
 @pytest.mark.slow
 def test_sample_with_stdin_closed_and_a_stdin_prompt_is_one_line(ckpt_file):
     r = bash('exec "$@" <&-', sys.executable, ROOT / "sample.py", "--checkpoint", ckpt_file, "-", *FAST)
-    assert_one_error_line(r.returncode, r.stderr, "stdin is closed", "--prompt")
+    one_error_line(r.returncode, r.stderr, "stdin is closed", "--prompt")
 
 
 @pytest.mark.parametrize("argv", [["-"], ["--prompt", "-"], ["--prompt-file", "-"]])
 def test_every_way_of_reading_a_closed_stdin_is_one_line(ckpt_file, capsys, monkeypatch, argv):
     monkeypatch.setattr(sys, "stdin", None)
     code, _, err = run(["--checkpoint", ckpt_file, *argv, *FAST], capsys)
-    assert_one_error_line(code, err, "stdin is closed")
+    one_error_line(code, err, "stdin is closed")
 
 
 def test_sample_notes_never_go_into_the_samples_when_stderr_is_closed(ckpt_file, capsys, monkeypatch):

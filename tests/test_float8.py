@@ -12,7 +12,7 @@ from runtime.loss_path import LMLoss
 from training.float8 import check_float8, convert_to_float8, float8_problem
 from errors import UserError
 
-from cli_lines import cli, one_line
+from cli_lines import cli, an_error_line
 from tiny_runs import tiny_argv
 
 CUDA = torch.device("cuda", 0)
@@ -38,10 +38,10 @@ def test_float8_is_refused_in_one_line_where_it_cannot_run(recipe):
 
 def test_train_py_refuses_float8_on_a_cpu_before_preparing_any_data(tmp_path, data_root, capsys):
     code, _, err = cli(tiny_argv(tmp_path / "out", data_root, "--train.float8=tensorwise"), capsys)
-    one_line(code, err, "train.float8=tensorwise", "set train.float8=off")
+    an_error_line(code, err, "train.float8=tensorwise", "set train.float8=off")
     assert not (tmp_path / "out").exists()
     code, _, err = cli(tiny_argv(tmp_path / "out", data_root, "--train.float8=fp8"), capsys)
-    one_line(code, err, "train.float8", "off, tensorwise, rowwise")
+    an_error_line(code, err, "train.float8", "off, tensorwise, rowwise")
 
 
 def tiny_model() -> GPT:

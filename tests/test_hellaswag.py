@@ -192,15 +192,6 @@ def run_script(argv):
                           capture_output=True, text=True, timeout=120, env=ENV)
 
 
-def assert_one_error_line(code, err, *words):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-
-
 def test_cli_prints_acc_and_acc_norm_of_the_reference_choices(hf_dir, data_path, reference, capsys):
     ref_sum, ref_mean = reference
     labels = torch.tensor([it["label"] for it in ITEMS])
@@ -224,7 +215,7 @@ def test_cli_prints_acc_and_acc_norm_of_the_reference_choices(hf_dir, data_path,
 
 def test_missing_data_path_in_a_subprocess_is_one_error_line(hf_dir, tmp_path):
     r = run_script(["--checkpoint", hf_dir, "--data", tmp_path / "nope.jsonl"])
-    assert_one_error_line(r.returncode, r.stderr, "nope.jsonl", "does not exist", "--data")
+    one_error_line(r.returncode, r.stderr, "nope.jsonl", "does not exist", "--data")
 
 
 @pytest.mark.parametrize("change, words", [
@@ -242,14 +233,14 @@ def test_malformed_item_is_one_error_line_naming_its_line(hf_dir, tmp_path, caps
     change(records[1])
     path = write_jsonl(tmp_path / "bad.jsonl", records)
     code, _, err = run(["--checkpoint", hf_dir, "--data", path], capsys)
-    assert_one_error_line(code, err, *words)
+    one_error_line(code, err, *words)
 
 
 def test_a_line_that_is_not_json_is_one_error_line(hf_dir, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(ITEMS[0]) + "\n{not json\n", encoding="utf-8")
     code, _, err = run(["--checkpoint", hf_dir, "--data", path], capsys)
-    assert_one_error_line(code, err, "line 2", "not valid JSON")
+    one_error_line(code, err, "line 2", "not valid JSON")
 
 
 def test_malformed_hf_row_names_its_row(monkeypatch):
@@ -269,7 +260,7 @@ def test_unreachable_hub_for_the_data_is_one_error_line(hf_dir, monkeypatch, cap
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     code, _, err = run(["--checkpoint", hf_dir], capsys)
-    assert_one_error_line(code, err, "Rowan/hellaswag", "--data")
+    one_error_line(code, err, "Rowan/hellaswag", "--data")
 
 
 def test_char_level_checkpoint_is_refused_in_one_line(tmp_path, data_path):
@@ -280,12 +271,12 @@ def test_char_level_checkpoint_is_refused_in_one_line(tmp_path, data_path):
         "tokenizer": {"tokenizer": "char", "chars": chars}, "iter": 0,
     })
     r = run_script(["--checkpoint", tmp_path, "--data", data_path])
-    assert_one_error_line(r.returncode, r.stderr, "character-level", "gpt2 tokenizer")
+    one_error_line(r.returncode, r.stderr, "character-level", "gpt2 tokenizer")
 
 
 def test_missing_checkpoint_is_one_error_line(tmp_path, data_path, capsys):
     code, _, err = run(["--checkpoint", tmp_path / "nope.pt", "--data", data_path], capsys)
-    assert_one_error_line(code, err, "nope.pt", "does not exist")
+    one_error_line(code, err, "nope.pt", "does not exist")
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -297,12 +288,12 @@ def test_missing_checkpoint_is_one_error_line(tmp_path, data_path, capsys):
 ])
 def test_bad_options_are_one_error_line(hf_dir, data_path, capsys, argv, words):
     code, _, err = run(["--checkpoint", hf_dir, "--data", data_path, *argv], capsys)
-    assert_one_error_line(code, err, *words)
+    one_error_line(code, err, *words)
 
 
 def test_no_checkpoint_option_is_one_error_line(capsys):
     code, _, err = run([], capsys)
-    assert_one_error_line(code, err, "--checkpoint")
+    one_error_line(code, err, "--checkpoint")
 
 
 def test_bfloat16_autocast_on_cpu_gives_close_scores(ours, data_path, reference):
@@ -314,12 +305,13 @@ def test_bfloat16_autocast_on_cpu_gives_close_scores(ours, data_path, reference)
 
 def test_data_from_dev_zero_is_refused_after_a_bounded_read_in_one_line(hf_dir, capsys):
     code, out, err = run(["--checkpoint", hf_dir, "--data", "/dev/zero"], capsys)
-    assert_one_error_line(code, err, "/dev/zero", "larger than 256 MiB")
+    one_error_line(code, err, "/dev/zero", "larger than 256 MiB")
     assert "batch size" not in err and out == ""
 
 
 from hypothesis import given, strategies as st  # noqa: E402
 from hellaswag_items import ITEMS, write_jsonl
+from cli_lines import one_error_line
 
 LABELS = st.recursive(
     st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats() | st.text(max_size=6)

@@ -26,7 +26,8 @@ from data.prepare import main as prepare_main
 from errors import UserError
 
 from hostile_values import SPECIAL_FLOATS, SPECIAL_INTS, TEXTS
-from hostile_world import assert_one_line, make_kind, run_entry
+from hostile_world import make_kind, run_entry
+from cli_lines import an_error_line
 
 
 
@@ -48,7 +49,7 @@ def refused_or_worked(code: int, out: str, err: str, option: str, text: str) -> 
     if code == 0:
         assert "Traceback" not in err, err
         return True
-    line = assert_one_line(code, err)
+    line = an_error_line(code, err)
     names = (option, option.lstrip("-").replace("-", "_"))
     assert not text.strip() or "\x00" in text or any(n in line for n in names), (names, line)
     return False
@@ -157,7 +158,7 @@ def test_val_dataset_refusals_name_data_val_dataset(world, tmp_path, capsys, kin
     val = make_kind(kind, tmp_path / "val.txt")
     code, _, err = run_entry(prepare_main, ["--dataset", world.corpus, "--val-dataset", val, "--tokenizer", "char",
                                             "--root", tmp_path / "p", "--no-progress"], capsys)
-    line = assert_one_line(code, err, "data.val_dataset", str(val))
+    line = an_error_line(code, err, "data.val_dataset", str(val))
     assert "data.dataset" not in line, line
     if kind != "missing":  # what the path is, not "does not exist" (a symlink loop is there)
         assert "does not exist" not in line, line
@@ -173,7 +174,7 @@ def test_a_refused_prepare_leaves_no_root_behind(tmp_path, capsys, monkeypatch):
     root = source / "a" / "b" / "prepared"
     code, _, err = run_entry(prepare_main, ["--local-path", source / "input.txt", "--root", root, "--tokenizer", "char",
                                             "--no-progress"], capsys)
-    assert_one_line(code, err, "data.local_path")
+    an_error_line(code, err, "data.local_path")
     assert sorted(p.name for p in source.iterdir()) == ["input.txt"]
 
 
@@ -185,7 +186,7 @@ def test_root_inside_a_local_hf_folder_is_refused(tmp_path, capsys):
     (source / "a.txt").write_text("To be, or not to be.\n" * 20)
     code, _, err = run_entry(prepare_main, ["--dataset", f"hf:{source}", "--root", source / "prepared",
                                             "--tokenizer", "char", "--no-progress"], capsys)
-    assert_one_line(code, err, "data.root", "inside the source")
+    an_error_line(code, err, "data.root", "inside the source")
     assert sorted(p.name for p in source.iterdir()) == ["a.txt"]
 
 

@@ -36,6 +36,7 @@ from training.report.metrics import MetricsLog
 from training.timing.schedule import lr_at
 
 from hostile_values import SPECIAL_FLOATS, SPECIAL_INTS
+from cli_lines import an_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("model", "data", "train", "eval", "wandb")
@@ -81,7 +82,7 @@ def bounded(fn, seconds: int = 10):
         signal.signal(signal.SIGALRM, previous)
 
 
-def one_line(e: UserError, *names: str) -> str:
+def an_error_line(e: UserError, *names: str) -> str:
     msg = str(e)
     assert "\n" not in msg and msg.strip(), msg
     assert any(n in msg for n in names), (names, msg)
@@ -99,7 +100,7 @@ def start_up_is_finite(cfg: Config) -> None:
         try:
             check_memory(cfg, vocab, None, torch.device("cpu"))
         except UserError as e:
-            one_line(e, "train.", "model.", "vocab", "n_layer", "n_embd", "memory")
+            an_error_line(e, "train.", "model.", "vocab", "n_layer", "n_embd", "memory")
     t = cfg.train
     for step in {0, 1, t.warmup_iters, t.max_iters // 2, t.max_iters - 1, t.max_iters}:
         lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_iters=t.warmup_iters, max_iters=t.max_iters)
@@ -111,7 +112,7 @@ def start_up_is_finite(cfg: Config) -> None:
                                 inspect_interval=cfg.eval.inspect_interval)
         assert 1 <= n <= min(t.max_iters, 600_000) and 0 <= warmup <= n, (n, warmup)
     except UserError as e:
-        one_line(e, "train.time_budget")
+        an_error_line(e, "train.time_budget")
     # the tokens of one optimizer step: at most 2**30 (Config.validate's bound, written out here)
     if t.batch_size != "auto":
         assert t.batch_size * t.grad_accum_steps * cfg.model.block_size <= 2**30
@@ -129,7 +130,7 @@ def check_key(section: str, key: str, text: str, how: str, tmp: Path) -> None:
     try:
         cfg = bounded(lambda: load(section, key, text, how, tmp))
     except UserError as e:
-        one_line(e, f"{section}.{key}", key, *(("model.",) if section == "model" else ()))
+        an_error_line(e, f"{section}.{key}", key, *(("model.",) if section == "model" else ()))
         return
     start_up_is_finite(cfg)
 
@@ -170,7 +171,7 @@ def test_every_numeric_key_takes_every_special_value(tmp_path):
 def test_values_that_overflowed_the_start_up_are_refused(argv, words):
     with pytest.raises(UserError) as e:
         load_config(argv)
-    assert words in one_line(e.value, words)
+    assert words in an_error_line(e.value, words)
 
 
 def test_the_largest_accepted_values_keep_the_schedule_finite():
@@ -271,7 +272,7 @@ def check_yaml(text: str, path: Path) -> None:
     try:
         bounded(lambda: load_config(["--config", str(path)]), seconds=5)
     except UserError as e:
-        one_line(e, str(path), *WORDS)
+        an_error_line(e, str(path), *WORDS)
     assert time.monotonic() - started < 5
 
 
@@ -306,7 +307,7 @@ def test_yaml_that_raised_a_traceback_is_one_line(tmp_path, text, words):
     path.write_text(text)
     with pytest.raises(UserError) as e:
         bounded(lambda: load_config(["--config", str(path)]), seconds=5)
-    assert words in one_line(e.value, str(path), "train.")
+    assert words in an_error_line(e.value, str(path), "train.")
 
 
 def test_a_prompt_that_is_not_utf8_is_refused_before_the_run():
@@ -314,7 +315,7 @@ def test_a_prompt_that_is_not_utf8_is_refused_before_the_run():
     accepted, and the first sampling round raised UnicodeEncodeError in the tokenizer."""
     with pytest.raises(UserError) as e:
         load_config(["--eval.sample_prompts=\udcffROMEO:"])
-    assert "eval.sample_prompts prompt 1 is not valid UTF-8" in one_line(e.value, "eval.sample_prompts")
+    assert "eval.sample_prompts prompt 1 is not valid UTF-8" in an_error_line(e.value, "eval.sample_prompts")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "null_device", "socket", "symlink_loop", "directory"])
@@ -327,7 +328,7 @@ def test_config_that_is_not_a_file_is_named_by_its_kind(tmp_path, kind):
                 "symlink_loop": "a symlink to nothing (or a loop)", "directory": "a directory"}[kind]
     with pytest.raises(UserError) as e:
         bounded(lambda: load_config(["--config", str(path)]), seconds=5)
-    msg = one_line(e.value, str(path))
+    msg = an_error_line(e.value, str(path))
     assert f"is {expected}, not a YAML file" in msg and "not found" not in msg, msg
 
 
@@ -362,7 +363,7 @@ def test_resume_refuses_a_metrics_file_past_the_bound_unread(tmp_path, monkeypat
     before = path.read_bytes()
     with pytest.raises(UserError) as e:
         MetricsLog(tmp_path).resume_at(5)
-    one_line(e.value, str(path))
+    an_error_line(e.value, str(path))
     assert path.read_bytes() == before
 
 
@@ -382,7 +383,7 @@ def test_each_duration_key_states_its_own_range_and_the_value_as_written(key, nu
     try:
         cfg = load_config([f"--{key}={text}"])
     except UserError as e:
-        msg = one_line(e, key)
+        msg = an_error_line(e, key)
         assert repr(text)[:60] in msg, msg
         assert ("0 = off" in msg) == (key == "train.time_budget") and "at most 1e+09 s" in msg, msg
         return
@@ -392,7 +393,7 @@ def test_each_duration_key_states_its_own_range_and_the_value_as_written(key, nu
         slow = budget.Timing(setup_s=2e9, step_s=1.0, eval_s=1.0, checkpoint_s=1.0)  # nothing fits
         with pytest.raises(UserError) as e:
             budget.plan(seconds, slow, max_iters=10, warmup_iters=1, eval_interval=5, as_written=text.strip())
-        assert f"train.time_budget={text.strip()} leaves no time" in one_line(e.value, key)
+        assert f"train.time_budget={text.strip()} leaves no time" in an_error_line(e.value, key)
 
 
 @given(batch=st.integers(1, 2**40), accum=st.integers(1, 2**40), block=st.integers(1, 2**24),
@@ -408,7 +409,7 @@ def test_too_many_tokens_per_step_names_the_factor_that_makes_them(batch, accum,
     try:
         load_config(argv)
     except UserError as e:
-        msg = one_line(e, "tokens per optimizer step")
+        msg = an_error_line(e, "tokens per optimizer step")
         assert tokens > 2**30, (tokens, msg)
         named = msg.rsplit("; lower ", 1)[1]
         assert factors[named] == max(factors.values()), (factors, msg)

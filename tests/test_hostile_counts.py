@@ -17,8 +17,9 @@ import bench
 import sample
 from errors import UserError
 
-from hostile_world import SAMPLE_FAST, assert_one_line, run_entry
+from hostile_world import SAMPLE_FAST, run_entry
 from hostile_values import SPECIAL_INTS, SPECIAL_FLOATS, TEXTS
+from cli_lines import an_error_line
 
 
 def int_values():
@@ -72,7 +73,7 @@ def test_sample_number_options_are_bounded_and_refused_before_loading(world, cap
             # the default prompt "\n", then text (several samples: each under its separator line)
             assert code == 0 and out.startswith(("\n", "---------- sample 1/")) and "nan" not in out, (code, err)
         return
-    assert_one_line(code, err, option if text.strip() else "")
+    an_error_line(code, err, option if text.strip() else "")
 
 
 # an example of each option hypothesis may not draw in CI: the issue's own values
@@ -122,7 +123,7 @@ def test_the_issues_counts_are_refused_in_one_line(world, capsys):
     """The reported cases themselves: sample.py --num-samples 1e23 (written out: argparse refuses the
     float text), bench.py --new-tokens 1e14."""
     code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--num-samples", str(10**23)], capsys)
-    assert_one_line(code, err, "--num-samples", "at most")
+    an_error_line(code, err, "--num-samples", "at most")
     with pytest.raises(UserError, match="--new-tokens must be at most"):
         bench.parse_args(["--new-tokens", str(10**14)])
     with pytest.raises(UserError, match="--batch-sizes takes positive integers or 'max'"):

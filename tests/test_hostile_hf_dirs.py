@@ -37,8 +37,9 @@ import train  # noqa: E402
 from checkpoint.export import main as export_main  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from hostile_world import SAMPLE_FAST, assert_one_line, run_entry  # noqa: E402
+from hostile_world import SAMPLE_FAST, run_entry  # noqa: E402
 from multirank_runs import argv as tiny_train_argv  # noqa: E402
+from cli_lines import an_error_line
 
 N_POSITIONS = 32  # tiny_train_argv's model.block_size: train.py gets as far as loading the weights
 
@@ -100,7 +101,7 @@ def refused(entry: str, hf_dir: Path, scratch: Path, data_root: Path, capsys, *w
     with warnings.catch_warnings(record=True) as warned:  # (pytest takes them off stderr: recorded here)
         warnings.simplefilter("always")
         code, out, err = run_entry(main, argv(hf_dir, scratch), capsys)
-    line = assert_one_line(code, err, str(hf_dir), *words)
+    line = an_error_line(code, err, str(hf_dir), *words)
     assert not warned, [str(w.message) for w in warned]  # on stderr, each more lines than the one
     assert snapshot(hf_dir) == before
     assert not (scratch / "export").exists()

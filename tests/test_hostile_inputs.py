@@ -33,7 +33,8 @@ from locks import DirLock
 from runtime import choices
 from training import plot
 
-from hostile_world import SAMPLE_FAST, assert_one_line, run_entry, train_argv
+from hostile_world import SAMPLE_FAST, run_entry, train_argv
+from cli_lines import an_error_line
 
 
 
@@ -147,7 +148,7 @@ def test_json_nested_past_the_parsers_depth_is_one_line_or_skipped(world, prepar
     code, _, err = run_entry(main, make(tmp, nested(depth, kind), world), capsys)
     assert "RecursionError" not in err and "Traceback" not in err
     if code != 0:
-        assert_one_line(code, err)
+        an_error_line(code, err)
 
 
 @given(depth=DEPTHS, kind=KINDS)
@@ -174,7 +175,7 @@ def test_a_huge_sparse_metrics_file_is_refused_by_its_size_naming_it(world, tmp_
     with open(metrics, "r+b") as f:
         f.truncate(100 * 2**30)  # 100 GB, sparse: no disk used
     code, _, err = run_entry(plot.main, [run, "--out", tmp_path / "c.png"], capsys)
-    line = assert_one_line(code, err, str(metrics), "larger than")
+    line = an_error_line(code, err, str(metrics), "larger than")
     assert "memory" not in line and "batch size" not in line
 
 
@@ -210,7 +211,7 @@ def test_a_checkpoint_from_a_pipe_is_said_to_need_a_regular_file(world, tmp_path
     with piped(world.ckpt if reader != "eval.hellaswag" and reader != "checkpoint.export" else world.gpt2) as fd:
         main, argv = PIPE_READERS[reader](fd, world, tmp_path)
         code, _, err = run_entry(main, argv, capsys)
-    line = assert_one_line(code, err, str(fd), "not a regular file")
+    line = an_error_line(code, err, str(fd), "not a regular file")
     assert "corrupt" not in line and "truncated" not in line
 
 
@@ -223,7 +224,7 @@ def test_a_checkpoint_at_a_negative_step_is_refused_naming_it(world, tmp_path, c
     save_checkpoint(out / "ckpt.pt", ckpt)
     before = (out / "ckpt.pt").read_bytes()
     code, _, err = run_entry(train.main, train_argv(out, world.data_root, "--train.max_iters=4"), capsys)
-    assert_one_line(code, err, str(out / "ckpt.pt"), counter)
+    an_error_line(code, err, str(out / "ckpt.pt"), counter)
     assert (out / "ckpt.pt").read_bytes() == before
 
 
@@ -280,7 +281,7 @@ def test_a_source_changed_since_the_checkpoint_is_one_line_before_anything_is_re
     before = snapshot(base / "prep")
     code, _, err = run_entry(train.main, train_argv(base / "run", base / "prep", f"--data.dataset={src}",
                                                     "--train.max_iters=4"), capsys)
-    line = assert_one_line(code, err, f"data.dataset {str(src)!r}", "changed since the checkpoint",
+    line = an_error_line(code, err, f"data.dataset {str(src)!r}", "changed since the checkpoint",
                            "put the original data back", "new --train.out_dir")
     assert "malformed" not in line and snapshot(base / "prep") == before and "rebuilding" not in err
 
@@ -294,7 +295,7 @@ def test_putting_the_original_data_back_resumes_the_run(resumable, capsys):
     src = base / "mini.txt"
     argv = train_argv(base / "run", base / "prep", f"--data.dataset={src}", "--train.max_iters=4")
     src.write_text(MINI + "an edit\n", encoding="utf-8")
-    assert_one_line(*run_entry(train.main, argv, capsys)[::2], "changed since the checkpoint")
+    an_error_line(*run_entry(train.main, argv, capsys)[::2], "changed since the checkpoint")
     src.write_text(MINI, encoding="utf-8")
     with contextlib.redirect_stdout(io.StringIO()):
         summary = train.train(train.load_config(argv))
@@ -324,6 +325,6 @@ def test_an_inspect_output_that_cannot_be_written_is_named_before_anything_is_wr
     before = sorted(p.name for p in out.iterdir())
     code, _, err = run_entry(inspect_main, ["--checkpoint", world.ckpt, "--text", "To be, or not", "--out", out,
                                             "--layer", "0"], capsys)
-    line = assert_one_line(code, err, f"--out {out}: {blocked}")
+    line = an_error_line(code, err, f"--out {out}: {blocked}")
     assert ("start its reader first" if kind == "fifo nobody reads" else "choose another --out") in line, line
     assert sorted(p.name for p in out.iterdir()) == before, line  # nothing written, nothing replaced

@@ -39,7 +39,8 @@ from checkpoint.export import main as export_main
 from data.prepare import main as prepare_main
 from training import plot
 
-from hostile_world import run_entry, assert_one_line, make_kind, snapshot, World, train_argv, SAMPLE_FAST
+from hostile_world import run_entry, make_kind, snapshot, World, train_argv, SAMPLE_FAST
+from cli_lines import an_error_line
 
 
 # ------------------------------------------------------------------------------------------ the kinds
@@ -195,7 +196,7 @@ def test_every_path_option_takes_every_kind_of_path(world, option, kind, capsys,
     if opt.output:
         assert (code == 0) == expected_to_work(option, kind), (code, err)
     if code != 0:
-        assert_one_line(code, err, path.name)
+        an_error_line(code, err, path.name)
     after = snapshot(path)
     if not opt.output or code != 0:  # an input, or a refused output: untouched
         assert after == before, (before, after)
@@ -225,4 +226,4 @@ def test_unreadable_inputs_are_one_line(world, tmp_path, capsys):
     path.write_text("hear")
     path.chmod(0)
     code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--prompt-file", path, *SAMPLE_FAST], capsys)
-    assert_one_line(code, err, str(path))
+    an_error_line(code, err, str(path))

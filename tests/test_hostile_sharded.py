@@ -24,7 +24,8 @@ import train
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 
-from hostile_world import SAMPLE_FAST, assert_one_line, run_entry, snapshot, train_argv
+from hostile_world import SAMPLE_FAST, run_entry, snapshot, train_argv
+from cli_lines import an_error_line
 
 
 def _cut(path: Path, keep: float) -> None:
@@ -99,7 +100,7 @@ def test_a_damaged_sharded_checkpoint_is_one_line_for_every_reader(world, tmp_pa
     before = tree(run / "ckpt.dcp")
     main, argv = READERS[reader](run, world, tmp_path)
     code, _, err = run_entry(main, argv, capsys)
-    line = assert_one_line(code, err)
+    line = an_error_line(code, err)
     assert "ckpt.dcp" in line or str(run) in line, line
     assert tree(run / "ckpt.dcp") == before  # read, never repaired or replaced
 
@@ -178,7 +179,7 @@ def test_sample_py_names_an_incomplete_ckpt_dcp(tmp_path, capsys, entry):
     if entry != "empty":
         DCP_ENTRIES[entry](tmp_path / "ckpt.dcp")
     code, _, err = run_entry(sample.main, ["--checkpoint", tmp_path, *SAMPLE_FAST], capsys)
-    assert "it is incomplete" in assert_one_line(code, err, str(tmp_path / "ckpt.dcp"))
+    assert "it is incomplete" in an_error_line(code, err, str(tmp_path / "ckpt.dcp"))
 
 
 # ------------------------------------------------------------------- sizes claimed by the .metadata

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from errors import run_cli
 from hostile_world import make_kind
+from cli_lines import one_error_line
 
 SMALL = ["--train", "20", "--heldout", "4", "--pretrain-lines", "3"]
 
@@ -34,11 +35,6 @@ def _cli(main, argv, _=None) -> tuple[int, str]:
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
         run_cli(lambda: main([str(a) for a in argv]))
     return e.value.code, err.getvalue()
-
-
-def one_line(code: int, err: str, *words: str) -> None:
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (code, err)
-    assert all(w in err for w in words), err
 
 
 def snapshot(folder: Path) -> dict:
@@ -96,7 +92,7 @@ def test_class_tasks_out_that_is_no_writable_folder_is_one_line_and_writes_nothi
     out = _out_kind(tmp_path, kind)
     before = snapshot(tmp_path)
     code, err = cli(main, ["--out", out, *SMALL], capsys)
-    one_line(code, err)
+    one_error_line(code, err)
     assert "--out" in err or "symlink" in err, err
     assert snapshot(tmp_path) == before
 
@@ -106,7 +102,7 @@ def test_class_tasks_bad_numbers_create_no_out_folder(tmp_path, capsys):
     from data.tasks import main
 
     code, err = cli(main, ["--out", tmp_path / "new", "--train", "1"], capsys)
-    one_line(code, err, "--train")
+    one_error_line(code, err, "--train")
     assert not (tmp_path / "new").exists()
 
 
@@ -124,7 +120,7 @@ def test_class_tasks_counts_out_of_range_are_refused_before_any_work(tmp_path_fa
     lo, hi = BOUNDS[option]
     out = tmp_path_factory.mktemp("counts") / "new"
     code, err = _cli(main, ["--out", out, *SMALL, option, lo - by if below else hi + by])
-    one_line(code, err, option.removeprefix("--").split("-")[0])
+    one_error_line(code, err, option.removeprefix("--").split("-")[0])
     assert not out.exists()
 
 
@@ -139,7 +135,7 @@ def test_class_tasks_heldout_over_the_arithmetic_questions_there_are_is_refused_
         return
     out = tmp_path_factory.mktemp("held") / "new"
     code, err = _cli(main, ["--out", out, *SMALL, "--heldout", heldout, "--max-number", top], None)
-    one_line(code, err, "--heldout", "--max-number")
+    one_error_line(code, err, "--heldout", "--max-number")
     assert not out.exists()
 
 
@@ -189,7 +185,7 @@ def test_class_tasks_file_that_cannot_be_read_is_one_line_bounded_and_before_the
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    one_line(code, err, "no rows" if kind in ("empty file", "fifo nobody writes") else "--tasks")
+    one_error_line(code, err, "no rows" if kind in ("empty file", "fifo nobody writes") else "--tasks")
     assert "memory" not in err and "checkpoint" not in err, err
 
 
@@ -201,7 +197,7 @@ def test_class_tasks_row_that_would_take_gigabytes_to_parse_is_refused_unparsed(
     tasks = tmp_path / "t.jsonl"
     tasks.write_bytes(b'{"messages": [' + b"{}," * 13_000_000 + b'{}]}\n')
     code, err = cli(main, ["--checkpoint", tmp_path / "no-checkpoint", "--tasks", tasks], capsys)
-    one_line(code, err, "--tasks", "row 1: it is over 1,048,576 bytes", "data.tasks")
+    one_error_line(code, err, "--tasks", "row 1: it is over 1,048,576 bytes", "data.tasks")
 
 
 def test_class_tasks_stream_that_is_no_rows_is_refused_holding_one_row_not_the_256_mib_bound(tmp_path, capsys):
@@ -217,7 +213,7 @@ def test_class_tasks_stream_that_is_no_rows_is_refused_holding_one_row_not_the_2
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    one_line(code, err, "/dev/zero, row 1: ", "over 1,048,576 bytes")
+    one_error_line(code, err, "/dev/zero, row 1: ", "over 1,048,576 bytes")
     assert peak < 16 * 2**20, peak  # a row and a chunk or two of 1 MiB
 
 
@@ -293,7 +289,7 @@ def test_class_tasks_row_that_is_no_task_to_score_is_one_line_naming_its_row(tmp
     tasks = tmp_path / "t.jsonl"
     tasks.write_text(json.dumps(_row()) + "\n\n" + BAD_ROWS[name] + "\n" + json.dumps(_row()) + "\n")
     code, err = cli(main, ["--checkpoint", chat_ckpt, "--tasks", tasks], capsys)
-    one_line(code, err, f"{tasks}, row 3: ")
+    one_error_line(code, err, f"{tasks}, row 3: ")
 
 
 @pytest.mark.parametrize("value", ["", "x" * 300, "ck\udcff.pt", "a\0b"])
@@ -304,7 +300,7 @@ def test_class_tasks_checkpoint_value_that_is_no_usable_path_is_argparses_one_li
     tasks = tmp_path / "t.jsonl"
     tasks.write_text(json.dumps(_row()) + "\n")
     code, err = cli(main, ["--checkpoint", value, "--tasks", tasks], capsys)
-    one_line(code, err, "argument --checkpoint", "give a usable path")
+    one_error_line(code, err, "argument --checkpoint", "give a usable path")
 
 
 # the tiny chat model's context (chat_models.tiny_chat_model's block_size); a row of a question of q chars and
@@ -332,7 +328,7 @@ def test_class_tasks_row_longer_than_the_models_context_is_refused_before_scorin
     if q + a + 3 <= CONTEXT:
         assert code == 0 and err == "", err
     else:
-        one_line(code, err, f"{tasks}, row {row}: ", f"need {q + a + 3} tokens", f"model's {CONTEXT} (block_size)",
+        one_error_line(code, err, f"{tasks}, row {row}: ", f"need {q + a + 3} tokens", f"model's {CONTEXT} (block_size)",
                  "shorten or drop")
 
 

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 import train
-from checkpoint import save_checkpoint
-from hostile_world import assert_one_line
+
 from multirank_runs import argv as tiny_argv
-from cli_lines import cli
+from cli_lines import an_error_line, cli
 
 GPT2_CONFIG = {"model_type": "gpt2", "n_positions": 32, "vocab_size": 50257, "n_layer": 1, "n_head": 2, "n_embd": 8}
 OUR_CONFIG = {"block_size": 32, "vocab_size": 65, "n_layer": 1, "n_head": 2, "n_embd": 8}
@@ -89,7 +88,7 @@ def test_a_bad_init_from_is_refused_before_the_data_is_prepared(kind, tmp_path, 
     data_root = tmp_path / "data"
     argv = [*tiny_argv(tmp_path / "out", data_root), f"--data.tokenizer={tokenizer}", f"--model.init_from={source}"]
     code, _, err = cli(argv, capsys)
-    assert_one_line(code, err, *words)
+    an_error_line(code, err, *words)
     assert not prepared and not data_root.exists() and not (tmp_path / "out").exists()
 
 

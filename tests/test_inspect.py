@@ -26,6 +26,7 @@ from data import tokenizer_from_meta
 from errors import UserError, run_cli
 from eval import figures, inspect
 from model import GPT, GPTConfig
+from cli_lines import one_error_line
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
 CHARS = "".join(sorted(set(TEXT)))
@@ -270,14 +271,6 @@ def run(argv, capsys):
     return exc.value.code, out, err
 
 
-def assert_one_error_line(code, err, *words):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-
-
 def png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -399,7 +392,7 @@ def test_bad_inputs_are_one_line_errors_and_write_no_picture(setup, argv, words,
         elif setup == "ckpt_no_model":
             ckpt = bad_checkpoint(tmp_path, "no model")
     code, _, err = run(["--checkpoint", ckpt, *argv, "--out", out], capsys)
-    assert_one_error_line(code, err, *words)
+    one_error_line(code, err, *words)
     assert not any(p.suffix in (".png", ".html") for p in tmp_path.rglob("*"))
 
 
@@ -407,7 +400,7 @@ def test_out_never_replaces_the_text_file_it_reads(char_ckpt, tmp_path, capsys):
     (tmp_path / "surprisal.html").write_text(TEXT)
     code, _, err = run(["--checkpoint", char_ckpt, "--text-file", tmp_path / "surprisal.html", "--out", tmp_path],
                        capsys)
-    assert_one_error_line(code, err, f"--out {tmp_path / 'surprisal.html'} is the --text-file", "choose another --out")
+    one_error_line(code, err, f"--out {tmp_path / 'surprisal.html'} is the --text-file", "choose another --out")
     assert (tmp_path / "surprisal.html").read_text() == TEXT
 
 
@@ -471,7 +464,7 @@ def test_any_arguments_give_the_pictures_or_one_error_line(text, layer, head, ou
     code, stdout, err = run(argv, capsys)
     event("pictures drawn" if code == 0 else "one error line")  # --hypothesis-show-statistics: both happen
     if code == 2:
-        assert_one_error_line(code, err)
+        one_error_line(code, err)
         assert not stdout
         return
     assert code == 0 and ckpt_kind == "good" and out_kind in ("new", "nested", "existing_dir"), err

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from errors import UserError, run_cli
+from errors import run_cli
 from training import plot
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,8 @@ from data import get_tokenizer
 from model import GPT, GPTConfig
 from model.generate import generate
 from checkpoint import load_for_inference, save_checkpoint
-from sample_runs import CHARS, ENV, make_char_checkpoint, run, assert_one_error_line
+from sample_runs import CHARS, ENV, make_char_checkpoint, run
+from cli_lines import one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,13 +110,13 @@ def test_malicious_checkpoint_is_refused_and_its_code_never_runs(tmp_path, capsy
     else:
         evil.write_bytes(pickle.dumps(payload))
         code, _, err = run(["--checkpoint", evil, "--max-new-tokens", "5"], capsys)
-    assert_one_error_line(code, err, str(evil), "refused")
+    one_error_line(code, err, str(evil), "refused")
     assert not marker.exists()
 
 
 def test_bad_option_in_a_subprocess_is_one_error_line_without_traceback():
     r = run_script(["--top-p", "1.5"])
-    assert_one_error_line(r.returncode, r.stderr, "--top-p", "(0, 1]")
+    one_error_line(r.returncode, r.stderr, "--top-p", "(0, 1]")
     assert r.stdout == ""
 
 
@@ -147,7 +148,7 @@ def test_bad_option_in_a_subprocess_is_one_error_line_without_traceback():
 )
 def test_bad_options_are_one_line_errors(char_ckpt, capsys, argv, words):
     code, out, err = run(["--checkpoint", char_ckpt[0], *argv], capsys)
-    assert_one_error_line(code, err, *words)
+    one_error_line(code, err, *words)
 
 
 def test_checkpoint_problems_are_one_line_errors(tmp_path, capsys):
@@ -173,7 +174,7 @@ def test_checkpoint_problems_are_one_line_errors(tmp_path, capsys):
     ]
     for path, words in cases:
         code, out, err = run(["--checkpoint", path, "--max-new-tokens", "3"], capsys)
-        assert_one_error_line(code, err, str(path), words)
+        one_error_line(code, err, str(path), words)
         assert out == ""
 
 
@@ -184,18 +185,18 @@ def test_checkpoint_with_weights_that_do_not_fit_its_config_is_an_error(tmp_path
     save_checkpoint(path, {"model": model.state_dict(), "model_config": cfg,
                            "tokenizer": {"tokenizer": "char", "chars": CHARS}, "config": {}})
     code, _, err = run(["--checkpoint", path], capsys)
-    assert_one_error_line(code, err, "weights do not match")
+    one_error_line(code, err, "weights do not match")
 
 
 def test_missing_default_checkpoint_says_how_to_train_one(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, _, err = run([], capsys)
-    assert_one_error_line(code, err, "python train.py", "--checkpoint")
+    one_error_line(code, err, "python train.py", "--checkpoint")
 
 
 def test_prompt_with_characters_missing_from_the_char_vocab_is_an_error(char_ckpt, capsys):
     code, out, err = run(["--checkpoint", char_ckpt[0], "--prompt", "Zebra{"], capsys)
-    assert_one_error_line(code, err, "'Z'", "'{'")
+    one_error_line(code, err, "'Z'", "'{'")
     assert out == ""
 
 
@@ -377,7 +378,7 @@ def test_help_groups_the_options_by_input_decoding_and_device(capsys):
 ])
 def test_unknown_options_and_positionals_are_named_in_one_line(argv, words, capsys):
     code, _, err = run(argv, capsys)
-    assert_one_error_line(code, err, words)
+    one_error_line(code, err, words)
     assert "invalid choice" not in err
 
 
@@ -392,7 +393,7 @@ def test_a_checkpoint_whose_config_is_absurdly_large_is_refused_before_building(
                            "tokenizer": {"tokenizer": "char", "chars": CHARS}, "config": {}})
     start = time.perf_counter()
     code, out, err = run(["--checkpoint", path, "--max-new-tokens", "3"], capsys)
-    assert_one_error_line(code, err, "invalid model_config", words)
+    one_error_line(code, err, "invalid model_config", words)
     assert out == "" and time.perf_counter() - start < 10
 
 
@@ -401,13 +402,13 @@ def test_stdin_of_dev_zero_is_refused_in_one_line_after_a_bounded_read(capsys, m
 
     with open("/dev/zero", "rb") as zero:  # a real process, a real endless stdin
         r = run_script(["--checkpoint", "/nonexistent.pt", "-"], stdin=zero)
-    assert_one_error_line(r.returncode, r.stderr, "the prompt on stdin is larger than 16 MiB")
+    one_error_line(r.returncode, r.stderr, "the prompt on stdin is larger than 16 MiB")
     assert "batch size" not in r.stderr
     for argv in (["--prompt-file", "-"], ["--prompt", "-"]):  # the other spellings of stdin, in this process
         with open("/dev/zero", "rb") as zero:
             monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(zero))
             code, _, err = run(["--checkpoint", "/nonexistent.pt", *argv], capsys)
-        assert_one_error_line(code, err, "the prompt on stdin is larger than 16 MiB")
+        one_error_line(code, err, "the prompt on stdin is larger than 16 MiB")
 
 
 def test_no_stream_and_out_give_the_streamed_text(char_ckpt, capsys, tmp_path):

@@ -21,7 +21,7 @@ import sample
 from errors import UserError
 from checkpoint import load_checkpoint, save_checkpoint
 from tiny_runs import run, tiny_argv
-from cli_lines import cli, one_line
+from cli_lines import cli, an_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -59,7 +59,7 @@ def test_a_second_trainer_on_the_same_out_dir_stops_and_the_checkpoint_is_never_
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=60)
     assert second.returncode == 2 and "Traceback" not in second.stderr
-    line = one_line(second.returncode, second.stderr, "another trainer", f"pid {first.pid}", "is writing to")
+    line = an_error_line(second.returncode, second.stderr, "another trainer", f"pid {first.pid}", "is writing to")
     assert os.uname().nodename in line
     assert reads >= 20 and torn == []
     assert first.returncode == 0 and not (out / ".train.lock").exists()  # released at the end
@@ -83,7 +83,7 @@ def test_resume_never_refuses_an_out_dir_holding_any_earlier_runs_file(tmp_path,
         out.mkdir()
         (out / name).write_bytes(b"earlier")
         code, _, err = cli(tiny_argv(out, data_root, "--train.resume=never"), capsys)
-        one_line(code, err, f"holds an earlier run's {name}", "train.resume=never refuses")
+        an_error_line(code, err, f"holds an earlier run's {name}", "train.resume=never refuses")
         assert (out / name).read_bytes() == b"earlier"
 
 
@@ -95,7 +95,7 @@ def test_a_fresh_run_never_replaces_another_runs_best_checkpoint(tmp_path, data_
     (out / "ckpt.pt").unlink()
     before = {name: (out / name).read_bytes() for name in ("best.pt", "metrics.jsonl")}
     code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=2"), capsys)
-    one_line(code, err, "holds an earlier run's best.pt, metrics.jsonl but no ckpt.pt", "new --train.out_dir")
+    an_error_line(code, err, "holds an earlier run's best.pt, metrics.jsonl but no ckpt.pt", "new --train.out_dir")
     assert {name: (out / name).read_bytes() for name in before} == before
 
 
@@ -105,7 +105,7 @@ def test_a_resumed_run_refuses_a_best_checkpoint_of_another_run(tmp_path, data_r
     run(b, data_root, "--train.max_iters=2", "--train.eval_interval=2")
     (b / "best.pt").write_bytes((a / "best.pt").read_bytes())  # another run's best model, moved in by hand
     code, _, err = cli(tiny_argv(b, data_root, "--train.max_iters=4"), capsys)
-    one_line(code, err, "best.pt belongs to another run", "worse model")
+    an_error_line(code, err, "best.pt belongs to another run", "worse model")
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def char_ckpt(tmp_path_factory) -> Path:
 def test_an_out_dir_that_is_a_file_or_unwritable_is_one_line_at_start(tmp_path, data_root, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
     code, _, err = cli(tiny_argv(tmp_path / "file", data_root), capsys)
-    one_line(code, err, "train.out_dir=", "is a file")
+    an_error_line(code, err, "train.out_dir=", "is a file")
     import fileio
 
     def denied(final):
@@ -130,7 +130,7 @@ def test_an_out_dir_that_is_a_file_or_unwritable_is_one_line_at_start(tmp_path, 
 
     monkeypatch.setattr(fileio, "temp_path", denied)  # tests run as root: an unwritable dir, simulated
     code, _, err = cli(tiny_argv(tmp_path / "ro", data_root), capsys)
-    one_line(code, err, "train.out_dir=", "is not writable")
+    an_error_line(code, err, "train.out_dir=", "is not writable")
 
 
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, data_root, capsys,
@@ -148,7 +148,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_chec
 
     monkeypatch.setattr(checkpoint.format.torch, "save", full)
     code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=4", "--train.eval_interval=100"), capsys)
-    one_line(code, err, "cannot write", "No space left on device", "ckpt.pt, still holds iter 2")
+    an_error_line(code, err, "cannot write", "No space left on device", "ckpt.pt, still holds iter 2")
     assert (out / "ckpt.pt").read_bytes() == before and not list(out.glob(".*.tmp"))
 
 
@@ -183,7 +183,7 @@ def test_a_disk_that_fills_up_inside_torch_save_is_one_line_and_its_advice_works
     argv = tiny_argv(out, data_root, "--train.max_iters=2", "--train.eval_interval=2")
     code, _, err = cli(argv, capsys)
     # the first checkpoint failed: nothing to resume, and the advice says how the rerun gets past the log left behind
-    one_line(code, err, "cannot write", "No space left on device", "nothing to resume", "new --train.out_dir",
+    an_error_line(code, err, "cannot write", "No space left on device", "nothing to resume", "new --train.out_dir",
              "metrics.jsonl away")
     assert not (out / "ckpt.pt").exists() and not list(out.glob(".*.tmp"))
     monkeypatch.undo()  # space freed
@@ -198,7 +198,7 @@ def test_a_metrics_file_that_is_a_directory_is_one_line(tmp_path, data_root, cap
     (out / "metrics.jsonl").unlink()
     (out / "metrics.jsonl").mkdir()
     code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=3"), capsys)
-    one_line(code, err, "metrics.jsonl is not a file")
+    an_error_line(code, err, "metrics.jsonl is not a file")
 
 
 @pytest.mark.slow
@@ -206,7 +206,7 @@ def test_sampling_into_a_full_device_is_one_line(char_ckpt):
     with open("/dev/full", "w") as full:
         r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(char_ckpt), "--max-new-tokens",
                             "50", "--seed", "1"], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV, timeout=120)
-    one_line(r.returncode, r.stderr, "cannot write the samples to stdout", "No space left on device")
+    an_error_line(r.returncode, r.stderr, "cannot write the samples to stdout", "No space left on device")
 
 
 # ------------------------------------------------------------------------------------------ half-valid files
@@ -226,7 +226,7 @@ def test_a_checkpoint_with_a_missing_or_malformed_entry_is_one_line(tmp_path, da
     damage(ck)
     save_checkpoint(out / "ckpt.pt", ck)
     code, _, err = cli(tiny_argv(out, data_root, "--train.max_iters=4"), capsys)
-    one_line(code, err, words)
+    an_error_line(code, err, words)
 
 
 def test_a_checkpoint_with_nan_weights_is_one_line_in_sample(tmp_path, capsys):
@@ -237,7 +237,7 @@ def test_a_checkpoint_with_nan_weights_is_one_line_in_sample(tmp_path, capsys):
     ck["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
     save_checkpoint(tmp_path / "ckpt.pt", ck)
     code, _, err = cli(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "3"], capsys, main=sample.main)
-    one_line(code, err, "non-finite weights", "transformer.h.0.mlp.c_fc.weight")
+    an_error_line(code, err, "non-finite weights", "transformer.h.0.mlp.c_fc.weight")
 
 
 class _Evil:
@@ -265,9 +265,9 @@ def test_init_from_a_bad_hf_directory_is_one_line_in_train_and_sample(tmp_path, 
     else:
         (hf / "config.json").write_text("[1, 2, 3]")
     code, _, err = cli(tiny_argv(tmp_path / "out", data_root, "--data.tokenizer=gpt2", f"--model.init_from={hf}"), capsys)
-    train_line = one_line(code, err)
+    train_line = an_error_line(code, err)
     code, _, err = cli(["--checkpoint", str(hf), "--max-new-tokens", "2"], capsys, main=sample.main)
-    sample_line = one_line(code, err)
+    sample_line = an_error_line(code, err)
     assert str(hf) in train_line and str(hf) in sample_line
     assert not marker.exists()  # the pickle's code never ran
 
@@ -290,7 +290,7 @@ def test_a_non_utf8_prompt_is_one_line_naming_the_byte_offset_on_every_input_pat
         (tmp_path / "p.txt").write_bytes(bad)
         args += ["--prompt-file", str(tmp_path / "p.txt")]
     r = subprocess.run(args, capture_output=True, env=ENV, timeout=120, **kw)
-    one_line(r.returncode, r.stderr.decode(), "not valid UTF-8: byte 0xff at byte offset 6")
+    an_error_line(r.returncode, r.stderr.decode(), "not valid UTF-8: byte 0xff at byte offset 6")
 
 
 # ------------------------------------------------------------------------------------------ compile, Ctrl-C
