@@ -139,7 +139,8 @@ def test_a_budget_run_resumed_on_another_number_of_ranks_warns_that_its_kept_len
     _run(tmp_path / "same", data_root, "--train.time_budget=10s", "--train.max_iters=3")
     assert "warning" not in capsys.readouterr().out  # (fresh, and below resumed on its own ranks: nothing to say)
     ckpt = load_checkpoint(tmp_path / "out" / "ckpt.pt")
-    save_checkpoint(tmp_path / "out" / "ckpt.pt", ckpt | {"rng": {"ranks": ckpt["rng"]["ranks"] * 2}})
+    window = ckpt["window"] | {"loss_sums": ckpt["window"]["loss_sums"] * 2}  # (each rank's own sum, as 2 ranks save)
+    save_checkpoint(tmp_path / "out" / "ckpt.pt", ckpt | {"rng": {"ranks": ckpt["rng"]["ranks"] * 2}, "window": window})
     res = _run(tmp_path / "out", data_root, "--train.time_budget=10s")
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
     assert res["iter"] == 14 and len(warnings) == 1, warnings  # the plan is kept, and said once
