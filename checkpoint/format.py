@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import stat
 import warnings
 import zipfile
@@ -387,6 +388,10 @@ def find_checkpoint(out_dir: Path, name: str) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # what the hub's names look like: owner/name
+HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+
+
 def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
     """A checkpoint file, a sharded checkpoint's directory, or an out_dir holding ckpt.pt or ckpt.dcp.
     Raises UserError when none exists."""
@@ -404,7 +409,11 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
         if aside is not None:
             return aside
         missing = "is a symlink to nothing (or a loop)" if p.is_symlink() else "does not exist"
-        raise UserError(f"checkpoint {p} {missing}; check the path, or train first with `python train.py`")
+        # owner/name where no folder `owner` is here: meant for the hub, where only GPT-2's names are read
+        hub = "" if p.is_symlink() or p.parent.exists() or not HUB_REPO.fullmatch(str(path)) else (
+            f" (as an HF hub name, only GPT-2's models are read: {', '.join(HUB_MODELS)}, or openai-community/ one "
+            "of them)")
+        raise UserError(f"checkpoint {p} {missing}{hub}; check the path, or train first with `python train.py`")
     return p
 
 

@@ -13,17 +13,12 @@ import torch
 import ownership
 import train
 from checkpoint import load_checkpoint
+from cli_lines import an_error_line
 from data import holds
 from entry_points import WRITERS, run_entry, train_argv
 from eval.figures import Inspection, attention_figure, figure_png, surprisal_figure
 from locks import DirLock
 from managed_folders import KINDS, make_managed
-
-
-def one_error(code, err) -> str:
-    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
-    return lines[0]
 
 
 def test_class7_init_from_with_other_characters_says_the_characters_differ(tmp_path, data_root, world, capsys):
@@ -32,7 +27,7 @@ def test_class7_init_from_with_other_characters_says_the_characters_differ(tmp_p
     corpus.write_text("0123456789 +-=\n" * 200)
     argv = train_argv(tmp_path / "out", data_root, "--wandb.mode=disabled", f"--data.dataset={corpus}",
                       f"--data.root={tmp_path / 'prepared'}", f"--model.init_from={world.ckpt}")
-    line = one_error(*run_entry(train.main, argv, capsys)[::2])
+    line = an_error_line(*run_entry(train.main, argv, capsys)[::2])
     assert "but this data uses 'char'" not in line
     assert "other characters" in line and "only the source has" in line and "'+'" in line, line
 
@@ -44,7 +39,7 @@ def test_class7_a_v2_checkpoint_with_a_damaged_train_entry_names_train_not_plan(
     out = tmp_path / "single"  # (the world's run's out_dir name: its saved config resumes as it is)
     out.mkdir()
     torch.save({**payload, "version": 2, "train": "damaged"}, out / "ckpt.pt")
-    line = one_error(*run_entry(train.main, train_argv(out, data_root, "--wandb.mode=disabled"), capsys)[::2])
+    line = an_error_line(*run_entry(train.main, train_argv(out, data_root, "--wandb.mode=disabled"), capsys)[::2])
     assert "'plan'" not in line and "'train' entry is malformed" in line, line
 
 
@@ -82,7 +77,7 @@ def test_class7_inspect_interval_with_block_size_1_is_refused_not_nan(tmp_path, 
     argv = train_argv(tmp_path / "out", data_root, "--wandb.mode=disabled", "--model.block_size=1",
                       "--eval.inspect_interval=1")
     code, out, err = run_entry(train.main, argv, capsys)
-    line = one_error(code, err)
+    line = an_error_line(code, err)
     assert "eval.inspect_interval" in line and "block_size" in line and "nan" not in out, line
 
 
@@ -120,8 +115,32 @@ def test_class7_a_file_writer_given_a_folder_suggests_a_file_it_then_takes(write
     code, _, err = run_entry(writer.main, writer.argv(folder, world), capsys)
     if code == 0:
         return  # a writer that takes a folder (training.plot writes curves.png in it)
-    line = one_error(code, err)
+    line = an_error_line(code, err)
     if "e.g. " not in line:
         return  # refused without a suggestion (a managed folder named as such by the gate)
     suggested = line.split("e.g. ", 1)[1].split()[0].rstrip(";,)")
     ownership.check_output(suggested, "--out")  # the one gate every writer calls takes it (no rerun: bench.py's is 7 s)
+
+
+@pytest.mark.parametrize("entry", ["sample.py", "chat.py", "eval.inspect", "checkpoint.export", "model.init_from"])
+def test_class7_a_hub_style_name_that_is_no_path_says_which_hub_names_are_read(entry, tmp_path, data_root, capsys,
+                                                                               monkeypatch):
+    """Was (found from outside): `--model.init_from=someorg/some-model` said only "checkpoint someorg/some-model
+    does not exist ... train first", while openai-community/gpt2 is fetched from the hub: an owner/name where no
+    folder `owner` is here now also says which hub names are read. A local path's line stays as it was."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    mains = {"sample.py": ("sample", ["--checkpoint"]), "chat.py": ("chat", ["--checkpoint"]),
+             "eval.inspect": ("eval.inspect", ["--text", "x", "--out", str(tmp_path / "i"), "--checkpoint"]),
+             "checkpoint.export": ("checkpoint.export", ["--out", str(tmp_path / "e"), "--checkpoint"])}
+    for name, words in (("someorg/some-model", ("only GPT-2's models are read", "openai-community/")),
+                        (str(tmp_path / "no_such_run"), ("does not exist",))):
+        if entry == "model.init_from":
+            code, _, err = run_entry(train.main, train_argv(tmp_path / "out", data_root, f"--model.init_from={name}"),
+                                     capsys)
+        else:
+            module, argv = mains[entry]
+            code, _, err = run_entry(importlib.import_module(module).main, [*argv, name], capsys)
+        line = an_error_line(code, err, name, *words)
+        assert ("only GPT-2's models" in line) == (name == "someorg/some-model"), line
