@@ -88,7 +88,7 @@ def row_kind(cfg: DataConfig) -> RowKind:
     fld = cfg.text_field
 
     def take(value: Any, present: bool, pos: Any, advance: int) -> Iterator[Piece] | str:
-        if not isinstance(value, str):
+        if not isinstance(value, str) or not (value.isascii() or _encodes(value)):
             return _why(value, fld, present)
         return doc_pieces(value, advance, pos, None)
 
@@ -237,7 +237,7 @@ def _bad_row(path: Path, row: int, why: str, source: Source | None, cfg: DataCon
 # are kept as text: in the resume record and the manifest). Anchored on the fixed words before any row value.
 TEXT_FAULTS = [(kind, re.compile(pattern)) for kind, pattern in (
     ("no text field", r"it has no '.*' field \(set data\.text_field"),
-    ("text field not text", r"its '.*' field is an? \w+, not text$"),
+    ("text field not text", r"its '.*' field (is an? \w+|is null|has a lone surrogate .*), not text"),
     ("not UTF-8", r"(it|its text) is not UTF-8"),
     ("not valid JSON", r"it is not valid JSON "),
     ("not a JSON object", r"it is a JSON \w+, not an object$"),
@@ -248,10 +248,25 @@ def text_fault_kind(why: str) -> str:
     return next((kind for kind, pattern in TEXT_FAULTS if pattern.match(why)), "other")
 
 
+def _encodes(text: str) -> bool:
+    try:  # JSON's "\ud800" escape: valid JSON, not text (the char and BPE tokenizers fail on it, GPT-2's replaces it)
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _why(value: Any, fld: str, present: bool) -> str:
-    if not present or value is None:
+    if not present:
         return f"it has no {fld!r} field (set data.text_field to the field holding the text)"
-    return f"its {fld!r} field is a {type(value).__name__}, not text"
+    if value is None:
+        return f"its {fld!r} field is null, not text"
+    if isinstance(value, str):  # a lone surrogate (_encodes)
+        at = next(i for i, c in enumerate(value) if 0xD800 <= ord(c) <= 0xDFFF)
+        return (f"its {fld!r} field has a lone surrogate (\\u{ord(value[at]):04x} at character {at}), not text; "
+                "write the character itself or a surrogate pair")
+    kind = type(value).__name__
+    return f"its {fld!r} field is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not text"
 
 
 def _rows_pieces(path: Path, compression: str | None, index: int, first: int, cfg: DataConfig,

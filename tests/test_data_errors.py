@@ -267,8 +267,9 @@ def test_a_meta_json_that_is_a_folder_gets_the_right_advice(good):
 
 # A text row bad in each way the prepare knows: (its line, the fault kind it is counted under, words of its fix)
 BAD_TEXT_ROWS = {
-    "no text field": st.sampled_from([b'{"body": "hello"}', b'{"text": null}', b'{}']),
-    "text field not text": st.sampled_from([b'{"text": 3}', b'{"text": [1]}', b'{"text": {"a": 1}}', b'{"text": true}']),
+    "no text field": st.sampled_from([b'{"body": "hello"}', b'{}']),
+    "text field not text": st.sampled_from([b'{"text": 3}', b'{"text": [1]}', b'{"text": {"a": 1}}', b'{"text": true}',
+                                            b'{"text": null}', b'{"text": "a\\ud800"}']),  # (null; a lone surrogate)
     "not valid JSON": st.sampled_from([b'{"text": "a"', b"text: a", b'{"text": "a"} x']),
     "not UTF-8": st.sampled_from([b'{"text": "\xff"}', b'{"text": "caf\xe9"}']),
     "not a JSON object": st.sampled_from([b"3", b"null", b"1.5", b'"text"']),  # a first "[" reads as one array

@@ -209,8 +209,9 @@ def test_a_val_dataset_that_reads_training_files_is_refused_however_it_is_spelle
 
 BAD_ROWS = {
     "missing": (b'{"id": 3}', "no 'text' field"),
-    "null": (b'{"text": null}', "no 'text' field"),
-    "number": (b'{"text": 12}', "'text' field is a int, not text"),
+    "null": (b'{"text": null}', "'text' field is null, not text"),  # (it said "no 'text' field: set data.text_field")
+    "number": (b'{"text": 12}', "'text' field is an int, not text"),
+    "surrogate": (b'{"text": "bad \\ud800 here"}', "'text' field has a lone surrogate (\\ud800 at character 4)"),
     "syntax": (b'{"text": "unterminated}', "not valid JSON"),
     "utf8": (b'{"text": "caf\xe9"}', "not UTF-8"),
     "array": (b'[1, 2]', "not an object"),
@@ -231,6 +232,24 @@ def test_a_bad_jsonl_row_is_one_line_naming_file_and_row(tmp_path, kind):
     assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
 
 
+@pytest.mark.parametrize("tokenizer", ["char", "bpe:512", "gpt2"])
+@pytest.mark.parametrize("form", ["jsonl", "json"])
+def test_a_lone_surrogate_in_a_text_row_is_a_bad_row_for_every_tokenizer(tmp_path, tokenizer, form):
+    """JSON's "\\ud800" escape is valid JSON but no text (found from outside: char and bpe:N ended in a
+    UnicodeEncodeError traceback, even with data.skip_bad_rows, and GPT-2's tokenizer stored U+FFFD without a
+    word): one line naming the row and the character, or, with data.skip_bad_rows, the row skipped and counted."""
+    rows = [{"text": d} for d in DOCS[:6]]
+    text = "\n".join(json.dumps(r) for r in rows[:3] + [{"text": "bad \ud800 here"}] + rows[3:])
+    path = tmp_path / f"c.{form}"
+    path.write_text(text + "\n" if form == "jsonl" else "[" + text.replace("\n", ",\n") + "]")
+    with pytest.raises(UserError) as e:
+        prepare_data(cfg(path, tmp_path / "p", tokenizer=tokenizer), progress=False)
+    assert "\n" not in str(e.value) and "lone surrogate (\\ud800 at character 4)" in str(e.value), str(e.value)
+    out = prepare_data(cfg(path, tmp_path / "q", tokenizer=tokenizer, skip_bad_rows=True), progress=False)
+    meta = load_meta(out)
+    assert meta["skipped_rows"]["count"] == 1 and "\ufffd" not in (meta.get("chars") or "")
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
 def test_a_row_over_the_bound_is_refused_in_one_line_without_reading_it_whole(tmp_path, monkeypatch, suffix):
     import data.formats
@@ -247,7 +266,7 @@ def test_a_row_over_the_bound_is_refused_in_one_line_without_reading_it_whole(tm
 
 def test_a_bad_parquet_row_is_one_line_naming_file_and_row(tmp_path):
     pq.write_table(pa.table({"text": DOCS[:4] + [None] + DOCS[4:]}), tmp_path / "c.parquet", row_group_size=3)
-    with pytest.raises(UserError, match=r"c\.parquet, row 5: it has no 'text' field"):
+    with pytest.raises(UserError, match=r"c\.parquet, row 5: its 'text' field is null, not text"):
         prepare_data(cfg(tmp_path / "c.parquet", tmp_path / "p"), progress=False)
     pq.write_table(pa.table({"text": list(range(5))}), tmp_path / "n.parquet")
     with pytest.raises(UserError, match=r"n\.parquet's column 'text' holds int64, not text; set data.text_field"):
