@@ -57,6 +57,7 @@ def _prepare_data(cfg: DataConfig, progress: bool, resumes: tuple[str, str] | No
     main_source, val_source = _open_sources(cfg)
     _check_shard_count(cfg, main_source, val_source)
     out = Path(cfg.root) / dir_name(cfg, main_source, val_source)
+    _check_not_matched(cfg, out)
     _check_is_dir(out)
     check_target(out, DATA, "data.root")  # not another command's folder, and none of theirs inside it
     fingerprint, files = build_fingerprint(cfg, main_source, val_source, previous_records(out))
@@ -168,6 +169,48 @@ def _sources_read(cfg: DataConfig) -> tuple[list[Path], list[Path]]:
         else:
             read.append(Path(os.path.expanduser(s)))
     return read + matched, matched
+
+
+def _check_not_matched(cfg: DataConfig, out: Path) -> None:
+    """No glob of the data's matches a file this prepare writes into `out`, before any is written: the glob's files
+    found now (_sources_read) hold none on a first prepare, which then passed, and every later one was refused."""
+    written = [os.path.abspath(out / name) for name in (META_NAME, "train-0-00000.bin", "val-0-00000.bin")]
+    for spec in (cfg.dataset, cfg.val_dataset):
+        if spec and not spec.startswith(HF_PREFIX) and re.search(r"[*?[]", spec):
+            pattern = glob_regex(os.path.abspath(os.path.expanduser(spec)))
+            mine = next((f for f in written if pattern.fullmatch(f)), None)
+            if mine is not None:
+                raise UserError(f"data.dataset's pattern {spec!r} would match {mine}, which this prepare writes (data.root "
+                                f"{cfg.root}): a later prepare would read it; narrow the pattern (e.g. *.txt) or set "
+                                "data.root outside what it matches")
+
+
+def glob_regex(pattern: str) -> re.Pattern:
+    """glob.glob's matching (recursive=True) as a regex over whole paths: `**` a run of folders, `*` and `?` within
+    one name, not its leading dot, `[...]` a class."""
+    parts, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i) and (i == 0 or pattern[i - 1] == "/"):
+            parts.append(r"(?:[^/.][^/]*/)*")
+            i += 3
+        elif pattern.startswith("**", i) and (i == 0 or pattern[i - 1] == "/") and i + 2 == len(pattern):
+            parts.append(r"(?:[^/.][^/]*(?:/[^/.][^/]*)*)?")
+            i += 2
+        elif pattern[i] in "*?":
+            first = i == 0 or pattern[i - 1] == "/"
+            parts.append(("(?![.])" if first else "") + (r"[^/]*" if pattern[i] == "*" else r"[^/]"))
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1:end]
+            first = i == 0 or pattern[i - 1] == "/"
+            parts.append(("(?![.])" if first else "") + "["
+                         + ("^" + re.escape(body[1:]) if body.startswith("!") else re.escape(body)) + "]")
+            i = end + 1
+        else:
+            parts.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(parts))
 
 
 GLOB_LIMIT = 100_000  # the files of a glob compared with data.root (a pattern over a whole disk is not walked whole)

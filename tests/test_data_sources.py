@@ -473,3 +473,4 @@ def test_hf_rows_that_are_not_text_are_one_line_or_skipped_when_asked(tmp_path, 
     with pytest.raises(UserError, match=r"all 4 of its rows with content were skipped as bad \(data.skip_bad_rows\), "
                        r"4 text field not text; the first, x/y, row 1: "):  # every row skipped: nothing left, and why
         prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path), skip_bad_rows=True), progress=False)
+
