@@ -168,7 +168,7 @@ def read_error(path: Path, e: BaseException, compression: str | None = None) -> 
 def _text_pieces(path: Path, compression: str | None, pos: list, cut_byte: int | None) -> Iterator[Piece]:
     """The file is one document, decoded as UTF-8 incrementally and cut into pieces. With `cut_byte`,
     the pieces from the first safe cut point at or after that byte on are val (split 1)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()  # a BOM (Windows' editors write one) is no text
     pending, new_doc, offset, emitted = "", True, 0, 0
     split = None if cut_byte is None else 0
 

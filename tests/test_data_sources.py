@@ -474,3 +474,25 @@ def test_hf_rows_that_are_not_text_are_one_line_or_skipped_when_asked(tmp_path, 
                        r"4 text field not text; the first, x/y, row 1: "):  # every row skipped: nothing left, and why
         prepare_data(DataConfig(dataset="hf:x/y", root=str(tmp_path), skip_bad_rows=True), progress=False)
 
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".txt.gz", ".txt.zst"])
+def test_a_text_files_bom_is_no_text(tmp_path, suffix):
+    """Found from outside: a UTF-8 BOM at a .txt file's start was kept as a character (a char vocabulary held
+    U+FEFF, one token at each document's start), where .jsonl rows drop it. The reference: the same file without
+    it, and the text's own length in characters."""
+    text = "".join(DOCS[:6]).encode()
+    for name, data in (("bom", b"\xef\xbb\xbf" + text), ("plain", text)):
+        path = tmp_path / name / f"c{suffix}"
+        path.parent.mkdir()
+        if suffix.endswith(".gz"):
+            path.write_bytes(gzip.compress(data))
+        elif suffix.endswith(".zst"):
+            write_zst(path, data)
+        else:
+            path.write_bytes(data)
+    metas = [load_meta(prepare_data(cfg(tmp_path / n / f"c{suffix}", tmp_path / f"p{n}", tokenizer="char"),
+                                    progress=False)) for n in ("bom", "plain")]
+    assert "\ufeff" not in metas[0]["chars"] and metas[0]["chars"] == metas[1]["chars"]
+    # (the split point may move by the BOM's 3 bytes: val_fraction is of the file's size)
+    assert sum(m["splits"][s]["tokens"] for s in ("train", "val") for m in metas[:1]) == len("".join(DOCS[:6]))
