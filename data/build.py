@@ -61,7 +61,7 @@ def _prepare_data(cfg: DataConfig, progress: bool, resumes: tuple[str, str] | No
     _check_is_dir(out)
     check_target(out, DATA, "data.root")  # not another command's folder, and none of theirs inside it
     fingerprint, files = build_fingerprint(cfg, main_source, val_source, previous_records(out))
-    reason = _rebuild_reason(out, cfg, fingerprint)
+    reason = _rebuild_reason(out, cfg, fingerprint, files)
     if reason is None:  # (a format-1 dir whose tokens still stand is kept: its old fingerprint is not refused)
         if progress:
             to_stderr(f"{out} is up to date")
@@ -71,7 +71,7 @@ def _prepare_data(cfg: DataConfig, progress: bool, resumes: tuple[str, str] | No
     out.mkdir(parents=True, exist_ok=True)
     lock = wait_for_lock(DirLock(out, PREPARE_LOCK, what="preparing"), out)
     try:
-        reason = _rebuild_reason(out, cfg, fingerprint)  # another process may just have built it
+        reason = _rebuild_reason(out, cfg, fingerprint, files)  # another process may just have built it
         if reason is None:
             return out
         _check_resumed_tokens(out, cfg, fingerprint, files, resumes)
@@ -101,14 +101,22 @@ def _check_resumed_tokens(out: Path, cfg: DataConfig, fingerprint: str, files: l
     meta = read_meta_quietly(out) if resumes else None
     if not isinstance(meta, dict) or meta.get("tokens_sha256") != resumes[1] or meta.get("fingerprint") == fingerprint:
         return
+    raise UserError(f"data.dataset {cfg.dataset!r}: {what_changed(meta, files)} since the checkpoint {resumes[0]} was written, and a run "
+                    f"resumes only on the tokens it trained on (kept in {out}); put the original data back, or train "
+                    f"into a new --train.out_dir")
+
+
+def what_changed(meta: dict, files: list | None) -> str:
+    """Which source files differ between a prepared dir's record and the sources now (a clause): their content
+    changed, or one is new or gone; else the settings that shape the tokens changed."""
     before = {r[0]: r[3] for r in meta.get("source_files") or [] if isinstance(r, list) and len(r) == 4}
     now = {r[0]: r[3] for r in files or []}
     changed = sorted(p for p in before.keys() | now.keys() if before.get(p) != now.get(p))
-    what = (f"the content of {', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''} changed" if changed
-            else "the settings that shape its tokens changed")
-    raise UserError(f"data.dataset {cfg.dataset!r}: {what} since the checkpoint {resumes[0]} was written, and a run "
-                    f"resumes only on the tokens it trained on (kept in {out}); put the original data back, or train "
-                    f"into a new --train.out_dir")
+    if not changed:
+        return "the settings that shape its tokens changed"
+    words = [f"{p} ({'new' if p not in before else 'gone' if p not in now else 'edited'})" for p in changed[:3]]
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return f"the source file{'s' if len(changed) > 1 else ''} {', '.join(words)}{more} changed"
 
 
 def _check_trained_on(out: Path, cfg: DataConfig, resumes: tuple[str, str]) -> None:
@@ -268,7 +276,7 @@ def _v1_fingerprint(cfg: DataConfig, meta: dict) -> str | None:
     return v1_fingerprint(cfg, source, meta)
 
 
-def _rebuild_reason(out: Path, cfg: DataConfig, fingerprint: str) -> str | None:
+def _rebuild_reason(out: Path, cfg: DataConfig, fingerprint: str, files: list | None = None) -> str | None:
     """None if `out` is current and its tokens check out, "" if it's new, else why it must be rebuilt.
 
     Raises instead when `out` holds another tokenizer's data: that dir was renamed or copied by hand,
@@ -300,5 +308,5 @@ def _rebuild_reason(out: Path, cfg: DataConfig, fingerprint: str) -> str | None:
     except UserError as e:
         return str(e).split(";")[0]
     if meta["fingerprint"] != fingerprint and meta["fingerprint"] != _v1_fingerprint(cfg, meta):
-        return "the source or the split settings changed since it was prepared"
+        return f"{what_changed(meta, files)} since it was prepared"
     return verify_tokens(out, meta)

@@ -203,6 +203,27 @@ def test_text_without_any_cut_point_is_still_kept_whole(tmp_path, monkeypatch):
     assert ENC.decode(train + val) == text
 
 
+def test_a_rebuild_names_the_source_files_that_changed(tmp_path, capsys):
+    """Found from outside: every rebuild said only "the source or the split settings changed", where the resume
+    check named the files. The line names each file edited, new or gone."""
+    src = tmp_path / "docs"
+    src.mkdir()
+    for name in ("a", "b", "c"):
+        (src / f"{name}.txt").write_text(f"Document {name}, with words enough to tokenize.\n" * 3)
+    cfg = DataConfig(dataset=str(src), root=str(tmp_path / "p"), tokenizer="char", val_fraction=0.3)
+    out = prepare_data(cfg, progress=False)
+    (src / "a.txt").write_text("Document a, edited.\n" * 3)
+    (src / "d.txt").write_text("Document d, new.\n" * 3)
+    (src / "c.txt").unlink()
+    capsys.readouterr()
+    prepare_data(cfg, progress=False)
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rebuilding"))
+    assert line.startswith(f"rebuilding {out}: the source files ") and line.endswith(" changed since it was prepared")
+    for name, how in (("a", "edited"), ("c", "gone"), ("d", "new")):
+        assert f"{src / name}.txt ({how})" in line, line
+    assert "b.txt" not in line
+
+
 def test_prepare_rebuilds_when_the_source_changes(doc_dir, tmp_path, capsys):
     cfg = DataConfig(dataset=str(doc_dir / "b.txt"), root=str(tmp_path / "p"), val_fraction=0.2)
     out = prepare_data(cfg, progress=False)
