@@ -8,7 +8,8 @@ one run (pairwise covering), each row a tiny real training run, checked end to e
 
 A row that runs: the run uninterrupted; the same run stopped by SIGTERM after a seeded step k
 (tests/faults.py's SMALLGPT_TEST_TERM_AFTER) and resumed in one process (a 2-rank row so resumes on the
-other world size); then sample.py's greedy text from both out_dirs, which must be equal. A row whose
+other world size); then sample.py's greedy text from both out_dirs, which must be equal, the final weights
+(bitwise), and metrics.jsonl's records (a log window of 2 steps, so that most stops fall inside one). A row whose
 combination is not supported must be refused: exit non-zero, exactly one `error:` line naming the
 problem, no traceback, no checkpoint written. The generator is `rows(seed)`; tests/test_matrix_rows.py
 checks its covering without training anything.
@@ -143,7 +144,7 @@ def base_args(work: Path, tok: str, text: str = "corpus.txt") -> list[str]:
     return [f"--data.dataset={work / text}", f"--data.tokenizer={tok}", f"--data.root={work / 'data'}",
             "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.block_size=32",
             "--model.dropout=0.0", f"--train.max_iters={MAX_ITERS}", "--train.warmup_iters=2", "--train.lr=3e-3",
-            "--train.eval_interval=3", "--train.eval_iters=2", "--train.log_interval=1", "--train.device=cpu",
+            "--train.eval_interval=3", "--train.eval_iters=2", "--train.log_interval=2", "--train.device=cpu",
             "--train.peak_flops=1e11", "--wandb.mode=disabled"]
 
 
@@ -303,9 +304,32 @@ def run_row(i: int, row: dict[str, str], work: Path, seed: int, native_bf16: boo
     tol = 2 * max_dw(Path(f"{out}-full"), Path(f"{out}-one")) if yardstick else 0.0
     check(dw <= tol, f"the resumed weights differ from the uninterrupted run's by {dw:.2e} > {tol:.1e}"
           + (" (twice the 1-process run's difference)" if yardstick else " (bitwise expected)"))
+    logs = same_records(Path(f"{out}-full"), Path(f"{out}-resumed"), tol=0.0 if ranks == 1 else 1e-2 if yardstick else 1e-3)
     where = "1 process" if ranks == 1 else "1 process (from 2 ranks)"
     same = "bitwise" if dw == 0 else f"max|dw| {dw:.0e} <= {tol:.0e} (2x 1-process run's)"
-    return f"SIGTERM@{k}, resumed on {where}: greedy text equal, weights {same}", "ok"
+    return f"SIGTERM@{k}, resumed on {where}: greedy text equal, weights {same}, {logs}", "ok"
+
+
+TIMING = {"tokens_per_sec", "mfu", "elapsed_s"}  # wall-time fields: another session's, naturally different
+
+
+def same_records(full: Path, resumed: Path, tol: float) -> str:
+    """The resumed run's metrics.jsonl logs the uninterrupted run's records (training/report/window.py: a stop
+    inside a log window logs nothing partial, and the window is completed after the resume): the same steps, and
+    every field but the timing ones equal, or, resumed on another world size, every number within `tol` relative
+    (another summation order: 1e-3; FSDP's bf16 gathers, whose weights differ by design: 1e-2) and the samples'
+    text not compared (another weight's last bit can change a sampled token). -> a clause for the row's result."""
+    exact = tol == 0.0
+    a, b = ([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (full, resumed))
+    check([r["iter"] for r in a] == [r["iter"] for r in b],
+          f"metrics.jsonl logs other steps: {[r['iter'] for r in a]} vs {[r['iter'] for r in b]}")
+    for ra, rb in zip(a, b):
+        for key in (ra.keys() | rb.keys()) - TIMING:
+            va, vb = ra.get(key), rb.get(key)
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+            close = va == vb if exact or not numbers else abs(va - vb) <= tol * max(abs(va), abs(vb), 1e-12)
+            check(close or (not exact and not numbers), f"metrics.jsonl at iter {ra['iter']}: {key} {va!r} vs {vb!r}")
+    return f"metrics {'equal' if exact else f'within {tol:.0e}'} ({len(a)} records)"
 
 
 def max_dw(a: Path, b: Path) -> float:
@@ -462,7 +486,7 @@ def print_table(table: list[dict[str, str]], numbers: list[int], results: dict, 
           "data.format chat on data/tasks.py's conversations (init ckpt: a source run on their plain text); graph on = "
           "train.cuda_graph with the plan deciding as on a GPU (the graphed step, uncaptured on this CPU); weights: the resumed run's final weights against the uninterrupted run's, bitwise, "
           "but for fsdp2 rows within twice the difference of the same run on 1 process (FSDP's numerics differ across "
-          "world sizes by design); greedy text: sample.py --temperature 0, 32 tokens, float32" + ("" if native else "; bf16>f32: this CPU has no native bf16, so the "
+          "world sizes by design); metrics: the resumed run's metrics.jsonl against the uninterrupted run's, every field but wall time (log_interval 2: a stop inside a window logs nothing partial), numbers within 1e-3 for ddp2 rows and 1e-2 for fsdp2 rows (samples not compared there); greedy text: sample.py --temperature 0, 32 tokens, float32" + ("" if native else "; bf16>f32: this CPU has no native bf16, so the "
                                             "row ran float32"))
 
 
