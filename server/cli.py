@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the model's block_size)")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take, queue included")
     p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request's body")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds a stop (SIGTERM, Ctrl-C) waits for "
+                   "the requests in flight before it closes their connections (default 10)")
     p.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default 256)")
     p.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: the usable cores less "
                    "one, at least 1: the HTTP side needs a core too)")
@@ -61,7 +63,8 @@ def check_args(args) -> None:
                               ("--max-connections", args.max_connections, MAX_QUEUE)):
         if not 1 <= value <= high:
             raise UserError(f"{name} must be in 1..{high}, got {value}")
-    for name, value in (("--request-timeout", args.request_timeout), ("--read-timeout", args.read_timeout)):
+    for name, value in (("--request-timeout", args.request_timeout), ("--read-timeout", args.read_timeout),
+                        ("--shutdown-timeout", args.shutdown_timeout)):
         if not 0 < value <= 86400:  # (also refuses nan)
             raise UserError(f"{name} must be > 0 and at most 86400 seconds, got {value}")
     if args.threads is not None and not 1 <= args.threads <= 1024:
@@ -102,8 +105,10 @@ def main(argv=None) -> int:
     name = args.model_name or model_id(spec)
     app = create_app(Served(engine, tok, template, name, limits, int(time.time())))
     sock = listen(args.host, args.port)
+    # a stop (SIGTERM, Ctrl-C) lets the requests in flight finish within --shutdown-timeout: unbounded, a client
+    # that stopped reading a long stream kept its reply unsent, and the server alive, for as long as it held on
     config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=args.max_connections,
-                            timeout_keep_alive=5, lifespan="off")
+                            timeout_keep_alive=5, lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout)
     host, port = sock.getsockname()[:2]
     to_stderr(f"{loaded.description}: {'chat' if template else 'plain completion (no chat template)'}, "
               f"{tok.name} tokenizer, {device} {dtype_name(ready.dtype)}, {torch.get_num_threads()} thread(s), "

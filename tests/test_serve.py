@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from model.generate import generate
-from serving import ROOT, Browser, Server, chromium, make_chat_checkpoint
+from serving import CHARS, ROOT, Browser, Server, chromium, make_chat_checkpoint
 
 MODEL = "tinychat"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, who are you?"}]
@@ -366,3 +366,46 @@ def test_the_page_in_headless_chromium_streams_typed_replies_with_its_defaults(s
     (tmp_path / "page.png").write_bytes(png)
     low, high = image.getextrema()
     assert high - low > 50 and len(image.getcolors(1 << 16)) > 10  # not blank: text and bubbles drawn
+
+
+def test_a_stop_ends_within_the_shutdown_timeout_when_a_client_stopped_reading(tmp_path):
+    """Found from outside: a client that opened a long stream and never read it kept the reply unsent and, after
+    SIGTERM, the server alive for as long as it held on (uvicorn's graceful shutdown waits without a bound). The
+    stop now waits at most --shutdown-timeout (here 1 s) for the requests in flight."""
+    import signal
+    import time
+
+    import torch
+
+    from checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = tmp_path / "long.pt"
+    make_chat_checkpoint(ckpt, block_size=32768)
+    weights = load_checkpoint(ckpt)["model"]
+    # a model that says "a" for ever: the final norm's output is the constant v, whose logit is "a"'s alone
+    v = torch.ones_like(weights["transformer.ln_f.bias"])
+    weights["transformer.ln_f.weight"].zero_()
+    weights["transformer.ln_f.bias"].copy_(v)
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        weights[key][:] = 0.0
+        weights[key][CHARS.index("a")] = v
+    save_checkpoint(ckpt, load_checkpoint(ckpt) | {"model": weights})
+    server = Server(ckpt, "--shutdown-timeout", "1", "--slots", "1")
+    client = socket.create_connection(("127.0.0.1", server.port))
+    try:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30000, "temperature": 0.0,
+                           "stream": True}).encode()
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # and never read: the reply stalls
+        deadline = time.monotonic() + 30
+        while server.health()["active"] and time.monotonic() < deadline:  # until the reply is all made, and stuck
+            time.sleep(0.2)
+        start = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(timeout=30)
+        assert time.monotonic() - start < 8, time.monotonic() - start
+        assert "Traceback" not in server.log(), server.log()
+    finally:
+        client.close()
+        server.stop()

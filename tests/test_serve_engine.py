@@ -238,6 +238,7 @@ def test_a_completion_without_max_tokens_gets_the_default_within_the_servers_lim
 @pytest.mark.parametrize("argv, words", [
     (["--port", "70000"], "--port"), (["--slots", "0"], "--slots"), (["--queue", "-1"], "--queue"),
     (["--request-timeout", "nan"], "--request-timeout"), (["--threads", "0"], "--threads"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout"), (["--shutdown-timeout", "inf"], "--shutdown-timeout"),
     (["--max-tokens", "0"], "--max-tokens"), (["--bogus"], "unrecognized"),
     (["--checkpoint", "/nonexistent/ckpt.pt"], "does not exist"),
 ])
