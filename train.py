@@ -302,6 +302,7 @@ def loop(r: Run) -> dict[str, Any]:
         record |= r.showcase.after_step(r, due)  # samples, attention maps
         state.elapsed_s = r.clock.elapsed()  # evals included, for time budgets
         r.log.metrics.append(state.iter, record | {"elapsed_s": state.elapsed_s} if record else record)
+        r.log.wandb.end_step()  # the step whole, in one call: a stop mid-step sends wandb none of it
         if due.checkpoint:
             save(r)
         window.resume()

@@ -194,6 +194,7 @@ history = [{"iter": 2, "train/loss": 1.5, "samples": [{"prompt": "ROMEO:", "text
 logger = WandbLogger(mode="offline", project="p", run_name="", run_id="replay01", out_dir=sys.argv[2], config={},
                      history=history)
 logger.log_table("samples", ["step", "prompt", "text"], [[2, "ROMEO:", "hi"], [3, "ROMEO:", "ho"]], 3)
+logger.end_step()  # (the loop's: step 3 whole)
 logger.finish()
 """
 

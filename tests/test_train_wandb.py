@@ -161,3 +161,30 @@ def test_the_offline_reader_stops_at_a_torn_record_and_finds_the_last_step(tmp_p
     run_file.write_bytes(bytes(damaged))
     assert last_offline_step(str(tmp_path), "tornrun1") < 40
 
+
+
+def test_a_step_reaches_wandb_whole_in_one_call_or_not_at_all():
+    """Found from outside: two Ctrl-C during the eval at step 12 left wandb a step 12 of the training numbers only
+    (wandb commits what a step logged so far), and the resumed run, finding step 12 in wandb, never sent its val
+    loss. Each part a step logs (log_step's numbers, the eval's, HellaSwag's, the samples table, the maps) now
+    waits for the loop's end_step, which sends them in one call; a step cut short sends nothing."""
+    from training.report.wandb_logger import WandbLogger
+
+    sent = []
+
+    class Run:
+        def log(self, data, step):
+            sent.append((step, sorted(data)))
+
+    logger = WandbLogger.__new__(WandbLogger)  # its sending only, over a run that records each call
+    logger.run, logger.logged_through, logger._pending, logger._pending_step = Run(), 0, [], -1
+    logger.log({"train/loss": 3.0, "lr": 1e-3}, 11)
+    logger.log({"val/loss": 3.1}, 11)
+    logger.end_step()
+    logger.log({"train/loss": 2.9, "lr": 1e-3}, 12)  # then a stop during step 12's eval: no end_step
+    assert sent == [(11, ["lr", "train/loss", "val/loss"])]
+    logger._pending = []  # (what the stopped process held dies with it)
+    logger.log({"train/loss": 2.9, "lr": 1e-3}, 12)  # the resumed run's step 12, whole
+    logger.log({"val/loss": 3.0}, 12)
+    logger.end_step()
+    assert sent[1] == (12, ["lr", "train/loss", "val/loss"]) and len(sent) == 2

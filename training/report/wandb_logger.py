@@ -247,6 +247,8 @@ class WandbLogger:
         self.run_id = run_id
         self.out_dir = out_dir
         self.logged_through = -1  # the last step wandb has: later calls to log() for steps up to it are skipped
+        self._pending: list = []  # the parts of the step being logged (end_step sends them in one call)
+        self._pending_step = -1
         self._print = printer
         if not active:
             self.mode = "disabled"
@@ -300,6 +302,7 @@ class WandbLogger:
             if not isinstance(step, int) or step <= self.logged_through:
                 continue
             self.log({k: v for k, v in record.items() if k != "iter"}, step)
+            self.end_step()
             self.logged_through, sent, first = step, sent + 1, step if first is None else first
         if sent and self.run is not None:
             self._print(f"wandb: sent {sent} logged step(s) ({first}..{self.logged_through}) "
@@ -324,16 +327,31 @@ class WandbLogger:
                   | {k: wandb.Html(text) for k, text in html.items()} | values, step)
 
     def _log(self, payload, step: int) -> None:
-        """run.log(payload(the wandb module), step): nothing for a replayed step, which the run has already;
-        wandb's failure turns logging off, never the run."""
+        """payload(the wandb module) kept for `step`, sent with the step's other parts by end_step: a stop in the
+        middle of a step (a signal during its eval) sends none of it, where wandb committed the parts logged so
+        far and the resumed run, finding the step in wandb, never sent the rest. Nothing for a replayed step,
+        which the run has already."""
         if self.run is None or step <= self.logged_through:
+            return
+        if self._pending and self._pending_step != step:
+            self.end_step()
+        self._pending.append(payload)
+        self._pending_step = step
+
+    def end_step(self) -> None:
+        """run.log of everything the step logged, in one call (the loop calls it once a step is whole, with its
+        metrics.jsonl record); wandb's failure turns logging off, never the run."""
+        pending, self._pending = self._pending, []
+        if self.run is None or not pending:
             return
         try:
             import wandb
 
-            data = payload(wandb)
+            data: dict[str, Any] = {}
+            for payload in pending:
+                data |= payload(wandb)
             if data:
-                self.run.log(data, step=step)
+                self.run.log(data, step=self._pending_step)
         except Exception as e:
             self._disable(f"wandb.log failed ({short_error(e)}); continuing without wandb")
 
