@@ -375,21 +375,7 @@ def test_a_stop_ends_within_the_shutdown_timeout_when_a_client_stopped_reading(t
     import signal
     import time
 
-    import torch
-
-    from checkpoint import load_checkpoint, save_checkpoint
-
-    ckpt = tmp_path / "long.pt"
-    make_chat_checkpoint(ckpt, block_size=32768)
-    weights = load_checkpoint(ckpt)["model"]
-    # a model that says "a" for ever: the final norm's output is the constant v, whose logit is "a"'s alone
-    v = torch.ones_like(weights["transformer.ln_f.bias"])
-    weights["transformer.ln_f.weight"].zero_()
-    weights["transformer.ln_f.bias"].copy_(v)
-    for key in ("transformer.wte.weight", "lm_head.weight"):
-        weights[key][:] = 0.0
-        weights[key][CHARS.index("a")] = v
-    save_checkpoint(ckpt, load_checkpoint(ckpt) | {"model": weights})
+    ckpt = endless_chat_checkpoint(tmp_path / "long.pt", 32768)
     server = Server(ckpt, "--shutdown-timeout", "1", "--slots", "1")
     client = socket.create_connection(("127.0.0.1", server.port))
     try:
@@ -409,3 +395,65 @@ def test_a_stop_ends_within_the_shutdown_timeout_when_a_client_stopped_reading(t
     finally:
         client.close()
         server.stop()
+
+
+def endless_chat_checkpoint(path, block_size: int):
+    """A chat model that says "a" for ever (never its end marker): the final norm's output is the constant v, whose
+    logit is "a"'s alone."""
+    import torch
+
+    from checkpoint import load_checkpoint, save_checkpoint
+
+    make_chat_checkpoint(path, block_size=block_size)
+    weights = load_checkpoint(path)["model"]
+    v = torch.ones_like(weights["transformer.ln_f.bias"])
+    weights["transformer.ln_f.weight"].zero_()
+    weights["transformer.ln_f.bias"].copy_(v)
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        weights[key][:] = 0.0
+        weights[key][CHARS.index("a")] = v
+    save_checkpoint(path, load_checkpoint(path) | {"model": weights})
+    return path
+
+
+@pytest.mark.skipif(chromium() is None, reason="no Chromium here (apt-get install -y chromium); the page test needs it")
+def test_the_page_forgets_a_cleared_reply_and_keeps_the_conversation_when_a_message_is_too_long(tmp_path):
+    """Found from outside (in Chromium): "clear" during a streaming reply brought the cleared exchange back into the
+    next request; and a message too long on its own deleted the whole conversation (each retry had left out an
+    exchange for good). The reference: the requests the page sends, recorded by a wrapper of its fetch."""
+    server = Server(endless_chat_checkpoint(tmp_path / "endless.pt", 512))
+    browser = Browser(server.url + "/", tmp_path / "profile")
+    sent = "window.sent.map(b => b.messages.map(m => m.role + ':' + m.content.slice(0, 12)))"
+    done = ("(n) => { const b = document.querySelectorAll('.msg.assistant')[n]; "
+            "return b && b.dataset.state !== 'streaming' && b.dataset.state; }")
+    try:
+        browser.wait_for("document.readyState === 'complete' && document.getElementById('status').textContent "
+                         "!== 'connecting…'")
+        browser.eval("window.sent = []; const f = window.fetch; window.fetch = (u, o) => "
+                     "(window.sent.push(JSON.parse(o.body)), f(u, o)); document.getElementById('temperature').value = "
+                     "'0'; document.getElementById('max_tokens').value = '500'; document.getElementById('input').focus()")
+        browser.type_text("first")
+        browser.press_enter()
+        browser.wait_for("Number((document.querySelector('.msg.assistant') || {dataset: {}}).dataset.chunks) > 3")
+        browser.eval("document.getElementById('clear').click(); document.getElementById('max_tokens').value = '3'; "
+                     "document.getElementById('input').focus()")
+        for n, text in enumerate(["second", "third"]):
+            browser.type_text(text)
+            browser.press_enter()
+            assert browser.wait_for(f"({done})({n})") == "done"
+        browser.type_text("x" * 600)  # over the 512-character context alone
+        browser.press_enter()
+        assert browser.wait_for(f"({done})(2)") == "error"
+        browser.type_text("fourth")
+        browser.press_enter()
+        assert browser.wait_for(f"({done})(3)") == "done"
+        requests = browser.eval(sent)
+        shown = browser.eval("[...document.querySelectorAll('.msg')].map(b => b.className).join()")
+    finally:
+        browser.close()
+        server.stop()
+    assert requests[1] == ["user:second"], requests  # nothing of the cleared exchange
+    assert requests[2] == ["user:second", "assistant:aaa", "user:third"], requests
+    # the too-long message (one try, then its retries without each exchange) left the conversation as it was
+    assert requests[-1] == ["user:second", "assistant:aaa", "user:third", "assistant:aaa", "user:fourth"], requests
+    assert "msg system" not in shown, shown  # no "stopped" bubble for the reply the clear dropped
