@@ -54,7 +54,7 @@ from training.plan import RunPlan
 from training.rng import seed_everything
 from training.run import Clock, HellaSwag, Run, RunLog, evaluate_splits, lr_of_plan, resumed_clock_notes, step_at
 from training.timing.schedule import Cadence
-from training.report.showcase import build_showcase
+from training.report.showcase import build_showcase, replayed_media
 from training.parallel.signals import StopFlag, launched_by_torchrun
 from training.state import TrainState
 from training.report.state_size import shard_counts, state_bytes
@@ -216,7 +216,7 @@ def open_log(cfg: Config, par: Parallel, trainer, plan: RunPlan, state: TrainSta
     history = metrics.resume_at(state.iter) if resume is not None else None
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
                          run_id=state.run_id, out_dir=str(out_dir), config=cfg.to_dict(), active=par.is_main,
-                         printer=say, history=history)
+                         printer=say, history=history, media=lambda record: replayed_media(out_dir, record))
     cleanup.push(lambda exc_type, *_: logger.finish(exit_code=1 if exc_type else 0))
     progress = Progress(cfg.train.max_iters, state.iter, active=par.is_main)  # its total: the plan's (budget)
     cleanup.callback(progress.close)

@@ -176,7 +176,7 @@ def test_a_resume_over_a_long_metrics_file_holds_a_line_at_a_time_never_the_file
     path.write_text("".join(json.dumps({"iter": i, "train/loss": i / 8, "note": pad}) + "\n" for i in range(1, 5001)))
     size = path.stat().st_size
     logger = WandbLogger.__new__(WandbLogger)  # its sending only: a run that checks each step it is sent
-    logger.run, logger.logged_through, logger._print, logger._pending = True, 1000, lambda line: None, []
+    logger.run, logger.logged_through, logger._print, logger._pending, logger._media = True, 1000, lambda line: None, [], None
     got = {"next": 1001, "rows": 0}
 
     def log(values, step):

@@ -188,3 +188,34 @@ def test_a_step_reaches_wandb_whole_in_one_call_or_not_at_all():
     logger.log({"val/loss": 3.0}, 12)
     logger.end_step()
     assert sent[1] == (12, ["lr", "train/loss", "val/loss"]) and len(sent) == 2
+
+
+def test_a_replayed_step_carries_the_pictures_still_on_disk(tmp_path):
+    """Found from outside: after a kill -9 the steps re-sent to wandb from metrics.jsonl lacked their attention
+    maps and surprisal page, which are still in <out_dir>/inspect/step-N/. They go with the step's numbers now; a
+    step without maps, or whose files are gone, carries none."""
+    from PIL import Image
+
+    from training.report.showcase import replayed_media
+    from training.report.wandb_logger import WandbLogger
+
+    folder = tmp_path / "inspect" / "step-4"
+    folder.mkdir(parents=True)
+    for name in ("attention.png", "surprisal.png"):
+        Image.new("RGB", (4, 4)).save(folder / name)
+    (folder / "surprisal.html").write_text("<p>surprisal</p>")
+    sent = []
+
+    class Run:
+        def log(self, data, step):
+            sent.append((step, sorted(data)))
+
+    logger = WandbLogger.__new__(WandbLogger)
+    logger.run, logger.logged_through, logger._pending, logger._pending_step = Run(), 2, [], -1
+    logger._print, logger._media = lambda line: None, lambda record: replayed_media(tmp_path, record)
+    logger._send_missing([{"iter": 3, "train/loss": 1.0}, {"iter": 4, "train/loss": 0.9, "inspect/bits_per_token": 2.0},
+                          {"iter": 6, "inspect/bits_per_token": 1.9}])  # (step-6's files are gone)
+    assert sent == [(3, ["train/loss"]),
+                    (4, ["inspect/attention", "inspect/bits_per_token", "inspect/surprisal", "inspect/surprisal_html",
+                         "train/loss"]),
+                    (6, ["inspect/bits_per_token"])]

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import torch
 
+from bounded import TooLarge, read_at_most
 from data import Tokenizer, tokenizer_from_meta
 from data.chat_template import ChatTemplate, template_for
 from data.config import SHAKESPEARE
@@ -53,6 +54,9 @@ TEMPERATURE, TOP_K = Sampling.temperature, Sampling.top_k
 DEFAULT_PROMPTS = {SHAKESPEARE: ["ROMEO:", "JULIET:"]}  # by data.dataset; other data: sample.py's (a new line)
 INSPECT_TOKENS = 64  # the attention grid stays readable (eval/figures.py labels at most 64 tokens an axis)
 INSPECT_DIR = "inspect"
+IMAGES = {"inspect/attention": "attention.png", "inspect/surprisal": "surprisal.png"}  # wandb key -> file of step-N/
+HTML_KEY, HTML_NAME = "inspect/surprisal_html", "surprisal.html"
+MAX_HTML_BYTES = 64 << 20  # a page of a few thousand tokens is ~1 MB
 
 
 def default_prompts(dataset: str) -> list[str]:
@@ -154,9 +158,9 @@ class Showcase:
         insp = inspect_tokens(r.trainer.model, self.tok, self.snippet, description=f"iter {r.state.iter}")
         if not r.par.is_main:
             return None
-        return insp, {"attention.png": figure_png(attention_figure(insp)),
-                      "surprisal.png": figure_png(surprisal_figure(insp)),
-                      "surprisal.html": surprisal_html(insp, f"Surprisal at iter {r.state.iter}").encode("utf-8")}
+        return insp, {IMAGES["inspect/attention"]: figure_png(attention_figure(insp)),
+                      IMAGES["inspect/surprisal"]: figure_png(surprisal_figure(insp)),
+                      HTML_NAME: surprisal_html(insp, f"Surprisal at iter {r.state.iter}").encode("utf-8")}
 
     def _log_inspection(self, r) -> dict[str, Any]:
         made = self.inspect(r)
@@ -174,10 +178,8 @@ class Showcase:
                     raise UserError(f"cannot write {folder / name} ({short_error(e)}); "
                                     f"{write_fix(e, 'set eval.inspect_interval=0')}, then rerun the same command to "
                                     "resume") from None
-        r.log.wandb.log_media(step, images={"inspect/attention": str(folder / "attention.png"),
-                                            "inspect/surprisal": str(folder / "surprisal.png")},
-                              html={"inspect/surprisal_html": pictures["surprisal.html"].decode("utf-8")},
-                              values={"inspect/bits_per_token": bits})
+        r.log.wandb.log_media(step, images={key: str(folder / name) for key, name in IMAGES.items()},
+                              html={HTML_KEY: pictures[HTML_NAME].decode("utf-8")}, values={"inspect/bits_per_token": bits})
         r.log.say(f"iter {step}: attention maps and surprisal of the val split's first {len(insp.ids)} tokens "
                   f"({bits:.3f} bits/token) in {folder}")
         return {"inspect/bits_per_token": bits}
@@ -215,3 +217,18 @@ def build_showcase(cfg: Config, tokenizer: dict) -> Showcase:
                         seed=cfg.train.seed, template=template)
     prompts = prompt_ids(tok, e.sample_prompts or default_prompts(cfg.data.dataset), given) if e.sample_interval else []
     return Showcase(tok=tok, prompts=prompts, tokens=e.sample_tokens, seed=cfg.train.seed)
+
+
+def replayed_media(out_dir: str | Path, record: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The pictures of a logged step still on disk (<out_dir>/inspect/step-N/), for wandb when it never got the
+    step (a kill -9 before wandb wrote it): (images: wandb key -> path, html: key -> text); none for a step that
+    drew no maps, or whose files are gone."""
+    if "inspect/bits_per_token" not in record:
+        return {}, {}
+    folder = Path(out_dir) / INSPECT_DIR / f"step-{record['iter']}"
+    images = {key: str(folder / name) for key, name in IMAGES.items() if (folder / name).is_file()}
+    try:
+        html = {HTML_KEY: read_at_most(folder / HTML_NAME, MAX_HTML_BYTES).decode("utf-8", "replace")}
+    except (OSError, TooLarge):
+        html = {}
+    return images, html

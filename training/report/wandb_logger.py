@@ -33,7 +33,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlparse
 
 import network
@@ -239,16 +239,19 @@ def sync_command(out_dir: str, run_id: str) -> str:
 class WandbLogger:
     def __init__(self, *, mode: str, project: str, run_name: str, run_id: str, out_dir: str,
                  config: dict[str, Any], active: bool = True, printer=print,
-                 history: Iterable[dict[str, Any]] | None = None) -> None:
+                 history: Iterable[dict[str, Any]] | None = None,
+                 media: Callable[[dict[str, Any]], tuple[dict[str, str], dict[str, str]]] | None = None) -> None:
         """active=False (ranks other than 0) makes every method a no-op. history: when resuming, the
         records of metrics.jsonl up to the checkpoint (each with its "iter", in step order; MetricsLog.resume_at's
-        KeptRecords, whose truth is whether there are any); those wandb lacks are sent first (see the module's docstring)."""
+        KeptRecords, whose truth is whether there are any); those wandb lacks are sent first (see the module's docstring),
+        with the pictures `media(record)` finds for them on disk ((images: key -> path, html: key -> text))."""
         self.run = None
         self.run_id = run_id
         self.out_dir = out_dir
         self.logged_through = -1  # the last step wandb has: later calls to log() for steps up to it are skipped
         self._pending: list = []  # the parts of the step being logged (end_step sends them in one call)
         self._pending_step = -1
+        self._media = media
         self._print = printer
         if not active:
             self.mode = "disabled"
@@ -302,6 +305,9 @@ class WandbLogger:
             if not isinstance(step, int) or step <= self.logged_through:
                 continue
             self.log({k: v for k, v in record.items() if k != "iter"}, step)
+            images, html = self._media(record) if self._media is not None else ({}, {})
+            if images or html:  # the step's pictures, still on disk (after a kill -9 wandb had none of the step)
+                self.log_media(step, images=images, html=html, values={})
             self.end_step()
             self.logged_through, sent, first = step, sent + 1, step if first is None else first
         if sent and self.run is not None:
