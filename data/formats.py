@@ -15,7 +15,7 @@ from fileio import json_loads
 
 from .compressed import READ_BYTES, decompressed, decompressed_size, open_bytes
 from .config import CHAT, DataConfig
-from .messages import take_conversation
+from .messages import lone_surrogate, take_conversation
 from .pieces import Piece, Source, doc_pieces, first_cut_after, split_off
 
 # JSON Lines are read a line at a time with the json module, not pyarrow: pyarrow's streaming JSON reader
@@ -88,8 +88,9 @@ def row_kind(cfg: DataConfig) -> RowKind:
     fld = cfg.text_field
 
     def take(value: Any, present: bool, pos: Any, advance: int) -> Iterator[Piece] | str:
-        if not isinstance(value, str) or not (value.isascii() or _encodes(value)):
-            return _why(value, fld, present)
+        at = lone_surrogate(value) if isinstance(value, str) else None
+        if not isinstance(value, str) or at:
+            return _why(value, fld, present, at)
         return doc_pieces(value, advance, pos, None)
 
     return RowKind(fld, take, False)
@@ -248,23 +249,14 @@ def text_fault_kind(why: str) -> str:
     return next((kind for kind, pattern in TEXT_FAULTS if pattern.match(why)), "other")
 
 
-def _encodes(text: str) -> bool:
-    try:  # JSON's "\ud800" escape: valid JSON, not text (the char and BPE tokenizers fail on it, GPT-2's replaces it)
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _why(value: Any, fld: str, present: bool) -> str:
+def _why(value: Any, fld: str, present: bool, surrogate: str | None = None) -> str:
     if not present:
         return f"it has no {fld!r} field (set data.text_field to the field holding the text)"
     if value is None:
         return f"its {fld!r} field is null, not text"
-    if isinstance(value, str):  # a lone surrogate (_encodes)
-        at = next(i for i, c in enumerate(value) if 0xD800 <= ord(c) <= 0xDFFF)
-        return (f"its {fld!r} field has a lone surrogate (\\u{ord(value[at]):04x} at character {at}), not text; "
-                "write the character itself or a surrogate pair")
+    if surrogate:
+        return (f"its {fld!r} field has a lone surrogate ({surrogate}), not text; write the character itself or a "
+                "surrogate pair")
     kind = type(value).__name__
     return f"its {fld!r} field is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not text"
 

@@ -47,6 +47,18 @@ KINDS = [(k, re.compile(p)) for k, p in (
 )]
 
 
+
+def lone_surrogate(text: str) -> str | None:
+    """Where `text` holds a lone surrogate, in words ("\\ud800 at character 4"); None for text. JSON's "\\ud800"
+    escape is valid JSON but no text: the char and BPE tokenizers fail on it, and GPT-2's replaces it with U+FFFD."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"\\u{ord(text[e.start]):04x} at character {e.start}"
+    return None
+
 def fault_kind(why: str) -> str:
     """The kind a bad row's fault is counted under (UNREADABLE for the faults of any row: broken JSON, ...)."""
     return next((kind for kind, pattern in KINDS if pattern.match(why)), UNREADABLE)
@@ -73,11 +85,10 @@ def message_fault(messages: Any, prompt: bool = False) -> str | None:
             return f"message {k} ({role}) has {what} as content, not text"
         if not content.strip():
             return f"message {k} ({role}) has empty content"
-        try:  # JSON's "\ud800" escape: valid JSON, not text; the char and BPE tokenizers fail on it
-            content.encode("utf-8")
-        except UnicodeEncodeError as e:
-            return (f"message {k} ({role}) has a lone surrogate (\\u{ord(content[e.start]):04x} at character "
-                    f"{e.start}) in its content, not text; write the character itself or a surrogate pair")
+        at = lone_surrogate(content)
+        if at:
+            return (f"message {k} ({role}) has a lone surrogate ({at}) in its content, not text; write the character "
+                    "itself or a surrogate pair")
     turns = list(messages)
     if turns and turns[0]["role"] == "system":
         turns = turns[1:]

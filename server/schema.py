@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from data.messages import lone_surrogate
+
 ROLES = ("system", "user", "assistant")
 MAX_STOP = 4
 # As sample.py's bounds: the logits (fp32) are divided by the temperature, and below 1e-4 a large logit
@@ -177,13 +179,11 @@ def _stops(value) -> tuple[str, ...]:
 
 
 def _text(value: str, where: str) -> str:
-    """`value`, or 400 where it holds a lone UTF-16 surrogate: JSON's "\\ud800" escape is valid JSON but not
-    text, and no tokenizer takes it (the char and BPE ones fail on it)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise _bad(where, f"holds a lone surrogate (\\u{ord(value[e.start]):04x} at character {e.start}), which is "
-                   "not text; send valid Unicode (a surrogate pair, or the character itself)") from None
+    """`value`, or 400 where it holds a lone UTF-16 surrogate (data.messages.lone_surrogate)."""
+    at = lone_surrogate(value)
+    if at:
+        raise _bad(where, f"holds a lone surrogate ({at}), which is not text; send valid Unicode (a surrogate pair, "
+                   "or the character itself)")
     return value
 
 
