@@ -164,8 +164,9 @@ def check_source(spec: str, **overrides: Any) -> dict[str, Any] | None:
         return None
     where = resolve_checkpoint_path(spec)
     ckpt = peek_checkpoint(where)
-    checked_model_config(ckpt["model_config"], where, **overrides)
-    if not is_sharded_checkpoint(where):  # its tensors are mapped: the model holds the file's pages, not copies
+    if is_sharded_checkpoint(where):  # its shards are read by the load
+        checked_model_config(ckpt["model_config"], where, **overrides)
+    else:  # its tensors are mapped: the model holds the file's pages, not copies (its config checked first)
         _check_finite(model_from_checkpoint(ckpt, where, **overrides), where)
     _check_entries(ckpt, where)
     return ckpt["tokenizer"]
