@@ -227,19 +227,26 @@ def check_window(state: Any) -> tuple[int, list[float], float]:
     return steps, [float(v) for v in sums], float(seconds)
 
 
+def saved_ranks(payload: dict[str, Any]) -> int | None:
+    """How many ranks wrote the checkpoint: its RNG entry holds a stream set a rank (None where it holds no list)."""
+    rng = payload.get("rng")
+    ranks = rng.get("ranks") if isinstance(rng, dict) else None
+    return len(ranks) if isinstance(ranks, list) else None
+
+
 def window_entry_problem(payload: dict[str, Any]) -> str | None:
     """The log window against the entries beside it (None: nothing wrong): no more steps than the run had taken,
     one loss sum for each rank that saved it (its RNG entry holds a stream set a rank), no more seconds than the
     run's. A hand-edited window that passes check_window alone would put a made-up train/loss in the next record."""
-    window, train, rng = payload.get("window"), payload.get("train"), payload.get("rng")
+    window, train = payload.get("window"), payload.get("train")
     if not isinstance(window, dict) or not isinstance(train, dict):
         return None  # (what is wrong with either is said where it is restored)
     steps, sums, seconds, done = window.get("steps"), window.get("loss_sums"), window.get("seconds"), train.get("iter")
     if type(steps) is int and type(done) is int and steps > done:
         return f"its {steps} step(s) are more than the {done} the run had taken"
-    ranks = rng.get("ranks") if isinstance(rng, dict) else None
-    if isinstance(sums, list) and sums and isinstance(ranks, list) and len(sums) != len(ranks):
-        return f"it holds {len(sums)} loss sum(s), one a rank, but {len(ranks)} rank(s) saved it"
+    ranks = saved_ranks(payload)
+    if isinstance(sums, list) and sums and ranks is not None and len(sums) != ranks:
+        return f"it holds {len(sums)} loss sum(s), one a rank, but {ranks} rank(s) saved it"
     elapsed = train.get("elapsed_s")
     if finite_number(seconds) and finite_number(elapsed) and elapsed > 0 and seconds > elapsed:
         return f"its {clipped(seconds)} s are more than the run's {clipped(elapsed)} s"

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from checkpoint.format import saved_ranks
 from errors import UserError, clipped
 
 from ..config.sections import Config, parse_duration
@@ -155,16 +156,15 @@ def resumed_ranks_notes(payload: dict[str, Any], cfg: Config, world_size: int) -
     """A resumed budget run keeps the schedule its budget fixed when it started (training/plan.py: bit for bit),
     timed on the ranks of then. On another number of ranks a step takes another time, so the kept length no longer
     fits the budget: said in one warning (found from outside: resumed on fewer ranks, the run went on far past its
-    budget without a word). The ranks that wrote the checkpoint are its RNG entry's (one stream set per rank)."""
-    rng, saved = payload.get("rng"), payload.get("plan")
-    ranks = rng.get("ranks") if isinstance(rng, dict) else None
+    budget without a word). The ranks that wrote the checkpoint: format.saved_ranks."""
+    saved, ranks = payload.get("plan"), saved_ranks(payload)
     if (not parse_duration(cfg.train.time_budget) or not isinstance(saved, dict) or "max_iters" not in saved
-            or not isinstance(ranks, list) or not ranks or len(ranks) == world_size):
+            or not ranks or ranks == world_size):  # (no ranks told: restoring the RNG entry says what is wrong)
         return []
     return [f"warning: train.time_budget={cfg.train.time_budget} fixed this run's length (max_iters "
             f"{clipped(saved['max_iters'])}) by timing its steps when it started, and a resume keeps it; the "
-            f"checkpoint was written on {len(ranks)} rank(s), this run has {world_size}, whose steps take another "
-            f"time, so it may end well before or past the budget: resume on {len(ranks)} rank(s) to keep to it, or "
+            f"checkpoint was written on {ranks} rank(s), this run has {world_size}, whose steps take another "
+            f"time, so it may end well before or past the budget: resume on {ranks} rank(s) to keep to it, or "
             "train into a new --train.out_dir (model.init_from set to this one) for a budget sized to these ranks"]
 
 
