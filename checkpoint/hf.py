@@ -14,7 +14,9 @@ import pickle
 import struct
 import warnings
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -88,14 +90,16 @@ def _weights_name(path: Path) -> str:
     raise FileNotFoundError(f"{path} holds none of model.safetensors, {INDEX_NAME} (sharded) or pytorch_model.bin")
 
 
-def _read_safetensors(path: Path, *, header_only: bool = False) -> dict[str, torch.Tensor] | None:
-    """The file's tensors; with `header_only` its header alone opened and checked (nothing returned)."""
-    try:
-        if header_only:
-            with safe_open(str(path), framework="pt") as f:
-                f.keys()
-            return None
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    with _safetensors_errors(path):
         return load_file(str(path))
+
+
+@contextmanager
+def _safetensors_errors(path: Path) -> Iterator[None]:
+    """safetensors' errors reading `path` as one ValueError naming it."""
+    try:
+        yield
     except SafetensorError as e:  # a truncated file, a header that is not safetensors' JSON, bad offsets
         raise ValueError(f"its {path.name} is damaged or not a safetensors file ({short_error(e, 80)})") from None
 
@@ -195,7 +199,8 @@ def check_pretrained(name_or_dir: str, **overrides) -> None:
     if Path(name_or_dir).is_dir():
         name = _weights_name(path)
         if name == "model.safetensors":
-            _read_safetensors(path / name, header_only=True)
+            with _safetensors_errors(path / name), safe_open(str(path / name), framework="pt"):
+                pass  # its header read and checked
         elif name != INDEX_NAME:
             _read_bin(path / name, mapped=True)
 
