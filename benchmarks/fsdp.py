@@ -95,7 +95,7 @@ def rank_main(parallel: str, shape: dict, warmup: int, iters: int, out: Path) ->
     gen = torch.Generator().manual_seed(par.rank)
     data = torch.randint(0, shape["vocab_size"], (shape["batch_size"], shape["block_size"] + 1), generator=gen)
     batches = [(data[:, :-1].contiguous(), data[:, 1:].contiguous())]
-    # train.py's chain: loss path, its product, shard (FSDP), optimizers, scaler, DDP
+    # the run's chain (training/builders.py): loss path, its product, shard (FSDP), optimizers, scaler, DDP
     trainer = build_trainer(cfg, par, device, model, RunPlan(), lambda micro: (_Batches(batches), {}),
                             say=lambda line: None)
     model, optimizers = trainer.model, trainer.step.optimizers

@@ -1,6 +1,6 @@
 """What bounds a small model's training step on a GPU: kernel launches, or the GPU's own work.
 
-Builds small.yaml's run with train.py's chain (training/builders.py's build_trainer; random tokens),
+Builds small.yaml's run with the run's chain (training/builders.py's build_trainer; random tokens),
 then for each way to run the step (eager: train.cuda_graph=false; graph: the step replayed as one CUDA
 graph, training/graphs/step.py, train.py's default on a GPU; compiled: train.compile=true) the wall time of
 a step (host-synced), the GPU's busy time in it and the kernels it launches (torch.profiler), the slowest

@@ -1,6 +1,6 @@
 """What Muon costs: one training step of shakespeare_char_modern's model and batch (read from its YAML, so
 the row follows the config) with Muon for the blocks' matrices, against the same step with AdamW for
-every parameter; both the step train.py runs, built by train.py's chain (training.builders.build_trainer),
+every parameter; both the step train.py runs, built by the run's chain (training.builders.build_trainer),
 interleaved in one process, from the same weights on the same batches, in the dtype train.py's auto
 picks. The targets (issue 20): a Muon step <= 1.5x an AdamW step where bf16 is emulated (AVX2 only,
 where Newton-Schulz runs in fp32), <= 1.3x where it is native.
@@ -42,7 +42,7 @@ def muon_vs_adamw(device: torch.device, *, warmup: int, iters: int, rounds: int,
             return batches[i % len(batches)]
 
     def build(kind: str, dtype: str):
-        """train.py's chain for this config with `kind`'s optimizer, from the same weights."""
+        """The run's chain for this config with `kind`'s optimizer, from the same weights."""
         run_cfg = load_config(["--config", CONFIG, f"--train.optimizer={kind}", f"--train.dtype={dtype}",
                                "--train.device=" + device.type] + (["--model.n_layer=1", "--train.batch_size=2"]
                                                                    if quick else []))

@@ -101,7 +101,7 @@ class GivenBatches:
 def trainer_for(shape: Shape, weights, device: torch.device, dtype: str, compiled: bool,
                 get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO,
                 float8: str = "off", par: Parallel | None = None) -> tuple[Trainer, RunPlan]:
-    """train.py's chain (training.builders.build_trainer) on the reference weights: the plan decides what
+    """The run's chain (training.builders.build_trainer) on the reference weights: the plan decides what
     train.py's would, then float8, compile, fused AdamW, GradScaler (fp16 only). A `loss_chunk_rows` given
     (to compare loss paths) replaces the chain's loss path afterwards, with the weight-gradient product
     measured for it, before the first step compiles."""
@@ -128,12 +128,12 @@ def no_fallback(line: str) -> None:
 def ours_step(shape: Shape, weights, device: torch.device, dtype: torch.dtype, compiled: bool,
               get_batch: Callable[[int], tuple], loss_chunk_rows: int | None | str = AUTO,
               float8: str = "off") -> Callable[[int], torch.Tensor]:
-    """train.py's step, built by train.py's chain (trainer_for)."""
+    """train.py's step, built by the run's chain (trainer_for)."""
     trainer, _ = trainer_for(shape, weights, device, dtype_name(dtype), compiled, get_batch, loss_chunk_rows, float8)
 
     def step(i: int, lr: float | None = None) -> torch.Tensor:
         if lr is not None:
-            apply_lr(trainer.step.optimizers, lr, LR)  # what train.py's loop does before each step
+            apply_lr(trainer.step.optimizers, lr, LR)  # what the training loop (training/loop.py) does before each step
         return trainer.step([get_batch(i)]).loss
     step.model, step.loss = trainer.model, trainer.step.loss  # for the loss check's evaluation
     return step

@@ -1,12 +1,12 @@
 """Faults injected around the real training step, for tests only: the user config has no test hooks.
 
     with inject(interrupt_after=5):   # as if Ctrl-C arrived during the 5th step of this process
-        train.train(cfg)
+        loop.train(cfg)
     with inject(nan_at=7):            # the weights diverge at step index 7: its loss is NaN
     with inject(crash_at=5):          # the process dies before step index 5 (no checkpoint written)
 
 Subprocess tests run `python tests/faults.py <train.py args>` (also under torchrun), which installs
-the same wrapper from the environment and then runs train.py's main:
+the same wrapper from the environment and then runs train.py's main (training/loop.py's):
     SMALLGPT_TEST_INTERRUPT_AFTER=k, SMALLGPT_TEST_NAN_AT=k   as above
     SMALLGPT_TEST_TERM_AFTER=k           SIGTERM this process in the loop's step to iter k (as a scheduler's
                                          stop would); the steps a time budget times first don't count
@@ -118,7 +118,7 @@ def inject(**faults):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    import train
+    from training import loop, set_up
     from errors import run_cli
 
     env = {k: int(os.environ[v]) for k, v in (("interrupt_after", "SMALLGPT_TEST_INTERRUPT_AFTER"),
@@ -129,7 +129,7 @@ if __name__ == "__main__":
 
     training.builders.train_step = wrap_step(training.builders.train_step, **env)
     if "SMALLGPT_TEST_TERM_AFTER" in os.environ:
-        term_after, real_step_at = int(os.environ["SMALLGPT_TEST_TERM_AFTER"]), train.step_at
+        term_after, real_step_at = int(os.environ["SMALLGPT_TEST_TERM_AFTER"]), loop.step_at
 
         def step_at(r, i, lr):  # the loop's step only: training/timing/budget.py times steps through its own import
             out = real_step_at(r, i, lr)
@@ -137,7 +137,7 @@ if __name__ == "__main__":
                 # the StopFlag stops the loop after this step (SMALLGPT_TEST_TERM_SIGNAL: another, e.g. SIGHUP)
                 os.kill(os.getpid(), getattr(signal, os.environ.get("SMALLGPT_TEST_TERM_SIGNAL", "SIGTERM")))
             return out
-        train.step_at = step_at
+        loop.step_at = step_at
     if os.environ.get("SMALLGPT_TEST_COMPILE_BACKEND"):
         import functools
         torch.compile = functools.partial(torch.compile, backend=os.environ["SMALLGPT_TEST_COMPILE_BACKEND"])
@@ -157,7 +157,7 @@ if __name__ == "__main__":
     if os.environ.get("SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY") and rank:
         def refuse(*a, **k):
             raise AssertionError(f"rank {rank} prepared data (or fingerprinted its source)")
-        train.prepare_data = refuse
+        set_up.prepare_data = refuse
         import data.build
         data.build.open_source = refuse
-    run_cli(lambda: train.main(argv))
+    run_cli(lambda: loop.main(argv))

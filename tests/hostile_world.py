@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable
 import pytest
 import torch
-import train
+from training.config.sections import load_config
+from training import loop
 from checkpoint import save_checkpoint
 from errors import run_cli
 from model import GPT, GPTConfig
@@ -144,9 +145,9 @@ def build_world(data_root: Path):
     root = Path(tempfile.mkdtemp(prefix="hx-", dir="/tmp" if Path("/tmp").is_dir() else None))
     run = root / "run"
     with contextlib.redirect_stdout(io.StringIO()):
-        train.train(train.load_config(train_argv(run, data_root, "--train.parallel=fsdp")))
+        loop.train(load_config(train_argv(run, data_root, "--train.parallel=fsdp")))
         single = root / "single"
-        train.train(train.load_config(train_argv(single, data_root)))
+        loop.train(load_config(train_argv(single, data_root)))
     gpt2 = root / "gpt2" / "ckpt.pt"
     tiny_gpt2_checkpoint(gpt2)
     item = {"ctx": "A man sits down.", "endings": ["He eats.", "He runs.", "It rains.", "She sings."], "label": 0}

@@ -6,13 +6,14 @@ import ast
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import checkpoint.resume
 from faults import inject
 from checkpoint import load_checkpoint
-from code_reading import ENTRY_SCRIPTS, ROOT, graph, imports_of, parsed, project_modules, reachable, resolve
+from code_reading import ENTRY_SCRIPTS, PACKAGES, ROOT, graph, imports_of, parsed, project_modules, reachable, resolve
 
 # imported inside functions on purpose: optional, heavy, or both; never needed on the main path
 OPTIONAL = {"wandb", "datasets", "transformers", "huggingface_hub", "matplotlib", "liger_kernel",
@@ -38,7 +39,8 @@ def test_import_graph_sees_the_known_edges():
     here would pass vacuously."""
     g = graph()
     assert "model.gpt" in g["checkpoint.load"] and "model.fused_ce" in g["runtime.loss_path"]
-    assert "training.step" in g["train"] and "training.parallel.distributed" in g["training.health"]
+    assert "training.step" in g["training.run"] and "training.set_up" in g["training.loop"]
+    assert "training.parallel.distributed" in g["training.loop"]
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
@@ -54,12 +56,50 @@ def test_inference_and_lower_layers_never_import_training(root):
     assert not any(bad.values()), bad
 
 
-def test_no_module_imports_an_entry_script():
-    """train.py, sample.py, bench.py, chat.py and serve.py are entry points: what two of them share (loading a
-    model, generating, the default prompt) lives in a package they import, never in one of them."""
-    g = graph()
-    offenders = {m: sorted(t for t in targets if t in ENTRY_SCRIPTS) for m, targets in g.items()}
-    assert not {m: t for m, t in offenders.items() if t}, offenders
+def python_files() -> dict[str, Path]:
+    """Every Python file of the repository, tests and benchmarks included (nanoGPT's own code under .anchors/
+    aside), as module name -> path."""
+    files = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[0].startswith(".") or "__pycache__" in parts:
+            continue
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def test_nothing_imports_an_entry_script():
+    """train.py, sample.py, bench.py, chat.py and serve.py are entry points: what they do lives in a package,
+    which the tests and the other entry points import; nothing imports a script, the tests included (a test
+    that imported one tested what a user never runs the way the user runs it, and kept the script fat)."""
+    files = python_files()
+    scripts = {name: ROOT / f"{name}.py" for name in ("train", "serve")}
+    importing = {m: sorted(t for t, _ in imports_of(m, p, scripts) if t in scripts) for m, p in files.items()}
+    offenders = {m: scripts for m, scripts in importing.items() if scripts}
+    assert not offenders, f"these import an entry script: {offenders}"
+
+
+@pytest.mark.parametrize("script", ("train", "serve"))
+def test_an_entry_script_parses_and_calls(script):
+    """An entry script is thin (the guide's "parse and call"): its docstring says how to run it, and its code
+    only starts a package's `main`: `import errors` (Ctrl-C during start-up is one line), one
+    `from <package>.<module> import main`, and `if __name__ == "__main__":` blocks that call errors' start-up
+    functions and `errors.run_cli(main, ...)`. No function, class or lambda of its own."""
+    tree = parsed(ROOT / f"{script}.py")
+    own = [getattr(n, "name", "a lambda") for n in ast.walk(tree)
+           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
+    assert not own, f"{script}.py defines {own}: move it into the package whose main it calls"
+    imports = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            imports += [f"{node.module}:{a.name}" for a in node.names]
+    mains = [i for i in imports if i.endswith(":main") and i.split(".")[0] in PACKAGES]
+    assert sorted(imports) == sorted(["errors", *mains]) and len(mains) == 1, f"{script}.py imports {imports}"
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert calls <= {"errors.quiet_interrupts", "errors.start_up_done", "errors.run_cli"}, calls
+    assert "errors.run_cli" in calls
 
 
 def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
@@ -116,7 +156,7 @@ def test_the_prepare_cli_imports_no_network_stack_or_pyarrow():
 
 
 def test_starting_a_cli_imports_no_compiler_fsdp_or_dcp():
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import train, sample, checkpoint.export, checkpoint.__main__; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import training.loop, sample, checkpoint.export, checkpoint.__main__; "
             "print([m for m in ('torch._dynamo', 'torch.distributed.checkpoint', 'torch.distributed.fsdp', "
             "'torch.distributed.tensor') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)

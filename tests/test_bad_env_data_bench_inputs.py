@@ -261,12 +261,12 @@ def test_a_missing_rendezvous_is_one_line_before_any_process_group(launch_env, m
 
 
 def test_train_refuses_bad_launch_variables_before_anything_is_written(launch_env, tmp_path):
-    import train
+    from training import loop
     from training.config.sections import load_config
 
     launch_env(WORLD_SIZE="abc", RANK=0)
     cfg = load_config([f"--train.out_dir={tmp_path / 'out'}", f"--data.root={tmp_path / 'data'}", "--wandb.mode=disabled"])
-    an_error_line(lambda: train.train(cfg), "WORLD_SIZE='abc'", "torchrun")
+    an_error_line(lambda: loop.train(cfg), "WORLD_SIZE='abc'", "torchrun")
     assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import train
+from training import loop
 import training.batch_size
 from checkpoint import load_checkpoint
 from errors import UserError
@@ -147,7 +147,7 @@ def test_a_global_batch_the_ranks_cannot_share_is_one_line(tmp_path, data_root, 
     with pytest.raises(UserError, match=r"^train.global_batch_size=18 is not divisible by the 4 ranks, so they cannot "
                                         r"share it; run on 1, 2, 3, 6, 9, 18 rank\(s\), or \(a new run\) set "
                                         r"train.global_batch_size to a multiple of 4$") as e:
-        train.train(load_config(_argv(tmp_path / "out", data_root, "--train.batch_size=auto",
+        loop.train(load_config(_argv(tmp_path / "out", data_root, "--train.batch_size=auto",
                                       "--train.global_batch_size=18")))
     assert "\n" not in str(e.value)
     check_world_size(_auto("--train.global_batch_size=16"), 4)  # 4 each
@@ -197,7 +197,7 @@ def test_an_auto_run_times_the_loss_product_for_the_micro_batch_it_chose(tmp_pat
     monkeypatch.setattr(training.builders, "choose_weight_grad_product",
                         lambda device, **kw: asked.append(kw) or ("torch.mm", ""))
     _inject(monkeypatch, 10, [])  # 8 sequences fit
-    train.train(load_config(_argv(tmp_path / "out", data_root, *AUTO, "--data.tokenizer=gpt2", "--train.max_iters=2")))
+    loop.train(load_config(_argv(tmp_path / "out", data_root, *AUTO, "--data.tokenizer=gpt2", "--train.max_iters=2")))
     assert [(k["rows"], k["chunks"]) for k in asked] == [(8 * 32, 1)]  # once, for 8 sequences of 32 tokens
 
 
@@ -206,7 +206,7 @@ def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_l
     # 16 sequences per step on 1 rank: divisors 1, 2, 4, 8, 16; m GiB against 90% of 10 GiB: 8 fits, 16 does not
     calls = []
     _inject(monkeypatch, 10, calls)
-    full = train.train(load_config(_argv(tmp_path / "full", data_root, *AUTO)))
+    full = loop.train(load_config(_argv(tmp_path / "full", data_root, *AUTO)))
     assert calls and max(calls) == 16 and 8 in calls
     out = capsys.readouterr().out
     assert ("batch_size auto: 8 x 32 tokens per micro-step, 2 micro-steps (global 16 sequences), peak 8.0 GiB of 10.0 GiB "
@@ -217,17 +217,17 @@ def test_an_auto_run_trains_as_the_batch_it_chose_and_resumes_it_under_another_l
     assert ck["config"]["train"]["batch_size"] == "auto"  # the config as the user wrote it
 
     # the same run written out by hand: batch_size 8, 2 micro-steps
-    by_hand = train.train(load_config(_argv(tmp_path / "by_hand", data_root, "--train.batch_size=8",
+    by_hand = loop.train(load_config(_argv(tmp_path / "by_hand", data_root, "--train.batch_size=8",
                                             "--train.grad_accum_steps=2")))
     assert by_hand["losses"] == full["losses"]
 
     calls.clear()
     with inject(interrupt_after=5):
-        part1 = train.train(load_config(_argv(tmp_path / "resumed", data_root, *AUTO)))
+        part1 = loop.train(load_config(_argv(tmp_path / "resumed", data_root, *AUTO)))
     assert part1["iter"] == 5 and calls
     capsys.readouterr()
     _inject(monkeypatch, 100)  # now 16 would fit; the resumed run must keep 8 and not measure
-    part2 = train.train(load_config(_argv(tmp_path / "resumed", data_root, *AUTO)))
+    part2 = loop.train(load_config(_argv(tmp_path / "resumed", data_root, *AUTO)))
     out = capsys.readouterr().out
     assert "batch_size auto: 8 x 32 tokens per micro-step" in out and "(decided when this run started)" in out
     assert {**part1["losses"], **part2["losses"]} == full["losses"]

@@ -73,9 +73,9 @@ def _argv(out, data_root, *extra):
 
 
 def _run(out, data_root, *extra):
-    import train
+    from training import loop
 
-    return train.train(load_config(_argv(out, data_root, *extra)))
+    return loop.train(load_config(_argv(out, data_root, *extra)))
 
 
 def test_a_budget_run_interrupted_and_resumed_ends_bitwise_equal_to_an_uninterrupted_one(tmp_path, data_root, monkeypatch,

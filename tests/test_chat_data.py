@@ -258,14 +258,14 @@ def test_a_text_source_as_chat_and_a_bad_format_are_one_line(tmp_path):
 
 
 def test_train_py_refuses_a_bad_conversation_row_in_one_line(tmp_path):
-    import train
+    from training import loop
     from training.config.sections import load_config
 
     path = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVS[0]}, {"messages": [{"role": "user", "content": 3}]}])
     cfg = load_config([f"--train.out_dir={tmp_path / 'out'}", f"--data.root={tmp_path / 'data'}", f"--data.dataset={path}",
                        "--data.format=chat", "--wandb.mode=disabled"])
     with pytest.raises(UserError) as e:
-        train.train(cfg)
+        loop.train(cfg)
     assert str(e.value).startswith(f"{path}, row 2: message 1 (user) has a int as content, not text;"), str(e.value)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sample
-import train
+from training import loop
 from checkpoint import load_model
 from training.config.sections import load_config
 
@@ -64,7 +64,7 @@ def test_an_old_run_resumes_where_it_stopped(tmp_path):
     out = tmp_path / "old-run"
     out.mkdir()
     shutil.copy(FIXTURE, out / "ckpt.pt")
-    res = train.train(load_config([*FIXTURE_ARGV, f"--train.out_dir={out}", f"--data.root={root}",
+    res = loop.train(load_config([*FIXTURE_ARGV, f"--train.out_dir={out}", f"--data.root={root}",
                                    "--train.max_iters=5", "--train.log_interval=1"]))
     assert sorted(res["losses"]) == [4, 5]  # iters 1-3 came from the old run
     assert res["iter"] == 5
@@ -86,7 +86,7 @@ def test_a_format_3_run_resumes_bit_for_bit_as_it_would_have_gone_on(tmp_path):
     out = tmp_path / "v3-run"
     out.mkdir()
     shutil.copy(FIXTURE_V3, out / "ckpt.pt")
-    res = train.train(load_config([*V3_ARGV, f"--train.out_dir={out}", f"--data.root={root}"]))
+    res = loop.train(load_config([*V3_ARGV, f"--train.out_dir={out}", f"--data.root={root}"]))
     after = torch.load(V3_AFTER, map_location="cpu", weights_only=True)
     assert res["iter"] == after["iter"] == 6
     assert {i: res["losses"][i] for i in (4, 5, 6)} == {i: after["losses"][i] for i in (4, 5, 6)}
@@ -116,7 +116,7 @@ def test_a_resumed_run_says_when_its_clock_starts_at_the_resume(tmp_path, capsys
     out.mkdir()
     v2 = torch.load(FIXTURE, map_location="cpu", weights_only=True)
     torch.save(version_1_of(v2), out / "ckpt.pt")
-    res = train.train(load_config([*FIXTURE_ARGV, f"--train.out_dir={out}", f"--data.root={root}",
+    res = loop.train(load_config([*FIXTURE_ARGV, f"--train.out_dir={out}", f"--data.root={root}",
                                    "--train.max_iters=4"]))
     assert res["iter"] == 4
     assert "did not record the wall time of its 3 steps" in capsys.readouterr().out

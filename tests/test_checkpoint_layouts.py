@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import train
+from training import loop
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from errors import UserError
 from model import GPT, GPTConfig
@@ -99,7 +99,7 @@ def test_resuming_and_fine_tuning_from_odd_tensors_is_the_run_from_the_same_valu
     ends = {}
     for name in ("plain", "edited"):
         run(tmp_path / name, data_root, "--train.max_iters=6", "--train.eval_interval=6")  # the resume
-        train.train(load_config(tiny_argv(tmp_path / f"{name}_ft", data_root, "--train.max_iters=2",
+        loop.train(load_config(tiny_argv(tmp_path / f"{name}_ft", data_root, "--train.max_iters=2",
                                           "--train.eval_interval=2", f"--model.init_from={tmp_path / name}")))
         ends[name] = [load_checkpoint(tmp_path / n)["model"] for n in (name, f"{name}_ft")]
     for plain_end, edited_end in zip(ends["plain"], ends["edited"]):

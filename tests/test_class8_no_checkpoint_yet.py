@@ -13,7 +13,8 @@ import re
 import pytest
 
 import checkpoint.checkpointer
-import train
+from training.config.sections import load_config
+from training import loop
 from errors import run_cli
 from faults import inject
 from tiny_runs import tiny_argv
@@ -36,7 +37,7 @@ def test_class_the_line_after_a_stop_before_any_checkpoint_names_every_file_and_
     if cause == "disk full":
         monkeypatch.setattr(checkpoint.checkpointer, "save_checkpoint", no_space_for_ckpt)
     with inject(**({"nan_at": 2} if cause == "diverged" else {})), pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: train.main(argv))
+        run_cli(lambda: loop.main(argv))
     monkeypatch.undo()
     errors = [line for line in re.split(r"[\r\n]", capsys.readouterr().err) if line.startswith("error:")]
     assert stopped.value.code == 2 and len(errors) == 1, errors
@@ -47,4 +48,4 @@ def test_class_the_line_after_a_stop_before_any_checkpoint_names_every_file_and_
     assert sorted(moved) == [str(out / name) for name in left], errors[0]
     for i, path in enumerate(moved):  # as the line says
         (out / path).rename(tmp_path / f"away{i}")
-    assert train.train(train.load_config(argv))["iter"] == 4
+    assert loop.train(load_config(argv))["iter"] == 4

@@ -209,14 +209,14 @@ def test_the_export_of_a_trained_bpe_loads_in_transformers_and_encodes_like_ours
 
 
 def test_a_run_on_a_trained_bpe_keeps_it_in_the_checkpoint_and_sample_py_speaks_it(bpe_dir, tmp_path, capsys):
-    import train
+    from training import loop
     import sample
     from errors import run_cli
     from checkpoint import load_checkpoint
     from training.config.sections import load_config
 
     out = tmp_path / "out"
-    train.train(load_config([
+    loop.train(load_config([
         f"--data.dataset={bpe_dir.parent.parent / 'ru.jsonl'}", "--data.tokenizer=bpe:600", "--data.val_fraction=0.2",
         f"--data.root={bpe_dir.parent}", f"--train.out_dir={out}", "--model.n_layer=1", "--model.n_head=2",
         "--model.n_embd=16", "--model.block_size=16", "--train.batch_size=2", "--train.max_iters=2",

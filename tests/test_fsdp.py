@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import sample
-import train
+from training import loop
 from checkpoint import load_checkpoint, load_model
 from checkpoint.__main__ import consolidate
 from errors import UserError, run_cli
@@ -46,7 +46,7 @@ def argv(out: Path, data_root: Path, *extra: str) -> list[str]:
 
 def one_process(args: list[str], **faults) -> dict:
     with inject(**faults):
-        return train.train(load_config(args))
+        return loop.train(load_config(args))
 
 
 def weights(out) -> dict[str, torch.Tensor]:
@@ -239,7 +239,7 @@ def test_a_world_size_that_cannot_keep_the_global_batch_is_refused_in_one_line(t
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(UserError) as e:
-        train.train(load_config(argv(tmp_path / "out", data_root, "--train.grad_accum_steps=4")))
+        loop.train(load_config(argv(tmp_path / "out", data_root, "--train.grad_accum_steps=4")))
     msg = str(e.value)
     assert "\n" not in msg and "not divisible by the 3 ranks" in msg
     assert "run on 1, 2, 4 rank(s)" in msg and "multiple of 3" in msg

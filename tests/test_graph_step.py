@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-import train
+from training import loop
 from cuda_graphs import FakeGraph, HostReads
 from checkpoint import load_checkpoint
 from model import GPT, GPTConfig
@@ -161,9 +161,9 @@ def test_a_run_with_the_graphed_step_trains_as_the_eager_run(capture, tmp_path, 
                 "--wandb.mode=disabled", *extra]
 
     def runs(name):  # a budget large enough to keep max_iters (its timing steps, then puts all back); a resume
-        budget = train.train(load_config(argv(tmp_path / f"{name}-budget", 8, "--train.time_budget=1h")))
-        train.train(load_config(argv(tmp_path / name, 5)))
-        return budget, train.train(load_config(argv(tmp_path / name, 10)))
+        budget = loop.train(load_config(argv(tmp_path / f"{name}-budget", 8, "--train.time_budget=1h")))
+        loop.train(load_config(argv(tmp_path / name, 5)))
+        return budget, loop.train(load_config(argv(tmp_path / name, 10)))
 
     eager = runs("eager")
     monkeypatch.setattr(builders, "step_graph_for", lambda *a: Decision(True, "graphed (forced by the test)"))

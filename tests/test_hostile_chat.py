@@ -159,7 +159,7 @@ def test_a_plain_models_advice_to_fine_tune_it_runs_as_written(tmp_path, capsys,
     import shlex
 
     import chat as chat_script
-    import train
+    from training import loop
     from data.tasks import write_jsonl
     from errors import run_cli
     from training.config.sections import load_config
@@ -185,7 +185,7 @@ def test_a_plain_models_advice_to_fine_tune_it_runs_as_written(tmp_path, capsys,
         f"--data.root={tmp_path / 'prepared'}", f"--train.out_dir={tmp_path / 'sft'}", "--train.max_iters=1",
         "--train.eval_interval=1", "--train.eval_iters=1", "--train.batch_size=2", "--data.val_fraction=0.3",
         "--train.device=cpu", "--train.dtype=float32", "--wandb.mode=disabled"]
-    train.train(load_config(argv))
+    loop.train(load_config(argv))
     assert "chat_template" in torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=True)
 
 

@@ -363,7 +363,7 @@ def test_a_stray_checkpoint_or_meta_json_above_or_below_does_not_make_a_folder_m
 def test_a_start_refused_after_the_claim_leaves_no_marker_behind(tmp_path, data_root):
     """train.py claims (and marks) its out_dir before the data: a refusal then (here data.root inside the
     out_dir) removes the marker again, so the folder is not a hidden obstacle for the next run."""
-    import train
+    from training import loop
     from training.config.sections import load_config
 
     out = tmp_path / "work"
@@ -371,7 +371,7 @@ def test_a_start_refused_after_the_claim_leaves_no_marker_behind(tmp_path, data_
             "--model.n_layer=1", "--model.n_head=2", "--model.n_embd=16", "--model.block_size=16",
             "--train.max_iters=1", "--wandb.mode=disabled"]
     with pytest.raises(UserError, match="lies inside"):
-        train.train(load_config(argv))
+        loop.train(load_config(argv))
     assert not (out / ownership.MARKER).exists()
     claim(out / "run")  # nothing marks `work` now: an out_dir below it is fine
 

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import train
+from training import loop
 from checkpoint import load_checkpoint
 from data import DataConfig, prepare_data
 from data.chat_loader import ChatBatchLoader
@@ -211,7 +211,7 @@ def tasks(tmp_path_factory) -> Path:
     write_jsonl(d / "train.jsonl", train_rows)
     write_jsonl(d / "heldout.jsonl", heldout)
     (d / "pretrain.txt").write_text(pretrain_text(1500), encoding="utf-8")
-    train.train(load_config(base_argv(d) + ["--train.max_iters=60"]))
+    loop.train(load_config(base_argv(d) + ["--train.max_iters=60"]))
     return d
 
 
@@ -234,7 +234,7 @@ def sft_argv(d: Path, out: Path, *extra: str) -> list[str]:
 def test_fine_tuning_grows_the_vocabulary_records_the_template_and_samples_chat_replies(tasks, tmp_path):
     base = load_checkpoint(tasks / "base")["model"]["transformer.wte.weight"]
     assert base.shape[0] == len(ALPHABET) + 1  # the chars and eot: no room for the markers
-    res = train.train(load_config(sft_argv(tasks, tmp_path / "sft", "--train.max_iters=2", "--train.lr=0",
+    res = loop.train(load_config(sft_argv(tasks, tmp_path / "sft", "--train.max_iters=2", "--train.lr=0",
                                            "--train.min_lr=0", "--eval.sample_interval=2", "--eval.sample_tokens=4")))
     ck = load_checkpoint(tmp_path / "sft")
     wte = ck["model"]["transformer.wte.weight"]
@@ -249,14 +249,14 @@ def test_fine_tuning_grows_the_vocabulary_records_the_template_and_samples_chat_
 
 def test_a_kill_9_and_rerun_is_bitwise_the_uninterrupted_fine_tune(tasks, tmp_path):
     common = ("--train.max_iters=6", "--train.checkpoint_interval=2", "--model.dropout=0.1")
-    full = train.train(load_config(sft_argv(tasks, tmp_path / "full", *common)))
+    full = loop.train(load_config(sft_argv(tasks, tmp_path / "full", *common)))
     out = tmp_path / "killed"
     killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *sft_argv(tasks, out, *common)],
                             env={**__import__("os").environ, **ENV_ONE_THREAD, "SMALLGPT_TEST_KILL_AFTER": "5"},
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert load_checkpoint(out)["train"]["iter"] == 4
-    resumed = train.train(load_config(sft_argv(tasks, out, *common)))
+    resumed = loop.train(load_config(sft_argv(tasks, out, *common)))
     assert resumed["losses"][6] == full["losses"][6]
     a, b = load_checkpoint(tmp_path / "full")["model"], load_checkpoint(out)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -278,7 +278,7 @@ def test_fine_tuning_hf_gpt2_weights_grows_its_vocabulary_to_the_markers(tmp_pat
             f"--train.out_dir={tmp_path / 'out'}", "--train.max_iters=1", "--train.batch_size=2",
             "--train.eval_iters=1", "--train.dtype=float32", "--train.device=cpu", "--train.peak_flops=1e11",
             "--wandb.mode=disabled"]
-    train.train(load_config(argv))
+    loop.train(load_config(argv))
     ck = load_checkpoint(tmp_path / "out")
     from safetensors.torch import load_file
 
@@ -295,7 +295,7 @@ def test_it_learns_what_it_is_taught(tasks, tmp_path):
 
     rows = read_rows(tasks / "heldout.jsonl")
     before = score(*load_chat_model(str(tasks / "base"))[:3], rows)
-    train.train(load_config(sft_argv(tasks, tmp_path / "sft", f"--train.max_iters={LEARN_STEPS}", "--train.lr=3e-3",
+    loop.train(load_config(sft_argv(tasks, tmp_path / "sft", f"--train.max_iters={LEARN_STEPS}", "--train.lr=3e-3",
                                      "--train.batch_size=32", "--train.log_interval=100")))
     after = score(*load_chat_model(str(tmp_path / "sft"))[:3], rows)
     # measured on a 2-core EPYC: 0% -> 21% (count 75%: the kind learnt first); docs/chat.md's full run reaches the rest

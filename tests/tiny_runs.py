@@ -1,5 +1,5 @@
 """The tiny training run the end-to-end tests share: a 2-layer, 32-wide char model on the session's
-prepared data (conftest's data_root), trained in-process by train.train or in a subprocess."""
+prepared data (conftest's data_root), trained in-process by loop.train or in a subprocess."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import train
+from training import loop
 from training.config.sections import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def tiny_argv(out_dir: Path, data_root: Path, *extra: str) -> list[str]:
 
 
 def run(out_dir: Path, data_root: Path, *extra: str) -> dict:
-    return train.train(load_config(tiny_argv(out_dir, data_root, *extra)))
+    return loop.train(load_config(tiny_argv(out_dir, data_root, *extra)))
 
 
 def sub_env() -> dict:

@@ -1,5 +1,5 @@
 """The parts of a training run, one builder each (torchtitan's shape), and the one chain that joins the
-model to its training step. train.py's set_up calls it, and so does every benchmark that times a step,
+model to its training step. training/set_up.py's set_up calls it, and so does every benchmark that times a step,
 so what a benchmark times is what train.py runs.
 
     check_memory(cfg, vocab_size, resume, device, par)   # refuse what can't fit, before allocating

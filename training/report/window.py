@@ -5,7 +5,7 @@ A stop inside a window (a signal, a dead launcher) logs nothing partial: the che
 far ("window": checkpoint.format.check_window's fields), and the resumed run's first record completes it. So
 an interrupted and resumed run's metrics.jsonl has the uninterrupted run's records, at the same steps, with
 the same train/loss (bitwise where the weights are). Each rank sums its own losses and the record averages
-the ranks' means (train.py's log_step): every rank's sum is saved, and each rank gets its own back; resumed
+the ranks' means (training/loop.py's log_step): every rank's sum is saved, and each rank gets its own back; resumed
 on another number of ranks each starts from the mean of the saved sums, which keeps the ranks' average. The
 window's wall seconds so far are saved too and carried over, so its tokens/s counts every step of it, and
 neither the downtime nor the resumed run's set-up.
