@@ -420,7 +420,8 @@ def endless_chat_checkpoint(path, block_size: int):
 def test_the_page_forgets_a_cleared_reply_and_keeps_the_conversation_when_a_message_is_too_long(tmp_path):
     """Found from outside (in Chromium): "clear" during a streaming reply brought the cleared exchange back into the
     next request; and a message too long on its own deleted the whole conversation (each retry had left out an
-    exchange for good). The reference: the requests the page sends, recorded by a wrapper of its fetch."""
+    exchange for good). And a max tokens box at 0 or -5 sent the default without a word. The reference: the
+    requests the page sends, recorded by a wrapper of its fetch."""
     server = Server(endless_chat_checkpoint(tmp_path / "endless.pt", 512))
     browser = Browser(server.url + "/", tmp_path / "profile")
     sent = "window.sent.map(b => b.messages.map(m => m.role + ':' + m.content.slice(0, 12)))"
@@ -448,10 +449,23 @@ def test_the_page_forgets_a_cleared_reply_and_keeps_the_conversation_when_a_mess
         browser.press_enter()
         assert browser.wait_for(f"({done})(3)") == "done"
         requests = browser.eval(sent)
+        boxes, settings = [], []  # out-of-range settings: sent as the nearest bound, blank ones as the defaults
+        for n, (tokens, temperature) in enumerate([("0", "5"), ("-5", "-1"), ("", "")], start=4):
+            browser.eval(f"document.getElementById('max_tokens').value = '{tokens}'; "
+                         f"document.getElementById('temperature').value = '{temperature}'; "
+                         "document.getElementById('input').focus()")
+            browser.type_text("settings " + "abc"[n - 4])
+            browser.press_enter()
+            assert browser.wait_for(f"({done})({n})") == "done", browser.eval("document.body.innerText")
+            boxes.append(browser.eval("['max_tokens', 'temperature'].map(i => document.getElementById(i).value)"))
+            settings.append(browser.eval("[window.sent.at(-1).max_tokens, window.sent.at(-1).temperature]"))
         shown = browser.eval("[...document.querySelectorAll('.msg')].map(b => b.className).join()")
     finally:
         browser.close()
         server.stop()
+    # the defaults: the page's 256 tokens (under the server's 512-token limit), the box's temperature 0.8
+    assert settings == [[1, 2], [1, 0], [256, 0.8]], settings
+    assert boxes == [["1", "2"], ["1", "0"], ["256", "0.8"]], boxes  # the boxes show what was sent
     assert requests[1] == ["user:second"], requests  # nothing of the cleared exchange
     assert requests[2] == ["user:second", "assistant:aaa", "user:third"], requests
     # the too-long message (one try, then its retries without each exchange) left the conversation as it was
