@@ -42,8 +42,8 @@ def test_import_graph_sees_the_known_edges():
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
-@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "serve",
-                                  "server"])
+@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "inference",
+                                  "serve", "server"])
 def test_inference_and_lower_layers_never_import_training(root):
     g = graph()
     starts = [m for m in g if m == root or m.startswith(root + ".")]
@@ -116,7 +116,8 @@ def test_the_prepare_cli_imports_no_network_stack_or_pyarrow():
 
 
 def test_starting_a_cli_imports_no_compiler_fsdp_or_dcp():
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import train, sample, checkpoint.export, checkpoint.__main__; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import train, inference.sample_cli, inference.chat_cli, checkpoint.export, checkpoint.__main__; "
             "print([m for m in ('torch._dynamo', 'torch.distributed.checkpoint', 'torch.distributed.fsdp', "
             "'torch.distributed.tensor') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ from errors import UserError
 import benchmarks.decode
 import benchmarks.train
 import model.generate
-import sample
+from inference import sample_cli
 import training.builders
 import training.step
 from runtime.loss_path import LMLoss, choose_loss_chunk_rows
@@ -96,10 +96,10 @@ def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monke
         return wrapped
 
     assert training.builders.train_step is training.step.train_step  # the chain's step (build_trainer)
-    assert benchmarks.decode.setup_decoding is sample.setup_decoding
+    assert benchmarks.decode.setup_decoding is sample_cli.setup_decoding
     assert benchmarks.decode.generate is model.generate.generate
     monkeypatch.setattr(training.builders, "train_step", counting("step", training.step.train_step))
-    monkeypatch.setattr(benchmarks.decode, "setup_decoding", counting("setup", sample.setup_decoding))
+    monkeypatch.setattr(benchmarks.decode, "setup_decoding", counting("setup", sample_cli.setup_decoding))
     monkeypatch.setattr(benchmarks.decode, "generate", counting("generate", model.generate.generate))
     assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--only", "decode", "--iters", "2"]) == 0
     dtypes = 1 + cpu_native_bf16()  # fp32, and bf16 where native

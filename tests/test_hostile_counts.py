@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 import bench
-import sample
+from inference import sample_cli
 from errors import UserError
 
 from hostile_world import SAMPLE_FAST, run_entry
@@ -62,14 +62,14 @@ def test_sample_number_options_are_bounded_and_refused_before_loading(world, cap
 
     def built(*a, **k):
         raise Built
-    monkeypatch.setattr(sample, "load_for_inference", built)
+    monkeypatch.setattr(sample_cli, "load_for_inference", built)
     try:
-        code, _, err = run_entry(sample.main, argv, capsys)
+        code, _, err = run_entry(sample_cli.main, argv, capsys)
     except Built:  # accepted: its work is bounded, and a cheap one runs to finite text
         assert sample_work_is_bounded(option, text), (option, text)
         monkeypatch.undo()
         if cheap(option, text):
-            code, out, err = run_entry(sample.main, argv, capsys)
+            code, out, err = run_entry(sample_cli.main, argv, capsys)
             # the default prompt "\n", then text (several samples: each under its separator line)
             assert code == 0 and out.startswith(("\n", "---------- sample 1/")) and "nan" not in out, (code, err)
         return
@@ -122,7 +122,7 @@ def test_bench_number_options_are_bounded_and_refused_before_measuring(option, d
 def test_the_issues_counts_are_refused_in_one_line(world, capsys):
     """The reported cases themselves: sample.py --num-samples 1e23 (written out: argparse refuses the
     float text), bench.py --new-tokens 1e14."""
-    code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--num-samples", str(10**23)], capsys)
+    code, _, err = run_entry(sample_cli.main, ["--checkpoint", world.ckpt, "--num-samples", str(10**23)], capsys)
     an_error_line(code, err, "--num-samples", "at most")
     with pytest.raises(UserError, match="--new-tokens must be at most"):
         bench.parse_args(["--new-tokens", str(10**14)])

@@ -31,7 +31,7 @@ import pytest
 
 import bench
 import eval.hellaswag as hellaswag
-import sample
+from inference import sample_cli
 import train
 from checkpoint import load_checkpoint
 from checkpoint.__main__ import main as checkpoint_main
@@ -106,10 +106,10 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {
-    "sample --checkpoint": Option(sample.main, lambda p, w, t: ["--checkpoint", p, *SAMPLE_FAST], name="ckpt.pt"),
-    "sample --prompt-file": Option(sample.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--prompt-file", p,
+    "sample --checkpoint": Option(sample_cli.main, lambda p, w, t: ["--checkpoint", p, *SAMPLE_FAST], name="ckpt.pt"),
+    "sample --prompt-file": Option(sample_cli.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--prompt-file", p,
                                                                  *SAMPLE_FAST]),
-    "sample --out": Option(sample.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--out", p, *SAMPLE_FAST],
+    "sample --out": Option(sample_cli.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--out", p, *SAMPLE_FAST],
                            output=True, loads=lambda f: f.read_text().startswith("\n"), name="samples.txt"),
     "consolidate SOURCE": Option(checkpoint_main, lambda p, w, t: ["consolidate", p, "--out", t / "one.pt"]),
     "consolidate --out": Option(checkpoint_main, lambda p, w, t: ["consolidate", w.run / "ckpt.dcp", "--out", p],
@@ -225,5 +225,5 @@ def test_unreadable_inputs_are_one_line(world, tmp_path, capsys):
     path = tmp_path / "prompt.txt"
     path.write_text("hear")
     path.chmod(0)
-    code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--prompt-file", path, *SAMPLE_FAST], capsys)
+    code, _, err = run_entry(sample_cli.main, ["--checkpoint", world.ckpt, "--prompt-file", path, *SAMPLE_FAST], capsys)
     an_error_line(code, err, str(path))

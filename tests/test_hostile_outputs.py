@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import bench
-import sample
+from inference import sample_cli
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 from checkpoint import claim_out_dir
@@ -48,15 +48,15 @@ def _run(t: Path) -> Path:
 
 
 CASES = {
-    "sample.py --out .metadata": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
+    "sample.py --out .metadata": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
                                   "run/ckpt.dcp", ".metadata"),
-    "sample.py --out a shard": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
+    "sample.py --out a shard": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
                                 "run/ckpt.dcp", "__0_0.distcp"),
-    "sample.py --out state.pt": (sample.main, lambda o, t: ["--checkpoint", _run(t) / "ckpt.dcp", "--out", o,
+    "sample.py --out state.pt": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t) / "ckpt.dcp", "--out", o,
                                                             *SAMPLE_FAST], "run/ckpt.dcp", "state.pt"),
-    "sample.py --out new in ckpt.dcp": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
+    "sample.py --out new in ckpt.dcp": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
                                         "run/ckpt.dcp", "samples.txt"),
-    "sample.py --out the prompt file": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--prompt-file",
+    "sample.py --out the prompt file": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--prompt-file",
                                                                    t / "prompt.txt", "--out", o, *SAMPLE_FAST],
                                         "prompt.txt", ""),
     "consolidate --out state.pt": (checkpoint_main, lambda o, t: ["consolidate", _run(t) / "ckpt.dcp", "--out", o],
@@ -168,7 +168,7 @@ def test_a_fifo_with_a_reader_gets_the_whole_output(tmp_path):
     a probe that closed it would hand the reader an end of file before any text came (it read nothing)."""
     import threading
 
-    import sample
+    from inference import sample_cli
     from errors import run_cli
     from sample_runs import make_char_checkpoint
 
@@ -180,7 +180,7 @@ def test_a_fifo_with_a_reader_gets_the_whole_output(tmp_path):
     reader.start()
     time.sleep(0.2)  # the reader has the FIFO open
     with pytest.raises(SystemExit) as e:
-        run_cli(lambda: sample.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "8",
+        run_cli(lambda: sample_cli.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "8",
                                      "--num-samples", "2", "--out", str(fifo)]))
     assert e.value.code == 0
     reader.join(timeout=30)
