@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
-import bench
+from benchmarks import cli as bench_cli
 from inference import chat_cli
 import eval.chat_tasks as chat_tasks
 import eval.hellaswag as hellaswag
@@ -42,7 +42,7 @@ PARSERS: dict[str, tuple[Callable[[], argparse.ArgumentParser], Main]] = {
     "python -m eval.inspect": (inspect_cli.build_parser, inspect_cli.main),
     "python -m eval.hellaswag": (hellaswag.build_parser, hellaswag.main),
     "python -m training.plot": (plot.build_parser, plot.main),
-    "bench.py": (bench.build_parser, bench.main),
+    "bench.py": (bench_cli.build_parser, bench_cli.main),
     "python -m checkpoint": (checkpoint_cli.build_parser, checkpoint_cli.main),
     "python -m checkpoint.export": (export_cli.build_parser, export_cli.main),
     "python -m data.prepare": (prepare_cli.build_parser, prepare_cli.main),
@@ -138,7 +138,7 @@ WRITERS: list[Writer] = [
     Writer("eval.inspect --out", inspect_cli.main,
            lambda o, w: ["--checkpoint", w.ckpt, "--text", "hear me", "--out", o], "folder"),
     Writer("training.plot --out", plot.main, lambda o, w: [w.run, "--out", o], "file", file_name="curves.png"),
-    Writer("bench.py --json", bench.main, lambda o, w: ["--device", "cpu", "--quick", "--only", "loss", "--json", o],
+    Writer("bench.py --json", bench_cli.main, lambda o, w: ["--device", "cpu", "--quick", "--only", "loss", "--json", o],
            "file"),
     Writer("checkpoint consolidate --out", checkpoint_cli.main,
            lambda o, w: ["consolidate", w.run / "ckpt.dcp", "--out", o], "file"),

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
+from benchmarks import cli as bench_cli
 import eval.hellaswag as hellaswag
 import eval.inspect as inspect_cli
 from inference import sample_cli
@@ -51,7 +51,7 @@ from model import GPT, GPTConfig
 from training import plot
 
 COMMANDS = all_commands()
-ENTRIES = {("train.py",): train.main, ("sample.py",): sample_cli.main, ("bench.py",): bench.main,
+ENTRIES = {("train.py",): train.main, ("sample.py",): sample_cli.main, ("bench.py",): bench_cli.main,
            ("-m", "eval.inspect"): inspect_cli.main, ("-m", "eval.hellaswag"): hellaswag.main,
            ("-m", "checkpoint.export"): export_cli.main, ("-m", "checkpoint"): checkpoint_cli.main,
            ("-m", "training.plot"): plot.main, ("-m", "data.prepare"): prepare_cli.main}

@@ -33,7 +33,7 @@ ENTRIES = {
     "python -m checkpoint --help": ("checkpoint.__main__", ["--help"]),
     "python -m checkpoint.export --help": ("checkpoint.export", ["--help"]),
     "python -m training.plot --help": ("training.plot", ["--help"]),
-    "bench.py --help": ("bench", ["--help"]),
+    "bench.py --help": ("benchmarks.cli", ["--help"]),
     "tests/matrix.py --list": ("matrix", ["--list"]),
 }
 

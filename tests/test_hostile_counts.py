@@ -13,7 +13,7 @@ import os
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-import bench
+from benchmarks import cli as bench_cli
 from inference import sample_cli
 from errors import UserError
 
@@ -112,7 +112,7 @@ def test_bench_number_options_are_bounded_and_refused_before_measuring(option, d
     values = int_values() if option in BENCH_INTS else float_values() if option in BENCH_FLOATS else int_lists()
     text = data.draw(values)
     try:
-        args = bench.parse_args(["--device", "cpu", f"{option}={text}"])
+        args = bench_cli.parse_args(["--device", "cpu", f"{option}={text}"])
     except UserError as e:
         assert "\n" not in str(e) and (option in str(e) or "argument" in str(e)), str(e)
         return
@@ -125,8 +125,8 @@ def test_the_issues_counts_are_refused_in_one_line(world, capsys):
     code, _, err = run_entry(sample_cli.main, ["--checkpoint", world.ckpt, "--num-samples", str(10**23)], capsys)
     an_error_line(code, err, "--num-samples", "at most")
     with pytest.raises(UserError, match="--new-tokens must be at most"):
-        bench.parse_args(["--new-tokens", str(10**14)])
+        bench_cli.parse_args(["--new-tokens", str(10**14)])
     with pytest.raises(UserError, match="--batch-sizes takes positive integers or 'max'"):
-        bench.parse_args(["--batch-sizes", "16,²"])  # "²".isdigit(), but int("²") raised ValueError
+        bench_cli.parse_args(["--batch-sizes", "16,²"])  # "²".isdigit(), but int("²") raised ValueError
 
 

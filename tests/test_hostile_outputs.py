@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import bench
+from benchmarks import cli as bench_cli
 from inference import sample_cli
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
@@ -73,7 +73,7 @@ CASES = {
     "training.plot --out its metrics file": (plot.main, lambda o, t: [t / "m.svg", "--out", o], "m.svg", ""),
     "data.prepare --root in its source folder": (prepare_main, lambda o, t: [
         "--dataset", t / "corpus", "--tokenizer", "char", "--root", o, "--no-progress"], "corpus", "prepared"),
-    "bench.py --json a --budget-configs file": (bench.parse_args, lambda o, t: [
+    "bench.py --json a --budget-configs file": (bench_cli.parse_args, lambda o, t: [
         "--json", o, "--budget-configs", t / "cfg.yaml"], "cfg.yaml", ""),
 }
 SPELLINGS = ("direct", "detour", "symlink", "hard link")
@@ -116,7 +116,7 @@ def test_an_output_is_never_an_input_or_inside_one(world, tmp_path_factory, caps
     victim = t / victim
     out = spell(how, victim / inside if inside else victim, t)
     before = tree(victim)
-    code, _, err = run_entry(main if main is not bench.parse_args else (lambda a: bench.parse_args(a) and 0),
+    code, _, err = run_entry(main if main is not bench_cli.parse_args else (lambda a: bench_cli.parse_args(a) and 0),
                              argv(out, t), capsys)
     an_error_line(code, err, out.name)
     assert tree(victim) == before
