@@ -70,6 +70,26 @@ def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
     assert {name for name, _ in found} == {"chat", "sample", "serve"}
 
 
+@pytest.mark.parametrize("script", ["sample", "chat", "serve", "bench"])
+def test_a_thin_entry_script_only_starts_its_command(script):
+    """Entry points are thin: the script holds its command's usage (the docstring) and runs the `main` of the
+    module that holds the command with errors.run_cli, Ctrl-C quiet (errors.quiet_interrupts) until that heavy
+    import is done (errors.start_up_done); no code of its own, and no test imports it either. Before: sample.py
+    (385 lines), chat.py and bench.py held their commands, and twenty test modules imported them."""
+    path = ROOT / f"{script}.py"
+    tree = parsed(path)
+    assert not [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    imported = {name for name, _ in imports_of(script, path, project_modules())}
+    assert "errors" in imported and len(imported) == 2, imported  # errors, and the module whose main it runs
+    calls = sorted((n.lineno, ast.unparse(n.func)) for n in ast.walk(tree) if isinstance(n, ast.Call))
+    assert [c for _, c in calls] == ["errors.quiet_interrupts", "errors.start_up_done", "errors.run_cli"], calls
+    heavy = next(n.lineno for n in tree.body if isinstance(n, ast.ImportFrom) and n.module != "__future__")
+    assert calls[0][0] < heavy < calls[1][0]
+    importers = [p.name for p in sorted((ROOT / "tests").glob("*.py"))
+                 if imports_of(f"tests.{p.stem}", p, {script: path})]
+    assert not importers, f"{script}.py is run, never imported: import its command's module instead ({importers})"
+
+
 def test_model_imports_nothing_from_data_and_data_nothing_from_model():
     g = graph()
     for low, high in (("model", "data"), ("data", "model"), ("runtime", "data")):
