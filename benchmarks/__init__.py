@@ -17,4 +17,6 @@ train.py runs) against a plain baseline measured in the same process; report.py 
     auto_batch.py   train.batch_size auto on an emulated smaller GPU (CUDA)
     pool_prepare.py the baseline of the corpus row (--only corpus)
     report.py    the table and the text around it
+    cli.py       bench.py's options, checked before anything is measured, and its main
+    suite.py     the run: every section asked for, the report printed and written to --json
 """

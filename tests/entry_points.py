@@ -5,8 +5,8 @@ marked path=True), and what each writes (its output option, and the kind of fold
 A new entry point adds one row to PARSERS (every entry point) and, if it writes, one to WRITERS: the class
 tests then cover it. E.g. on merging chat.py and serve.py:
 
-    PARSERS["chat.py"] = (chat.build_parser, chat.main)
-    WRITERS.append(Writer("chat.py --save", chat.main, lambda out, w: ["--checkpoint", w.ckpt, "--save", out], "file"))
+    PARSERS["chat.py"] = (chat_cli.build_parser, chat_cli.main)
+    WRITERS.append(Writer("chat.py --save", chat_cli.main, lambda out, w: ["--checkpoint", w.ckpt, "--save", out], "file"))
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
-import bench
-import chat
+from benchmarks import cli as bench_cli
+from inference import chat_cli
 import eval.chat_tasks as chat_tasks
 import eval.hellaswag as hellaswag
 import eval.inspect as inspect_cli
-import sample
+from inference import sample_cli
 from training import loop
 from checkpoint import __main__ as checkpoint_cli
 from checkpoint import export as export_cli
@@ -38,15 +38,15 @@ Main = Callable[[list[str]], "int | None"]
 
 # entry point -> (its argparse parser, its main): every path option is found in the parser
 PARSERS: dict[str, tuple[Callable[[], argparse.ArgumentParser], Main]] = {
-    "sample.py": (sample.build_parser, sample.main),
+    "sample.py": (sample_cli.build_parser, sample_cli.main),
     "python -m eval.inspect": (inspect_cli.build_parser, inspect_cli.main),
     "python -m eval.hellaswag": (hellaswag.build_parser, hellaswag.main),
     "python -m training.plot": (plot.build_parser, plot.main),
-    "bench.py": (bench.build_parser, bench.main),
+    "bench.py": (bench_cli.build_parser, bench_cli.main),
     "python -m checkpoint": (checkpoint_cli.build_parser, checkpoint_cli.main),
     "python -m checkpoint.export": (export_cli.build_parser, export_cli.main),
     "python -m data.prepare": (prepare_cli.build_parser, prepare_cli.main),
-    "chat.py": (chat.build_parser, chat.main),
+    "chat.py": (chat_cli.build_parser, chat_cli.main),
     "serve.py": (serve_cli.build_parser, serve_cli.main),  # (serve.py is the thin entry to server/cli.py)
     "python -m data.tasks": (tasks_cli.build_parser, tasks_cli.main),
     "python -m eval.chat_tasks": (chat_tasks.build_parser, chat_tasks.main),
@@ -134,11 +134,11 @@ class Writer:
 
 
 WRITERS: list[Writer] = [
-    Writer("sample.py --out", sample.main, lambda o, w: ["--checkpoint", w.ckpt, "--out", o, *SAMPLE_FAST], "file"),
+    Writer("sample.py --out", sample_cli.main, lambda o, w: ["--checkpoint", w.ckpt, "--out", o, *SAMPLE_FAST], "file"),
     Writer("eval.inspect --out", inspect_cli.main,
            lambda o, w: ["--checkpoint", w.ckpt, "--text", "hear me", "--out", o], "folder"),
     Writer("training.plot --out", plot.main, lambda o, w: [w.run, "--out", o], "file", file_name="curves.png"),
-    Writer("bench.py --json", bench.main, lambda o, w: ["--device", "cpu", "--quick", "--only", "loss", "--json", o],
+    Writer("bench.py --json", bench_cli.main, lambda o, w: ["--device", "cpu", "--quick", "--only", "loss", "--json", o],
            "file"),
     Writer("checkpoint consolidate --out", checkpoint_cli.main,
            lambda o, w: ["consolidate", w.run / "ckpt.dcp", "--out", o], "file"),

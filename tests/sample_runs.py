@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 import pytest
 import torch
-import sample
+from inference import sample_cli
 from errors import run_cli
 from model import GPT, GPTConfig
 from checkpoint import save_checkpoint
@@ -40,6 +40,6 @@ def make_char_checkpoint(path: Path, seed: int = 0) -> GPT:
 def run(argv, capsys):
     """sample.py in-process through run_cli -> (exit code, stdout, stderr)."""
     with pytest.raises(SystemExit) as exc:
-        run_cli(lambda: sample.main([str(a) for a in argv]))
+        run_cli(lambda: sample_cli.main([str(a) for a in argv]))
     out, err = capsys.readouterr()
     return exc.value.code, out, err

@@ -44,8 +44,8 @@ def test_import_graph_sees_the_known_edges():
     assert "data.build" in g["data"] and "fileio" in g["data.build"]
 
 
-@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "serve",
-                                  "server"])
+@pytest.mark.parametrize("root", ["model", "checkpoint", "data", "runtime", "eval", "sample", "chat", "inference",
+                                  "serve", "server"])
 def test_inference_and_lower_layers_never_import_training(root):
     g = graph()
     starts = [m for m in g if m == root or m.startswith(root + ".")]
@@ -73,33 +73,10 @@ def test_nothing_imports_an_entry_script():
     which the tests and the other entry points import; nothing imports a script, the tests included (a test
     that imported one tested what a user never runs the way the user runs it, and kept the script fat)."""
     files = python_files()
-    scripts = {name: ROOT / f"{name}.py" for name in ("train", "serve")}
+    scripts = {name: ROOT / f"{name}.py" for name in ENTRY_SCRIPTS}
     importing = {m: sorted(t for t, _ in imports_of(m, p, scripts) if t in scripts) for m, p in files.items()}
     offenders = {m: scripts for m, scripts in importing.items() if scripts}
     assert not offenders, f"these import an entry script: {offenders}"
-
-
-@pytest.mark.parametrize("script", ("train", "serve"))
-def test_an_entry_script_parses_and_calls(script):
-    """An entry script is thin (the guide's "parse and call"): its docstring says how to run it, and its code
-    only starts a package's `main`: `import errors` (Ctrl-C during start-up is one line), one
-    `from <package>.<module> import main`, and `if __name__ == "__main__":` blocks that call errors' start-up
-    functions and `errors.run_cli(main, ...)`. No function, class or lambda of its own."""
-    tree = parsed(ROOT / f"{script}.py")
-    own = [getattr(n, "name", "a lambda") for n in ast.walk(tree)
-           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
-    assert not own, f"{script}.py defines {own}: move it into the package whose main it calls"
-    imports = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imports += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            imports += [f"{node.module}:{a.name}" for a in node.names]
-    mains = [i for i in imports if i.endswith(":main") and i.split(".")[0] in PACKAGES]
-    assert sorted(imports) == sorted(["errors", *mains]) and len(mains) == 1, f"{script}.py imports {imports}"
-    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    assert calls <= {"errors.quiet_interrupts", "errors.start_up_done", "errors.run_cli"}, calls
-    assert "errors.run_cli" in calls
 
 
 def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
@@ -108,6 +85,31 @@ def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
     f.write_text("import chat\nfrom sample import DEFAULT_PROMPT\n\ndef f():\n    import serve\n")
     found = imports_of("training.report.showcase", f, {"chat": f, "sample": f, "serve": f})
     assert {name for name, _ in found} == {"chat", "sample", "serve"}
+
+
+@pytest.mark.parametrize("script", ENTRY_SCRIPTS)
+def test_a_thin_entry_script_only_starts_its_command(script):
+    """Entry points are thin ("parse and call"): the script holds its command's usage (the docstring) and runs
+    the `main` of the package module that holds the command with errors.run_cli, Ctrl-C quiet
+    (errors.quiet_interrupts) until that heavy import is done (errors.start_up_done); no function, class or
+    lambda of its own. Before: train.py (403 lines: the chain and the loop), sample.py (385), chat.py and
+    bench.py held their commands, and some thirty test modules imported them."""
+    tree = parsed(ROOT / f"{script}.py")
+    own = [getattr(n, "name", "a lambda") for n in ast.walk(tree)
+           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
+    assert not own, f"{script}.py defines {own}: move it into the package whose main it runs"
+    imports = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            imports += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            imports += [f"{node.module}:{a.name}" for a in node.names]
+    mains = [i for i in imports if i.endswith(":main") and i.split(".")[0] in PACKAGES]
+    assert len(mains) == 1 and sorted(imports) == sorted(["errors", *mains]), f"{script}.py imports {imports}"
+    calls = sorted((n.lineno, ast.unparse(n.func)) for n in ast.walk(tree) if isinstance(n, ast.Call))
+    assert [c for _, c in calls] == ["errors.quiet_interrupts", "errors.start_up_done", "errors.run_cli"], calls
+    heavy = next(n.lineno for n in tree.body if isinstance(n, ast.ImportFrom) and n.module != "__future__")
+    assert calls[0][0] < heavy < calls[1][0]
 
 
 def test_model_imports_nothing_from_data_and_data_nothing_from_model():
@@ -156,7 +158,8 @@ def test_the_prepare_cli_imports_no_network_stack_or_pyarrow():
 
 
 def test_starting_a_cli_imports_no_compiler_fsdp_or_dcp():
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import training.loop, sample, checkpoint.export, checkpoint.__main__; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import training.loop, inference.sample_cli, inference.chat_cli, checkpoint.export, checkpoint.__main__; "
             "print([m for m in ('torch._dynamo', 'torch.distributed.checkpoint', 'torch.distributed.fsdp', "
             "'torch.distributed.tensor') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
-from errors import UserError
+from errors import UserError, run_cli
+import benchmarks.cli
 import benchmarks.decode
+import benchmarks.suite
 import benchmarks.train
 import model.generate
-import sample
+from inference import sample_cli
 import training.builders
 import training.step
 from runtime.loss_path import LMLoss, choose_loss_chunk_rows
@@ -28,7 +29,7 @@ def test_bench_quick_smoke(tmp_path, capsys):
     out_json = tmp_path / "bench.json"
     # the smallest run that still builds every row: 1 timed step per training row, no warm-up,
     # the tiny decode model, no HF (--quick), prepare once, no loss check
-    assert bench.main([*QUICK, "--device", "cpu", "--skip", "loss", "--json", str(out_json)]) == 0
+    assert benchmarks.cli.main([*QUICK, "--device", "cpu", "--skip", "loss", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
 
     for line in ("machine:", "peaks (MFU is against these)", "dtype auto ->", "peak RSS", "other processes kept"):
@@ -70,7 +71,7 @@ def test_bench_loss_check_runs_and_its_rerun_of_the_baseline_is_bitwise_equal_on
     batches: on a CPU every op is deterministic, so the re-run's per-step losses equal the baseline's bit for
     bit (no first differing step) and its val loss to the last bit; --loss-deterministic is on for the check only."""
     out_json = tmp_path / "bench.json"
-    assert bench.main([*QUICK, "--device", "cpu", "--only", "loss", "--loss-steps", "3", "--loss-noise-runs", "1",
+    assert benchmarks.cli.main([*QUICK, "--device", "cpu", "--only", "loss", "--loss-steps", "3", "--loss-noise-runs", "1",
                        "--loss-deterministic", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "same loss after 3 steps" in out and "the baseline run again: +0.0000" in out
@@ -96,12 +97,12 @@ def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monke
         return wrapped
 
     assert training.builders.train_step is training.step.train_step  # the chain's step (build_trainer)
-    assert benchmarks.decode.setup_decoding is sample.setup_decoding
+    assert benchmarks.decode.setup_decoding is sample_cli.setup_decoding
     assert benchmarks.decode.generate is model.generate.generate
     monkeypatch.setattr(training.builders, "train_step", counting("step", training.step.train_step))
-    monkeypatch.setattr(benchmarks.decode, "setup_decoding", counting("setup", sample.setup_decoding))
+    monkeypatch.setattr(benchmarks.decode, "setup_decoding", counting("setup", sample_cli.setup_decoding))
     monkeypatch.setattr(benchmarks.decode, "generate", counting("generate", model.generate.generate))
-    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--only", "decode", "--iters", "2"]) == 0
+    assert benchmarks.cli.main([*QUICK, "--device", "cpu", "--only", "train", "--only", "decode", "--iters", "2"]) == 0
     dtypes = 1 + cpu_native_bf16()  # fp32, and bf16 where native
     # 2 shapes x the precisions x (2 timed steps), no warm-up
     assert calls["step"] == 2 * dtypes * 2
@@ -122,29 +123,31 @@ def test_bench_isa_avx2_reruns_the_sections_in_a_child_under_the_avx2_variables(
             json.dump({"machine": {"cpu_capability": "AVX2"}}, f)
         return type("Done", (), {"returncode": 0})()
 
-    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(benchmarks.suite.subprocess, "run", fake_run)
     out_json = tmp_path / "b.json"
     argv = [*QUICK, "--device", "cpu", "--only", "muon", "--isa-avx2", "--json", str(out_json)]
-    assert bench.main(argv) == 0
+    assert benchmarks.cli.main(argv) == 0
     assert seen["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2" and seen["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
     assert "--isa-avx2" not in seen["cmd"] and str(out_json) not in seen["cmd"] and "muon" in seen["cmd"]
+    # the child runs the script (benchmarks/ has no __main__)
+    assert seen["cmd"][1] == str(Path(benchmarks.cli.__file__).resolve().parents[1] / "bench.py")
     assert "under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2" in capsys.readouterr().out
     assert json.loads(out_json.read_text())["isa_avx2"] == {"machine": {"cpu_capability": "AVX2"}}
 
 
 def test_bench_bad_option_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
-        bench.run_cli(lambda: bench.main(["--iters", "0"]))
+        run_cli(lambda: benchmarks.cli.main(["--iters", "0"]))
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --iters must be >= 1, got 0"
     with pytest.raises(SystemExit):
-        bench.run_cli(lambda: bench.main(["--loss-chunks", "64,lots"]))
+        run_cli(lambda: benchmarks.cli.main(["--loss-chunks", "64,lots"]))
     assert capsys.readouterr().err.strip() == ("error: --loss-chunks must be positive row counts separated by commas, "
                                                "e.g. 64,256; got '64,lots'")
     for recipes, words in (("fp8", "--float8 takes recipes from tensorwise, rowwise"),
                            ("tensorwise", "leave out --float8")):  # this CPU has no float8 tensor cores
         with pytest.raises(SystemExit):
-            bench.run_cli(lambda: bench.main(["--device", "cpu", "--float8", recipes]))
+            run_cli(lambda: benchmarks.cli.main(["--device", "cpu", "--float8", recipes]))
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and words in err, err
 
@@ -208,11 +211,11 @@ def test_nanogpts_own_train_py_failing_or_missing_is_one_line(tmp_path, capsys):
     with pytest.raises(UserError, match=r"has neither train.bin nor the prepare.py that makes it; pass a whole nanoGPT"):
         nanogpt_own.check_dir(bare)
     with pytest.raises(SystemExit):  # nothing to compare it with
-        bench.run_cli(lambda: bench.main(["--device", "cpu", "--only", "muon", "--nanogpt-dir", str(broken)]))
+        run_cli(lambda: benchmarks.cli.main(["--device", "cpu", "--only", "muon", "--nanogpt-dir", str(broken)]))
     assert capsys.readouterr().err.strip() == ("error: --nanogpt-dir compares nanoGPT's own train.py with the train "
                                                "section's BPE rows; add --only train")
     with pytest.raises(SystemExit) as e:  # refused before any measuring
-        bench.run_cli(lambda: bench.main(["--device", "cpu", "--nanogpt-dir", str(tmp_path / "nowhere")]))
+        run_cli(lambda: benchmarks.cli.main(["--device", "cpu", "--nanogpt-dir", str(tmp_path / "nowhere")]))
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err
     assert err == (f"error: --nanogpt-dir {tmp_path / 'nowhere'}: no nanoGPT checkout there (train.py and model.py); "
@@ -225,26 +228,27 @@ def test_the_bpe_rows_are_compared_with_nanogpts_own_step_by_hand():
             {"section": "BPE train", "precision": "bfloat16", "compiled": False, "ours": 200.0, "speedup": 1.6,
              "ours_mfu": 0.4, "auto": True}]
     later = [{**rows[1], "ours": 400.0, "name": "loss chunks of 64"}, {**rows[1], "ours": 150.0, "compiled": True}]
-    tg = bench.targets({"rows": rows + later, "nanogpt_own": {"median_ms": 450.0}})
+    tg = benchmarks.suite.targets({"rows": rows + later, "nanogpt_own": {"median_ms": 450.0}})
     # auto's row is the first eager one in its dtype (train.py's loss path), not a later variant's
     assert tg["bpe_fp32"]["speedup_own"] == 1.8 and tg["bpe_auto"] == {"precision": "bfloat16", "speedup_own": 2.25}
-    assert "speedup_own" not in bench.targets({"rows": rows})["bpe_fp32"]
+    assert "speedup_own" not in benchmarks.suite.targets({"rows": rows})["bpe_fp32"]
 
 
 def test_the_floor_under_the_bpe_step_leaves_half_nanogpts_step_minus_the_head_products_by_hand():
     rows = [{"section": "BPE train", "precision": "float32", "compiled": False, "ours": 250.0, "speedup": 1.3,
              "ours_mfu": 0.7, "auto": True}]
-    tg = bench.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0, "head_floor": {"total_ms": 170.0}}})
+    tg = benchmarks.suite.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0, "head_floor": {"total_ms": 170.0}}})
     # 2.0x of 450 ms is 225 ms; the head's products take 170 of it, 55 are left; ours spends 80 on the rest
     assert tg["bpe_fp32"]["head_floor"] == {"needed_ms": 225.0, "head_ms": 170.0, "left_ms": 55.0, "rest_ms": 80.0}
-    assert "head_floor" not in bench.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0}})["bpe_fp32"]
+    assert "head_floor" not in benchmarks.suite.targets({"rows": rows, "nanogpt_own": {"median_ms": 450.0}})["bpe_fp32"]
 
 
 def test_bench_prints_nanogpts_own_step_the_floor_under_ours_and_other_loss_chunk_sizes(tmp_path, capsys):
     """One run of the training rows (they take seconds each) for both: nanoGPT's own step and the floor under
     ours; and --loss-chunks' rows, on the BPE shape only."""
     d = _fake_nanogpt(tmp_path, [400.0] * 101)
-    assert bench.main([*QUICK, "--device", "cpu", "--only", "train", "--nanogpt-dir", str(d), "--loss-chunks", "64"]) == 0
+    assert benchmarks.cli.main([*QUICK, "--device", "cpu", "--only", "train", "--nanogpt-dir", str(d),
+                                "--loss-chunks", "64"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"nanoGPT's own train.py \(.*, the median of iterations 20-100\): 400.0 ms a step; ours fp32 "
                      r"\d+\.\d\dx \(target >= 2.0x\)", out), out
@@ -365,9 +369,10 @@ def test_profile_puts_the_head_the_blocks_and_the_optimizer_in_their_buckets_and
     (["--vocabs", "0"], "--vocabs takes positive integers"),
 ])
 def test_bench_options_are_checked_before_anything_is_measured(argv, words, capsys, monkeypatch):
-    monkeypatch.setattr(bench, "resolve_device", lambda *a, **k: pytest.fail("measured before checking the options"))
+    monkeypatch.setattr(benchmarks.suite, "resolve_device",
+                        lambda *a, **k: pytest.fail("measured before checking the options"))
     with pytest.raises(SystemExit) as e:
-        bench.run_cli(lambda: bench.main(argv))
+        run_cli(lambda: benchmarks.cli.main(argv))
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
 
@@ -379,7 +384,7 @@ def test_an_interrupted_or_killed_bench_leaves_no_temp_folder(tmp_path, monkeypa
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     # SIGTERM inside the block: turned into KeyboardInterrupt, the folder is removed
     with pytest.raises(KeyboardInterrupt):
-        with bench.bench_temp_dir() as tmp:
+        with benchmarks.suite.bench_temp_dir() as tmp:
             (Path(tmp) / "x.bin").write_bytes(b"x")
             os.kill(os.getpid(), sig.SIGTERM)
     assert not list(tmp_path.glob("smallgpt-bench-*"))
@@ -388,7 +393,7 @@ def test_an_interrupted_or_killed_bench_leaves_no_temp_folder(tmp_path, monkeypa
     (dead / "data").mkdir(parents=True)
     live = tmp_path / f"smallgpt-bench-{os.getppid()}-0-efgh"
     live.mkdir()
-    with bench.bench_temp_dir():
+    with benchmarks.suite.bench_temp_dir():
         pass
     assert not dead.exists() and live.exists()
 

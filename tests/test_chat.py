@@ -116,14 +116,15 @@ def test_commands_and_bad_lines_are_one_line_each_and_the_chat_goes_on(chat_ckpt
 
 
 def run_in_process(args, stdin: bytes, capsys, monkeypatch):
-    """chat.py's main through run_cli, in this process (no start-up cost) -> (exit code, stdout, stderr)."""
+    """chat.py's main (inference/chat_cli.py) through run_cli, in this process (no start-up cost) -> (exit code,
+    stdout, stderr)."""
     sys.path.insert(0, str(ROOT))
-    import chat as chat_script
+    from inference import chat_cli
     from errors import run_cli
 
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
     with pytest.raises(SystemExit) as exc:
-        run_cli(lambda: chat_script.main([str(a) for a in args]))
+        run_cli(lambda: chat_cli.main([str(a) for a in args]))
     out, err = capsys.readouterr()
     return exc.value.code, out, err
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import sample
+from inference import sample_cli
 from training import loop
 from checkpoint import load_model
+from errors import run_cli
 from training.config.sections import load_config
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "ckpt_v2_char.pt"
@@ -51,7 +52,7 @@ def test_an_old_checkpoint_samples_greedily_like_an_uncached_loop(capsys):
             idx = torch.cat([idx, loaded.model(idx[:, -16:])[:, -1].argmax(-1, keepdim=True)], dim=1)
     expected = "".join(chars[i] for i in idx[0].tolist())
     with pytest.raises(SystemExit) as ei:
-        sample.run_cli(lambda: sample.main(["--checkpoint", str(FIXTURE), "--temperature", "0", "--max-new-tokens",
+        run_cli(lambda: sample_cli.main(["--checkpoint", str(FIXTURE), "--temperature", "0", "--max-new-tokens",
                                             "10", "--dtype", "float32", "--device", "cpu"]))
     assert ei.value.code == 0
     assert capsys.readouterr().out == expected + "\n"

@@ -35,10 +35,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
+from benchmarks import cli as bench_cli
 import eval.hellaswag as hellaswag
 import eval.inspect as inspect_cli
-import sample
+from inference import sample_cli
 from training import loop
 from checkpoint import __main__ as checkpoint_cli
 from checkpoint import export as export_cli
@@ -51,7 +51,7 @@ from model import GPT, GPTConfig
 from training import plot
 
 COMMANDS = all_commands()
-ENTRIES = {("train.py",): loop.main, ("sample.py",): sample.main, ("bench.py",): bench.main,
+ENTRIES = {("train.py",): loop.main, ("sample.py",): sample_cli.main, ("bench.py",): bench_cli.main,
            ("-m", "eval.inspect"): inspect_cli.main, ("-m", "eval.hellaswag"): hellaswag.main,
            ("-m", "checkpoint.export"): export_cli.main, ("-m", "checkpoint"): checkpoint_cli.main,
            ("-m", "training.plot"): plot.main, ("-m", "data.prepare"): prepare_cli.main}
@@ -135,7 +135,7 @@ def substituted(cmd) -> tuple[object, list[str]]:
             if main is loop.main and "--help" not in args:
                 config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
                 args = train_argv(args, f"out/doc-{Path(cmd.doc).stem}-{cmd.line}", config)
-            if main is sample.main:
+            if main is sample_cli.main:
                 args = [a for i, a in enumerate(args) if a not in SAMPLE_TINY and (not i or args[i - 1] not in SAMPLE_TINY)]
                 args += [w for kv in SAMPLE_TINY.items() for w in kv]
             return main, args

@@ -131,7 +131,7 @@ def test_class7_a_hub_style_name_that_is_no_path_says_which_hub_names_are_read(e
     import importlib
 
     monkeypatch.chdir(tmp_path)
-    mains = {"sample.py": ("sample", ["--checkpoint"]), "chat.py": ("chat", ["--checkpoint"]),
+    mains = {"sample.py": ("inference.sample_cli", ["--checkpoint"]), "chat.py": ("inference.chat_cli", ["--checkpoint"]),
              "eval.inspect": ("eval.inspect", ["--text", "x", "--out", str(tmp_path / "i"), "--checkpoint"]),
              "checkpoint.export": ("checkpoint.export", ["--out", str(tmp_path / "e"), "--checkpoint"])}
     for name, words in (("someorg/some-model", ("only GPT-2's models are read", "openai-community/")),

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = {
     "train.py --help": ("train", ["--help"]),
     "train.py --print-config": ("train", ["--print-config"]),
-    "sample.py --help": ("sample", ["--help"]),
-    "chat.py --help": ("chat", ["--help"]),
+    "sample.py --help": ("inference.sample_cli", ["--help"]),
+    "chat.py --help": ("inference.chat_cli", ["--help"]),
     "serve.py --help": ("server.cli", ["--help"]),
     "python -m data.prepare --help": ("data.prepare", ["--help"]),
     "python -m data.tasks --help": ("data.tasks", ["--help"]),
@@ -33,7 +33,7 @@ ENTRIES = {
     "python -m checkpoint --help": ("checkpoint.__main__", ["--help"]),
     "python -m checkpoint.export --help": ("checkpoint.export", ["--help"]),
     "python -m training.plot --help": ("training.plot", ["--help"]),
-    "bench.py --help": ("bench", ["--help"]),
+    "bench.py --help": ("benchmarks.cli", ["--help"]),
     "tests/matrix.py --list": ("matrix", ["--list"]),
 }
 
@@ -108,7 +108,7 @@ def test_a_file_writer_pointed_at_stdout_ends_quietly_when_its_reader_left(write
     stream = closed_pipe()
     path = f"/dev/fd/{stream.fileno()}"
     if writer == "sample.py --out":
-        write = lambda: importlib.import_module("sample").write_out_file(path, "ROMEO:\n")  # noqa: E731
+        write = lambda: importlib.import_module("inference.sample_cli").write_out_file(path, "ROMEO:\n")  # noqa: E731
     else:
         (tmp_path / "metrics.jsonl").write_text('{"iter": 1, "train/loss": 5.0}\n{"iter": 2, "train/loss": 4.0}\n')
         write = lambda: importlib.import_module("training.plot").main([str(tmp_path), "--out", path])  # noqa: E731

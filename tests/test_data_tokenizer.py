@@ -209,8 +209,8 @@ def test_the_export_of_a_trained_bpe_loads_in_transformers_and_encodes_like_ours
 
 
 def test_a_run_on_a_trained_bpe_keeps_it_in_the_checkpoint_and_sample_py_speaks_it(bpe_dir, tmp_path, capsys):
+    from inference import sample_cli
     from training import loop
-    import sample
     from errors import run_cli
     from checkpoint import load_checkpoint
     from training.config.sections import load_config
@@ -226,7 +226,7 @@ def test_a_run_on_a_trained_bpe_keeps_it_in_the_checkpoint_and_sample_py_speaks_
     assert not list((bpe_dir / ".readers").glob("*.json"))  # the run let go of its data
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        run_cli(lambda: sample.main(["--checkpoint", str(out), "--prompt", "мама мыла", "--max-new-tokens", "8",
+        run_cli(lambda: sample_cli.main(["--checkpoint", str(out), "--prompt", "мама мыла", "--max-new-tokens", "8",
                                      "--seed", "1", "--dtype", "float32"]))
     text = capsys.readouterr().out
     assert text.startswith("мама мыла") and len(text) > len("мама мыла")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import sample
+from inference import sample_cli
 from training import loop
 from checkpoint import load_checkpoint, load_model
 from checkpoint.__main__ import consolidate
@@ -305,7 +305,7 @@ def test_sample_greedy_from_the_sharded_checkpoint_equals_the_consolidated_one(t
 
     def greedy(spec) -> str:
         with pytest.raises(SystemExit) as exc:
-            run_cli(lambda: sample.main(["--checkpoint", str(spec), "--prompt", "ROMEO:", "--temperature", "0",
+            run_cli(lambda: sample_cli.main(["--checkpoint", str(spec), "--prompt", "ROMEO:", "--temperature", "0",
                                          "--max-new-tokens", "40", "--seed", "1", "--dtype", "float32"]))
         out, err = capsys.readouterr()
         assert exc.value.code in (0, None), err

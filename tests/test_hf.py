@@ -238,11 +238,11 @@ def test_a_pipeline_with_transformers_defaults_generates_within_the_context(run_
 def test_greedy_text_from_the_export_equals_sample_py_at_temperature_zero(run_dir, capsys):
     from transformers import AutoTokenizer
 
-    import sample
+    from inference import sample_cli
     from errors import run_cli
 
     with pytest.raises(SystemExit):
-        run_cli(lambda: sample.main(["--checkpoint", str(run_dir / "run"), "--prompt", "ROMEO:", "--temperature", "0",
+        run_cli(lambda: sample_cli.main(["--checkpoint", str(run_dir / "run"), "--prompt", "ROMEO:", "--temperature", "0",
                                      "--max-new-tokens", "20", "--no-stop-at-eot", "--dtype", "float32"]))
     ours = capsys.readouterr().out.rstrip("\n")
     tok = AutoTokenizer.from_pretrained(run_dir / "hf")

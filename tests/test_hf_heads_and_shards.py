@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 transformers = pytest.importorskip("transformers")
 
-import sample  # noqa: E402
+from inference import sample_cli  # noqa: E402
 from checkpoint import load_for_inference  # noqa: E402
 from errors import UserError  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
@@ -96,7 +96,7 @@ def test_sample_py_continues_with_the_stored_head(base, tmp_path, capsys):
     import tiktoken
 
     hf = make_dir(base, tmp_path, True, "different")
-    code, out, err = run_entry(sample.main, ["--checkpoint", hf, "--prompt", "ROMEO:", "--temperature", "0",
+    code, out, err = run_entry(sample_cli.main, ["--checkpoint", hf, "--prompt", "ROMEO:", "--temperature", "0",
                                              "--max-new-tokens", "8", "--no-stop-at-eot", "--dtype", "float32",
                                              "--no-stream"], capsys)
     enc = tiktoken.get_encoding("gpt2")

@@ -136,13 +136,13 @@ class Endless(io.RawIOBase):
 def test_class_a_line_without_end_ends_the_chat_in_one_line_after_the_replies_before_it(chat_ckpt, capsys,
                                                                                        monkeypatch, before, start, byte):
     # `chat.py < /dev/zero` spun for ever: an over-long line was skipped to its end, which never comes
-    import chat as chat_script
+    from inference import chat_cli
     from errors import run_cli
 
     head = b"".join(line + b"\n" for line in before) + start
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(Endless(head, bytes([byte])))))
     with pytest.raises(SystemExit) as exc:
-        run_cli(lambda: chat_script.main(["--checkpoint", str(chat_ckpt), "--device", "cpu", "--max-new-tokens", "3"]))
+        run_cli(lambda: chat_cli.main(["--checkpoint", str(chat_ckpt), "--device", "cpu", "--max-new-tokens", "3"]))
     out, err = capsys.readouterr()
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert exc.value.code == 2 and "Traceback" not in err, err
@@ -158,7 +158,7 @@ def test_a_plain_models_advice_to_fine_tune_it_runs_as_written(tmp_path, capsys,
     # is characters ("was trained with tokenizer 'gpt2', but this data uses 'char'")
     import shlex
 
-    import chat as chat_script
+    from inference import chat_cli
     from training import loop
     from data.tasks import write_jsonl
     from errors import run_cli
@@ -173,7 +173,7 @@ def test_a_plain_models_advice_to_fine_tune_it_runs_as_written(tmp_path, capsys,
                            "tokenizer": {"tokenizer": tokenizer, "chars": CHARS if tokenizer == "char" else None}})
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hi\n")))
     with pytest.raises(SystemExit):
-        run_cli(lambda: chat_script.main(["--checkpoint", str(base), "--device", "cpu"]))
+        run_cli(lambda: chat_cli.main(["--checkpoint", str(base), "--device", "cpu"]))
     err = capsys.readouterr().err
     command = shlex.split(err.split("`")[1])
     assert command[:2] == ["python", "train.py"] and "--data.dataset=YOUR.jsonl" in command, err

@@ -13,8 +13,8 @@ import os
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-import bench
-import sample
+from benchmarks import cli as bench_cli
+from inference import sample_cli
 from errors import UserError
 
 from hostile_world import SAMPLE_FAST, run_entry
@@ -62,14 +62,14 @@ def test_sample_number_options_are_bounded_and_refused_before_loading(world, cap
 
     def built(*a, **k):
         raise Built
-    monkeypatch.setattr(sample, "load_for_inference", built)
+    monkeypatch.setattr(sample_cli, "load_for_inference", built)
     try:
-        code, _, err = run_entry(sample.main, argv, capsys)
+        code, _, err = run_entry(sample_cli.main, argv, capsys)
     except Built:  # accepted: its work is bounded, and a cheap one runs to finite text
         assert sample_work_is_bounded(option, text), (option, text)
         monkeypatch.undo()
         if cheap(option, text):
-            code, out, err = run_entry(sample.main, argv, capsys)
+            code, out, err = run_entry(sample_cli.main, argv, capsys)
             # the default prompt "\n", then text (several samples: each under its separator line)
             assert code == 0 and out.startswith(("\n", "---------- sample 1/")) and "nan" not in out, (code, err)
         return
@@ -112,7 +112,7 @@ def test_bench_number_options_are_bounded_and_refused_before_measuring(option, d
     values = int_values() if option in BENCH_INTS else float_values() if option in BENCH_FLOATS else int_lists()
     text = data.draw(values)
     try:
-        args = bench.parse_args(["--device", "cpu", f"{option}={text}"])
+        args = bench_cli.parse_args(["--device", "cpu", f"{option}={text}"])
     except UserError as e:
         assert "\n" not in str(e) and (option in str(e) or "argument" in str(e)), str(e)
         return
@@ -122,11 +122,11 @@ def test_bench_number_options_are_bounded_and_refused_before_measuring(option, d
 def test_the_issues_counts_are_refused_in_one_line(world, capsys):
     """The reported cases themselves: sample.py --num-samples 1e23 (written out: argparse refuses the
     float text), bench.py --new-tokens 1e14."""
-    code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--num-samples", str(10**23)], capsys)
+    code, _, err = run_entry(sample_cli.main, ["--checkpoint", world.ckpt, "--num-samples", str(10**23)], capsys)
     an_error_line(code, err, "--num-samples", "at most")
     with pytest.raises(UserError, match="--new-tokens must be at most"):
-        bench.parse_args(["--new-tokens", str(10**14)])
+        bench_cli.parse_args(["--new-tokens", str(10**14)])
     with pytest.raises(UserError, match="--batch-sizes takes positive integers or 'max'"):
-        bench.parse_args(["--batch-sizes", "16,²"])  # "²".isdigit(), but int("²") raised ValueError
+        bench_cli.parse_args(["--batch-sizes", "16,²"])  # "²".isdigit(), but int("²") raised ValueError
 
 

@@ -28,10 +28,10 @@ from hypothesis import example, given, settings, strategies as st
 
 transformers = pytest.importorskip("transformers")
 
-import chat  # noqa: E402
+from inference import chat_cli  # noqa: E402
 import eval.hellaswag as hellaswag  # noqa: E402
 import eval.inspect as inspect_  # noqa: E402
-import sample  # noqa: E402
+from inference import sample_cli  # noqa: E402
 import server.cli as serve_cli  # noqa: E402
 from training import loop  # noqa: E402
 from checkpoint.export import main as export_main  # noqa: E402
@@ -68,8 +68,8 @@ def entries(data_root: Path):
     """name -> (main, argv for the HF directory `d` with scratch folder `t`, the outputs it may write)."""
     hs = lambda d: Path(d).parent / "hs.jsonl"  # noqa: E731 (beside every directory made here)
     return {
-        "sample.py": (sample.main, lambda d, t: ["--checkpoint", d, *SAMPLE_FAST, "--prompt", "hi"]),
-        "chat.py": (chat.main, lambda d, t: ["--checkpoint", d, "--max-new-tokens", "2"]),
+        "sample.py": (sample_cli.main, lambda d, t: ["--checkpoint", d, *SAMPLE_FAST, "--prompt", "hi"]),
+        "chat.py": (chat_cli.main, lambda d, t: ["--checkpoint", d, "--max-new-tokens", "2"]),
         "serve.py": (serve_cli.main, lambda d, t: ["--checkpoint", d, "--port", "0"]),
         "eval.hellaswag": (hellaswag.main, lambda d, t: ["--checkpoint", d, "--data", hs(d), "--device", "cpu"]),
         "eval.inspect": (inspect_.main, lambda d, t: ["--checkpoint", d, "--text", "To be", "--out", t / "pictures"]),
@@ -214,7 +214,7 @@ def test_weights_of_a_dtype_that_is_not_floating_point_are_one_line_naming_the_t
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_weights_in_another_floating_dtype_still_load(hf_base, tmp_path, capsys, dtype):
     hf = with_tensor(hf_base, tmp_path, lambda state: {k: v.to(dtype) for k, v in state.items()})
-    code, out, err = run_entry(sample.main, ["--checkpoint", hf, *SAMPLE_FAST, "--prompt", "hi"], capsys)
+    code, out, err = run_entry(sample_cli.main, ["--checkpoint", hf, *SAMPLE_FAST, "--prompt", "hi"], capsys)
     assert code == 0 and "Traceback" not in err, err
 
 

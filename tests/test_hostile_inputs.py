@@ -24,7 +24,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 import eval.hellaswag as hellaswag
-import sample
+from inference import sample_cli
 from training.config.sections import load_config
 from training import loop
 from checkpoint import load_checkpoint, save_checkpoint
@@ -118,7 +118,7 @@ READERS = {
     "eval.hellaswag --data": (hellaswag.main, deep_hellaswag),
     "training.plot metrics.jsonl": (plot.main, deep_metrics),
     "data.prepare meta.json": (prepare_main, deep_meta),
-    "sample.py HF config.json": (sample.main, deep_hf_config),
+    "sample.py HF config.json": (sample_cli.main, deep_hf_config),
     "checkpoint.export model card": (export_main, deep_model_card_metrics),
     "train.py lock file": (loop.main, deep_lock),
     "checkpoint.export folder owner marker": (export_main, deep_owner_marker),
@@ -200,7 +200,7 @@ def piped(path: Path):
 
 
 PIPE_READERS = {
-    "sample.py": lambda p, w, t: (sample.main, ["--checkpoint", p, *SAMPLE_FAST]),
+    "sample.py": lambda p, w, t: (sample_cli.main, ["--checkpoint", p, *SAMPLE_FAST]),
     "eval.hellaswag": lambda p, w, t: (hellaswag.main, ["--checkpoint", p, "--data", w.hellaswag, "--device", "cpu"]),
     "checkpoint.export": lambda p, w, t: (export_main, ["--checkpoint", p, "--out", t / "hf"]),
     "model.init_from": lambda p, w, t: (loop.main, [*train_argv(t / "out", w.data_root), f"--model.init_from={p}"]),

@@ -29,14 +29,16 @@ from typing import Callable
 
 import pytest
 
-import bench
+from benchmarks import cli as bench_cli
 import eval.hellaswag as hellaswag
-import sample
+from inference import sample_cli
 from training import loop
 from checkpoint import load_checkpoint
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 from data.prepare import main as prepare_main
+from errors import UserError, short_error
+from fileio import atomic_write_bytes
 from training import plot
 
 from hostile_world import run_entry, make_kind, snapshot, World, train_argv, SAMPLE_FAST
@@ -106,10 +108,10 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {
-    "sample --checkpoint": Option(sample.main, lambda p, w, t: ["--checkpoint", p, *SAMPLE_FAST], name="ckpt.pt"),
-    "sample --prompt-file": Option(sample.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--prompt-file", p,
+    "sample --checkpoint": Option(sample_cli.main, lambda p, w, t: ["--checkpoint", p, *SAMPLE_FAST], name="ckpt.pt"),
+    "sample --prompt-file": Option(sample_cli.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--prompt-file", p,
                                                                  *SAMPLE_FAST]),
-    "sample --out": Option(sample.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--out", p, *SAMPLE_FAST],
+    "sample --out": Option(sample_cli.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--out", p, *SAMPLE_FAST],
                            output=True, loads=lambda f: f.read_text().startswith("\n"), name="samples.txt"),
     "consolidate SOURCE": Option(checkpoint_main, lambda p, w, t: ["consolidate", p, "--out", t / "one.pt"]),
     "consolidate --out": Option(checkpoint_main, lambda p, w, t: ["consolidate", w.run / "ckpt.dcp", "--out", p],
@@ -145,9 +147,9 @@ OPTIONS: dict[str, Option] = {
                                                                     f"--model.init_from={p}"], name="init/ckpt.pt"),
     "bench.py --json": Option(None, None, output=True, loads=lambda f: isinstance(json.loads(f.read_text()), dict),
                               name="bench.json"),
-    "bench.py --budget-configs": Option(lambda a: bench.parse_args(a) and 0, lambda p, w, t: [
+    "bench.py --budget-configs": Option(lambda a: bench_cli.parse_args(a) and 0, lambda p, w, t: [
         "--device", "cpu", "--budget-configs", p], name="cfg.yaml"),
-    "bench.py --nanogpt-dir": Option(lambda a: bench.parse_args(a) and 0, lambda p, w, t: [
+    "bench.py --nanogpt-dir": Option(lambda a: bench_cli.parse_args(a) and 0, lambda p, w, t: [
         "--device", "cpu", "--only", "train", "--nanogpt-dir", p], name="nanogpt"),
 }
 DIR_OUTPUTS = ("export --out", "data.prepare --root", "train.py train.out_dir", "train.py data.root")
@@ -168,11 +170,11 @@ def expected_to_work(option: str, kind: str) -> bool:
 def bench_json(argv: list[str]) -> int:
     """bench.py --json: its check before measuring (parse_args), then the very write its main ends with;
     the minutes of measuring between them read no path."""
-    args = bench.parse_args(argv)
+    args = bench_cli.parse_args(argv)
     try:
-        bench.atomic_write_bytes(Path(args.json), (json.dumps({"rows": []}) + "\n").encode(), "--json", follow=True)
+        atomic_write_bytes(Path(args.json), (json.dumps({"rows": []}) + "\n").encode(), "--json", follow=True)
     except OSError as e:
-        raise bench.UserError(f"cannot write --json {args.json} ({bench.short_error(e)}); the report is printed above")
+        raise UserError(f"cannot write --json {args.json} ({short_error(e)}); the report is printed above")
     return 0
 
 
@@ -225,5 +227,5 @@ def test_unreadable_inputs_are_one_line(world, tmp_path, capsys):
     path = tmp_path / "prompt.txt"
     path.write_text("hear")
     path.chmod(0)
-    code, _, err = run_entry(sample.main, ["--checkpoint", world.ckpt, "--prompt-file", path, *SAMPLE_FAST], capsys)
+    code, _, err = run_entry(sample_cli.main, ["--checkpoint", world.ckpt, "--prompt-file", path, *SAMPLE_FAST], capsys)
     an_error_line(code, err, str(path))

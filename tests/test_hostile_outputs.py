@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import bench
-import sample
+from benchmarks import cli as bench_cli
+from inference import sample_cli
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 from checkpoint import claim_out_dir
@@ -48,15 +48,15 @@ def _run(t: Path) -> Path:
 
 
 CASES = {
-    "sample.py --out .metadata": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
+    "sample.py --out .metadata": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
                                   "run/ckpt.dcp", ".metadata"),
-    "sample.py --out a shard": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
+    "sample.py --out a shard": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
                                 "run/ckpt.dcp", "__0_0.distcp"),
-    "sample.py --out state.pt": (sample.main, lambda o, t: ["--checkpoint", _run(t) / "ckpt.dcp", "--out", o,
+    "sample.py --out state.pt": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t) / "ckpt.dcp", "--out", o,
                                                             *SAMPLE_FAST], "run/ckpt.dcp", "state.pt"),
-    "sample.py --out new in ckpt.dcp": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
+    "sample.py --out new in ckpt.dcp": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--out", o, *SAMPLE_FAST],
                                         "run/ckpt.dcp", "samples.txt"),
-    "sample.py --out the prompt file": (sample.main, lambda o, t: ["--checkpoint", _run(t), "--prompt-file",
+    "sample.py --out the prompt file": (sample_cli.main, lambda o, t: ["--checkpoint", _run(t), "--prompt-file",
                                                                    t / "prompt.txt", "--out", o, *SAMPLE_FAST],
                                         "prompt.txt", ""),
     "consolidate --out state.pt": (checkpoint_main, lambda o, t: ["consolidate", _run(t) / "ckpt.dcp", "--out", o],
@@ -73,7 +73,7 @@ CASES = {
     "training.plot --out its metrics file": (plot.main, lambda o, t: [t / "m.svg", "--out", o], "m.svg", ""),
     "data.prepare --root in its source folder": (prepare_main, lambda o, t: [
         "--dataset", t / "corpus", "--tokenizer", "char", "--root", o, "--no-progress"], "corpus", "prepared"),
-    "bench.py --json a --budget-configs file": (bench.parse_args, lambda o, t: [
+    "bench.py --json a --budget-configs file": (bench_cli.parse_args, lambda o, t: [
         "--json", o, "--budget-configs", t / "cfg.yaml"], "cfg.yaml", ""),
 }
 SPELLINGS = ("direct", "detour", "symlink", "hard link")
@@ -116,7 +116,7 @@ def test_an_output_is_never_an_input_or_inside_one(world, tmp_path_factory, caps
     victim = t / victim
     out = spell(how, victim / inside if inside else victim, t)
     before = tree(victim)
-    code, _, err = run_entry(main if main is not bench.parse_args else (lambda a: bench.parse_args(a) and 0),
+    code, _, err = run_entry(main if main is not bench_cli.parse_args else (lambda a: bench_cli.parse_args(a) and 0),
                              argv(out, t), capsys)
     an_error_line(code, err, out.name)
     assert tree(victim) == before
@@ -168,7 +168,7 @@ def test_a_fifo_with_a_reader_gets_the_whole_output(tmp_path):
     a probe that closed it would hand the reader an end of file before any text came (it read nothing)."""
     import threading
 
-    import sample
+    from inference import sample_cli
     from errors import run_cli
     from sample_runs import make_char_checkpoint
 
@@ -180,7 +180,7 @@ def test_a_fifo_with_a_reader_gets_the_whole_output(tmp_path):
     reader.start()
     time.sleep(0.2)  # the reader has the FIFO open
     with pytest.raises(SystemExit) as e:
-        run_cli(lambda: sample.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "8",
+        run_cli(lambda: sample_cli.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "8",
                                      "--num-samples", "2", "--out", str(fifo)]))
     assert e.value.code == 0
     reader.join(timeout=30)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import eval.hellaswag as hellaswag
-import sample
+from inference import sample_cli
 from training import loop
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
@@ -72,7 +72,7 @@ def _shard_dir(ckpt: Path) -> None:
 
 
 READERS = {
-    "sample.py": lambda run, w, t: (sample.main, ["--checkpoint", run, *SAMPLE_FAST]),
+    "sample.py": lambda run, w, t: (sample_cli.main, ["--checkpoint", run, *SAMPLE_FAST]),
     "consolidate": lambda run, w, t: (checkpoint_main, ["consolidate", run, "--out", t / "one.pt"]),
     "resume": lambda run, w, t: (loop.main, train_argv(run, w.data_root, "--train.parallel=fsdp",
                                                         "--train.max_iters=4")),
@@ -178,7 +178,7 @@ def test_sample_py_names_an_incomplete_ckpt_dcp(tmp_path, capsys, entry):
     (tmp_path / "ckpt.dcp").mkdir()
     if entry != "empty":
         DCP_ENTRIES[entry](tmp_path / "ckpt.dcp")
-    code, _, err = run_entry(sample.main, ["--checkpoint", tmp_path, *SAMPLE_FAST], capsys)
+    code, _, err = run_entry(sample_cli.main, ["--checkpoint", tmp_path, *SAMPLE_FAST], capsys)
     assert "it is incomplete" in an_error_line(code, err, str(tmp_path / "ckpt.dcp"))
 
 

@@ -92,14 +92,14 @@ def test_training_that_cannot_fit_is_refused_in_one_line_before_allocating(tmp_p
 
 def test_sampling_that_cannot_fit_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     import runtime.memory
-    import sample
+    from inference import sample_cli
     from sample_runs import make_char_checkpoint
 
     make_char_checkpoint(tmp_path / "ckpt.pt")
     # --num-samples is bounded by a count now (65536, sample.py's own check); under it, 1 MiB free is too little
     monkeypatch.setattr(runtime.memory, "available_bytes", lambda device: 2**20)
     with pytest.raises(SystemExit) as e:
-        run_cli(lambda: sample.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--num-samples", "60000"]))
+        run_cli(lambda: sample_cli.main(["--checkpoint", str(tmp_path / "ckpt.pt"), "--num-samples", "60000"]))
     _one_line(e.value.code, capsys.readouterr().err, "sampling needs about", "KV cache", "--num-samples")
 
 

@@ -1,6 +1,6 @@
 """sample.py: loading (ours, HF), prompts, output format, seeds, and every bad input as one error line.
 
-Most runs call `run_cli(sample.main)` in-process (same exit code and stderr as the CLI, without the
+Most runs call `run_cli(sample_cli.main)` in-process (same exit code and stderr as the CLI, without the
 ~2 s start-up); a few run the real script in a subprocess to prove there is no traceback.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 import model.generate
 import runtime.precision
-import sample
+from inference import sample_cli
 from runtime.precision import inference_dtype
 from data import get_tokenizer
 from model import GPT, GPTConfig
@@ -287,7 +287,7 @@ def test_single_sample_streams_token_by_token(char_ckpt, monkeypatch):
     chunks = []
     Recorder = recorder_into(chunks)
     monkeypatch.setattr(sys, "stdout", Recorder())
-    assert sample.main(["--checkpoint", str(char_ckpt[0]), "--prompt", "All:", "--max-new-tokens", "20",
+    assert sample_cli.main(["--checkpoint", str(char_ckpt[0]), "--prompt", "All:", "--max-new-tokens", "20",
                         "--no-stop-at-eot", "--seed", "3"]) == 0
     text = "".join(chunks)
     assert text.startswith("All:") and text.endswith("\n") and len(text) == len("All:") + 20 + 1
@@ -301,7 +301,7 @@ def test_stream_printer_keeps_multibyte_characters_whole():
     assert any("\ufffd" in tok.decode([i]) for i in ids), "the text should split characters across tokens"
     chunks = []
     Recorder = recorder_into(chunks)
-    printer = sample.StreamPrinter(tok, Recorder())
+    printer = sample_cli.StreamPrinter(tok, Recorder())
     for i in ids:
         printer.add(i)
     printer.finish()
@@ -362,7 +362,7 @@ def test_train_a_tiny_model_then_sample_from_its_out_dir(tmp_path, shakespeare_p
 
 def test_help_groups_the_options_by_input_decoding_and_device(capsys):
     with pytest.raises(SystemExit) as e:
-        sample.main(["--help"])
+        sample_cli.main(["--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0
     sections = {name: out.index(f"\n{name}:\n") for name in ("input", "decoding", "device")}
@@ -427,14 +427,14 @@ def test_no_stream_and_out_give_the_streamed_text(char_ckpt, capsys, tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["--num-samples", "2"], ["--num-samples", "2", "--out", "OUT"]])
 def test_an_interrupt_keeps_the_text_generated_so_far(char_ckpt, capsys, tmp_path, monkeypatch, extra):
-    real = sample.generate_stream
+    real = sample_cli.generate_stream
 
     def interrupted_after_5(*args, **kwargs):
         for i, step in enumerate(real(*args, **kwargs)):
             if i == 5:
                 raise KeyboardInterrupt
             yield step
-    monkeypatch.setattr(sample, "generate_stream", interrupted_after_5)  # the streamed sample
+    monkeypatch.setattr(sample_cli, "generate_stream", interrupted_after_5)  # the streamed sample
     monkeypatch.setattr(model.generate, "generate_stream", interrupted_after_5)  # generate(), for batches
     target = tmp_path / "out.txt"
     extra = [str(target) if a == "OUT" else a for a in extra]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import sample
+from inference import sample_cli
 from errors import UserError
 from checkpoint import load_checkpoint, save_checkpoint
 from tiny_runs import run, tiny_argv
@@ -236,7 +236,7 @@ def test_a_checkpoint_with_nan_weights_is_one_line_in_sample(tmp_path, capsys):
     ck = load_checkpoint(tmp_path / "ckpt.pt")
     ck["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
     save_checkpoint(tmp_path / "ckpt.pt", ck)
-    code, _, err = cli(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "3"], capsys, main=sample.main)
+    code, _, err = cli(["--checkpoint", str(tmp_path / "ckpt.pt"), "--max-new-tokens", "3"], capsys, main=sample_cli.main)
     an_error_line(code, err, "non-finite weights", "transformer.h.0.mlp.c_fc.weight")
 
 
@@ -266,7 +266,7 @@ def test_init_from_a_bad_hf_directory_is_one_line_in_train_and_sample(tmp_path, 
         (hf / "config.json").write_text("[1, 2, 3]")
     code, _, err = cli(tiny_argv(tmp_path / "out", data_root, "--data.tokenizer=gpt2", f"--model.init_from={hf}"), capsys)
     train_line = an_error_line(code, err)
-    code, _, err = cli(["--checkpoint", str(hf), "--max-new-tokens", "2"], capsys, main=sample.main)
+    code, _, err = cli(["--checkpoint", str(hf), "--max-new-tokens", "2"], capsys, main=sample_cli.main)
     sample_line = an_error_line(code, err)
     assert str(hf) in train_line and str(hf) in sample_line
     assert not marker.exists()  # the pickle's code never ran
