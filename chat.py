@@ -1,5 +1,5 @@
 """Chat with a fine-tuned model in the terminal: the reply streamed, the conversation's KV cache kept across
-turns (a turn prefills only its own tokens: runtime/chat_session.py).
+turns (a turn prefills only its own tokens: inference/chat_session.py).
 This script only starts the command: its options and main are inference/chat_cli.py.
 
     python chat.py                                  # the run under out/ trained last (as sample.py)

@@ -1,5 +1,5 @@
 """`python chat.py`: its options and their checks, and main: load a chat model and hand a ChatSession
-(runtime/chat_session.py) to the terminal's conversation (runtime/chat_terminal.py). What the command does,
+(inference/chat_session.py) to the terminal's conversation (inference/chat_terminal.py). What the command does,
 for its user, is chat.py's docstring (what --help points at)."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 from checkpoint import default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, utf8_arg
 from fileio import path_arg
-from runtime.chat_session import ChatSession
-from runtime.chat_terminal import converse, note
+from inference.chat_session import ChatSession
+from inference.chat_terminal import converse, note
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name

@@ -85,7 +85,7 @@ def test_piped_stdin_gives_one_greedy_reply_line_per_message(chat_ckpt):
 
 
 def test_the_piped_format_escapes_backslashes_and_line_ends():
-    from runtime.chat_terminal import escape  # the piped format's helper, against hand-written lines
+    from inference.chat_terminal import escape  # the piped format's helper, against hand-written lines
 
     assert escape("a\\b\nc\r\n") == "a\\\\b\\nc\\r\\n"
     assert unescape(escape("x\\n\n")) == "x\\n\n"

@@ -1,4 +1,4 @@
-"""runtime/chat_session.py against references written here: the plain uncached forward over the whole
+"""inference/chat_session.py against references written here: the plain uncached forward over the whole
 conversation (logits, greedy replies) and the template's own encoding of the messages (the ids)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from chat_models import char_tok, layout, tiny_chat_model
 from data.chat_template import template_for
 from errors import UserError
-from runtime.chat_session import ChatSession
+from inference.chat_session import ChatSession
 from runtime.sampling import Sampling
 
 TOK = char_tok()

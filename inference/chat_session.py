@@ -32,9 +32,8 @@ import torch
 
 from errors import UserError
 from model.generate import CachedSequence, sample
-
-from .sampling import Sampling
-from .text import TextStream
+from runtime.sampling import Sampling
+from runtime.text import TextStream
 
 ROLE_MARKERS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 

@@ -2,7 +2,7 @@
 a reply and not the chat; piped, one user message a line and one stdout line a reply (escaped), commands and
 errors on stderr only, so that line N of stdout answers message N. The commands (/clear, /system,
 /temperature, /quit) and the bounded, UTF-8-checked reading of each line. chat.py parses its options, loads
-the model and hands a ChatSession (runtime/chat_session.py) to `converse`."""
+the model and hands a ChatSession (inference/chat_session.py) to `converse`."""
 from __future__ import annotations
 
 import select
@@ -11,7 +11,7 @@ import sys
 import threading
 
 from errors import UserError, point_at_devnull, short_error, to_stderr, utf8_text
-from runtime.chat_session import ChatSession
+from inference.chat_session import ChatSession
 from runtime.sampling import check_temperature
 
 MAX_MESSAGE_BYTES = 2**20  # far past any context: a longer line is skipped to its end, with one line
