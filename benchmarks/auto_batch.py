@@ -38,7 +38,7 @@ QUICK = ["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=64", "--model.
          "--model.vocab_size=512", "--train.dtype=float32"]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--memory-gb", type=float, required=True, help="the emulated card's memory, GiB")
     p.add_argument("--device", default="cuda")
@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--quick", action="store_true", help="a tiny model and global batch 16: a smoke test")
     p.add_argument("--json", type=path_arg, help="write the row here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     if args.json:  # the gate, before minutes of measuring: no folder another command manages
         check_output(args.json, "--json")
     device = torch.device(args.device)

@@ -127,7 +127,7 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
             "top_kernels_ms": [(name, round(ms, 3)) for name, ms in by_name.most_common(top)]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="small.yaml")
     p.add_argument("--steps", type=int, default=50)
@@ -135,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a config override")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (aten ops for kernels)")
     p.add_argument("--modes", default=",".join(MODES), help=f"which of {', '.join(MODES)} to time")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{args.config} {' '.join(args.set)} on {where}, torch {torch.__version__}")

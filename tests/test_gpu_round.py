@@ -1,0 +1,182 @@
+"""benchmarks/gpu_round.sh, the GPU round, checked on the CPU: every command it runs parses as its program
+parses it, before a GPU session spends its few device minutes on a step that dies of a renamed option.
+
+A session is lent 15 device minutes at most, and the round's steps are where they go: a step that
+fails in its first second (an option spelled as it was two refactors ago, a config key gone, a module
+moved) wastes its slot and a call. Each step's command goes through its program's own parser here,
+in-process: train.py's config (load_config, every --section.key checked), bench.py's options
+(benchmarks/cli.py's parse_args with its bounds), sample.py's, the two GPU benchmark scripts' (and
+the config overrides they pass on), and the Python the round runs with -c (compiled, each name it
+imports looked up). nanoGPT's own steps are checked against nanoGPT's train.py as its configurator
+reads it: the config file is there and each --key=value names one of its globals.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from benchmarks import auto_batch, cli as bench_cli, gpu_step_profile
+from code_reading import PACKAGES, ROOT
+from errors import UserError
+from inference import sample_cli
+from runtime.attention import fastest_kernel
+from training.config.sections import load_config
+
+ROUND = ROOT / "benchmarks" / "gpu_round.sh"
+NANOGPT = ROOT.parent / "shared" / "anchors" / "nanogpt"  # ../shared beside the checkout, as in CI
+
+
+def steps(text: str) -> dict[str, list[str]]:
+    """The round's `step NAME CAP_S COMMAND...` lines (continuations joined) -> NAME: the command's words, with
+    the script's variables put in: $PY is python, $L and $OUT a logs folder, $A the anchors."""
+    lines = re.sub(r"\\\n\s*", " ", text).splitlines()
+    found = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"step (\w+) (\d+) (.*)$", line.strip())
+        if not m:
+            continue
+        command = m.group(3).replace("$PY", "python").replace('"$L/', '"/tmp/gpu_round/logs/')
+        command = command.replace("$A", str(ROOT / ".anchors"))
+        for more in lines[i + 1:] + [None]:  # a quoted argument over several lines (python -c "...")
+            try:
+                found[m.group(1)] = shlex.split(command)
+                break
+            except ValueError:
+                assert more is not None, f"step {m.group(1)}: a quote never closed"
+                command += "\n" + more
+    return found
+
+
+def commands(words: list[str]) -> list[list[str]]:
+    """One step's programs: a `bash -c "a && b"` is each of a and b (a `cd` dropped); else the words as they are."""
+    if words[:2] != ["bash", "-c"]:
+        return [words]
+    return [shlex.split(part) for part in words[2].split("&&") if not part.strip().startswith("cd ")]
+
+
+def nanogpt_globals() -> set[str]:
+    tree = ast.parse((NANOGPT / "train.py").read_text(encoding="utf-8"))
+    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+
+
+def is_nanogpt(words: list[str]) -> bool:
+    """nanoGPT's own train.py is run with one of its config files."""
+    return any(w.startswith("config/train_") for w in words)
+
+
+def check(words: list[str], json_dir: Path) -> None:
+    """Raises (UserError, argparse's SystemExit, AssertionError) where the command would not start."""
+    words = [w.replace("/tmp/gpu_round/logs", str(json_dir)) for w in words]
+    assert words[0] == "python", words
+    if words[1:3] == ["-m", "cProfile"]:  # python -m cProfile -o FILE script args...
+        words = ["python", *words[5:]]
+    program, args = words[1], words[2:]
+    if program == "train.py" and is_nanogpt(words):  # from its folder: configurator.py's rules
+        assert (NANOGPT / args[0]).is_file(), args[0]
+        keys = {a[2:].split("=", 1)[0] for a in args[1:]}
+        assert keys <= nanogpt_globals(), sorted(keys - nanogpt_globals())
+    elif program == "train.py":
+        load_config(args)
+    elif program == "bench.py":
+        bench_cli.parse_args(args)
+    elif program == "sample.py":
+        sample_cli.validate_args(sample_cli.build_parser().parse_args(args))
+    elif program == "-m" and args[0] == "benchmarks.gpu_step_profile":
+        a = gpu_step_profile.build_parser().parse_args(args[1:])
+        assert set(a.modes.split(",")) <= set(gpu_step_profile.MODES), a.modes
+        load_config(["--config", a.config, *[f"--{o}" for o in a.set]])
+    elif program == "-m" and args[0] == "benchmarks.auto_batch":
+        auto_batch.build_parser().parse_args(args[1:])
+    elif program == "-c":
+        check_python(args[0])
+    else:
+        raise AssertionError(f"the round runs {program}, which this test does not know: add its parser here")
+
+
+def check_python(code: str) -> None:
+    """python -c CODE: it compiles, each project name it imports is there, and fastest_kernel's call binds."""
+    compile(code, "<gpu_round -c>", "exec")
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in PACKAGES:
+            module = importlib.import_module(node.module)
+            missing = [a.name for a in node.names if not hasattr(module, a.name)]
+            assert not missing, f"{node.module} has no {missing}"
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fastest_kernel":
+            inspect.signature(fastest_kernel).bind(*node.args, **{k.arg: k.value for k in node.keywords})
+
+
+def side_by_side(text: str) -> dict[str, list[str]]:
+    """../shared/anchors/gpu_side_by_side.sh, the device tool's own round, runs this project's commands too:
+    each `$PY ...` line up to its redirection, named by its place."""
+    found = {}
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        m = re.search(r"\$PY (.*?)(?: [0-9]?>.*)?$", line)
+        if m and not m.group(1).startswith("-c"):
+            command = "python " + m.group(1).replace('"$OUT/', '"/tmp/gpu_round/logs/')
+            found[f"command {len(found) + 1}"] = shlex.split(command.rstrip(")"))
+    return found
+
+
+ROUND_STEPS = steps(ROUND.read_text(encoding="utf-8"))
+SIDE_BY_SIDE = NANOGPT.parent / "gpu_side_by_side.sh"
+SIDE_STEPS = side_by_side(SIDE_BY_SIDE.read_text(encoding="utf-8")) if SIDE_BY_SIDE.is_file() else {}
+
+
+def test_the_round_is_read_whole():
+    """The reader itself: it finds the round's steps, continuations joined (or every test below passes on nothing)."""
+    assert {"decode", "sdpa", "nanogpt_124m", "ours_124m", "ours_char_graph", "startup", "small_profile", "loss",
+            "auto_16gb", "float8"} <= set(ROUND_STEPS), sorted(ROUND_STEPS)
+    assert ROUND_STEPS["ours_124m"][-1] == "--train.out_dir=/tmp/gr_124m"  # after two continuation lines
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_STEPS))
+def test_each_step_of_the_gpu_round_parses_as_its_program_parses_it(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the round runs from the project's root
+    for words in commands(ROUND_STEPS[name]):
+        if is_nanogpt(words) and not NANOGPT.is_dir():
+            pytest.skip(f"nanoGPT's anchors are not beside the checkout ({NANOGPT}): CI has them in ../shared")
+        check(words, tmp_path)
+
+
+@pytest.mark.skipif(not SIDE_STEPS, reason=f"the anchors are not beside the checkout ({SIDE_BY_SIDE}): CI has them")
+@pytest.mark.parametrize("name", sorted(SIDE_STEPS) or ["none"])
+def test_each_command_of_the_side_by_side_round_parses(name, tmp_path, monkeypatch):
+    """The anchors' own round (train.py small.yaml and gpt2_124m, sample.py, bench.py decode, nanoGPT's two runs)."""
+    monkeypatch.chdir(ROOT)
+    check(SIDE_STEPS[name], tmp_path)
+
+
+def test_the_side_by_side_round_is_read_whole():
+    if not SIDE_STEPS:
+        pytest.skip(f"the anchors are not beside the checkout ({SIDE_BY_SIDE}): CI has them in ../shared")
+    programs = sorted({words[1] for words in SIDE_STEPS.values()})
+    assert programs == ["bench.py", "sample.py", "train.py"], programs
+    assert sum(is_nanogpt(words) for words in SIDE_STEPS.values()) == 2
+
+
+@pytest.mark.parametrize("line, refused", [
+    ("step x 10 $PY train.py --config small.yaml --train.no_such_key=1", UserError),
+    ("step x 10 $PY bench.py --device cuda --only no_such_section", UserError),  # the project's ArgumentParser
+    ("step x 10 $PY bench.py --device cuda --only loss --loss-steps 0", UserError),
+    ("step x 10 $PY -m benchmarks.gpu_step_profile --config shakespeare_char_gpu --set train.no_such=1", UserError),
+    ("step x 10 $PY -m benchmarks.gpu_step_profile --modes eager,no_such_mode", AssertionError),
+    ("step x 10 $PY -m benchmarks.auto_batch --memory-gigabytes 16", SystemExit),
+    ("step x 10 $PY sample.py --checkpoint /tmp/x --max-new-tokens=-1", UserError),
+    ("step x 10 $PY -c \"from runtime.attention import no_such_function\"", AssertionError),
+    ("step x 10 $PY -c \"from runtime.attention import fastest_kernel; fastest_kernel(1, no_such=2)\"", TypeError),
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --no_such_key=1\"", AssertionError),
+])
+def test_a_step_that_would_not_start_is_found(line, refused, tmp_path, monkeypatch, capsys):
+    """The check must be able to fail: a misspelled option, a gone key or a moved function, each refused."""
+    if "nanogpt" in line and not NANOGPT.is_dir():
+        pytest.skip(f"nanoGPT's anchors are not beside the checkout ({NANOGPT}): CI has them in ../shared")
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(refused):
+        for words in commands(steps(line)["x"]):
+            check(words, tmp_path)
