@@ -385,8 +385,8 @@ def test_a_stop_ends_within_the_shutdown_timeout_when_a_client_stopped_reading(t
         client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # and never read: the reply stalls
         deadline = time.monotonic() + 30
-        while server.health()["active"] and time.monotonic() < deadline:  # until the reply is all made, and stuck
-            time.sleep(0.2)
+        while not server.health()["active"] and time.monotonic() < deadline:  # the reply under way: its 30,000
+            time.sleep(0.05)  # tokens (~4 MB of events, past the sockets' buffers) would take ~15 s, then stall
         start = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=30)
