@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows = slice(micro * plan.micro_batch, (micro + 1) * plan.micro_batch)
             return tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous()
 
-    t0 = time.perf_counter()  # the run's chain (training/builders.py): auto's choice, then the loss product for it, optimizers, compile
+    t0 = time.perf_counter()  # the run's chain: auto's choice, then the loss product for it, optimizers, compile
     trainer = build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}), say=lambda line: None)
     chain_s = time.perf_counter() - t0  # the whole chain, the batch decision in it (before 2026-11-26: the decision)
     print(f"[auto batch {args.memory_gb:g} GiB] {plan.decisions['batch'].note}; set up in {chain_s:.1f} s", flush=True)

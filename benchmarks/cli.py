@@ -18,10 +18,10 @@ from . import nanogpt_own
 from .budget import check_configs
 from .suite import measure
 
-# --help's description: the first paragraph of bench.py's docstring as it was when bench.py held this code
+# --help's description: what the command does (its usage: bench.py's docstring)
 DESCRIPTION = ("One command, one table: this project's training step, decoding and data preparation against plain "
                "nanoGPT-style baselines, measured side by side in one process. The measuring lives in benchmarks/ "
-               "(see its __init__ for the map); this file parses the options and prints the report.")
+               "(see its __init__ for the map).")
 
 SECTIONS = ("train", "muon", "decode", "prepare", "loss")  # what runs by default
 # asked for by name: minutes of training; a profile of the CPU step; preparing a generated multi-GB jsonl corpus

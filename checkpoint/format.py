@@ -200,7 +200,7 @@ EMPTY_WINDOW = {"steps": 0, "loss_sums": [], "seconds": 0.0}
 
 def check_window(state: Any) -> tuple[int, list[float], float]:
     """A saved log window, checked: (steps, the ranks' loss sums, seconds); a TypeError or ValueError naming the
-    field otherwise. Its sums are finite (the loop saves no checkpoint after a non-finite loss: training/loop.py's NonFiniteGuard), there
+    field otherwise. Its sums are finite (no checkpoint is saved after a non-finite loss: training/loop.py), there
     is one a rank when it holds steps and none but zeros when it holds none."""
     if not isinstance(state, dict):
         raise TypeError(f"the window should be a dict of steps, loss_sums and seconds, got {clipped(state, 80)}")
@@ -255,7 +255,7 @@ def window_entry_problem(payload: dict[str, Any]) -> str | None:
 
 def train_entry_problem(train: Any, plan: Any) -> str | None:
     """What is wrong with a checkpoint's "train" entry's counts (None: nothing), `plan` its "plan" entry.
-    Its iter is at most the plan's max_iters: the training loop (training/loop.py) stops there and saves only inside the loop, so
+    Its iter is at most the plan's max_iters: training/loop.py's loop stops there and saves only inside it, so
     no checkpoint it writes is past its own run's end (one past it would be a hand edit, and trains nothing)."""
     if not isinstance(train, dict):
         return f"a {type(train).__name__}, not the run's counters"

@@ -1,6 +1,6 @@
 """`python chat.py`: its options and their checks, and main: load a chat model and hand a ChatSession
 (inference/chat_session.py) to the terminal's conversation (inference/chat_terminal.py). What the command does,
-for its user, is chat.py's docstring (what --help points at)."""
+for its user, is chat.py's docstring (the usage, the commands, the piped mode)."""
 from __future__ import annotations
 
 import argparse

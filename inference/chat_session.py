@@ -20,8 +20,8 @@ reply) are dropped until the new turn and `reply_room` tokens fit; the system me
 reply that fills the context drops older exchanges too, and is cut when none is left. Dropping rebuilds
 the cache (the positions change) and says so through `notice`.
 
-runtime/ knows no data/ module: the tokenizer and the template come in as objects (duck-typed: tok.encode,
-tok.decode, tok.eot; template.id(marker), template.end, template.vocab_size, template.base).
+The tokenizer and the template come in as objects (tok.encode, tok.decode, tok.eot; template.id(marker),
+template.end, template.vocab_size, template.base): data/chat_template.py's, loaded with the checkpoint.
 """
 from __future__ import annotations
 
@@ -30,13 +30,11 @@ from typing import Callable, Iterator
 
 import torch
 
+from data.chat_template import ROLE_MARKER
 from errors import UserError
 from model.generate import CachedSequence, sample
 from runtime.sampling import Sampling
 from runtime.text import TextStream
-
-ROLE_MARKERS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
-
 
 @dataclass
 class Turn:
@@ -74,7 +72,7 @@ class ChatSession:
 
     def turn_ids(self, role: str, content: str) -> list[int]:
         """<|role|> content <|end|>; UserError where the tokenizer cannot encode the text (a char vocabulary)."""
-        return [self.template.id(ROLE_MARKERS[role]), *self.tok.encode(content), self.template.end]
+        return [self.template.id(ROLE_MARKER[role]), *self.tok.encode(content), self.template.end]
 
     def set_system(self, text: str) -> None:
         """Replace (or add, or with "" remove) the system message; the turns after it stay. The cache is

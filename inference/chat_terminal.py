@@ -1,8 +1,8 @@
 """chat.py's conversation in the terminal: at a terminal, the reply streamed after `bot> `, Ctrl-C stopping
 a reply and not the chat; piped, one user message a line and one stdout line a reply (escaped), commands and
 errors on stderr only, so that line N of stdout answers message N. The commands (/clear, /system,
-/temperature, /quit) and the bounded, UTF-8-checked reading of each line. chat.py parses its options, loads
-the model and hands a ChatSession (inference/chat_session.py) to `converse`."""
+/temperature, /quit) and the bounded, UTF-8-checked reading of each line. inference/chat_cli.py parses chat.py's
+options, loads the model and hands a ChatSession (inference/chat_session.py) to `converse`."""
 from __future__ import annotations
 
 import select

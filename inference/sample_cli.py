@@ -1,6 +1,6 @@
 """`python sample.py`: its options and their checks, the checks of --out, and main (load the checkpoint, then
-generate, print or write the samples). What the command does, for its user, is sample.py's docstring (what
---help points at); the prompts are read and encoded in inference/prompts.py."""
+generate, print or write the samples). What the command does, for its user, is sample.py's docstring (the
+usage, the prompts, the seeds); the prompts are read and encoded in inference/prompts.py."""
 from __future__ import annotations
 
 import argparse
@@ -11,9 +11,11 @@ import threading
 from pathlib import Path
 
 import torch
+
 from checkpoint import checkpoint_dirs, checkpoint_files, default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, point_at_devnull, reader_left, short_error, to_stderr, write_fix
 from fileio import atomic_write_bytes, check_output_not_input, check_path_value, output_target, path_arg
+from inference.prompts import encode_prompt, read_prompts, reads_stdin
 from model.generate import generate, generate_stream
 from ownership import check_output
 from runtime.device import resolve_device
@@ -22,8 +24,6 @@ from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
 from runtime.sampling import Sampling, check_repetition_penalty, check_temperature, check_top_k, check_top_p
 from runtime.text import StreamPrinter
-
-from .prompts import encode_prompt, read_prompts, reads_stdin
 
 MAX_NEW_TOKENS = 1_000_000  # hours of text at any speed; a typo of a few zeros more is refused
 MAX_ROWS = 65_536  # samples in all (--num-samples times the prompts), one batch: far past any memory's batch

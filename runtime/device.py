@@ -67,7 +67,7 @@ def with_compile_fallback(run: Callable[[], T], *, compiled: bool, go_eager: Cal
 
 
 def use_device(device: torch.device) -> None:
-    """The process-wide settings a run takes on its device, set by the run's chain (training/set_up.py, training/builders.py)
+    """The process-wide settings a run takes on its device, set by the run's chain (training/builders.py)
     and by bench.py through this one function: TF32 matmuls on a GPU; on a CPU, the memory a step frees
     kept for the next step (no page faults per step)."""
     allow_tf32(device)

@@ -1,13 +1,13 @@
-"""An entry point (train.py's main, training/loop.py's, by default) in-process through run_cli -> (code, stdout, stderr), and the
+"""An entry point (train.py's main by default) in-process through run_cli -> (code, stdout, stderr), and the
 checks that it ended with one `error:` line naming given words."""
 from __future__ import annotations
 
 import pytest
-from training import loop
+from training import cli as train_cli
 from errors import run_cli
 
 
-def cli(argv, capsys, main=loop.main):
+def cli(argv, capsys, main=train_cli.main):
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: main(argv))
     out, err = capsys.readouterr()

@@ -21,7 +21,7 @@ import eval.chat_tasks as chat_tasks
 import eval.hellaswag as hellaswag
 import eval.inspect as inspect_cli
 from inference import sample_cli
-from training import loop
+from training import cli as train_cli
 from checkpoint import __main__ as checkpoint_cli
 from checkpoint import export as export_cli
 from data import prepare as prepare_cli
@@ -98,7 +98,7 @@ def path_options() -> list[PathOption]:
             name = action.option_strings[-1] if action.option_strings else action.dest
             out.append(PathOption(entry, name, main, prefix, not action.option_strings,
                                   getattr(action.type, "empty_ok", False)))
-    out.append(PathOption("train.py", "--config", loop.main, (), False, False))
+    out.append(PathOption("train.py", "--config", train_cli.main, (), False, False))
     for section in dataclasses.fields(Config):
         for f in path_fields(getattr(Config(), section.name)):
             out.append(TrainKey(f"--{section.name}.{f.name}"))
@@ -109,7 +109,7 @@ class TrainKey(PathOption):
     """A config key of kind path, given on train.py's command line as --section.key=VALUE."""
 
     def __init__(self, option: str):
-        super().__init__("train.py", option, loop.main, (), False, True)  # (empty: each key's own rule)
+        super().__init__("train.py", option, train_cli.main, (), False, True)  # (empty: each key's own rule)
 
     def argv(self, value: str) -> list[str]:
         return [f"{self.option}={value}", "--wandb.mode=disabled"]
@@ -148,6 +148,6 @@ WRITERS: list[Writer] = [
            lambda o, w: ["--dataset", w.corpus, "--tokenizer", "char", "--root", o, "--no-progress"], "folder", DATA),
     Writer("data.tasks --out", tasks_cli.main,
            lambda o, w: ["--out", o, "--train", "2", "--heldout", "0", "--pretrain-lines", "0"], "folder"),
-    Writer("train.py train.out_dir", loop.main, lambda o, w: train_argv(o, w.data_root, "--wandb.mode=disabled"),
+    Writer("train.py train.out_dir", train_cli.main, lambda o, w: train_argv(o, w.data_root, "--wandb.mode=disabled"),
            "folder", OUT_DIR),
 ]

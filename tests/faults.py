@@ -6,7 +6,7 @@
     with inject(crash_at=5):          # the process dies before step index 5 (no checkpoint written)
 
 Subprocess tests run `python tests/faults.py <train.py args>` (also under torchrun), which installs
-the same wrapper from the environment and then runs train.py's main (training/loop.py's):
+the same wrapper from the environment and then runs train.py's main (training/cli.py's):
     SMALLGPT_TEST_INTERRUPT_AFTER=k, SMALLGPT_TEST_NAN_AT=k   as above
     SMALLGPT_TEST_TERM_AFTER=k           SIGTERM this process in the loop's step to iter k (as a scheduler's
                                          stop would); the steps a time budget times first don't count
@@ -62,7 +62,7 @@ def wrap_step(real_step, *, interrupt_after: int | None = None, nan_at: int | No
         if kill_after is not None and index + 1 == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9: nothing is flushed, no handler runs
         if interrupt_after is not None and index + 1 == interrupt_after:
-            os.kill(os.getpid(), signal.SIGINT)  # handled by train.py's StopFlag after this step
+            os.kill(os.getpid(), signal.SIGINT)  # the run's StopFlag stops it after this step
         return out
     return step
 
@@ -118,7 +118,8 @@ def inject(**faults):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    from training import loop, set_up
+    from training import chain, loop
+    from training import cli as train_cli
     from errors import run_cli
 
     env = {k: int(os.environ[v]) for k, v in (("interrupt_after", "SMALLGPT_TEST_INTERRUPT_AFTER"),
@@ -157,7 +158,7 @@ if __name__ == "__main__":
     if os.environ.get("SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY") and rank:
         def refuse(*a, **k):
             raise AssertionError(f"rank {rank} prepared data (or fingerprinted its source)")
-        set_up.prepare_data = refuse
+        chain.prepare_data = refuse
         import data.build
         data.build.open_source = refuse
-    run_cli(lambda: loop.main(argv))
+    run_cli(lambda: train_cli.main(argv))

@@ -183,7 +183,7 @@ def source_dir(work: Path, row: dict[str, str]) -> Path:
 
 
 def launch(args: list[str], env: dict[str, str], ranks: int = 1, timeout: float = 240) -> tuple[int, str, str]:
-    """tests/faults.py (train.py's main, training/loop.py's, with the test-only hooks in env) on `ranks` processes, started as
+    """tests/faults.py (train.py's main with the test-only hooks in env) on `ranks` processes, started as
     torchrun would start them (tests/multirank_runs.py's two_ranks); a failed rank stops the other."""
     if ranks == 1:
         r = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *args], capture_output=True,

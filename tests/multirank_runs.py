@@ -25,7 +25,7 @@ def argv(out: Path, data_root: Path, *extra: str) -> list[str]:
 
 
 def torchrun(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    """2 gloo ranks running tests/faults.py (train.py's main, training/loop.py's, with the test-only faults in `env`), under
+    """2 gloo ranks running tests/faults.py (train.py's main with the test-only faults in `env`), under
     torchrun's agent: for the tests of what the agent does (stopping the other ranks when one fails)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

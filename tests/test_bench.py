@@ -85,7 +85,7 @@ def test_bench_loss_check_runs_and_its_rerun_of_the_baseline_is_bitwise_equal_on
 
 
 def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monkeypatch, capsys):
-    """The 'ours' rows go through training.step.train_step, called by the run's chain (training/set_up.py: build_trainer), and
+    """The 'ours' rows go through training.step.train_step, called by the run's chain (build_trainer), and
     through sample.py's decoding set-up (runtime.decoding.setup_decoding) and model.generate.generate:
     counting wrappers around those functions must see every timed call."""
     calls = {"step": 0, "setup": 0, "generate": 0}

@@ -86,11 +86,11 @@ def test_class1_symlinked_bookkeeping_in_an_out_dir_is_refused_at_start(name, tm
 def test_class1_symlinked_owner_marker_makes_train_refuse_not_overwrite(tmp_path, data_root, capsys):
     """The issue's example: a .smallgpt-owner.json that is a symlink in an out_dir made train.py overwrite
     the file it points at, outside the out_dir."""
-    from training import loop
+    from training import cli as train_cli
 
     out = tmp_path / "out"
     target = plant_link(out, ownership.MARKER)
-    code, _, err = run_entry(loop.main, train_argv(out, data_root, "--wandb.mode=disabled"), capsys)
+    code, _, err = run_entry(train_cli.main, train_argv(out, data_root, "--wandb.mode=disabled"), capsys)
     assert code == 2 and err.count("error: ") == 1 and "symlink" in err and ownership.MARKER in err, err
     assert target.read_bytes() == SECRET
 

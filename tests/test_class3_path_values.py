@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ownership
-from training import loop
+from training import cli as train_cli
 from entry_points import PARSERS, TrainKey, _path_actions, path_options, run_entry, train_argv
 from errors import UserError
 from fileio import NAME_MAX, PATH_MAX, check_path_value, path_problem
@@ -123,7 +123,7 @@ def test_class3_train_writes_a_home_out_dir_in_home(world, tmp_path, monkeypatch
     in the current folder."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_entry(loop.main, train_argv(Path("~/runs/x"), world.data_root, "--wandb.mode=disabled"),
+    code, _, err = run_entry(train_cli.main, train_argv(Path("~/runs/x"), world.data_root, "--wandb.mode=disabled"),
                              capsys)
     assert code == 0, err
     assert (tmp_path / "home" / "runs" / "x" / "ckpt.pt").is_file() and not (tmp_path / "~").exists()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from training import loop
+from training import cli as train_cli
 from checkpoint import load_checkpoint
 from entry_points import run_entry, train_argv
 
 
 def run(argv, capsys):
-    code, out, err = run_entry(loop.main, argv, capsys)
+    code, out, err = run_entry(train_cli.main, argv, capsys)
     assert code == 0, err[-2000:]
     return out
 

@@ -39,7 +39,7 @@ from benchmarks import cli as bench_cli
 import eval.hellaswag as hellaswag
 import eval.inspect as inspect_cli
 from inference import sample_cli
-from training import loop
+from training import cli as train_cli
 from checkpoint import __main__ as checkpoint_cli
 from checkpoint import export as export_cli
 from checkpoint import save_checkpoint
@@ -51,7 +51,7 @@ from model import GPT, GPTConfig
 from training import plot
 
 COMMANDS = all_commands()
-ENTRIES = {("train.py",): loop.main, ("sample.py",): sample_cli.main, ("bench.py",): bench_cli.main,
+ENTRIES = {("train.py",): train_cli.main, ("sample.py",): sample_cli.main, ("bench.py",): bench_cli.main,
            ("-m", "eval.inspect"): inspect_cli.main, ("-m", "eval.hellaswag"): hellaswag.main,
            ("-m", "checkpoint.export"): export_cli.main, ("-m", "checkpoint"): checkpoint_cli.main,
            ("-m", "training.plot"): plot.main, ("-m", "data.prepare"): prepare_cli.main}
@@ -111,12 +111,12 @@ def sandbox(tmp_path_factory) -> Path:
         for name, text in FILES.items():
             Path(name).write_text(text)
         for config in READ_RUNS:
-            code = run_main(loop.main, train_argv(["--config", config], f"out/{config}", config))
+            code = run_main(train_cli.main, train_argv(["--config", config], f"out/{config}", config))
             assert code == 0, f"the tiny out/{config} the docs read did not train"
         # the chat chain the docs read: the task files, a base model, its fine-tune (out/sft, a chat model)
         assert run_main(tasks_cli.main, ["--out", "tasks"]) == 0, "the docs' tasks/ could not be written"
         for config in CHAT_RUNS:
-            code = run_main(loop.main, train_argv(["--config", config], f"out/{config}", config))
+            code = run_main(train_cli.main, train_argv(["--config", config], f"out/{config}", config))
             assert code == 0, f"the tiny out/{config} the docs read did not train"
         torch.manual_seed(0)
         cfg = GPTConfig(vocab_size=50257, block_size=16, n_layer=6, n_head=2, n_embd=8)
@@ -132,7 +132,7 @@ def substituted(cmd) -> tuple[object, list[str]]:
     for key, main in ENTRIES.items():
         if tuple(words[:len(key)]) == key:
             args = words[len(key):]
-            if main is loop.main and "--help" not in args:
+            if main is train_cli.main and "--help" not in args:
                 config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
                 args = train_argv(args, f"out/doc-{Path(cmd.doc).stem}-{cmd.line}", config)
             if main is sample_cli.main:

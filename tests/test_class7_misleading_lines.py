@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ownership
-from training import loop
+from training import cli as train_cli
 from checkpoint import load_checkpoint
 from cli_lines import an_error_line
 from data import holds
@@ -27,7 +27,7 @@ def test_class7_init_from_with_other_characters_says_the_characters_differ(tmp_p
     corpus.write_text("0123456789 +-=\n" * 200)
     argv = train_argv(tmp_path / "out", data_root, "--wandb.mode=disabled", f"--data.dataset={corpus}",
                       f"--data.root={tmp_path / 'prepared'}", f"--model.init_from={world.ckpt}")
-    line = an_error_line(*run_entry(loop.main, argv, capsys)[::2])
+    line = an_error_line(*run_entry(train_cli.main, argv, capsys)[::2])
     assert "but this data uses 'char'" not in line
     assert "other characters" in line and "only the source has" in line and "'+'" in line, line
 
@@ -39,7 +39,7 @@ def test_class7_a_v2_checkpoint_with_a_damaged_train_entry_names_train_not_plan(
     out = tmp_path / "single"  # (the world's run's out_dir name: its saved config resumes as it is)
     out.mkdir()
     torch.save({**payload, "version": 2, "train": "damaged"}, out / "ckpt.pt")
-    line = an_error_line(*run_entry(loop.main, train_argv(out, data_root, "--wandb.mode=disabled"), capsys)[::2])
+    line = an_error_line(*run_entry(train_cli.main, train_argv(out, data_root, "--wandb.mode=disabled"), capsys)[::2])
     assert "'plan'" not in line and "'train' entry is malformed" in line, line
 
 
@@ -76,7 +76,7 @@ def test_class7_inspect_interval_with_block_size_1_is_refused_not_nan(tmp_path, 
     """Was: `nan bits/token` every inspect_interval, for a text of one token that eval.inspect refuses."""
     argv = train_argv(tmp_path / "out", data_root, "--wandb.mode=disabled", "--model.block_size=1",
                       "--eval.inspect_interval=1")
-    code, out, err = run_entry(loop.main, argv, capsys)
+    code, out, err = run_entry(train_cli.main, argv, capsys)
     line = an_error_line(code, err)
     assert "eval.inspect_interval" in line and "block_size" in line and "nan" not in out, line
 
@@ -137,7 +137,7 @@ def test_class7_a_hub_style_name_that_is_no_path_says_which_hub_names_are_read(e
     for name, words in (("someorg/some-model", ("only GPT-2's models are read", "openai-community/")),
                         (str(tmp_path / "no_such_run"), ("does not exist",))):
         if entry == "model.init_from":
-            code, _, err = run_entry(loop.main, train_argv(tmp_path / "out", data_root, f"--model.init_from={name}"),
+            code, _, err = run_entry(train_cli.main, train_argv(tmp_path / "out", data_root, f"--model.init_from={name}"),
                                      capsys)
         else:
             module, argv = mains[entry]

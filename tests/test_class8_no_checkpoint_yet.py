@@ -15,6 +15,7 @@ import pytest
 import checkpoint.checkpointer
 from training.config.sections import load_config
 from training import loop
+from training import cli as train_cli
 from errors import run_cli
 from faults import inject
 from tiny_runs import tiny_argv
@@ -37,7 +38,7 @@ def test_class_the_line_after_a_stop_before_any_checkpoint_names_every_file_and_
     if cause == "disk full":
         monkeypatch.setattr(checkpoint.checkpointer, "save_checkpoint", no_space_for_ckpt)
     with inject(**({"nan_at": 2} if cause == "diverged" else {})), pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: loop.main(argv))
+        run_cli(lambda: train_cli.main(argv))
     monkeypatch.undo()
     errors = [line for line in re.split(r"[\r\n]", capsys.readouterr().err) if line.startswith("error:")]
     assert stopped.value.code == 2 and len(errors) == 1, errors

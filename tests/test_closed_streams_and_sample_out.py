@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from training import loop
+from training import cli as train_cli
 from checkpoint import load_checkpoint
 from sample_runs import ENV, make_char_checkpoint, run
 from tiny_runs import tiny_argv
@@ -192,7 +192,7 @@ def test_console_guard_restores_stdout(monkeypatch):
 def test_training_goes_on_when_stdout_fills_up_mid_run(tmp_path, data_root, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdout", FullAfter(300))  # the config dump alone is longer
     out = tmp_path / "out"
-    loop.main(tiny_argv(out, data_root, "--train.max_iters=4", "--train.eval_interval=4", "--train.eval_iters=1"))
+    train_cli.main(tiny_argv(out, data_root, "--train.max_iters=4", "--train.eval_interval=4", "--train.eval_iters=1"))
     err = capsys.readouterr().err
     assert err.count("warning: cannot write to stdout") == 1
     assert load_checkpoint(out / "ckpt.pt")["train"]["iter"] == 4

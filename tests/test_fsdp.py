@@ -38,7 +38,7 @@ CLIP = 0.1  # below every step's gradient norm here: clipping acts on every step
 
 def argv(out: Path, data_root: Path, *extra: str) -> list[str]:
     # test_multirank's tiny run, without dropout (on another number of ranks each rank draws other masks,
-    # training/rng.py, so only a run without dropout can be compared across world sizes), clipping on
+    # training/state.py, so only a run without dropout can be compared across world sizes), clipping on
     # every step, sharded; later overrides win
     return multirank_argv(out, data_root, "--model.dropout=0.0", f"--train.grad_clip={CLIP}", "--train.parallel=fsdp",
                           *extra)

@@ -33,7 +33,7 @@ import eval.hellaswag as hellaswag  # noqa: E402
 import eval.inspect as inspect_  # noqa: E402
 from inference import sample_cli  # noqa: E402
 import server.cli as serve_cli  # noqa: E402
-from training import loop  # noqa: E402
+from training import cli as train_cli  # noqa: E402
 from checkpoint.export import main as export_main  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
@@ -74,7 +74,7 @@ def entries(data_root: Path):
         "eval.hellaswag": (hellaswag.main, lambda d, t: ["--checkpoint", d, "--data", hs(d), "--device", "cpu"]),
         "eval.inspect": (inspect_.main, lambda d, t: ["--checkpoint", d, "--text", "To be", "--out", t / "pictures"]),
         "checkpoint.export": (export_main, lambda d, t: ["--checkpoint", d, "--out", t / "export"]),
-        "train.py init_from": (loop.main, lambda d, t: tiny_train_argv(t / "run", data_root, "--data.tokenizer=gpt2",
+        "train.py init_from": (train_cli.main, lambda d, t: tiny_train_argv(t / "run", data_root, "--data.tokenizer=gpt2",
                                                                         f"--model.init_from={d}")),
     }
 

@@ -27,6 +27,7 @@ import eval.hellaswag as hellaswag
 from inference import sample_cli
 from training.config.sections import load_config
 from training import loop
+from training import cli as train_cli
 from checkpoint import load_checkpoint, save_checkpoint
 from checkpoint.export import main as export_main
 from data.prepare import main as prepare_main
@@ -120,7 +121,7 @@ READERS = {
     "data.prepare meta.json": (prepare_main, deep_meta),
     "sample.py HF config.json": (sample_cli.main, deep_hf_config),
     "checkpoint.export model card": (export_main, deep_model_card_metrics),
-    "train.py lock file": (loop.main, deep_lock),
+    "train.py lock file": (train_cli.main, deep_lock),
     "checkpoint.export folder owner marker": (export_main, deep_owner_marker),
 }
 
@@ -203,7 +204,7 @@ PIPE_READERS = {
     "sample.py": lambda p, w, t: (sample_cli.main, ["--checkpoint", p, *SAMPLE_FAST]),
     "eval.hellaswag": lambda p, w, t: (hellaswag.main, ["--checkpoint", p, "--data", w.hellaswag, "--device", "cpu"]),
     "checkpoint.export": lambda p, w, t: (export_main, ["--checkpoint", p, "--out", t / "hf"]),
-    "model.init_from": lambda p, w, t: (loop.main, [*train_argv(t / "out", w.data_root), f"--model.init_from={p}"]),
+    "model.init_from": lambda p, w, t: (train_cli.main, [*train_argv(t / "out", w.data_root), f"--model.init_from={p}"]),
 }
 
 
@@ -224,7 +225,7 @@ def test_a_checkpoint_at_a_negative_step_is_refused_naming_it(world, tmp_path, c
     ckpt["train"][counter] = value
     save_checkpoint(out / "ckpt.pt", ckpt)
     before = (out / "ckpt.pt").read_bytes()
-    code, _, err = run_entry(loop.main, train_argv(out, world.data_root, "--train.max_iters=4"), capsys)
+    code, _, err = run_entry(train_cli.main, train_argv(out, world.data_root, "--train.max_iters=4"), capsys)
     an_error_line(code, err, str(out / "ckpt.pt"), counter)
     assert (out / "ckpt.pt").read_bytes() == before
 
@@ -280,7 +281,7 @@ def test_a_source_changed_since_the_checkpoint_is_one_line_before_anything_is_re
                              "--no-progress"]) in (0, None)
         capsys.readouterr()
     before = snapshot(base / "prep")
-    code, _, err = run_entry(loop.main, train_argv(base / "run", base / "prep", f"--data.dataset={src}",
+    code, _, err = run_entry(train_cli.main, train_argv(base / "run", base / "prep", f"--data.dataset={src}",
                                                     "--train.max_iters=4"), capsys)
     line = an_error_line(code, err, f"data.dataset {str(src)!r}", "changed since the checkpoint",
                            "put the original data back", "new --train.out_dir")
@@ -296,7 +297,7 @@ def test_putting_the_original_data_back_resumes_the_run(resumable, capsys):
     src = base / "mini.txt"
     argv = train_argv(base / "run", base / "prep", f"--data.dataset={src}", "--train.max_iters=4")
     src.write_text(MINI + "an edit\n", encoding="utf-8")
-    an_error_line(*run_entry(loop.main, argv, capsys)[::2], "changed since the checkpoint")
+    an_error_line(*run_entry(train_cli.main, argv, capsys)[::2], "changed since the checkpoint")
     src.write_text(MINI, encoding="utf-8")
     with contextlib.redirect_stdout(io.StringIO()):
         summary = loop.train(load_config(argv))

@@ -32,7 +32,7 @@ import pytest
 from benchmarks import cli as bench_cli
 import eval.hellaswag as hellaswag
 from inference import sample_cli
-from training import loop
+from training import cli as train_cli
 from checkpoint import load_checkpoint
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
@@ -137,13 +137,13 @@ OPTIONS: dict[str, Option] = {
     "data.prepare --local-path": Option(prepare_main, lambda p, w, t: ["--local-path", p, "--tokenizer", "char",
                                                                        "--root", t / "prepared", "--no-progress"],
                                         name="input.txt"),
-    "train.py --config": Option(loop.main, lambda p, w, t: ["--config", p, *train_argv(t / "out", w.data_root)],
+    "train.py --config": Option(train_cli.main, lambda p, w, t: ["--config", p, *train_argv(t / "out", w.data_root)],
                                 name="cfg.yaml"),
-    "train.py train.out_dir": Option(loop.main, lambda p, w, t: train_argv(p, w.data_root), output=True,
+    "train.py train.out_dir": Option(train_cli.main, lambda p, w, t: train_argv(p, w.data_root), output=True,
                                      loads=lambda d: (d / "ckpt.pt").is_file(), name="out"),
-    "train.py data.root": Option(loop.main, lambda p, w, t: [*train_argv(t / "out", w.data_root), f"--data.root={p}"],
+    "train.py data.root": Option(train_cli.main, lambda p, w, t: [*train_argv(t / "out", w.data_root), f"--data.root={p}"],
                                  output=True, loads=lambda d: any(d.glob("*/meta.json")), name="prepared"),
-    "train.py model.init_from": Option(loop.main, lambda p, w, t: [*train_argv(t / "out", w.data_root),
+    "train.py model.init_from": Option(train_cli.main, lambda p, w, t: [*train_argv(t / "out", w.data_root),
                                                                     f"--model.init_from={p}"], name="init/ckpt.pt"),
     "bench.py --json": Option(None, None, output=True, loads=lambda f: isinstance(json.loads(f.read_text()), dict),
                               name="bench.json"),

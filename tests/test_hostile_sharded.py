@@ -20,7 +20,7 @@ from hypothesis import given, strategies as st
 
 import eval.hellaswag as hellaswag
 from inference import sample_cli
-from training import loop
+from training import cli as train_cli
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 
@@ -74,9 +74,9 @@ def _shard_dir(ckpt: Path) -> None:
 READERS = {
     "sample.py": lambda run, w, t: (sample_cli.main, ["--checkpoint", run, *SAMPLE_FAST]),
     "consolidate": lambda run, w, t: (checkpoint_main, ["consolidate", run, "--out", t / "one.pt"]),
-    "resume": lambda run, w, t: (loop.main, train_argv(run, w.data_root, "--train.parallel=fsdp",
+    "resume": lambda run, w, t: (train_cli.main, train_argv(run, w.data_root, "--train.parallel=fsdp",
                                                         "--train.max_iters=4")),
-    "model.init_from": lambda run, w, t: (loop.main, [*train_argv(t / "new", w.data_root),
+    "model.init_from": lambda run, w, t: (train_cli.main, [*train_argv(t / "new", w.data_root),
                                                        f"--model.init_from={run / 'ckpt.dcp'}"]),
     "eval.hellaswag": lambda run, w, t: (hellaswag.main, ["--checkpoint", run, "--data", w.hellaswag, "--device", "cpu"]),
     "checkpoint.export": lambda run, w, t: (export_main, ["--checkpoint", run, "--out", t / "hf"]),

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import loop, set_up
+from training import chain
+
+from training import cli as train_cli
 
 from multirank_runs import argv as tiny_argv
 from cli_lines import an_error_line, cli
@@ -83,7 +85,7 @@ def test_a_bad_init_from_is_refused_before_the_data_is_prepared(kind, tmp_path, 
     make, tokenizer, words = KINDS[kind]
     source = make(tmp_path)
     prepared = []
-    monkeypatch.setattr(set_up, "prepare_data", lambda *a, **k: prepared.append(a) or pytest.fail("data prepared"))
+    monkeypatch.setattr(chain, "prepare_data", lambda *a, **k: prepared.append(a) or pytest.fail("data prepared"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     data_root = tmp_path / "data"
     argv = [*tiny_argv(tmp_path / "out", data_root), f"--data.tokenizer={tokenizer}", f"--model.init_from={source}"]
@@ -94,12 +96,12 @@ def test_a_bad_init_from_is_refused_before_the_data_is_prepared(kind, tmp_path, 
 
 def test_a_good_checkpoint_passes_the_check_and_is_loaded_after_the_data(tmp_path, data_root, monkeypatch):
     """The check refuses nothing that loads: a run's own checkpoint starts the next run (the weights read later)."""
-    first = loop.main([*tiny_argv(tmp_path / "a", data_root), "--train.max_iters=1", "--train.eval_interval=1"])
+    first = train_cli.main([*tiny_argv(tmp_path / "a", data_root), "--train.max_iters=1", "--train.eval_interval=1"])
     assert first == 0
     calls = []
-    real = set_up.prepare_data
-    monkeypatch.setattr(set_up, "prepare_data", lambda *a, **k: calls.append(1) or real(*a, **k))
-    assert loop.main([*tiny_argv(tmp_path / "b", data_root), "--train.max_iters=1", "--train.eval_interval=1",
+    real = chain.prepare_data
+    monkeypatch.setattr(chain, "prepare_data", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert train_cli.main([*tiny_argv(tmp_path / "b", data_root), "--train.max_iters=1", "--train.eval_interval=1",
                        f"--model.init_from={tmp_path / 'a'}"]) == 0
     assert calls == [1]
 

@@ -80,12 +80,12 @@ def _one_line(code, err, *words):
     ("--model.block_size=5000000", "activations"),
 ])
 def test_training_that_cannot_fit_is_refused_in_one_line_before_allocating(tmp_path, capsys, override, words):
-    from training import loop
+    from training import cli as train_cli
 
     argv = ["--data.tokenizer=char", f"--data.root={tmp_path / 'prepared'}", f"--train.out_dir={tmp_path / 'out'}",
             "--model.n_head=4", "--wandb.mode=disabled", "--train.device=cpu", override]
     with pytest.raises(SystemExit) as e:
-        run_cli(lambda: loop.main(argv))
+        run_cli(lambda: train_cli.main(argv))
     _one_line(e.value.code, capsys.readouterr().err, "training needs about", words, "lower train.batch_size")
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 

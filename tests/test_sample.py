@@ -19,6 +19,7 @@ import model.generate
 import runtime.precision
 from inference import sample_cli
 from runtime.precision import inference_dtype
+from runtime.text import StreamPrinter
 from data import get_tokenizer
 from model import GPT, GPTConfig
 from model.generate import generate
@@ -301,7 +302,7 @@ def test_stream_printer_keeps_multibyte_characters_whole():
     assert any("\ufffd" in tok.decode([i]) for i in ids), "the text should split characters across tokens"
     chunks = []
     Recorder = recorder_into(chunks)
-    printer = sample_cli.StreamPrinter(tok, Recorder())
+    printer = StreamPrinter(tok, Recorder())
     for i in ids:
         printer.add(i)
     printer.finish()

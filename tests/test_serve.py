@@ -450,22 +450,25 @@ def test_the_page_forgets_a_cleared_reply_and_keeps_the_conversation_when_a_mess
         assert browser.wait_for(f"({done})(3)") == "done"
         requests = browser.eval(sent)
         boxes, settings = [], []  # out-of-range settings: sent as the nearest bound, blank ones as the defaults
-        for n, (tokens, temperature) in enumerate([("0", "5"), ("-5", "-1"), ("", "")], start=4):
+        shown = browser.eval("[...document.querySelectorAll('.msg')].map(b => b.className).join()")
+        rows = [("0", "5"), ("-5", "-1"), ("", ""), ("7.9", "2.0"), ("600", "0.75")]
+        for n, (tokens, temperature) in enumerate(rows, start=4):
             browser.eval(f"document.getElementById('max_tokens').value = '{tokens}'; "
                          f"document.getElementById('temperature').value = '{temperature}'; "
                          "document.getElementById('input').focus()")
-            browser.type_text("settings " + "abc"[n - 4])
+            browser.type_text("settings " + "abcde"[n - 4])
             browser.press_enter()
             assert browser.wait_for(f"({done})({n})") == "done", browser.eval("document.body.innerText")
             boxes.append(browser.eval("['max_tokens', 'temperature'].map(i => document.getElementById(i).value)"))
             settings.append(browser.eval("[window.sent.at(-1).max_tokens, window.sent.at(-1).temperature]"))
-        shown = browser.eval("[...document.querySelectorAll('.msg')].map(b => b.className).join()")
     finally:
         browser.close()
         server.stop()
     # the defaults: the page's 256 tokens (under the server's 512-token limit), the box's temperature 0.8
-    assert settings == [[1, 2], [1, 0], [256, 0.8]], settings
-    assert boxes == [["1", "2"], ["1", "0"], ["256", "0.8"]], boxes  # the boxes show what was sent
+    # over the server's limit: its 512; a fraction of a token: the whole tokens below it
+    assert settings == [[1, 2], [1, 0], [256, 0.8], [7, 2], [512, 0.75]], settings
+    # the boxes show what was sent, as typed where it is that number (0.75, 2.0)
+    assert boxes == [["1", "2"], ["1", "0"], ["256", "0.8"], ["7", "2.0"], ["512", "0.75"]], boxes
     assert requests[1] == ["user:second"], requests  # nothing of the cleared exchange
     assert requests[2] == ["user:second", "assistant:aaa", "user:third"], requests
     # the too-long message (one try, then its retries without each exchange) left the conversation as it was

@@ -20,7 +20,9 @@ import torch.nn.functional as F
 import yaml
 from hypothesis import event, given, strategies as st
 
-from training import loop, set_up
+from training import chain, loop
+
+from training import cli as train_cli
 from checkpoint import load_checkpoint
 from data import DataConfig, load_meta, prepare_data, tokenizer_entry
 from errors import UserError
@@ -241,7 +243,7 @@ def test_weights_gone_non_finite_stop_the_run_in_one_line_before_any_sample_or_m
     argv = tiny_argv(tmp_path / "out", data_root, "--train.max_iters=6", "--train.log_interval=100",
                      "--train.eval_interval=100", "--eval.sample_interval=3", "--eval.inspect_interval=3")
     with inject(nan_at=1), pytest.raises(SystemExit) as ei:
-        run_cli(lambda: loop.main(argv))
+        run_cli(lambda: train_cli.main(argv))
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
     assert ei.value.code == 2 and len(errors) == 1 and "Traceback" not in captured.err, captured.err[-2000:]
@@ -251,7 +253,7 @@ def test_weights_gone_non_finite_stop_the_run_in_one_line_before_any_sample_or_m
 # ---------------------------------------------------------------------------------------- bad values
 
 def test_a_prompt_the_char_vocabulary_lacks_is_one_line_before_the_model_is_built(tmp_path, data_root, monkeypatch):
-    monkeypatch.setattr(set_up, "build_model", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(chain, "build_model", lambda *a, **k: pytest.fail("the model was built"))
     with pytest.raises(UserError) as e:
         run(tmp_path / "out", data_root, "--eval.sample_interval=2", '--eval.sample_prompts=["ROMEO:", "JULIÉT☃"]')
     assert str(e.value).startswith("eval.sample_prompts: prompt 2 ('JULIÉT☃') cannot be encoded by the char tokenizer: "

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from training import loop
+from training import cli as train_cli
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
 from faults import inject
@@ -193,7 +193,7 @@ def test_resume_refuses_a_changed_architecture_and_keeps_the_checkpoint(tmp_path
 def test_nan_loss_before_any_checkpoint_says_how_to_rerun_and_the_advice_works(tmp_path, data_root, capsys):
     argv = tiny_argv(tmp_path / "out", data_root, "--train.max_iters=4", "--train.eval_interval=100")
     with inject(nan_at=1), pytest.raises(SystemExit) as ei:
-        run_cli(lambda: loop.main(argv))
+        run_cli(lambda: train_cli.main(argv))
     errors = [l for l in re.split(r"[\r\n]", capsys.readouterr().err) if l.startswith("error:")]
     assert ei.value.code == 2 and len(errors) == 1
     assert "no checkpoint was written, so there is nothing to resume" in errors[0]
@@ -210,7 +210,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, dat
         run(tmp_path / "ref", data_root, *common)
     argv = tiny_argv(tmp_path / "out", data_root, *common)
     with inject(nan_at=7), pytest.raises(SystemExit) as ei:
-        run_cli(lambda: loop.main(argv))
+        run_cli(lambda: train_cli.main(argv))
     assert ei.value.code == 2
     stderr = capsys.readouterr().err
     errors = [l for l in re.split(r"[\r\n]", stderr) if l.startswith("error:")]  # tqdm shares stderr

@@ -14,7 +14,7 @@ from model import GPT, GPTConfig
 from checkpoint import load_checkpoint, save_checkpoint
 from training.report.mfu import gpu_peak_flops, mfu, peak_flops
 from training.optim import make_optimizer
-from training.rng import get_rng_state, set_rng_state
+from training.state import get_rng_state, set_rng_state
 from training.timing.schedule import lr_at
 from training.parallel.signals import StopFlag
 

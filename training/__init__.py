@@ -1,1 +1,2 @@
-"""Training helpers for train.py: each module does one thing. Nothing runs at import time."""
+"""Training a GPT: `python train.py`'s command (cli.py), the run's chain and loop, and one module for each
+thing they use. Nothing runs at import time."""

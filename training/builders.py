@@ -1,5 +1,5 @@
 """The parts of a training run, one builder each (torchtitan's shape), and the one chain that joins the
-model to its training step. training/set_up.py's set_up calls it, and so does every benchmark that times a step,
+model to its training step. training/chain.py's set_up calls it, and so does every benchmark that times a step,
 so what a benchmark times is what train.py runs.
 
     check_memory(cfg, vocab_size, resume, device, par)   # refuse what can't fit, before allocating
@@ -46,8 +46,7 @@ from .report.mfu import peak_flops
 from .report.window import LossWindow
 from .optim import Muon, make_optimizers
 from .plan import Batch, Decision, RunPlan
-from .rng import RNGState
-from .state import OptimizerState, ScalerState, TrainState
+from .state import OptimizerState, RNGState, ScalerState, TrainState
 from .graphs.evals import GraphedLoss
 from .graphs.step import GraphedStep
 from .step import StepOutput, forward_backward_probe, train_step

@@ -1,11 +1,10 @@
-"""The training run as train.py starts it: `main` parses the config and calls `train`, which builds the run
-(training/set_up.py's chain), runs `loop` (one optimizer step per iteration, then whatever is due: log,
-eval, checkpoint, stop) and tears everything down. Which ranks take part in what is the parallel context's
-answer (training/parallel/distributed.py)."""
+"""The training run: `train` builds it (training/chain.py's `set_up`), runs `loop` (one optimizer step per
+iteration, then whatever is due: log, eval, checkpoint, stop) and tears everything down. `python train.py`
+calls it through training/cli.py. Which ranks take part in what is the parallel context's answer
+(training/parallel/distributed.py)."""
 from __future__ import annotations
 
 import math
-import sys
 import time
 import traceback
 from contextlib import ExitStack
@@ -19,24 +18,17 @@ from errors import UserError
 from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics
 from runtime.device import resolve_device
 from training.batch_size import check_world_size
-from training.config.sections import Config, load_config, parse_duration
+from training.chain import set_up
+from training.config.sections import Config, parse_duration
 from training.float8 import check_float8
 from training.parallel.distributed import Parallel, destroy_distributed, dist_from_env
 from training.report.evaluate import bits_per_byte
-from training.report.metrics import METRICS_NAME, console_guard
+from training.report.metrics import METRICS_NAME
 from training.report.mfu import mfu
 from training.report.window import LossWindow
 from training.run import Run, evaluate_splits, lr_of_plan, step_at
-from training.set_up import set_up
 from training.step import StepOutput
 from training.timing.schedule import Cadence
-
-
-def main(argv: list[str] | None = None) -> int:
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
-    with console_guard():  # a closed or full stdout never stops a run
-        train(cfg)
-    return 0
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -63,7 +55,6 @@ def train(cfg: Config) -> dict[str, Any]:
         # destroy_process_group, the gloo group's destructor can wait for the GIL this thread holds
         run = None
         destroy_distributed(healthy=not failed, par=par)
-
 
 
 def loop(r: Run) -> dict[str, Any]:

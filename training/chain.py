@@ -29,9 +29,8 @@ from training.report.showcase import build_showcase, replayed_media
 from training.report.state_size import shard_counts, state_bytes
 from training.report.wandb_logger import WandbLogger
 from training.report.window import LossWindow
-from training.rng import seed_everything
 from training.run import Clock, HellaSwag, Run, RunLog, resumed_clock_notes
-from training.state import TrainState
+from training.state import TrainState, seed_everything
 from training.timing.budget import resumed_length_notes, resumed_ranks_notes, schedule_for
 
 
