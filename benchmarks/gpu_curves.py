@@ -3,7 +3,10 @@
     python -m benchmarks.gpu_curves benchmarks/results/h100-2026-11-27 docs/gpu-curves.png
 
 Each log line starts with the seconds since its command started (gpu_round.sh's `stamp`), so a val line's
-stamp is the wall time to that loss, start-up and compile included, as a user waits for it.
+stamp is the wall time to that loss, start-up and compile included, as a user waits for it. Every run of
+RUNS whose log is in the folder is drawn (a round that ran only some steps draws those), characters on the
+left against --target, GPT-2 BPE on the right; a folder with none of them, or a log with no val line, is one
+line saying so.
 """
 from __future__ import annotations
 
@@ -11,20 +14,26 @@ import argparse
 import re
 from pathlib import Path
 
-from errors import run_cli
-from fileio import path_arg
+from errors import UserError, run_cli
+from fileio import path_arg, read_user_file
 from ownership import check_output
 
 OURS = re.compile(r"^\s*([\d.]+) iter (\d+): train loss [\d.]+, val loss ([\d.]+)")
 NANOGPT = re.compile(r"^\s*([\d.]+) step (\d+): train loss [\d.]+, val loss ([\d.]+)")
-RUNS = (("ours_char.log", OURS, "ours: shakespeare_char_gpu.yaml"),
-        ("nanogpt_char.log", NANOGPT, "nanoGPT: train_shakespeare_char.py"))
+# (gpu_round.sh step's log, its pattern, the label, the panel: characters or BPE)
+RUNS = (("nanogpt_char.log", NANOGPT, "nanoGPT: train_shakespeare_char.py", "char"),
+        ("ours_char.log", OURS, "ours: shakespeare_char_gpu.yaml (compiled)", "char"),
+        ("ours_char_graph.log", OURS, "ours: shakespeare_char_gpu.yaml, CUDA graph, no compile", "char"),
+        ("ours_char_adamw.log", OURS, "ours: shakespeare_char_gpu.yaml with AdamW", "char"),
+        ("ours_bpe.log", OURS, "ours: shakespeare_gpu.yaml (GPT-2 BPE)", "bpe"))
+MAX_LOG = 64 * 2**20  # a round's log is a few hundred KB
 
 
 def val_curve(path: Path, pattern: re.Pattern) -> list[tuple[float, int, float]]:
     """(seconds, step, val loss) of every eval line of a stamped log."""
+    text = read_user_file(path, "the log", fix="run the round's step first", limit=MAX_LOG)
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.decode("utf-8", errors="replace").splitlines():
         m = pattern.match(line)
         if m:
             out.append((float(m.group(1)), int(m.group(2)), float(m.group(3))))
@@ -35,32 +44,61 @@ def first_below(curve, loss: float):
     return next(((s, step, v) for s, step, v in curve if v <= loss), None)
 
 
+def curves(folder: Path) -> list[tuple[str, str, list]]:
+    """(label, panel, curve) of each run whose log the folder holds, in RUNS' order."""
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder; name the folder of a round's logs (gpu_round.sh's $OUT/logs)")
+    found = []
+    for name, pattern, label, panel in RUNS:
+        if not (folder / name).exists():
+            continue
+        curve = val_curve(folder / name, pattern)
+        if not curve:
+            raise UserError(f"{folder / name} holds no val loss line (was the step cut before its first eval?); "
+                            "move it away to draw the others")
+        found.append((label, panel, curve))
+    if not found:
+        raise UserError(f"{folder} holds none of the round's training logs ({', '.join(r[0] for r in RUNS)}); "
+                        "name the folder of a round's logs")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("logs", type=Path)
     p.add_argument("out", type=path_arg)
-    p.add_argument("--target", type=float, default=1.47)
+    p.add_argument("--target", type=float, default=1.47, help="the characters' val loss to reach (nanoGPT's best)")
     args = p.parse_args(argv)
     out = check_output(args.out, "out")  # the gate (ownership.py): a picture, never into a managed folder
+    found = curves(args.logs)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, pattern, label in RUNS:
-        curve = val_curve(args.logs / name, pattern)
-        hit = first_below(curve, args.target)
-        print(f"{label}: " + (f"val {hit[2]:.4f} <= {args.target} at step {hit[1]}, {hit[0]:.1f} s" if hit
-                              else f"never <= {args.target}") + f"; best {min(v for _, _, v in curve):.4f}")
-        ax.plot([s for s, _, _ in curve], [v for _, _, v in curve], marker="o", ms=3, label=label)
-    ax.axhline(args.target, color="grey", lw=0.8, ls="--")
-    ax.set(xlabel="wall time since the command started, s (start-up and compile included)", ylabel="val loss",
-           ylim=(1.4, 2.2), title="tiny shakespeare, characters, one H100")
-    ax.legend()
+    panels = [panel for panel in ("char", "bpe") if any(f[1] == panel for f in found)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for label, _, curve in (f for f in found if f[1] == panel):
+            best = min(curve, key=lambda point: point[2])
+            line = f"{label}: best {best[2]:.4f} at step {best[1]}, {best[0]:.1f} s"
+            if panel == "char":
+                hit = first_below(curve, args.target)
+                line += (f"; val {hit[2]:.4f} <= {args.target} at step {hit[1]}, {hit[0]:.1f} s" if hit
+                         else f"; never <= {args.target}")
+            print(line)
+            ax.plot([s for s, _, _ in curve], [v for _, _, v in curve], marker="o", ms=3, label=label)
+        if panel == "char":
+            ax.axhline(args.target, color="grey", lw=0.8, ls="--")
+        ax.set(xlabel="wall time since the command started, s (start-up and compile included)", ylabel="val loss",
+               title=f"tiny shakespeare, {'characters' if panel == 'char' else 'GPT-2 BPE'}, one GPU")
+        ax.legend()
     fig.tight_layout()
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(out)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return 0
 
 

@@ -8,7 +8,8 @@ in-process: train.py's config (load_config, every --section.key checked), bench.
 (benchmarks/cli.py's parse_args with its bounds), sample.py's, the two GPU benchmark scripts' (and
 the config overrides they pass on), and the Python the round runs with -c (compiled, each name it
 imports looked up). nanoGPT's own steps are checked against nanoGPT's train.py as its configurator
-reads it: the config file is there and each --key=value names one of its globals.
+reads it: the config file is there and each --key=value names one of its globals. And the round's picture
+(benchmarks/gpu_curves.py) is drawn from synthetic stamped logs of the steps a round may have left.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import auto_batch, cli as bench_cli, gpu_step_profile
+from benchmarks import auto_batch, cli as bench_cli, gpu_curves, gpu_step_profile
+from cli_lines import cli, one_error_line
 from code_reading import PACKAGES, ROOT
 from errors import UserError
 from inference import sample_cli
@@ -180,3 +182,50 @@ def test_a_step_that_would_not_start_is_found(line, refused, tmp_path, monkeypat
     with pytest.raises(refused):
         for words in commands(steps(line)["x"]):
             check(words, tmp_path)
+
+
+# ------------------------------------------------------------------ the round's picture: benchmarks/gpu_curves.py
+
+def stamped(lines: list[tuple[float, str]]) -> str:
+    """A log as gpu_round.sh's `stamp` writes it: each line behind the seconds since the command started."""
+    return "".join(f"{s:8.2f} {text}\n" for s, text in lines)
+
+
+def test_the_curves_draw_the_logs_a_round_left_and_say_when_each_reached_the_target(tmp_path, capsys):
+    """The first prepared call runs nanogpt_char and ours_char_graph, not ours_char: the picture drew only
+    ours_char.log and nanogpt_char.log, so after that call it was a traceback (no such file). Now each log
+    present is drawn. The reference: the seconds and steps written into the synthetic logs."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "nanogpt_char.log").write_text(stamped([
+        (0.5, "tokens per iteration will be: 16,384"), (20.0, "step 250: train loss 1.9000, val loss 1.9500"),
+        (81.7, "step 2250: train loss 1.3000, val loss 1.4690"), (90.0, "step 2500: train loss 1.2000, val loss 1.4720")]))
+    (logs / "ours_char_graph.log").write_text(stamped([
+        (3.0, "run plan (decided once, saved in the checkpoint):"), (15.5, "iter 250: train loss 1.8000, val loss 1.9000"),
+        (38.25, "iter 1000: train loss 1.4000, val loss 1.4650"), (44.0, "iter 1250: train loss 1.3000, val loss 1.4400")]))
+    (logs / "ours_bpe.log").write_text(stamped([(30.0, "iter 250: train loss 5.0000, val loss 5.1000")]))
+    code, out, err = cli([str(logs), str(tmp_path / "curves.png")], capsys, main=gpu_curves.main)
+    assert code == 0, err
+    assert out.splitlines() == [
+        "nanoGPT: train_shakespeare_char.py: best 1.4690 at step 2250, 81.7 s; val 1.4690 <= 1.47 at step 2250, 81.7 s",
+        "ours: shakespeare_char_gpu.yaml, CUDA graph, no compile: best 1.4400 at step 1250, 44.0 s; val 1.4650 <= 1.47 "
+        "at step 1000, 38.2 s",
+        "ours: shakespeare_gpu.yaml (GPT-2 BPE): best 5.1000 at step 250, 30.0 s"]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "logs"]  # no temp left
+
+
+@pytest.mark.parametrize("logs, words", [
+    ("missing", ["is not a folder"]),
+    ("empty", ["holds none of the round's training logs"]),
+    ("cut", ["holds no val loss line", "ours_char.log"]),
+])
+def test_the_curves_of_a_folder_without_them_are_one_line(logs, words, tmp_path, capsys):
+    folder = tmp_path / logs
+    if logs != "missing":
+        folder.mkdir()
+    if logs == "cut":
+        (folder / "ours_char.log").write_text(stamped([(2.0, "compiling the model...")]))
+    code, _, err = cli([str(folder), str(tmp_path / "curves.png")], capsys, main=gpu_curves.main)
+    one_error_line(code, err, *words)
+    assert not (tmp_path / "curves.png").exists()
