@@ -335,3 +335,39 @@ def test_the_evaluation_names_a_bad_tasks_file_in_one_line(tmp_path):
     for path, words in ((tmp_path / "missing.jsonl", "--tasks .* does not exist"), (tmp_path / "bad.jsonl", "row 1")):
         with pytest.raises(UserError, match=words):
             eval_main(["--checkpoint", str(tmp_path), "--tasks", str(path)])
+
+
+def test_the_packing_the_sft_benchmark_times_gives_each_conversation_its_own_loss():
+    """benchmarks/sft_batches.py (docs/chat.md's table) times packing with a document mask and restarting
+    positions against padding; nothing ran it. Its packed batches must compute what the model computes on each
+    conversation alone: the reference is the model's own forward on each conversation, one at a time, its
+    cross-entropy over the counted (assistant) targets, summed and divided by their count."""
+    import torch.nn.functional as F
+
+    from benchmarks import sft_batches
+    from model import GPT, GPTConfig
+
+    convs, vocab = sft_batches.conversations(40)
+    convs = sorted(convs, key=lambda c: len(c[0]))[:12]  # the shortest: two or more to a row
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=sft_batches.BLOCK, vocab_size=vocab, dropout=0.0))
+    x, y, mask, pos, slots, counted, real = next(sft_batches.packed(convs, rows=2))
+    placed, row, at = [], 0, 0  # which conversations the first batch holds: laid end to end, none split
+    for i, (ids, _) in enumerate(convs):
+        if at + len(ids) - 1 > sft_batches.BLOCK:
+            row, at = row + 1, 0
+        if row == 2:
+            break
+        placed.append(i)
+        at += len(ids) - 1
+    assert len(placed) >= 3  # at least one row holds two conversations: the mask has something to separate
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for ids, keep in (convs[i] for i in placed):
+            logits = model(torch.from_numpy(ids[:-1])[None])[0]
+            target = torch.from_numpy(np.where(keep[1:], ids[1:], -1))
+            total += F.cross_entropy(logits, target, ignore_index=-1, reduction="sum").item()
+            n += int((target >= 0).sum())
+        packed_loss = sft_batches.loss_of(model, x, y, mask, pos).item()
+    assert n == counted and real == sum(len(convs[i][0]) - 1 for i in placed)
+    assert abs(packed_loss - total / n) < 1e-5, (packed_loss, total / n)
