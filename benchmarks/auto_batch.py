@@ -5,7 +5,7 @@ caching allocator then raises out-of-memory past the cap, as on a card that size
 training/batch_size.py choose the micro-batch of configs/gpt2_124m.yaml's model for its global batch
 (512 sequences of 1024 tokens), then times a few optimizer steps at that choice: train.py's step
 (training/step.py) on random tokens, with the model, optimizers, scaler, loss path and compile set up
-by train.py's builders. Reports the choice, how long it took, tok/s, and the peak the real steps
+by the run's builders (training/builders.py). Reports the choice, how long it took, tok/s, and the peak the real steps
 reached against the cap (a step that runs out of memory is reported, not a crash).
 
     python -m benchmarks.auto_batch --memory-gb 16 --json benchmarks/results/results-auto-batch-16gb-h100.json
@@ -51,16 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> dict:
+def checked(argv: list[str] | None = None):
+    """(the options, the config this run trains): every check done before the GPU is touched (tests/test_gpu_round.py
+    runs it on each command of the GPU round)."""
     args = build_parser().parse_args(argv)
     if args.json:  # the gate, before minutes of measuring: no folder another command manages
         check_output(args.json, "--json")
-    device = torch.device(args.device)
-    if device.type == "cuda" and device.index is None:  # set_per_process_memory_fraction needs an index
-        device = torch.device("cuda", torch.cuda.current_device())
     cfg = load_config(["--config", "gpt2_124m", "--train.batch_size=auto", f"--train.device={args.device}",
                        f"--train.global_batch_size={16 if args.quick else args.global_batch}",
                        f"--train.compile={args.compile}", "--wandb.mode=disabled"] + (QUICK if args.quick else []))
+    return args, cfg
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, cfg = checked(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:  # set_per_process_memory_fraction needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
     t, block = cfg.train, cfg.model.block_size
     data_vocab = cfg.model.vocab_size if args.quick else GPT2_VOCAB
     cap = int(args.memory_gb * 2**30)

@@ -4,15 +4,18 @@
 
 Each log line starts with the seconds since its command started (gpu_round.sh's `stamp`), so a val line's
 stamp is the wall time to that loss, start-up and compile included, as a user waits for it. Every run of
-RUNS whose log is in the folder is drawn (a round that ran only some steps draws those), characters on the
-left against --target, GPT-2 BPE on the right; a folder with none of them, or a log with no val line, is one
-line saying so.
+RUNS whose log is in the folder is drawn (a round that ran only some steps draws those; a log with no val
+line, a step cut before its first eval, is left out with a note), characters on the left against --target
+(the loss axis from just under the target to the runs' second eval: the first, at step 0, is ~4.2), GPT-2
+BPE on the right; the card is summary.txt's. A folder with none of them is one line saying so.
 """
 from __future__ import annotations
 
 import argparse
 import re
 from pathlib import Path
+
+import sys
 
 from errors import UserError, run_cli
 from fileio import path_arg, read_user_file
@@ -33,8 +36,8 @@ def val_curve(path: Path, pattern: re.Pattern) -> list[tuple[float, int, float]]
     """(seconds, step, val loss) of every eval line of a stamped log."""
     text = read_user_file(path, "the log", fix="run the round's step first", limit=MAX_LOG)
     out = []
-    for line in text.decode("utf-8", errors="replace").splitlines():
-        m = pattern.match(line)
+    for line in text.decode("utf-8", errors="replace").split("\n"):  # stamp's lines: a bar's \r frames within one
+        m = pattern.match(line.rsplit("\r", 1)[-1]) or pattern.match(line)
         if m:
             out.append((float(m.group(1)), int(m.group(2)), float(m.group(3))))
     return out
@@ -54,13 +57,25 @@ def curves(folder: Path) -> list[tuple[str, str, list]]:
             continue
         curve = val_curve(folder / name, pattern)
         if not curve:
-            raise UserError(f"{folder / name} holds no val loss line (was the step cut before its first eval?); "
-                            "move it away to draw the others")
+            print(f"note: {folder / name} holds no val loss line (the step was cut before its first eval?): "
+                  "left out", file=sys.stderr)
+            continue
         found.append((label, panel, curve))
     if not found:
-        raise UserError(f"{folder} holds none of the round's training logs ({', '.join(r[0] for r in RUNS)}); "
-                        "name the folder of a round's logs")
+        raise UserError(f"{folder} holds none of the round's training logs with a val loss line "
+                        f"({', '.join(r[0] for r in RUNS)}); name the folder of a round's logs")
     return found
+
+
+def card(folder: Path) -> str:
+    """The GPU the round ran on: summary.txt's first line (`######## <time> <name>, <memory>, <driver>`)."""
+    summary = folder / "summary.txt"
+    if summary.is_file():
+        first = read_user_file(summary, "the summary", fix="", limit=MAX_LOG).decode("utf-8", "replace")
+        m = re.match(r"#+ \S+ ([^,\n]+)", first)
+        if m:
+            return m.group(1).strip()
+    return "one GPU"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, default=1.47, help="the characters' val loss to reach (nanoGPT's best)")
     args = p.parse_args(argv)
     out = check_output(args.out, "out")  # the gate (ownership.py): a picture, never into a managed folder
+    if out.is_dir():
+        raise UserError(f"out {out} is a folder; name the picture's file, e.g. {out / 'gpu-curves.png'}")
     found = curves(args.logs)
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("drawing needs matplotlib, which is not installed; pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -87,15 +107,17 @@ def main(argv: list[str] | None = None) -> int:
                          else f"; never <= {args.target}")
             print(line)
             ax.plot([s for s, _, _ in curve], [v for _, _, v in curve], marker="o", ms=3, label=label)
-        if panel == "char":
+        if panel == "char":  # the band where the runs are compared: the first eval (step 0, ~4.2) flattens it
             ax.axhline(args.target, color="grey", lw=0.8, ls="--")
+            second = max(c[1][2] if len(c) > 1 else c[0][2] for _, p, c in found if p == "char")
+            ax.set_ylim(args.target - 0.07, max(second, args.target + 0.1))
         ax.set(xlabel="wall time since the command started, s (start-up and compile included)", ylabel="val loss",
-               title=f"tiny shakespeare, {'characters' if panel == 'char' else 'GPT-2 BPE'}, one GPU")
+               title=f"tiny shakespeare, {'characters' if panel == 'char' else 'GPT-2 BPE'}, {card(args.logs)}")
         ax.legend()
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
+    tmp = out.with_name(f".{out.name}.tmp")
     try:
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=110, format=out.suffix[1:] or "png")
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)

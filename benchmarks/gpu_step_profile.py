@@ -28,6 +28,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from errors import UserError
 from model import GPT
 from training import builders
 from training.config.sections import load_config
@@ -57,8 +58,7 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
                  device: torch.device = torch.device("cuda")) -> dict:
     """On a CPU (a smoke run of this script) the "kernels" are the aten ops and their self CPU time, and
     the graph mode runs uncaptured."""
-    cfg = load_config(["--config", config, *[f"--{o}" for o in overrides], f"--train.compile={mode == 'compiled'}",
-                       f"--train.cuda_graph={mode == 'graph'}", "--wandb.mode=disabled"])
+    cfg = config_of(config, mode, overrides)
     t, block = cfg.train, cfg.model.block_size
     cuda = device.type == "cuda"
     if cuda:  # this mode's own peak, an eval's included (since 2026-11-27): the graphs' pools are held for the run
@@ -127,6 +127,12 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
             "top_kernels_ms": [(name, round(ms, 3)) for name, ms in by_name.most_common(top)]}
 
 
+def config_of(config: str, mode: str, overrides: list[str] = ()):
+    """The config a mode profiles: the named config, the --set overrides, then the mode's own switches."""
+    return load_config(["--config", config, *[f"--{o}" for o in overrides], f"--train.compile={mode == 'compiled'}",
+                        f"--train.cuda_graph={mode == 'graph'}", "--wandb.mode=disabled"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="small.yaml")
@@ -138,15 +144,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def checked(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, every mode's config loaded: each check done before the first profile (a typo in the last mode
+    would otherwise be found after the first ones' minutes on the GPU; tests/test_gpu_round.py runs it)."""
     args = build_parser().parse_args(argv)
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            raise UserError(f"--modes takes {', '.join(MODES)} separated by commas, got {mode!r}")
+        config_of(args.config, mode, args.set)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = checked(argv)
     device = torch.device(args.device)
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{args.config} {' '.join(args.set)} on {where}, torch {torch.__version__}")
     eager_losses = None
     for mode in args.modes.split(","):
-        if mode not in MODES:
-            raise SystemExit(f"error: --modes takes {', '.join(MODES)}, got {mode!r}")
         row = profile_step(args.config, mode, args.steps, args.set, args.top, device)
         print(f"{mode:8s} slowest step {row['slowest_step_s']:6.2f} s, then {row['step_ms']:6.2f} ms "
               f"a step, GPU busy {row['gpu_busy_ms']:.2f} ms of it ({row['gpu_busy_share']:.0%}), "

@@ -25,6 +25,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # by hand with HYPOTHESIS_PROFILE=dev. No deadline: a shared 2-core machine makes timings erratic.
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from code_reading import ENTRY_SCRIPTS  # noqa: E402 (run, never imported)
 from cuda_graphs import fake_cuda_graphs  # noqa: E402,F401 (a fixture: CUDA graphs emulated on the CPU)
 
 settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, print_blob=True,
@@ -41,6 +42,20 @@ def own_choice_cache(tmp_path_factory, monkeypatch):
     """Each test gets an empty cache of measured choices (runtime/choices.py), never the user's: a
     choice cached by one test must not decide another's (subprocesses inherit the variable)."""
     monkeypatch.setenv("SMALLGPT_CACHE_DIR", str(tmp_path_factory.mktemp("choices")))
+
+
+@pytest.fixture(autouse=True)
+def no_entry_script_imported():
+    """A test that imports an entry script (by any means: importlib with a name from a table too, which no
+    reading of the code sees) fails, named: import its command's module instead (tests/test_architecture.py)."""
+    yield
+    scripts = [m for m in ENTRY_SCRIPTS
+               if Path(getattr(sys.modules.get(m), "__file__", None) or "/").resolve() == ROOT / f"{m}.py"]
+    for m in scripts:
+        del sys.modules[m]  # the next test starts clean: only the importer fails
+    if scripts:
+        pytest.fail(f"the test imported the entry script(s) {scripts}: import the command's module instead "
+                    "(training.cli, inference.sample_cli, inference.chat_cli, server.cli, benchmarks.cli)")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -71,17 +71,40 @@ def test_nothing_imports_an_entry_script():
     that imported one tested what a user never runs the way the user runs it, and kept the script fat)."""
     files = python_files()
     scripts = {name: ROOT / f"{name}.py" for name in ENTRY_SCRIPTS}
-    importing = {m: sorted(t for t, _ in imports_of(m, p, scripts) if t in scripts) for m, p in files.items()}
+    importing = {m: sorted({t for t, _ in imports_of(m, p, scripts) if t in scripts} | dynamic_imports(p))
+                 for m, p in files.items()}
     offenders = {m: scripts for m, scripts in importing.items() if scripts}
     assert not offenders, f"these import an entry script: {offenders}"
 
 
+DYNAMIC = {"import_module", "__import__", "run_module", "run_path"}  # importlib's, the builtin, runpy's
+
+
+def dynamic_imports(path: Path) -> set[str]:
+    """The entry scripts a file imports by name at run time: a string naming one (or its file) given to
+    importlib.import_module, __import__, runpy.run_module or runpy.run_path."""
+    found = set()
+    for node in ast.walk(parsed(path)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in DYNAMIC:
+            for arg in node.args[:1]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    name = Path(arg.value).name.removesuffix(".py")
+                    if name in ENTRY_SCRIPTS:
+                        found.add(name)
+    return found
+
+
 def test_the_entry_script_check_sees_imports_of_a_script(tmp_path):
-    """The check above must be able to fail: the walker finds both spellings of importing a script."""
+    """The check above must be able to fail: the walker finds both spellings of importing a script, and the
+    run-time ones (tests/test_closed_pipe.py imported train.py by importlib.import_module("train"), unseen)."""
     f = tmp_path / "showcase.py"
     f.write_text("import chat\nfrom sample import DEFAULT_PROMPT\n\ndef f():\n    import serve\n")
     found = imports_of("training.report.showcase", f, {"chat": f, "sample": f, "serve": f})
     assert {name for name, _ in found} == {"chat", "sample", "serve"}
+    g = tmp_path / "runner.py"
+    g.write_text("import importlib, runpy\nimportlib.import_module('train').main\n__import__('bench')\n"
+                 "runpy.run_path('/x/sample.py')\nrunpy.run_module('serve')\nimportlib.import_module('training.cli')\n")
+    assert dynamic_imports(g) == {"train", "bench", "sample", "serve"}
 
 
 # each entry script and the module whose `main` it runs

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # the entry point -> (its module, the arguments): --help, or the command's own listing
 ENTRIES = {
-    "train.py --help": ("train", ["--help"]),
-    "train.py --print-config": ("train", ["--print-config"]),
+    "train.py --help": ("training.cli", ["--help"]),
+    "train.py --print-config": ("training.cli", ["--print-config"]),
     "sample.py --help": ("inference.sample_cli", ["--help"]),
     "chat.py --help": ("inference.chat_cli", ["--help"]),
     "serve.py --help": ("server.cli", ["--help"]),

@@ -14,20 +14,26 @@ reads it: the config file is there and each --key=value names one of its globals
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import inspect
+import io
+import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import auto_batch, cli as bench_cli, gpu_curves, gpu_step_profile
-from cli_lines import cli, one_error_line
+from cli_lines import an_error_line, cli
 from code_reading import PACKAGES, ROOT
 from errors import UserError
 from inference import sample_cli
 from runtime.attention import fastest_kernel
+from data.sources import open_source
 from training.config.sections import load_config
 
 ROUND = ROOT / "benchmarks" / "gpu_round.sh"
@@ -62,9 +68,27 @@ def commands(words: list[str]) -> list[list[str]]:
     return [shlex.split(part) for part in words[2].split("&&") if not part.strip().startswith("cd ")]
 
 
-def nanogpt_globals() -> set[str]:
+def nanogpt_configure(args: list[str]) -> dict:
+    """nanoGPT's train.py's settings after its configurator reads `args`, as its run does: its top-level
+    assignments before `exec(open('configurator.py').read())`, then configurator.py itself, run on those globals
+    with sys.argv set (it asserts the types, refuses unknown keys and splits each --key=value at its '='). The
+    imports above them are not run (nanoGPT's model.py would shadow this project's model package)."""
     tree = ast.parse((NANOGPT / "train.py").read_text(encoding="utf-8"))
-    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    cut = next(n.lineno for n in tree.body if "configurator.py" in ast.unparse(n))
+    settings = ast.Module([n for n in tree.body if n.lineno < cut and isinstance(n, ast.Assign)], type_ignores=[])
+    g = {"torch": torch}
+    exec(compile(settings, "nanoGPT's train.py", "exec"), g)
+    configurator = (NANOGPT / "configurator.py").read_text(encoding="utf-8")
+    argv, cwd = sys.argv, os.getcwd()
+    try:
+        sys.argv = ["train.py", *args]
+        os.chdir(NANOGPT)  # its config files are named from its folder
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(configurator, "configurator.py", "exec"), g)
+    finally:
+        sys.argv = argv
+        os.chdir(cwd)
+    return g
 
 
 def is_nanogpt(words: list[str]) -> bool:
@@ -79,22 +103,21 @@ def check(words: list[str], json_dir: Path) -> None:
     if words[1:3] == ["-m", "cProfile"]:  # python -m cProfile -o FILE script args...
         words = ["python", *words[5:]]
     program, args = words[1], words[2:]
-    if program == "train.py" and is_nanogpt(words):  # from its folder: configurator.py's rules
-        assert (NANOGPT / args[0]).is_file(), args[0]
-        keys = {a[2:].split("=", 1)[0] for a in args[1:]}
-        assert keys <= nanogpt_globals(), sorted(keys - nanogpt_globals())
-    elif program == "train.py":
-        load_config(args)
+    if program == "train.py" and is_nanogpt(words):  # from its folder, its configurator's rules, then its data
+        settings = nanogpt_configure(args)
+        assert (NANOGPT / "data" / settings["dataset"] / "train.bin").is_file(), settings["dataset"]
+    elif program == "train.py":  # its config, then its data source found (the run's first seconds)
+        cfg = load_config(args)
+        if not cfg.data.dataset.startswith("hf:"):  # a hub dataset is the network's: not here
+            open_source(cfg.data)
     elif program == "bench.py":
         bench_cli.parse_args(args)
     elif program == "sample.py":
         sample_cli.validate_args(sample_cli.build_parser().parse_args(args))
     elif program == "-m" and args[0] == "benchmarks.gpu_step_profile":
-        a = gpu_step_profile.build_parser().parse_args(args[1:])
-        assert set(a.modes.split(",")) <= set(gpu_step_profile.MODES), a.modes
-        load_config(["--config", a.config, *[f"--{o}" for o in a.set]])
+        gpu_step_profile.checked(args[1:])  # the checks its main makes before the first profile
     elif program == "-m" and args[0] == "benchmarks.auto_batch":
-        auto_batch.build_parser().parse_args(args[1:])
+        auto_batch.checked(args[1:])  # the checks its main makes before the GPU is touched
     elif program == "-c":
         check_python(args[0])
     else:
@@ -131,7 +154,11 @@ SIDE_STEPS = side_by_side(SIDE_BY_SIDE.read_text(encoding="utf-8")) if SIDE_BY_S
 
 
 def test_the_round_is_read_whole():
-    """The reader itself: it finds the round's steps, continuations joined (or every test below passes on nothing)."""
+    """The reader itself: it finds every step of the round, continuations joined (or the tests below pass on
+    fewer), each name once (a name twice would also overwrite its log)."""
+    text = ROUND.read_text(encoding="utf-8")
+    named = re.findall(r"^\s*step\s+(\S+)\s", text, re.M)
+    assert len(named) == len(set(named)) == len(ROUND_STEPS), (named, sorted(ROUND_STEPS))
     assert {"decode", "sdpa", "nanogpt_124m", "ours_124m", "ours_char_graph", "startup", "small_profile", "loss",
             "auto_16gb", "float8"} <= set(ROUND_STEPS), sorted(ROUND_STEPS)
     assert ROUND_STEPS["ours_124m"][-1] == "--train.out_dir=/tmp/gr_124m"  # after two continuation lines
@@ -146,8 +173,8 @@ def test_each_step_of_the_gpu_round_parses_as_its_program_parses_it(name, tmp_pa
         check(words, tmp_path)
 
 
-@pytest.mark.skipif(not SIDE_STEPS, reason=f"the anchors are not beside the checkout ({SIDE_BY_SIDE}): CI has them")
-@pytest.mark.parametrize("name", sorted(SIDE_STEPS) or ["none"])
+@pytest.mark.skipif(not SIDE_BY_SIDE.is_file(), reason=f"the anchors are not beside the checkout ({SIDE_BY_SIDE})")
+@pytest.mark.parametrize("name", sorted(SIDE_STEPS) or ["none found"])
 def test_each_command_of_the_side_by_side_round_parses(name, tmp_path, monkeypatch):
     """The anchors' own round (train.py small.yaml and gpt2_124m, sample.py, bench.py decode, nanoGPT's two runs)."""
     monkeypatch.chdir(ROOT)
@@ -155,8 +182,10 @@ def test_each_command_of_the_side_by_side_round_parses(name, tmp_path, monkeypat
 
 
 def test_the_side_by_side_round_is_read_whole():
-    if not SIDE_STEPS:
+    if not SIDE_BY_SIDE.is_file():
         pytest.skip(f"the anchors are not beside the checkout ({SIDE_BY_SIDE}): CI has them in ../shared")
+    runs = [ln for ln in SIDE_BY_SIDE.read_text(encoding="utf-8").splitlines() if "$PY " in ln and "$PY -c" not in ln]
+    assert len(SIDE_STEPS) == len(runs), (sorted(SIDE_STEPS), runs)
     programs = sorted({words[1] for words in SIDE_STEPS.values()})
     assert programs == ["bench.py", "sample.py", "train.py"], programs
     assert sum(is_nanogpt(words) for words in SIDE_STEPS.values()) == 2
@@ -167,12 +196,21 @@ def test_the_side_by_side_round_is_read_whole():
     ("step x 10 $PY bench.py --device cuda --only no_such_section", UserError),  # the project's ArgumentParser
     ("step x 10 $PY bench.py --device cuda --only loss --loss-steps 0", UserError),
     ("step x 10 $PY -m benchmarks.gpu_step_profile --config shakespeare_char_gpu --set train.no_such=1", UserError),
-    ("step x 10 $PY -m benchmarks.gpu_step_profile --modes eager,no_such_mode", AssertionError),
+    ("step x 10 $PY -m benchmarks.gpu_step_profile --modes eager,no_such_mode", UserError),
     ("step x 10 $PY -m benchmarks.auto_batch --memory-gigabytes 16", SystemExit),
+    ("step x 10 $PY -m benchmarks.auto_batch --memory-gb 16 --global-batch 100000000", UserError),
+    ("step x 10 $PY train.py --config small.yaml --data.dataset=shakespear", UserError),
     ("step x 10 $PY sample.py --checkpoint /tmp/x --max-new-tokens=-1", UserError),
     ("step x 10 $PY -c \"from runtime.attention import no_such_function\"", AssertionError),
     ("step x 10 $PY -c \"from runtime.attention import fastest_kernel; fastest_kernel(1, no_such=2)\"", TypeError),
-    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --no_such_key=1\"", AssertionError),
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --no_such_key=1\"", ValueError),
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --iter_num=1\"", ValueError),  # set later
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --bias=true\"", AssertionError),  # a str
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --max_iters=2500.0\"", AssertionError),
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --compile\"", AssertionError),
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --out_dir=a=b\"", ValueError),
+    ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --dataset=shakespeare_chars\"",
+     AssertionError),  # no such prepared data
 ])
 def test_a_step_that_would_not_start_is_found(line, refused, tmp_path, monkeypatch, capsys):
     """The check must be able to fail: a misspelled option, a gone key or a moved function, each refused."""
@@ -215,17 +253,41 @@ def test_the_curves_draw_the_logs_a_round_left_and_say_when_each_reached_the_tar
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "logs"]  # no temp left
 
 
+def test_the_curves_leave_out_a_log_cut_before_its_first_eval_and_keep_a_bars_frames_apart(tmp_path, capsys):
+    """A step cut before its first eval (likely for a run never tried on a GPU) is left out with a note, the
+    others drawn; an eval line written after a progress bar's \r frames within one stamped line is still read;
+    an .svg is written as SVG; the title names the card of summary.txt."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "summary.txt").write_text("######## 2026-11-27T03:39:12Z NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04\n")
+    (logs / "ours_char_graph.log").write_text(stamped([(2.0, "capturing the step...")]))
+    (logs / "ours_char.log").write_text(stamped([(9.5, "train:  10%|#   | 100/1000\riter 100: train loss 2.0000, val "
+                                                       "loss 2.1000"), (30.0, "iter 900: train loss 1.3000, val loss 1.4600")]))
+    code, out, err = cli([str(logs), str(tmp_path / "curves.svg")], capsys, main=gpu_curves.main)
+    assert code == 0, err
+    assert out.splitlines() == ["ours: shakespeare_char_gpu.yaml (compiled): best 1.4600 at step 900, 30.0 s; val "
+                                "1.4600 <= 1.47 at step 900, 30.0 s"]
+    assert "ours_char_graph.log holds no val loss line" in err and "left out" in err
+    svg = (tmp_path / "curves.svg").read_text()
+    assert svg.lstrip().startswith("<?xml") and "NVIDIA H100 80GB HBM3" in svg
+
+
 @pytest.mark.parametrize("logs, words", [
     ("missing", ["is not a folder"]),
     ("empty", ["holds none of the round's training logs"]),
-    ("cut", ["holds no val loss line", "ours_char.log"]),
+    ("cut", ["holds none of the round's training logs with a val loss line"]),
+    ("out is a folder", ["is a folder; name the picture's file"]),
 ])
 def test_the_curves_of_a_folder_without_them_are_one_line(logs, words, tmp_path, capsys):
-    folder = tmp_path / logs
+    folder = tmp_path / "logs"
     if logs != "missing":
         folder.mkdir()
-    if logs == "cut":
-        (folder / "ours_char.log").write_text(stamped([(2.0, "compiling the model...")]))
-    code, _, err = cli([str(folder), str(tmp_path / "curves.png")], capsys, main=gpu_curves.main)
-    one_error_line(code, err, *words)
-    assert not (tmp_path / "curves.png").exists()
+    if logs in ("cut", "out is a folder"):
+        (folder / "ours_char.log").write_text(stamped([(2.0, "compiling the model...")] if logs == "cut" else
+                                                      [(9.0, "iter 100: train loss 2.0000, val loss 2.1000")]))
+    out = tmp_path / ("pictures" if logs == "out is a folder" else "curves.png")
+    if logs == "out is a folder":
+        out.mkdir()
+    code, _, err = cli([str(folder), str(out)], capsys, main=gpu_curves.main)
+    an_error_line(code, err, *words)
+    assert not (tmp_path / "curves.png").exists() and not list(tmp_path.rglob("*.png"))

@@ -371,7 +371,9 @@ def test_the_page_in_headless_chromium_streams_typed_replies_with_its_defaults(s
 def test_a_stop_ends_within_the_shutdown_timeout_when_a_client_stopped_reading(tmp_path):
     """Found from outside: a client that opened a long stream and never read it kept the reply unsent and, after
     SIGTERM, the server alive for as long as it held on (uvicorn's graceful shutdown waits without a bound). The
-    stop now waits at most --shutdown-timeout (here 1 s) for the requests in flight."""
+    stop now waits at most --shutdown-timeout (here 1 s) for the requests in flight: here a reply of 30,000
+    tokens to a client that reads none of it, stopped while it is made (waiting for all of it to be made, and
+    the write to stall, took 15 s more and fails the same way without the bound: --shutdown-timeout 600)."""
     import signal
     import time
 
@@ -387,6 +389,7 @@ def test_a_stop_ends_within_the_shutdown_timeout_when_a_client_stopped_reading(t
         deadline = time.monotonic() + 30
         while not server.health()["active"] and time.monotonic() < deadline:  # the reply under way: its 30,000
             time.sleep(0.05)  # tokens (~4 MB of events, past the sockets' buffers) would take ~15 s, then stall
+        assert server.health()["active"] == 1  # the request in flight when the stop comes
         start = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=30)

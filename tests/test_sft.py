@@ -339,35 +339,47 @@ def test_the_evaluation_names_a_bad_tasks_file_in_one_line(tmp_path):
 
 def test_the_packing_the_sft_benchmark_times_gives_each_conversation_its_own_loss():
     """benchmarks/sft_batches.py (docs/chat.md's table) times packing with a document mask and restarting
-    positions against padding; nothing ran it. Its packed batches must compute what the model computes on each
-    conversation alone: the reference is the model's own forward on each conversation, one at a time, its
-    cross-entropy over the counted (assistant) targets, summed and divided by their count."""
+    positions against padding; nothing ran it. Each of its packed batches must compute what the model computes on
+    each conversation alone: the reference is the model's own forward on each conversation, one at a time, its
+    cross-entropy over the counted (assistant) targets, summed and divided by their count. The conversations are
+    of mixed lengths, so rows differ in layout (a mask or positions taken from one row for all would show), and
+    several batches are compared (a conversation carried over to the next one)."""
+    import random
+
     import torch.nn.functional as F
 
     from benchmarks import sft_batches
     from model import GPT, GPTConfig
 
-    convs, vocab = sft_batches.conversations(40)
-    convs = sorted(convs, key=lambda c: len(c[0]))[:12]  # the shortest: two or more to a row
+    convs, vocab = sft_batches.conversations(60)
+    random.Random(3).shuffle(convs)
+    convs = convs[:24]
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=sft_batches.BLOCK, vocab_size=vocab, dropout=0.0))
-    x, y, mask, pos, slots, counted, real = next(sft_batches.packed(convs, rows=2))
-    placed, row, at = [], 0, 0  # which conversations the first batch holds: laid end to end, none split
+    batches, rows = [[[]]], 2  # which conversations each batch's rows hold: laid end to end, none split
+    at = 0
     for i, (ids, _) in enumerate(convs):
-        if at + len(ids) - 1 > sft_batches.BLOCK:
-            row, at = row + 1, 0
-        if row == 2:
-            break
-        placed.append(i)
+        if at + len(ids) - 1 > sft_batches.BLOCK:  # the next row, or the next batch's first
+            if len(batches[-1]) < rows:
+                batches[-1].append([])
+            else:
+                batches.append([[]])
+            at = 0
+        batches[-1][-1].append(i)
         at += len(ids) - 1
-    assert len(placed) >= 3  # at least one row holds two conversations: the mask has something to separate
-    total, n = 0.0, 0
+    batches = [b for b in batches if len(b) == rows]  # the generator yields whole batches only
+    assert any(len(a) != len(b) or [len(convs[i][0]) for i in a] != [len(convs[i][0]) for i in b]
+               for a, b in batches), "the rows are laid out alike: the test would not see a row-mixing mask"
+    got = list(sft_batches.packed(convs, rows=rows))
+    assert len(got) == len(batches) >= 2
     with torch.no_grad():
-        for ids, keep in (convs[i] for i in placed):
-            logits = model(torch.from_numpy(ids[:-1])[None])[0]
-            target = torch.from_numpy(np.where(keep[1:], ids[1:], -1))
-            total += F.cross_entropy(logits, target, ignore_index=-1, reduction="sum").item()
-            n += int((target >= 0).sum())
-        packed_loss = sft_batches.loss_of(model, x, y, mask, pos).item()
-    assert n == counted and real == sum(len(convs[i][0]) - 1 for i in placed)
-    assert abs(packed_loss - total / n) < 1e-5, (packed_loss, total / n)
+        for (x, y, mask, pos, slots, counted, real), placed in zip(got, batches):
+            total, n = 0.0, 0
+            for ids, keep in (convs[i] for row in placed for i in row):
+                logits = model(torch.from_numpy(ids[:-1])[None])[0]
+                target = torch.from_numpy(np.where(keep[1:], ids[1:], -1))
+                total += F.cross_entropy(logits, target, ignore_index=-1, reduction="sum").item()
+                n += int((target >= 0).sum())
+            assert n == counted and real == sum(len(convs[i][0]) - 1 for row in placed for i in row)
+            packed_loss = sft_batches.loss_of(model, x, y, mask, pos).item()
+            assert abs(packed_loss - total / n) < 1e-5, (packed_loss, total / n)
