@@ -10,6 +10,7 @@ nanoGPT does on each device:
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +29,19 @@ LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = (_DEFAULTS.lr, _DEFAULTS.weight_decay, (_DE
                                       _DEFAULTS.grad_clip)
 
 FULL_LOGITS = LMLoss()  # nanoGPT's loss: the full logits, then F.cross_entropy
+
+
+def nanogpt_lr(it: int, *, lr: float, min_lr: float, warmup_iters: int, lr_decay_iters: int) -> float:
+    """nanoGPT's get_lr (its train.py): a linear warm-up that first reaches `lr` at step warmup_iters
+    (lr * (it + 1) / (warmup_iters + 1)), then cosine to min_lr at lr_decay_iters, min_lr after. Ours
+    (training/timing/schedule.py's lr_at) reaches `lr` one step sooner; equal from warmup_iters on.
+    tests/test_against_nanogpt.py checks this against nanoGPT's own function."""
+    if it < warmup_iters:
+        return lr * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
 def nanogpt_setup(model: GPT, device: torch.device):

@@ -5,7 +5,9 @@ W: nanoGPT's CPU recipe for shakespeare_char (`python train.py config/train_shak
 --device=cpu --compile=False --eval_iters=20 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4
 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`: lr 1e-3, 100 warmup steps, cosine to
 1e-4, beta2 0.99, eval every 250 steps on 20 batches of each split), run with nanoGPT's loop
-(benchmarks/baseline.py) on the char-level tiny shakespeare prepared by this project; W is its wall time
+(benchmarks/baseline.py) on the char-level tiny shakespeare prepared by this project: its model as nanoGPT
+builds it (textbook attention, the exact GELU), its get_lr (baseline.nanogpt_lr; since 2026-11-27, eighth
+session: before, our lr_at and the tanh GELU, figures in docs/performance.md so marked); W is its wall time
 from data loading to the last eval, imports left out.
 
 Each config then runs as a user runs it, `python train.py --config NAME`, to its end; its val loss at W
@@ -34,9 +36,8 @@ from errors import UserError
 from model import GPT, GPTConfig
 from training.config.sections import load_config
 from training.report.evaluate import evaluate_full
-from training.timing.schedule import lr_at
 
-from .baseline import FULL_LOGITS, nanogpt_setup, nanogpt_step
+from .baseline import FULL_LOGITS, nanogpt_lr, nanogpt_setup, nanogpt_step
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4,
@@ -53,7 +54,8 @@ def nanogpt_recipe(data_root: Path, device: torch.device, say) -> dict:
              for s in ("train", "val")}
     torch.manual_seed(1337)
     raw = GPT(GPTConfig(n_layer=r["n_layer"], n_head=r["n_head"], n_embd=r["n_embd"], block_size=r["block_size"],
-                        vocab_size=train.meta["vocab_size"], dropout=0.0, attn_backend="manual")).to(device)
+                        vocab_size=train.meta["vocab_size"], dropout=0.0, attn_backend="manual",
+                        gelu_approximate="none")).to(device)  # nanoGPT's nn.GELU(): the exact one
     model, optimizer, dtype = nanogpt_setup(raw, device)
     optimizer.param_groups[0]["betas"] = optimizer.param_groups[1]["betas"] = (0.9, 0.99)
     say(f"[budget] nanoGPT's CPU recipe: {r['max_iters']} steps of {r['batch_size']} x {r['block_size']} tokens")
@@ -72,7 +74,8 @@ def nanogpt_recipe(data_root: Path, device: torch.device, say) -> dict:
         if it == r["max_iters"]:
             break
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(it, lr=r["lr"], min_lr=r["min_lr"], warmup_iters=r["warmup_iters"], max_iters=r["max_iters"])
+            group["lr"] = nanogpt_lr(it, lr=r["lr"], min_lr=r["min_lr"], warmup_iters=r["warmup_iters"],
+                                     lr_decay_iters=r["max_iters"])
         x, y = train.get_batch(it, 0)
         nanogpt_step(model, optimizer, x, y, dtype)
     wall = time.perf_counter() - t0

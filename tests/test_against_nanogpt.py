@@ -23,6 +23,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks.baseline import nanogpt_lr
 from code_reading import ROOT
 from model import GPT, GPTConfig
 from runtime.loss_path import loss_path
@@ -220,3 +221,5 @@ def test_lr_schedule_against_nanogpts_get_lr(lr, min_lr, warmup, iters):
             assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-18), it
     assert lr_at(warmup - 1, lr=lr, min_lr=min_lr, warmup_iters=warmup, max_iters=iters) == lr
     assert get_lr(warmup) == lr and get_lr(iters) == pytest.approx(min_lr, abs=1e-18)
+    for it in range(iters + 5):  # the benchmarks' "nanoGPT's recipe" (bench.py --only budget) uses nanoGPT's own
+        assert nanogpt_lr(it, lr=lr, min_lr=min_lr, warmup_iters=warmup, lr_decay_iters=iters) == get_lr(it), it

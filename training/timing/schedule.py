@@ -9,7 +9,10 @@ from dataclasses import dataclass
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, max_iters: int) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
-    - warmup, step < warmup_iters: lr * (step + 1) / warmup_iters, so step warmup_iters - 1 runs at lr;
+    - warmup, step < warmup_iters: lr * (step + 1) / warmup_iters, so step warmup_iters - 1 runs at lr
+      (nanoGPT's get_lr ramps lr * (it + 1) / (warmup_iters + 1) and reaches lr one step later: ours is
+      (warmup_iters + 1) / warmup_iters of it in the warmup, the same from warmup_iters on;
+      tests/test_against_nanogpt.py);
     - then cosine from lr at step warmup_iters down to min_lr at step max_iters (one past the last
       step that runs): min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2,
       progress = (step - warmup_iters) / (max_iters - warmup_iters);
