@@ -196,7 +196,7 @@ def test_a_replayed_step_carries_the_pictures_still_on_disk(tmp_path):
     step without maps, or whose files are gone, carries none."""
     from PIL import Image
 
-    from training.report.showcase import replayed_media
+    from training.report.showcase import Replay
     from training.report.wandb_logger import WandbLogger
 
     folder = tmp_path / "inspect" / "step-4"
@@ -212,10 +212,34 @@ def test_a_replayed_step_carries_the_pictures_still_on_disk(tmp_path):
 
     logger = WandbLogger.__new__(WandbLogger)
     logger.run, logger.logged_through, logger._pending, logger._pending_step = Run(), 2, [], -1
-    logger._print, logger._media = lambda line: None, lambda record: replayed_media(tmp_path, record)
+    logger._print, logger._media = lambda line: None, Replay(tmp_path)
     logger._send_missing([{"iter": 3, "train/loss": 1.0}, {"iter": 4, "train/loss": 0.9, "inspect/bits_per_token": 2.0},
                           {"iter": 6, "inspect/bits_per_token": 1.9}])  # (step-6's files are gone)
     assert sent == [(3, ["train/loss"]),
                     (4, ["inspect/attention", "inspect/bits_per_token", "inspect/surprisal", "inspect/surprisal_html",
                          "train/loss"]),
                     (6, ["inspect/bits_per_token"])]
+
+
+def test_a_replayed_step_that_sampled_carries_the_samples_table_as_it_stood_then():
+    """Left alone last session: after a kill -9 the steps re-sent to wandb from metrics.jsonl lacked the samples
+    table's versions (wandb shows a table's last version; the next sampling step's table held their rows). A
+    replayed step that sampled now carries the table of every row up to it, those of the steps wandb already had
+    (here step 2) included. The reference: the rows written into the records, by hand."""
+    from training.report.showcase import Replay
+    from training.report.wandb_logger import WandbLogger
+
+    tables = []
+
+    class Run:
+        def log(self, data, step):
+            if "samples" in data:
+                tables.append((step, data["samples"].columns, [list(row) for row in data["samples"].data]))
+
+    logger = WandbLogger.__new__(WandbLogger)
+    logger.run, logger.logged_through, logger._pending, logger._pending_step = Run(), 2, [], -1
+    logger._print, logger._media = lambda line: None, Replay("/nonexistent")
+    sample = lambda step, text: {"iter": step, "samples": [{"prompt": "A", "text": text}, {"prompt": "B", "text": text + "!"}]}
+    logger._send_missing([sample(2, "two"), {"iter": 3, "train/loss": 1.0}, sample(4, "four"), sample(6, "six")])
+    two, four, six = ([[s, "A", t], [s, "B", t + "!"]] for s, t in ((2, "two"), (4, "four"), (6, "six")))
+    assert tables == [(4, ["step", "prompt", "text"], two + four), (6, ["step", "prompt", "text"], two + four + six)]

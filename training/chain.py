@@ -25,7 +25,7 @@ from training.parallel.distributed import Parallel
 from training.parallel.signals import StopFlag, launched_by_torchrun
 from training.plan import RunPlan
 from training.report.metrics import METRICS_NAME, MetricsLog, Progress
-from training.report.showcase import build_showcase, replayed_media
+from training.report.showcase import Replay, build_showcase
 from training.report.state_size import shard_counts, state_bytes
 from training.report.wandb_logger import WandbLogger
 from training.report.window import LossWindow
@@ -149,7 +149,7 @@ def open_log(cfg: Config, par: Parallel, trainer, plan: RunPlan, state: TrainSta
     history = metrics.resume_at(state.iter) if resume is not None else None
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, run_name=cfg.wandb.run_name,
                          run_id=state.run_id, out_dir=str(out_dir), config=cfg.to_dict(), active=par.is_main,
-                         printer=say, history=history, media=lambda record: replayed_media(out_dir, record))
+                         printer=say, history=history, media=Replay(out_dir))
     cleanup.push(lambda exc_type, *_: logger.finish(exit_code=1 if exc_type else 0))
     progress = Progress(cfg.train.max_iters, state.iter, active=par.is_main)  # its total: the plan's (budget)
     cleanup.callback(progress.close)

@@ -185,14 +185,17 @@ class Showcase:
         return {"inspect/bits_per_token": bits}
 
 
+def sample_rows(record: dict[str, Any]) -> list[list[Any]]:
+    """The table's rows of one metrics.jsonl record: [step, prompt, text] for each sample it holds."""
+    if not isinstance(record.get(SAMPLES), list):
+        return []
+    return [[record["iter"], s.get("prompt"), s.get("text")] for s in record[SAMPLES] if isinstance(s, dict)]
+
+
 def earlier_rows(records: Iterable[dict[str, Any]], before: int) -> list[list[Any]]:
     """The table's rows from the sample records of the steps before `before`: a resumed run's earlier
     sessions, as metrics.jsonl held them (MetricsLog.resume_at's KeptRecords, bounded and checked, streamed)."""
-    rows = []
-    for record in records:
-        if record["iter"] < before and isinstance(record.get(SAMPLES), list):
-            rows += [[record["iter"], s.get("prompt"), s.get("text")] for s in record[SAMPLES] if isinstance(s, dict)]
-    return rows
+    return [row for record in records if record["iter"] < before for row in sample_rows(record)]
 
 
 def build_showcase(cfg: Config, tokenizer: dict) -> Showcase:
@@ -217,6 +220,25 @@ def build_showcase(cfg: Config, tokenizer: dict) -> Showcase:
                         seed=cfg.train.seed, template=template)
     prompts = prompt_ids(tok, e.sample_prompts or default_prompts(cfg.data.dataset), given) if e.sample_interval else []
     return Showcase(tok=tok, prompts=prompts, tokens=e.sample_tokens, seed=cfg.train.seed)
+
+
+class Replay:
+    """What a resumed run sends to wandb with a step it replays from metrics.jsonl (WandbLogger's `media`): the
+    step's pictures still on disk (replayed_media), and, for a step that sampled, the samples table as it stood
+    at that step: the rows of every record up to it, the ones wandb already had included (each record is seen,
+    in step order)."""
+
+    def __init__(self, out_dir: str | Path):
+        self.out_dir, self.rows = out_dir, []
+
+    def __call__(self, record: dict[str, Any], replayed: bool):
+        """-> (images: key -> path, html: key -> text, tables: key -> (columns, rows)), empty unless `replayed`."""
+        rows = sample_rows(record)
+        self.rows += rows
+        if not replayed:
+            return {}, {}, {}
+        images, html = replayed_media(self.out_dir, record)
+        return images, html, ({SAMPLES: (COLUMNS, list(self.rows))} if rows else {})
 
 
 def replayed_media(out_dir: str | Path, record: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:

@@ -240,11 +240,12 @@ class WandbLogger:
     def __init__(self, *, mode: str, project: str, run_name: str, run_id: str, out_dir: str,
                  config: dict[str, Any], active: bool = True, printer=print,
                  history: Iterable[dict[str, Any]] | None = None,
-                 media: Callable[[dict[str, Any]], tuple[dict[str, str], dict[str, str]]] | None = None) -> None:
+                 media: Callable[[dict[str, Any], bool], tuple[dict, dict, dict]] | None = None) -> None:
         """active=False (ranks other than 0) makes every method a no-op. history: when resuming, the
         records of metrics.jsonl up to the checkpoint (each with its "iter", in step order; MetricsLog.resume_at's
         KeptRecords, whose truth is whether there are any); those wandb lacks are sent first (see the module's docstring),
-        with the pictures `media(record)` finds for them on disk ((images: key -> path, html: key -> text))."""
+        with what `media(record, replayed)` gives for them (images: key -> path, html: key -> text, tables: key ->
+        (columns, rows)); it sees every record, the ones wandb has too (replayed False), in order."""
         self.run = None
         self.run_id = run_id
         self.out_dir = out_dir
@@ -302,12 +303,15 @@ class WandbLogger:
             step = record.get("iter")
             if self.run is None:  # (wandb failed on the way: logging is off)
                 return
-            if not isinstance(step, int) or step <= self.logged_through:
+            replayed = isinstance(step, int) and step > self.logged_through
+            images, html, tables = self._media(record, replayed) if self._media is not None else ({}, {}, {})
+            if not replayed:
                 continue
             self.log({k: v for k, v in record.items() if k != "iter"}, step)
-            images, html = self._media(record) if self._media is not None else ({}, {})
             if images or html:  # the step's pictures, still on disk (after a kill -9 wandb had none of the step)
                 self.log_media(step, images=images, html=html, values={})
+            for key, (columns, rows) in tables.items():  # the samples table as it stood at the step
+                self.log_table(key, columns, rows, step)
             self.end_step()
             self.logged_through, sent, first = step, sent + 1, step if first is None else first
         if sent and self.run is not None:
