@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
-import sys
-
 from errors import UserError, run_cli
-from fileio import path_arg, read_user_file
+from eval.figures import new_figure
+from fileio import atomic_write, path_arg, read_user_file
 from ownership import check_output
 
 OURS = re.compile(r"^\s*([\d.]+) iter (\d+): train loss [\d.]+, val loss ([\d.]+)")
@@ -88,15 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     if out.is_dir():
         raise UserError(f"out {out} is a folder; name the picture's file, e.g. {out / 'gpu-curves.png'}")
     found = curves(args.logs)
-    try:
-        import matplotlib
-    except ImportError:
-        raise UserError("drawing needs matplotlib, which is not installed; pip install matplotlib") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = [panel for panel in ("char", "bpe") if any(f[1] == panel for f in found)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4), squeeze=False)
+    fig = new_figure((7 * len(panels), 4))  # (its one line where matplotlib is missing)
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         for label, _, curve in (f for f in found if f[1] == panel):
             best = min(curve, key=lambda point: point[2])
@@ -115,12 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                title=f"tiny shakespeare, {'characters' if panel == 'char' else 'GPT-2 BPE'}, {card(args.logs)}")
         ax.legend()
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
+    with atomic_write(out, "out", follow=True) as tmp:  # as training.plot writes its picture
         fig.savefig(tmp, dpi=110, format=out.suffix[1:] or "png")
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return 0
 
 
