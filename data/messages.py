@@ -47,7 +47,6 @@ KINDS = [(k, re.compile(p)) for k, p in (
 )]
 
 
-
 def lone_surrogate(text: str) -> str | None:
     """Where `text` holds a lone surrogate, in words ("\\ud800 at character 4"); None for text. JSON's "\\ud800"
     escape is valid JSON but no text: the char and BPE tokenizers fail on it, and GPT-2's replaces it with U+FFFD."""
@@ -58,6 +57,7 @@ def lone_surrogate(text: str) -> str | None:
     except UnicodeEncodeError as e:
         return f"\\u{ord(text[e.start]):04x} at character {e.start}"
     return None
+
 
 def fault_kind(why: str) -> str:
     """The kind a bad row's fault is counted under (UNREADABLE for the faults of any row: broken JSON, ...)."""

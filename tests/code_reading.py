@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+NANOGPT = ROOT.parent / "shared" / "anchors" / "nanogpt"  # nanoGPT's own code, ../shared beside the checkout, as in CI
 PACKAGES = ("model", "checkpoint", "data", "runtime", "inference", "training", "benchmarks", "eval", "server")
 ENTRY_SCRIPTS = ("train", "sample", "bench", "chat", "serve")  # thin; run, never imported
 TOP_MODULES = (*ENTRY_SCRIPTS, "errors", "bounded", "fileio", "locks", "settings", "network", "ownership")

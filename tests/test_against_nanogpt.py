@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from benchmarks.baseline import nanogpt_lr
-from code_reading import ROOT
+from code_reading import NANOGPT
 from model import GPT, GPTConfig
 from runtime.loss_path import loss_path
 from training.builders import build_trainer
@@ -34,7 +34,6 @@ from training.parallel.distributed import Parallel
 from training.plan import RunPlan
 from training.timing.schedule import lr_at
 
-NANOGPT = ROOT.parent / "shared" / "anchors" / "nanogpt"  # ../shared beside the checkout, as in CI
 pytestmark = pytest.mark.skipif(not (NANOGPT / "model.py").is_file() or not (NANOGPT / "train.py").is_file(),
                                 reason=f"nanoGPT's own code is not at {NANOGPT} (model.py, train.py)")
 

@@ -29,7 +29,7 @@ import torch
 
 from benchmarks import auto_batch, cli as bench_cli, gpu_curves, gpu_step_profile
 from cli_lines import an_error_line, cli
-from code_reading import PACKAGES, ROOT
+from code_reading import NANOGPT, PACKAGES, ROOT
 from errors import UserError
 from inference import sample_cli
 from runtime.attention import fastest_kernel
@@ -37,7 +37,6 @@ from data.sources import open_source
 from training.config.sections import load_config
 
 ROUND = ROOT / "benchmarks" / "gpu_round.sh"
-NANOGPT = ROOT.parent / "shared" / "anchors" / "nanogpt"  # ../shared beside the checkout, as in CI
 
 
 def steps(text: str) -> dict[str, list[str]]:
