@@ -116,7 +116,9 @@ def inject(**faults):
         training.builders.train_step = real
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
+    """train.py's main with the faults the environment asks for (this module's docstring); the process
+    it runs in is this script's own, or a rank forked from a warm interpreter (tests/multirank_runs.py)."""
     sys.path.insert(0, str(ROOT))
     from training import chain, loop
     from training import cli as train_cli
@@ -152,7 +154,7 @@ if __name__ == "__main__":
     if "SMALLGPT_TEST_KILL_IN_SHARDED_SAVE" in os.environ:
         kill_in_sharded_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SHARDED_SAVE"]))
     rank = int(os.environ.get("RANK", "0"))
-    argv = sys.argv[1:]
+    argv = list(argv)
     if os.environ.get("SMALLGPT_TEST_OUT_DIR_PER_RANK"):
         argv = [f"{a}-rank{rank}" if a.startswith("--train.out_dir=") else a for a in argv]
     if os.environ.get("SMALLGPT_TEST_PREPARE_ON_RANK0_ONLY") and rank:
@@ -162,3 +164,7 @@ if __name__ == "__main__":
         import data.build
         data.build.open_source = refuse
     run_cli(lambda: train_cli.main(argv))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

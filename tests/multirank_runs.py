@@ -1,14 +1,17 @@
 """Two gloo ranks on the CPU: the tiny run's arguments, torchrun (with its agent) or the two ranks started
-directly, the losses a run logged, and the HellaSwag-during-training check the multi-rank tests share."""
+directly (forked from a warm interpreter, with torchrun's environment), the losses a run logged, and the
+HellaSwag-during-training check the multi-rank tests share."""
 from __future__ import annotations
 
+import io
 import json
+import multiprocessing
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,39 +36,119 @@ def torchrun(args: list[str], **env: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def two_ranks(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    """The same 2 ranks started directly with the environment torchrun gives them (RANK, WORLD_SIZE,
-    MASTER_ADDR/PORT), without its agent process: ~3 s less per run. When a rank fails the other is
-    stopped, as the agent would; stdout and stderr are rank 0's, then rank 1's."""
+def rank_env(port: int, rank: int, **env: str) -> dict[str, str]:
+    """The environment torchrun gives rank `rank` of 2 (RANK, WORLD_SIZE, MASTER_ADDR/PORT), with `env`."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env, "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": str(rank),
+            "LOCAL_RANK": str(rank)}
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env, "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "faults.py"), *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              start_new_session=True)  # a group each: its forked workers go with it
-             for r in range(2)]
-    outs: list = [("", ""), ("", "")]
-    threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, procs[i].communicate()), daemon=True)
-               for i in range(2)]
-    for t in threads:
-        t.start()
-    deadline, failed = time.time() + 300, None
-    while any(p.poll() is None for p in procs) and time.time() < deadline:
-        failed = next((p.returncode for p in procs if p.poll() not in (None, 0)), None)
-        if failed is not None:  # a rank failed: the other would wait in a collective
-            break
-        time.sleep(0.05)
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for t in threads:
-        t.join(timeout=30)
-    code = failed if failed is not None else next((p.returncode for p in procs if p.returncode), 0)
-    return subprocess.CompletedProcess(args, code, outs[0][0] + outs[1][0], outs[0][1] + outs[1][1])
+        return s.getsockname()[1]
+
+
+# A rank is a process forked from a warm interpreter that has imported torch and the training code once
+# (multiprocessing's fork server, one per test process), as torch's own distributed tests fork theirs: a
+# fresh interpreter spends ~2.5 s of CPU importing them, for each rank of each run, which on 2 cores was
+# a fifth of the suite. Each rank is still its own process (own pid and session, its environment, stdout
+# and stderr, signals and exit status), running tests/faults.py's main as `python tests/faults.py` would;
+# what a fresh interpreter's start-up does (imports, Ctrl-C during them) is tested on real scripts
+# elsewhere, and the torchrun tests start theirs through torchrun.
+_PRELOAD = ["torch", "torch._dynamo", "training.cli", "faults", "multirank_runs"]
+_forkserver = None
+
+
+def _context():
+    global _forkserver
+    if _forkserver is None:
+        _forkserver = multiprocessing.get_context("forkserver")
+        _forkserver.set_forkserver_preload(_PRELOAD)
+    return _forkserver
+
+
+def _text_stream(fd: int, errors: str, unbuffered: bool):
+    if unbuffered:  # as `python -u` or PYTHONUNBUFFERED: every write reaches the file at once
+        return io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), encoding="utf-8", errors=errors,
+                                write_through=True)
+    return open(fd, "w", encoding="utf-8", errors=errors, closefd=False)
+
+
+def _run_rank(args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
+    """In the forked process: become `python tests/faults.py ARGS` run with `env` in `cwd`."""
+    os.setsid()  # a session of its own, as start_new_session=True: a killpg reaches its workers too
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, stdout), (2, stderr)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(f, fd)
+        os.close(f)
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    sys.stdout = sys.__stdout__ = _text_stream(1, "strict", unbuffered)
+    sys.stderr = sys.__stderr__ = _text_stream(2, "backslashreplace", unbuffered)
+    sys.argv = [str(ROOT / "tests" / "faults.py"), *args]
+    import torch
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
+    import faults
+
+    faults.main(args)
+
+
+class Rank:
+    """`python tests/faults.py ARGS` as a process forked from the warm interpreter, with Popen's pid, poll,
+    wait, send_signal and returncode (negative: the signal that ended it); its output goes to two files."""
+
+    def __init__(self, args: list[str], env: dict[str, str], stdout: Path, stderr: Path):
+        for path in (stdout, stderr):
+            Path(path).write_text("")
+        self._process = _context().Process(target=_run_rank, args=(list(args), dict(env), os.getcwd(), str(stdout),
+                                                                   str(stderr)))
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(["tests/faults.py"], timeout)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+
+def two_ranks(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """The same 2 ranks started directly with the environment torchrun gives them, without its agent
+    process (forked ranks, above). When a rank fails the other is stopped, as the agent would; stdout and
+    stderr are rank 0's, then rank 1's."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        files = [(Path(tmp) / f"rank{r}.out", Path(tmp) / f"rank{r}.err") for r in range(2)]
+        procs = [Rank(args, rank_env(port, r, **env), *files[r]) for r in range(2)]
+        deadline, failed = time.time() + 300, None
+        while any(p.poll() is None for p in procs) and time.time() < deadline:
+            failed = next((p.returncode for p in procs if p.poll() not in (None, 0)), None)
+            if failed is not None:  # a rank failed: the other would wait in a collective
+                break
+            time.sleep(0.05)
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(30)
+        code = failed if failed is not None else next((p.returncode for p in procs if p.returncode), 0)
+        out = [(o.read_text(errors="replace"), e.read_text(errors="replace")) for o, e in files]
+    return subprocess.CompletedProcess(args, code, out[0][0] + out[1][0], out[0][1] + out[1][1])
 
 
 def losses(out: Path) -> dict[int, float]:

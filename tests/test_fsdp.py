@@ -1,13 +1,14 @@
 """Fully sharded training (train.parallel=fsdp) and its sharded checkpoints, run for real: 2 gloo ranks
-on the CPU under torchrun, and single processes. FSDP trains what DDP trains; a checkpoint written by N
-ranks resumes on M and continues the same trajectory; inference reads it with no process group; a kill
-mid-save keeps the previous checkpoint."""
+on the CPU (with the environment torchrun gives them: tests/multirank_runs.py), and single processes. FSDP
+trains what DDP trains; a checkpoint written by N ranks resumes on M and continues the same trajectory;
+inference reads it with no process group; a kill mid-save keeps the previous checkpoint."""
 from __future__ import annotations
 
 import json
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from runtime.memory import training_bytes
 from training.config.sections import load_config
 from training.parallel.sharding import checkpoint_blocks
 
-from multirank_runs import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, torchrun, two_ranks
+from multirank_runs import argv as multirank_argv, hellaswag_during_training_equals_the_whole, losses, two_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -203,8 +204,8 @@ def killed_run(tmp_path_factory, data_root) -> Path:
     ckpt.dcp/ at iter 2, best.dcp/ at iter 4, and the complete but unpublished ckpt of iter 4 in a temp dir."""
     out = tmp_path_factory.mktemp("killed") / "out"
     # sharded writes: ckpt at iter 2 (1st), best at iter 4 (2nd), ckpt at iter 4 (3rd: killed)
-    r = torchrun(argv(out, data_root, "--train.checkpoint_interval=2"), SMALLGPT_TEST_KILL_IN_SHARDED_SAVE="3")
-    assert r.returncode != 0
+    r = two_ranks(argv(out, data_root, "--train.checkpoint_interval=2"), SMALLGPT_TEST_KILL_IN_SHARDED_SAVE="3")
+    assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]  # rank 0, killed; rank 1 then stopped
     return out
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,28 +13,18 @@ import pytest
 
 from checkpoint import load_checkpoint
 
-from multirank_runs import argv
+from multirank_runs import Rank, argv, free_port, rank_env
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 HANG_AT = 5  # rank 1 stops answering before step index 5 (iter 6), after the checkpoint at iter 4
 
 
-def start_ranks(tmp_path: Path, args: list[str]) -> list[subprocess.Popen]:
+def start_ranks(tmp_path: Path, args: list[str]) -> list[Rank]:
     """Rank 0 and rank 1 (which hangs at HANG_AT), with torchrun's environment, output to files."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    procs = []
-    for rank in range(2):
-        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)} | ({"SMALLGPT_TEST_HANG_AT": str(HANG_AT)} if rank else {})
-        out = open(tmp_path / f"rank{rank}.out", "w")
-        err = open(tmp_path / f"rank{rank}.err", "w")
-        procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "faults.py"), *args], stdout=out,
-                                      stderr=err, env=env, start_new_session=True))
-    return procs
+    port = free_port()
+    return [Rank(args, rank_env(port, rank, **({"SMALLGPT_TEST_HANG_AT": str(HANG_AT)} if rank else {})),
+                 tmp_path / f"rank{rank}.out", tmp_path / f"rank{rank}.err") for rank in range(2)]
 
 
 def wait_for(pred, timeout: float) -> bool:
@@ -123,14 +112,9 @@ def test_a_signal_while_waiting_for_rank_0s_long_work_stops_the_run_as_between_s
     train.collective_timeout."""
     script = tmp_path / "patient.py"
     script.write_text(PATIENT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "WORLD_SIZE": "2"}
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, start_new_session=True)
-             for r in range(2)]
+                              text=True, env=rank_env(port, r), start_new_session=True) for r in range(2)]
     try:
         assert procs[1].stdout.readline().strip() == "ready"
         time.sleep(1)
