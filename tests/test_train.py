@@ -21,6 +21,7 @@ from checkpoint.export import export_hf
 from checkpoint import load_checkpoint
 from training.config.sections import load_config
 
+from multirank_runs import two_ranks
 from tiny_runs import ROOT, _one_thread, as_version_2, run, sub_env, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
 
 
@@ -405,6 +406,12 @@ def test_ddp_two_gloo_ranks_match_one_rank_with_twice_the_accumulation(tmp_path,
     a, b = load_checkpoint(tmp_path / "one")["model"], load_checkpoint(tmp_path / "two")["model"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+    # the other multi-rank tests fork their ranks from a warm interpreter (tests/multirank_runs.py): the same
+    # run started so ends bit for bit where torchrun's fresh interpreters ended
+    r = two_ranks(tiny_argv(tmp_path / "forked", data_root, *common))
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = load_checkpoint(tmp_path / "forked")["model"]
+    assert all(torch.equal(b[k], c[k]) for k in b)
 
 
 def test_hellaswag_during_training_with_a_char_tokenizer_is_refused_at_start(tmp_path, data_root):
