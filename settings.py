@@ -16,7 +16,7 @@ import math
 from typing import Any, Callable
 
 from errors import UserError, clipped
-from fileio import path_problem
+from fileio import check_path_value
 
 Check = Callable[[Any], "str | None"]
 
@@ -79,15 +79,13 @@ def path_fields(obj: Any) -> list[dataclasses.Field]:
 
 
 def check_path_fields(obj: Any, section: str) -> None:
-    """Every path field's value as a path (fileio.path_problem): the first fault is a one-line UserError."""
+    """Every path field's value as a path (fileio.check_path_value, the same line as an option's): the first
+    fault is a one-line UserError."""
     for f in path_fields(obj):
         value = getattr(obj, f.name)
         if not isinstance(value, str) or value == "":
             continue  # (a non-string, or empty: each field's own check says what it wants)
-        problem = path_problem(value)
-        if problem:
-            shown = ascii(value) if len(value) <= 80 else ascii(value[:40]) + "..."
-            raise UserError(f"{section}.{f.name} {shown} {problem}; give a usable path")
+        check_path_value(value, f"{section}.{f.name}")
 
 
 def check_fields(obj: Any, section: str) -> None:
