@@ -396,7 +396,11 @@ def find_checkpoint(out_dir: Path, name: str) -> Path | None:
 
 
 HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # what the hub's names look like: owner/name
-HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")  # GPT-2's own, bare or under GPT2_OWNER
+GPT2_OWNER = "openai-community"
+# what is read as a hub name (load.is_hub_name, where no such local path is): a bare name, or one under GPT2_OWNER;
+# any other owner/name is a local path, so that a mistyped path never turns into a download attempt
+GPT2_HUB_NAME = re.compile(rf"({GPT2_OWNER}/)?[A-Za-z0-9][\w.-]*")
 
 
 def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
@@ -418,7 +422,7 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
         missing = "is a symlink to nothing (or a loop)" if p.is_symlink() else "does not exist"
         # owner/name where no folder `owner` is here: meant for the hub, where only GPT-2's names are read
         hub = "" if p.is_symlink() or p.parent.exists() or not HUB_REPO.fullmatch(str(path)) else (
-            f" (as an HF hub name, only GPT-2's models are read: {', '.join(HUB_MODELS)}, or openai-community/ one "
+            f" (as an HF hub name, only GPT-2's models are read: {', '.join(HUB_MODELS)}, or {GPT2_OWNER}/ one "
             "of them)")
         raise UserError(f"checkpoint {p} {missing}{hub}; check the path, or train first with `python train.py`")
     return p

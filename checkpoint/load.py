@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,8 @@ from errors import UserError, clipped, short_error
 from model.gpt import GPT, GPTConfig
 
 from .format import (
-    CHECKPOINT_SUFFIXES, CKPT_NAME, load_checkpoint, peek_checkpoint, require, resolve_checkpoint_path, train_entry_problem,
+    CHECKPOINT_SUFFIXES, CKPT_NAME, GPT2_HUB_NAME, load_checkpoint, peek_checkpoint, require, resolve_checkpoint_path,
+    train_entry_problem,
 )
 from .hf import Refused, check_pretrained, from_pretrained
 from .hf_chat import read_back
@@ -105,11 +105,11 @@ class LoadedModel:
 
 
 def is_hub_name(spec: str) -> bool:
-    """A bare name ("gpt2", "gpt2-medium", "distilgpt2") or openai-community/...; anything else with a
-    slash is a local path, so a mistyped path never turns into a download attempt."""
+    """No such local path, and the shape of format.GPT2_HUB_NAME: a bare name ("gpt2", "gpt2-medium",
+    "distilgpt2") or openai-community/...; anything else with a slash is a local path."""
     if Path(spec).expanduser().exists() or spec.lower().endswith(CHECKPOINT_SUFFIXES):
         return False
-    return bool(re.fullmatch(r"(openai-community/)?[A-Za-z0-9][\w.-]*", spec))
+    return bool(GPT2_HUB_NAME.fullmatch(spec))
 
 
 def is_hf_dir(spec: str) -> bool:
