@@ -54,6 +54,12 @@ class InTurn:
         return self.batches[k % len(self.batches)]
 
 
+def as_on_cuda(rule):
+    """builders.step_graph_for's `rule`, deciding as on a CUDA device whatever the device is: on a CPU the run then
+    takes the graphed step's path, uncaptured (this script's smoke run; tests/faults.py's SMALLGPT_TEST_STEP_GRAPH)."""
+    return lambda cfg, par, device, dtype: rule(cfg, par, torch.device("cuda"), dtype)
+
+
 def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), top: int = 0,
                  device: torch.device = torch.device("cuda")) -> dict:
     """On a CPU (a smoke run of this script) the "kernels" are the aten ops and their self CPU time, and
@@ -74,7 +80,7 @@ def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), 
 
     plan, rule = RunPlan(), builders.step_graph_for
     if mode == "graph" and not cuda:  # the rule decides as on a GPU, so that a CPU smoke run takes the same path
-        builders.step_graph_for = lambda cfg, par, device, dtype: rule(cfg, par, torch.device("cuda"), dtype)
+        builders.step_graph_for = as_on_cuda(rule)
     try:
         trainer = builders.build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (InTurn([batch]), {}),
                                          say=lambda line: print("   ", line))

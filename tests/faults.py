@@ -145,10 +145,10 @@ def main(argv: list[str]) -> None:
         import functools
         torch.compile = functools.partial(torch.compile, backend=os.environ["SMALLGPT_TEST_COMPILE_BACKEND"])
     if os.environ.get("SMALLGPT_TEST_STEP_GRAPH"):
+        from benchmarks.gpu_step_profile import as_on_cuda
         from training import builders
 
-        rule = builders.step_graph_for
-        builders.step_graph_for = lambda cfg, par, device, dtype: rule(cfg, par, torch.device("cuda"), dtype)
+        builders.step_graph_for = as_on_cuda(builders.step_graph_for)
     if "SMALLGPT_TEST_KILL_IN_SAVE" in os.environ:
         kill_in_save(int(os.environ["SMALLGPT_TEST_KILL_IN_SAVE"]))
     if "SMALLGPT_TEST_KILL_IN_SHARDED_SAVE" in os.environ:
