@@ -11,6 +11,7 @@ import pytest
 
 from errors import run_cli
 from training import plot
+from training.report import metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -366,7 +367,7 @@ def test_a_damaged_line_is_skipped_with_one_note_as_a_resume_drops_it(bad, why, 
     """Damaged lines (not JSON, not UTF-8, longer than MAX_METRICS_LINE: here lowered to 200 bytes) are skipped
     with one note naming the first and counting the rest, as a resume drops them (before, one that was not JSON
     or too long refused the whole plot); a torn last line is skipped silently, and a BOM is no data."""
-    monkeypatch.setattr(plot, "MAX_METRICS_LINE", 200)
+    monkeypatch.setattr(metrics, "MAX_METRICS_LINE", 200)  # (metrics_lines': the resume's bound, read alike)
     records = [b'{"iter": %d, "train/loss": %d.0}' % (i, 9 - i) for i in range(1, 6)]
     lines = [b"\xef\xbb\xbf" + records[0], records[1], bad, records[2], bad, records[3], records[4], b'{"iter": 6, "tra']
     (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(lines))

@@ -21,7 +21,7 @@ from array import array
 from pathlib import Path
 from typing import Iterator
 
-from bounded import TooLarge, opened, read_lines
+from bounded import TooLarge, opened
 from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, short_error
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
@@ -29,7 +29,7 @@ from locks import remove_stale_temps
 from ownership import check_output
 from settings import finite_number  # a value a curve can take (a string would be drawn as a category)
 
-from .report.metrics import MAX_METRICS_BYTES, MAX_METRICS_LINE, METRICS_NAME
+from .report.metrics import MAX_METRICS_BYTES, METRICS_NAME, Damaged, metrics_lines
 
 
 def metrics_file(run: Path) -> Path:
@@ -46,10 +46,11 @@ KEYS = (*X_KEYS, *Y_KEYS)  # the order of a step's numbers, as read_metrics keep
 NAN = float("nan")  # a number not logged (or not a number) at a step: every plotted value is finite
 
 
-def _lines(path: Path) -> Iterator[bytes | None]:
-    """The metrics file's lines, one at a time (None for one over MAX_METRICS_LINE), at most MAX_METRICS_BYTES in all
-    (bounded.read_lines), so that memory holds the numbers kept, never the file: a 1 GiB file read whole, split and
-    parsed took 7.4 GB. Its refusals are read_user_file's lines."""
+def _lines(path: Path) -> Iterator[tuple[int, str | Damaged]]:
+    """The metrics file's lines, numbered, one at a time (metrics_lines, as a resume reads them: a Damaged for one
+    over MAX_METRICS_LINE or not UTF-8; a BOM is no data), at most MAX_METRICS_BYTES in all, so that memory holds the
+    numbers kept, never the file: a 1 GiB file read whole, split and parsed took 7.4 GB. Its refusals are
+    read_user_file's lines."""
     what, fix = "metrics file", "pass a training out_dir (train.out_dir) or its metrics.jsonl"
     try:
         f = opened(path)
@@ -60,7 +61,7 @@ def _lines(path: Path) -> Iterator[bytes | None]:
         if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
             raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
         try:
-            yield from read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE, skip_long=True)
+            yield from metrics_lines(f, bom=True)
         except TooLarge as e:
             raise too_large(what, path, MAX_METRICS_BYTES, e) from None
 
@@ -79,17 +80,12 @@ def read_metrics(run_dir: Path) -> dict[str, array]:
     damaged: list = []  # [first line, why, how many]: skipped, the rest still plots (as a resume drops them)
     torn = None  # the last line seen if it is not JSON: torn by a kill when nothing follows it, else damaged
     try:
-        for number, raw in enumerate(_lines(path), 1):
+        for number, line in _lines(path):
             if torn is not None:
                 _count(damaged, torn, "not JSON")
                 torn = None
-            if raw is None:  # over MAX_METRICS_LINE: read no further than the bound
-                _count(damaged, number, f"over {MAX_METRICS_LINE:,} bytes")
-                continue
-            try:
-                line = raw.removeprefix(b"\xef\xbb\xbf" if number == 1 else b"").decode("utf-8")  # (a BOM is no data)
-            except UnicodeDecodeError:
-                _count(damaged, number, "not UTF-8")
+            if isinstance(line, Damaged):  # over MAX_METRICS_LINE (read no further than the bound), or not UTF-8
+                _count(damaged, number, line.why)
                 continue
             if not line.strip():
                 continue

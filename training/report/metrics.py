@@ -17,7 +17,7 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from tqdm import tqdm
 
@@ -33,6 +33,32 @@ MAX_METRICS_BYTES = 1 << 30
 # a record is a few hundred bytes, one with samples at most ~1 MiB (16 prompts x 1024 tokens, JSON-escaped): a longer
 # line is damaged, and neither the resume nor the plot holds it
 MAX_METRICS_LINE = 16 << 20
+
+
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
+ASCII_SPACE = " \t\n\r\v\f"  # what bytes.strip() takes away: the resume's blank line
+
+
+class Damaged(NamedTuple):
+    """A line of metrics.jsonl that is no text: why, in words ("not UTF-8", "over 16,777,216 bytes")."""
+    why: str
+
+
+def metrics_lines(f, *, bom: bool = False) -> Iterator[tuple[int, str | Damaged]]:
+    """The lines of the open metrics.jsonl `f` as text, each with its number (from 1), read through bounded.read_lines:
+    at most MAX_METRICS_BYTES in all (TooLarge past it: a regular file by its size, unread), and a line at a time in
+    memory. A line over MAX_METRICS_LINE (none of its bytes held) or not UTF-8 comes as a Damaged; what it costs is
+    the reader's (the resume drops it, the plot skips it with a note naming the line). `bom`: a UTF-8 byte-order mark
+    before the first line is no data."""
+    for number, raw in enumerate(read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE, skip_long=True), 1):
+        if raw is None:
+            yield number, Damaged(f"over {MAX_METRICS_LINE:,} bytes")
+            continue
+        try:
+            line = (raw.removeprefix(BOM) if bom and number == 1 else raw).decode("utf-8")
+        except UnicodeDecodeError:
+            line = Damaged("not UTF-8")
+        yield number, line
 
 
 def _plain(value: Any) -> Any:
@@ -90,13 +116,15 @@ class MetricsLog:
         count, size, dropped, unordered, last = 0, 0, 0, 0, None
         try:
             with open(self.path, "rb") as f, atomic_write(self.path) as tmp, open_own(tmp, "wb") as out:
-                # by its size first: a sparse 100 GB file stays unread; a line past MAX_METRICS_LINE comes as None
-                for line in read_lines(f, MAX_METRICS_BYTES, MAX_METRICS_LINE, skip_long=True):
-                    if line is None or not line.strip():
-                        dropped += line is None
+                # by its size first: a sparse 100 GB file stays unread
+                for _, line in metrics_lines(f):
+                    if isinstance(line, Damaged):  # over MAX_METRICS_LINE, or not UTF-8
+                        dropped += 1
                         continue
-                    try:  # not UTF-8 (UnicodeDecodeError is a ValueError), not JSON (nested too deep too), NaN or inf
-                        record = json_loads(line.decode("utf-8"))  # (which this log never writes)
+                    if not line.strip(ASCII_SPACE):  # (a line of other white space is no record: dropped below)
+                        continue
+                    try:  # not JSON (nested too deep too), NaN or inf (which this log never writes)
+                        record = json_loads(line)
                         text = json.dumps(record, allow_nan=False) + "\n"
                     except ValueError:
                         dropped += 1
