@@ -17,6 +17,11 @@ One size per process: the cap, the allocator's cache and compile's graphs are pe
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 import argparse
 import json
 import statistics
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     from errors import run_cli
 
     run_cli(lambda: main() and 0)

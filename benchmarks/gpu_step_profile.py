@@ -20,6 +20,11 @@ step with AdamW instead of Muon; --top lists the kernels that take the most GPU 
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 import argparse
 import collections
 import statistics
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     from errors import run_cli
 
     run_cli(lambda: main())

@@ -13,17 +13,18 @@
 It imports model/ (to build a GPT) and never training/: training registers its parts with it, and
 inference asks it for a model.
 """
-from .format import (
-    BEST_NAME, CKPT_NAME, FORMAT, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, VERSION, find_checkpoint, load_checkpoint,
-    resolve_checkpoint_path, save_checkpoint,
-)
-from .load import (
-    LoadedModel, check_source, is_hf_dir, is_hub_name, load_for_inference, load_model, model_config_dict, model_from_checkpoint,
-)
-from .locate import checkpoint_dirs, checkpoint_files, default_checkpoint
-from .checkpointer import Checkpointer
-from .out_dir import claim_out_dir
-from .resume import Resume, decide_resume, no_resume_advice
+import importlib
+
+_EXPORTS = {  # each name and the module it lives in: imported on first use (__getattr__ below)
+    "BEST_NAME": "format", "CKPT_NAME": "format", "FORMAT": "format", "SCHEMA": "format",
+    "SHARDED_BEST_NAME": "format", "SHARDED_CKPT_NAME": "format", "VERSION": "format", "find_checkpoint": "format",
+    "load_checkpoint": "format", "resolve_checkpoint_path": "format", "save_checkpoint": "format",
+    "LoadedModel": "load", "check_source": "load", "is_hf_dir": "load", "is_hub_name": "load",
+    "load_for_inference": "load", "load_model": "load", "model_config_dict": "load", "model_from_checkpoint": "load",
+    "checkpoint_dirs": "locate", "checkpoint_files": "locate", "default_checkpoint": "locate",
+    "Checkpointer": "checkpointer", "claim_out_dir": "out_dir", "Resume": "resume", "decide_resume": "resume",
+    "no_resume_advice": "resume",
+}
 
 __all__ = [
     "BEST_NAME", "CKPT_NAME", "FORMAT", "SCHEMA", "SHARDED_BEST_NAME", "SHARDED_CKPT_NAME", "VERSION", "Checkpointer",
@@ -32,3 +33,14 @@ __all__ = [
     "load_model", "model_config_dict", "model_from_checkpoint", "no_resume_advice", "resolve_checkpoint_path",
     "save_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    # The package imports its modules when a name is first used, not when it is imported: `python -m checkpoint`
+    # and `python -m checkpoint.export` import this package before their own first line, and torch (~1 s) would
+    # run before the command could make Ctrl-C during start-up one line (errors.quiet_interrupts).
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

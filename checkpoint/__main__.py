@@ -10,6 +10,11 @@ beside the run's own checkpoints (not over them: a resume keeps reading ckpt.dcp
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 import sys
 import warnings
 from pathlib import Path
@@ -73,4 +78,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     run_cli(main)

@@ -4,6 +4,11 @@ Prints the prepared directory on stdout. Bad input ends with a one-line `error: 
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 from dataclasses import fields
 
 from errors import ArgumentParser, run_cli
@@ -49,4 +54,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     run_cli(main, oom_fix="lower --num-proc or --shard-tokens")

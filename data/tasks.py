@@ -15,6 +15,11 @@ character of ALPHABET is in both: the first line of pretrain.txt, and one conver
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 import json
 import random
 from pathlib import Path
@@ -175,4 +180,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     run_cli(main)

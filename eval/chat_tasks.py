@@ -10,6 +10,11 @@ Prints the accuracy per kind and overall, and with --json the numbers as one JSO
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 import json
 from collections import Counter
 from pathlib import Path
@@ -174,4 +179,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     run_cli(main)

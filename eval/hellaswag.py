@@ -20,6 +20,11 @@ For the training loop: `load_items(path)` once, then every so often
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 import argparse
 import contextlib
 import json
@@ -311,4 +316,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     run_cli(main, oom_fix="lower --batch-size, or score a smaller model")

@@ -23,6 +23,11 @@ with `model` the raw GPT (not torch.compile's or DDP's wrapper: recording change
 """
 from __future__ import annotations
 
+import errors
+
+if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is one line (errors.quiet_interrupts)
+    errors.quiet_interrupts()
+
 import argparse
 import math
 import os
@@ -228,4 +233,5 @@ def draw(spec: str, text: str, out: Path, names: list[str], layer: int | None, h
 
 
 if __name__ == "__main__":
+    errors.start_up_done()  # the imports are done: Ctrl-C is a KeyboardInterrupt again (run_cli says it)
     run_cli(main)

@@ -53,6 +53,11 @@ def imports_of(module: str, path: Path, mods: dict[str, Path]) -> list[tuple[str
         for name in names:
             if name in mods:
                 out.append((name, id(node) in local_nodes))
+    if path.name == "__init__.py":  # a package's names imported on first use (its __getattr__): _EXPORTS's modules
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["_EXPORTS"]
+                    and isinstance(node.value, ast.Dict)):
+                out += [(f"{module}.{v.value}", True) for v in node.value.values if f"{module}.{v.value}" in mods]
     return out
 
 
