@@ -19,7 +19,7 @@ from data.chat_template import MARKERS, NAME, ChatTemplate
 from data.manifest import TOKENIZER_MAX  # (the largest bpe:<n> a run may train)
 from data.tokenizer import BPE_MIN
 from errors import UserError
-from fileio import json_loads, read_user_file
+from fileio import json_loads, path_kind, read_user_file
 
 
 EOT_TEXT = "<|endoftext|>"
@@ -96,8 +96,13 @@ def read_back(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]
     was "50257 ids but the model only 512", a bpe:N of N >= 50257 would read wrong text); our chat template is
     tokenizer_config.json's exact JINJA with the four markers (chat.py called a fine-tuned export "not a chat
     model" and said to fine-tune it). Anything else is read as GPT-2's, as transformers' GPT2Tokenizer reads it."""
-    def text(name: str) -> str | None:
+    def text(name: str, needed_by: str = "") -> str | None:
         if not (path / name).is_file():
+            if os.path.lexists(path / name):  # a FIFO (a read would wait), a device, a directory, a broken link
+                raise UserError(f"{path / name} is {path_kind(path / name)}, not a file; put the file there (re-export "
+                                "the checkpoint), or remove it")
+            if needed_by:  # read as GPT-2's, the model's ids would be said not to fit GPT-2's 50257, naming neither file
+                raise UserError(f"{path / name} is missing, but {needed_by}; re-export the checkpoint")
             return None
         raw = read_user_file(path / name, name, limit=TOKENIZER_MAX, fix="re-export it")
         try:
@@ -119,7 +124,8 @@ def read_back(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]
     # ours: the class bpe_tokenizer_files writes, and no vocab.json (transformers 5 saves GPT-2's own tokenizer as a
     # tokenizer.json alone, under its own class name: that folder is GPT-2's, and read as GPT-2's)
     ours = isinstance(config, dict) and config.get("tokenizer_class") == BPE_CLASS
-    bpe = text("tokenizer.json") if ours and not os.path.lexists(path / "vocab.json") else None
+    bpe = text("tokenizer.json", f"tokenizer_config.json's tokenizer_class {BPE_CLASS} reads its vocabulary "
+                                 "from it") if ours and not os.path.lexists(path / "vocab.json") else None
     if bpe is None:
         return None, chat
     try:

@@ -143,19 +143,54 @@ NOT_A_FILE = ("directory", "fifo", "zero_device", "null_device", "socket", "syml
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "config.json"])
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "config.json", "tokenizer_config.json"])
 def test_a_file_of_the_directory_that_is_not_a_regular_file_is_named_with_its_kind(hf_base, data_root, tmp_path,
                                                                                    capsys, no_serving, entry, name):
     """Before: "holds neither model.safetensors nor pytorch_model.bin", of a directory that holds one, and
-    for config.json "no ckpt.pt or ckpt.dcp in directory": not taken for an HF directory at all."""
+    for config.json "no ckpt.pt or ckpt.dcp in directory": not taken for an HF directory at all; a
+    tokenizer_config.json that is no file was taken for none, and the folder read as GPT-2's."""
     for kind in NOT_A_FILE:
         hf = copy_of(hf_base, tmp_path / kind)
-        if name != "config.json":  # (a good model.safetensors would be read first, as transformers does)
+        if name in ("model.safetensors", "pytorch_model.bin"):  # (a good model.safetensors would be read first)
             (hf / "model.safetensors").unlink()
         if (hf / name).exists():
             (hf / name).unlink()
         make_not_a_file(kind, hf / name)
         refused(entry, hf, tmp_path / kind, data_root, capsys, name, "not a file")
+
+
+@pytest.fixture(scope="module")
+def bpe_export(tmp_path_factory) -> Path:
+    """An export of a checkpoint trained with our BPE (bpe:600): its vocabulary is its tokenizer.json alone."""
+    from checkpoint import save_checkpoint
+    from data.tokenizer import train_bpe
+    from model import GPT, GPTConfig
+
+    root = tmp_path_factory.mktemp("bpe-export")
+    bpe = train_bpe(["To be, or not to be, that is the question: whether 'tis nobler in the mind"] * 30, 600)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=N_POSITIONS, vocab_size=600))
+    save_checkpoint(root / "run" / "ckpt.pt", {"model": model.state_dict(), "model_config": model.config.__dict__,
+                                               "tokenizer": {"tokenizer": "bpe:600", "chars": None, "bpe": bpe}})
+    export_main(["--checkpoint", str(root / "run"), "--out", str(root / "hf")])
+    assert (root / "hf" / "tokenizer.json").is_file() and not (root / "hf" / "vocab.json").exists()
+    item = {"ctx": "To be", "endings": [" or", " not", " to", " be"], "label": 0}
+    (root / "hs.jsonl").write_text(json.dumps(item) + "\n")
+    return root / "hf"
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_an_exports_tokenizer_json_missing_or_not_a_file_is_named(bpe_export, data_root, tmp_path, capsys, no_serving,
+                                                                  entry):
+    """An export of a trained BPE reads its vocabulary from tokenizer.json: without it the folder was read as
+    GPT-2's, and the line blamed the vocabulary ("the tokenizer has 50257 ids but the model only 600")."""
+    for kind in ("missing", *NOT_A_FILE):
+        hf = copy_of(bpe_export, tmp_path / kind)
+        (hf / "tokenizer.json").unlink()
+        if kind != "missing":
+            make_not_a_file(kind, hf / "tokenizer.json")
+        refused(entry, hf, tmp_path / kind, data_root, capsys, "tokenizer.json", "missing" if kind == "missing" else
+                "not a file")
 
 
 # --------------------------------------------------------------------- NaN or inf in a weight
