@@ -284,6 +284,33 @@ def test_every_yaml_shape_loads_or_is_one_line_naming_the_file(tmp_path, text):
     check_yaml(text, tmp_path / "cfg.yaml")
 
 
+
+def yaml11_other_base() -> st.SearchStrategy[tuple[str, int | float]]:
+    """A number as YAML 1.1 (PyYAML) reads it in base 60 (`1:20`, `-2:05:30.5`) or octal (`012`), with its value
+    there, which is not the decimal reading a command line gives the same characters."""
+    sexagesimal = st.tuples(st.sampled_from(["", "-", "+"]), st.integers(1, 99), st.lists(st.integers(0, 59), min_size=1,
+                                                                                        max_size=3),
+                            st.sampled_from(["", ".5"])).map(
+        lambda t: (f"{t[0]}{t[1]}" + "".join(f":{d:02d}" for d in t[2]) + t[3],
+                   (-1 if t[0] == "-" else 1) * (sum(d * 60 ** i for i, d in enumerate(reversed([t[1], *t[2]])))
+                                                 + (0.5 if t[3] else 0))))
+    octal = st.integers(8, 10**6).map(lambda v: ("0" + format(v, "o"), v))
+    return st.one_of(sexagesimal, octal)
+
+
+@given(key=st.sampled_from(KEYS), number=yaml11_other_base())
+def test_a_number_yaml_reads_in_base_60_or_octal_is_one_line(tmp_path, key, number):
+    """`time_budget: 1:20` was 80 s and `max_iters: 0100` 64 steps, without a word: YAML 1.1 reads those
+    characters in base 60 and octal, a command line in decimal. Every numeric key, in a YAML config."""
+    (section, name, _), (text, value) = key, number
+    path = tmp_path / "cfg.yaml"
+    path.write_text(f"{section}:\n  {name}: {text}\n")
+    with pytest.raises(UserError) as e:
+        load_config(["--config", str(path)])
+    line = an_error_line(e.value, str(path), "line 2", "base 60" if ":" in text else "octal", "quote it")
+    assert repr(value) in line or str(value) in line  # the number YAML would have read, said
+
+
 YAML_CASES = [
     ("? [a, b]\n: 1\n", "the key at line 1 is a list"),  # was TypeError: unhashable type: 'list'
     ("train:\n  ? {a: 1}\n  : 1\n", "the key at line 2 is a dict"),

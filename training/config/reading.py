@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from errors import UserError, short_error
+from errors import UserError, clipped, short_error
 from fileio import check_path_value, path_kind, read_user_file
 from settings import path_fields
 
@@ -99,7 +99,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     - an integer too long for Python's int() (over 4300 digits) is a one-line error, not a ValueError;
     - so is a tagged value its constructor can't build (`!!float abc`, `!!timestamp 2001-13-45`), a
       key that is a sequence, a mapping or a set (`? [a, b]`: unhashable), and a string holding a lone
-      surrogate (`"\\ud800"`, which no encoder takes)."""
+      surrogate (`"\\ud800"`, which no encoder takes);
+    - a number YAML 1.1 reads in base 60 (`1:20`) or octal (`012`) is a one-line error (80 and 10, unsaid)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -117,6 +118,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_yaml_int(self, node):
+        self._no_yaml11_surprise(node)
         try:
             value = super().construct_yaml_int(node)
             if value.bit_length() <= 14_000:  # a 0x... of more bits has over 4300 digits: not even printable
@@ -126,6 +128,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise
         raise UserError(f"{self.name}: the number at line {node.start_mark.line + 1} has {len(node.value)} "
                         "characters, too many for an integer; write a sensible value") from None
+
+    def construct_yaml_float(self, node):
+        self._no_yaml11_surprise(node)
+        return super().construct_yaml_float(node)
+
+    def _no_yaml11_surprise(self, node):
+        """YAML 1.1 (PyYAML's) reads `1:20` as base 60 (80) and `012` as octal (10): a time, a clock-like value or
+        a zero-padded count would become another number without a word."""
+        digits = node.value.lstrip("+-").replace("_", "")
+        octal = len(digits) > 1 and digits[0] == "0" and digits.isdigit() and int(digits, 8) != int(digits)  # (07: 7)
+        if ":" in digits or octal:
+            value = super().construct_yaml_float(node) if "." in digits else super().construct_yaml_int(node)
+            raise UserError(f"{self.name}: {clipped(node.value)} at line {node.start_mark.line + 1} is read by YAML as "
+                            f"a number in {'base 60' if ':' in digits else 'octal'} ({clipped(value)}); write the number "
+                            "in decimal, or quote it if it is text")
 
     def construct_object(self, node, deep=False):
         try:
@@ -165,6 +182,7 @@ def utf8(text: str) -> bool:
 
 
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader.construct_yaml_float)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:str", _UniqueKeyLoader.construct_yaml_str)
 
 
