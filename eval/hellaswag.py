@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from data import tokenizer_from_meta
+from data.messages import lone_surrogate
 from checkpoint import load_model
 from errors import ArgumentParser, UserError, clipped, run_cli, short_error
 from fileio import json_loads, path_arg, read_user_file
@@ -75,11 +76,16 @@ def parse_item(raw: Any, where: str) -> Item:
     ctx, endings, label = raw.get("ctx"), raw.get("endings"), raw.get("label")
     if not isinstance(ctx, str):
         raise bad("ctx is missing or not a string")
-    if not isinstance(endings, (list, tuple)) or len(endings) != N_ENDINGS:
-        n = len(endings) if isinstance(endings, (list, tuple)) else "no list of"
-        raise bad(f"expected {N_ENDINGS} endings, got {n}")
+    if not isinstance(endings, (list, tuple)):
+        raise bad(f"endings is {'missing' if endings is None else 'a ' + type(endings).__name__}, not a list")
+    if len(endings) != N_ENDINGS:
+        raise bad(f"expected {N_ENDINGS} endings, got {len(endings)}")
     if not all(isinstance(e, str) for e in endings):
         raise bad("an ending is not a string")
+    for what, text in (("ctx", ctx), *((f"ending {i}", e) for i, e in enumerate(endings))):
+        where_bad = lone_surrogate(text)  # JSON's "\ud800" is valid JSON but no text (as a chat row's is refused)
+        if where_bad:
+            raise bad(f"{what} holds a lone surrogate ({where_bad}), no text")
     blank = [i for i, e in enumerate(endings) if not e.strip()]
     if blank:  # an empty ending scores as one space token: the choice would mean nothing (all empty: "acc 1.0")
         raise bad(f"ending {blank[0]} is empty")

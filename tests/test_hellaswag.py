@@ -341,3 +341,35 @@ def test_any_label_is_its_index_or_one_short_error_line_from_every_reader(label,
             read()
         message = str(e.value)
         assert "\n" not in message and "label must be 0..3, got " in message and len(message) < 300, message
+
+
+TEXTS = st.text(max_size=5) | st.sampled_from(["\ud800", "a\udfffb", "ok \ud83d", "\U0001f600"])  # (lone surrogates)
+ENDINGS = LABELS | st.lists(TEXTS, min_size=4, max_size=4) | st.dictionaries(TEXTS, TEXTS, max_size=4) | TEXTS
+
+
+@given(ctx=LABELS | TEXTS, endings=ENDINGS)
+def test_any_ctx_and_endings_are_an_item_or_one_short_error_line_from_every_reader(ctx, endings, tmp_path_factory,
+                                                                                    monkeypatch):
+    """Before: endings as an object said "expected 4 endings, got no list of", and a lone surrogate (JSON's
+    "\\ud800", valid JSON and no text) in ctx or an ending was scored, where a chat row's is refused."""
+    record = {"ctx": ctx, "endings": endings, "label": 0}
+    texts = [ctx, *endings] if isinstance(endings, list) else [ctx]
+    ok = (isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4
+          and all(isinstance(e, str) and e.strip() for e in endings)
+          and all(not any(0xD800 <= ord(c) <= 0xDFFF for c in t) for t in texts if isinstance(t, str)))
+    path = tmp_path_factory.mktemp("endings") / "endings.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    datasets = type(sys)("datasets")
+    datasets.load_dataset = lambda *a, **k: [record]
+    monkeypatch.setitem(sys.modules, "datasets", datasets)
+    monkeypatch.setattr(hellaswag, "hub_offline_unless_reachable", lambda: None)
+    for read in (lambda: load_items(path), lambda: load_items(None)):  # --data, and the HF copy
+        if ok:
+            item = read()[0]
+            assert (item.ctx, list(item.endings)) == (ctx, endings)
+            continue
+        with pytest.raises(hellaswag.UserError) as e:
+            read()
+        message = str(e.value)
+        assert "\n" not in message and len(message) < 400 and "no list of" not in message, message
+        assert any(w in message for w in ("ctx", "endings", "ending")), message
