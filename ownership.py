@@ -32,17 +32,23 @@ The one nesting allowed: an out_dir holds its own sharded checkpoints (ckpt.dcp/
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Iterable
 
-from bounded import TooLarge, read_head, read_own
+from bounded import TooLarge, read_at_most, read_head, read_own
 from errors import UserError
 from fileio import atomic_write_bytes, check_no_links, check_path_value, json_loads
 
 MARKER = ".smallgpt-owner.json"
+# in a folder of the user's that a command writes named files into (data.tasks, eval.inspect, training.plot): the
+# size and sha256 of each file it wrote there, so that a later run replaces its own files and no one else's
+WRITTEN = ".smallgpt-written.json"
+WRITTEN_MAX = 64 << 10
 OUT_DIR, DATA, EXPORT, CHECKPOINT = "out_dir", "data", "export", "checkpoint"
 # what each kind is, and who writes it (named in every refusal, so the user knows which setting to move)
 WHAT = {OUT_DIR: "a training out_dir", DATA: "a prepared data folder", EXPORT: "an HF export",
@@ -164,13 +170,15 @@ def _first_keys(head: bytes, wanted: set[str]) -> set[str]:
     return keys
 
 
-def unmark_if_unused(path: str | os.PathLike) -> None:
+def unmark_if_unused(path: str | os.PathLike, had: Iterable[str] = ()) -> None:
     """Remove `path`'s out_dir marker where the run that claimed it stopped before writing anything (refused
-    at start): else the stray marker would make a later run refuse this folder, for a hidden reason."""
-    path = Path(path)
+    at start): else the stray marker would make a later run refuse this folder, for a hidden reason. `had`: the
+    names the folder held before the claim (a user's files the run refused to write over), none of them the
+    marker: the marker is the claim's own."""
+    path, had = Path(path), set(had)
     try:
-        left = {p.name for p in path.iterdir()} - {MARKER, ".train.lock"}
-        if not left and _marked(path) == OUT_DIR:
+        left = {p.name for p in path.iterdir()} - {MARKER, ".train.lock"} - had
+        if not left and MARKER not in had and _marked(path) == OUT_DIR:
             (path / MARKER).unlink()
     except OSError:
         pass
@@ -228,6 +236,80 @@ def check_target(path: str | os.PathLike, kind: str, option: str, *, reading: It
         if read == path or read in path.parents or path in read.parents:
             how = "is" if read == path else "lies inside" if read in path.parents else "holds"
             raise UserError(f"{mine} {how} {read}, which this command reads; {_fix(kind, option, 'apart from it')}")
+
+
+def check_replaceable(folder: str | os.PathLike, names: Iterable[str], option: str, *,
+                      new: dict[str, bytes] | None = None) -> None:
+    """Refuse, in one UserError line naming the file and the fix, a command about to write the files `names`
+    (names it picks itself) into `folder`, a folder of the user's, where one of them already holds a regular file
+    that is neither one it wrote there (WRITTEN records its size and sha256; unchanged since) nor the very bytes it
+    would write now (`new`). Checked before anything is written: a user's file is never replaced by a name the
+    command chose. A managed folder is its owner's (its own names, check_target), and is not asked here."""
+    folder = Path(folder)
+    if kind_of(folder) is not None:
+        return
+    check_no_links(folder, (WRITTEN,))  # the record is the project's own file (class 1)
+    record = _written(folder)
+    if record is None:
+        raise UserError(f"{option} {folder} already holds {WRITTEN}, which is not a record this project wrote; move it "
+                        f"away, or choose another {option}")
+    for name in names:
+        path = folder / name
+        try:
+            st = os.stat(path)  # through a link: the file a write would replace
+        except OSError:  # a new name (or a loop: output_target says so)
+            continue
+        if not stat.S_ISREG(st.st_mode):  # a device, a FIFO: written into, nothing replaced; else output_target's line
+            continue
+        mine = [s for s in (record.get(name), _digest_of(new[name]) if new and name in new else None) if s]
+        try:
+            if any(size == st.st_size for size, _ in mine) and _digest(path) in {d for _, d in mine}:
+                continue
+        except OSError:  # unreadable: not known to be its own
+            pass
+        raise UserError(f"{option} {folder} already holds {name}, a file this command did not write there (or one "
+                        f"changed since); it is never overwritten: move it away, or choose another {option}")
+
+
+def record_written(folder: str | os.PathLike, names: Iterable[str]) -> None:
+    """Note in `folder`'s WRITTEN the regular files `names` just written there (check_replaceable's record)."""
+    folder = Path(folder)
+    if kind_of(folder) is not None:
+        return
+    record = _written(folder)
+    if record is None:  # not ours (check_replaceable refused it before anything was written): left as it is
+        return
+    for name in names:
+        try:
+            if stat.S_ISREG(os.stat(folder / name).st_mode):
+                record[name] = (os.stat(folder / name).st_size, _digest(folder / name))
+        except OSError:
+            record.pop(name, None)
+    atomic_write_bytes(folder / WRITTEN, (json.dumps({"written": record}, indent=1) + "\n").encode())
+
+
+def _written(folder: Path) -> dict[str, tuple[int, str]] | None:
+    """The record WRITTEN in `folder`: {} where there is none; None where a file at its name is no record of ours
+    (damaged, too large, unreadable: a user's, never replaced)."""
+    if not os.path.lexists(folder / WRITTEN):
+        return {}
+    try:
+        info = json_loads(read_at_most(folder / WRITTEN, WRITTEN_MAX))
+        return {name: (int(size), str(digest)) for name, (size, digest) in info["written"].items()}
+    except (OSError, TooLarge, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _digest_of(data: bytes) -> tuple[int, str]:
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def check_parent(folder: str | os.PathLike, kind: str, option: str) -> None:

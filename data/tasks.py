@@ -26,7 +26,7 @@ from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
 from fileio import atomic_write_bytes, check_writable_dir, no_empty_dirs_left, output_target, path_arg
-from ownership import check_output
+from ownership import check_output, check_replaceable, record_written
 
 MAX_NUMBER = 99
 # the most of each that one run makes (about 100 MB of text each): a larger count is refused before any work,
@@ -140,8 +140,12 @@ def pretrain_text(n_lines: int, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    atomic_write_bytes(path, jsonl(rows))
 
 
 def build_parser() -> ArgumentParser:
@@ -172,9 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in FILES:  # a link or a folder at one of its names: refused now, not after the others are written
             output_target(out / name, "--out's", follow=False)
         train, heldout = generate(args.train, args.heldout, args.seed, args.max_number)
-        write_jsonl(out / "train.jsonl", train)
-        write_jsonl(out / "heldout.jsonl", heldout)
-        atomic_write_bytes(out / "pretrain.txt", pretrain_text(args.pretrain_lines, args.seed).encode())
+        files = dict(zip(FILES, (jsonl(train), jsonl(heldout), pretrain_text(args.pretrain_lines, args.seed).encode())))
+        # a file of the user's at one of its names (a 2,000-row SFT set) is refused, before any is written: only
+        # what an earlier run wrote there (recorded), or the very bytes, is replaced
+        check_replaceable(out, FILES, "--out", new=files)
+        for name, data in files.items():
+            atomic_write_bytes(out / name, data)
+        record_written(out, FILES)
     print(out)
     return 0
 

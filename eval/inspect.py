@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from errors import ArgumentParser, UserError, run_cli, short_error, to_stderr, write_fix
 from fileio import (atomic_write_bytes, check_output_not_input, check_writable_dir, no_empty_dirs_left, output_target,
                     path_arg, path_kind, read_user_file)
-from ownership import check_output
+from ownership import check_output, check_replaceable, record_written
 from model.gpt import CausalSelfAttention
 from checkpoint import checkpoint_files, default_checkpoint, load_for_inference
 
@@ -177,10 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         check_output_not_input(out / name, inputs, "--out")
         check_target(out, name)
+    check_replaceable(out, names, "--out")  # a user's attention.png there is refused; its own pictures replaced
     text = read_text(args)
     with no_empty_dirs_left(out):  # a refusal after it (a bad checkpoint, a layer past the model's) leaves no --out
         check_writable_dir(out, "--out")  # before the model is loaded and run: a bad --out costs nothing
-        return draw(spec, text, out, names, args.layer, args.head)
+        draw(spec, text, out, names, args.layer, args.head)
+        record_written(out, names)
+        return 0
 
 
 def check_target(out: Path, name: str) -> None:

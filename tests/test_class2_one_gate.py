@@ -173,3 +173,85 @@ def test_class2_no_empty_dirs_left_removes_what_making_a_path_made_and_nothing_e
         kept = {p for p in after - before if p.name != "written"}
         assert all(any(p in q.parents or p == q.parent for q in after - before if q.name == "written") for p in kept), \
             sorted(map(str, after - before))
+
+
+# Class 2's second half: an output name that already holds a user's file. What each writer does there, one row
+# each (a new writer adds its row):
+# - NAMED: the user named that very file as the output, which is replaced as asked (atomically, and never an
+#   input: check_output_not_input); the files beside it are untouched;
+# - (REFUSED, names): the names it picks itself in the folder the user gave; a user's file at any of them is
+#   refused in one line naming it, before anything is written (ownership.check_replaceable: only what it wrote
+#   there itself, as recorded, or the very bytes, is replaced; an out_dir and an export have their own rules);
+# - (KEPT, names): a user's folder at the name of the folder it writes: written beside the user's files, never
+#   over them (data.prepare's shards and manifest have names of their own: a hash of their source).
+NAMED, REFUSED, KEPT = "named", "refused", "kept"
+USER_FILES = {
+    "sample.py --out": NAMED,
+    "eval.inspect --out": (REFUSED, ("attention.png", "surprisal.png", "surprisal.html")),
+    "training.plot --out": (REFUSED, ("curves.png",)),  # --out a folder (or figs/): curves.png in it
+    "bench.py --json": NAMED,
+    "checkpoint consolidate --out": NAMED,
+    "checkpoint.export --out": (REFUSED, ("config.json", "model.safetensors", "README.md")),  # any file: refused
+    "data.prepare --root": (KEPT, ("corpus-9c4fae06-char",)),  # the world's corpus, char: its folder's name
+    "data.tasks --out": (REFUSED, ("train.jsonl", "heldout.jsonl", "pretrain.txt")),
+    "train.py train.out_dir": (REFUSED, ("metrics.jsonl",)),  # a log and no checkpoint: no run's, refused
+}
+
+
+def test_class2_the_user_files_table_has_a_row_for_every_writer():
+    assert set(USER_FILES) == {w.name for w in WRITERS}
+
+
+@pytest.mark.parametrize("writer", [w for w in WRITERS if USER_FILES[w.name] != NAMED], ids=str)
+def test_class2_a_writer_never_replaces_a_users_file_at_a_name_it_picks(writer, world, capsys, tmp_path):
+    """python -m data.tasks --out F replaced the train.jsonl and pretrain.txt the user had in F. Every name each
+    writer picks in the user's folder, holding the user's bytes (a folder of the user's where it writes a folder):
+    REFUSED, one line naming the file, exit 2, and every file in the folder as it was (no marker left either);
+    KEPT, every file of the user's keeps its bytes."""
+    rule, names = USER_FILES[writer.name]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    for name in names:
+        if rule == REFUSED:
+            (mine / name).write_bytes(b"the user's own " + name.encode())
+        else:
+            (mine / name).mkdir()
+            (mine / name / "notes.txt").write_text("the user's own folder")
+    before = snapshot(mine)
+    code, _, err = run_entry(writer.main, writer.argv(mine, world), capsys)
+    if rule == KEPT:
+        assert code == 0, err
+        after = snapshot(mine)
+        assert {k: v for k, v in after.items() if k in before} == before
+        return
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    assert any(name in lines[0] for name in names) or "already holds" in lines[0], lines[0]
+    assert snapshot(mine) == before
+
+
+@pytest.mark.parametrize("writer", [w for w in WRITERS if w.name in ("data.tasks --out", "eval.inspect --out",
+                                                                      "training.plot --out")], ids=str)
+def test_class2_a_writer_replaces_what_it_wrote_itself(writer, world, capsys, tmp_path):
+    """Not everything is refused: its own files from an earlier run (recorded) are replaced; the user's stay."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    for _ in range(2):
+        code, _, err = run_entry(writer.main, writer.argv(mine, world), capsys)
+        assert code == 0, err
+    assert (mine / "notes.txt").read_text() == "the user's"
+
+
+@pytest.mark.parametrize("writer", [w for w in WRITERS if USER_FILES[w.name] == NAMED], ids=str)
+def test_class2_a_file_the_user_named_is_the_output(writer, world, capsys, tmp_path):
+    """A file writer given the file itself writes it, as asked; the files beside it keep their bytes."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    out = mine / ("one.pt" if "consolidate" in writer.name else writer.file_name)
+    out.write_bytes(b"old")
+    code, _, err = run_entry(writer.main, writer.argv(out, world), capsys)
+    assert code == 0, err
+    assert out.read_bytes() != b"old" and (mine / "notes.txt").read_text() == "the user's"

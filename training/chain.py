@@ -4,7 +4,8 @@ before it made, and every start-up decision settled into the run plan (training/
 train.py runs it through training/loop.py's `train`; the builders themselves are training/builders.py."""
 from __future__ import annotations
 
-from contextlib import ExitStack
+import os
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Callable
 
@@ -75,10 +76,13 @@ def claim_and_decide_resume(cfg: Config, par: Parallel, say: Callable, cleanup: 
     out_dir = Path(cfg.train.out_dir)
     if par.is_main:  # left last (the stack unwinds backwards), after the lock file: a refused start leaves no folder
         cleanup.enter_context(no_empty_dirs_left(out_dir))
+    had: set[str] = set()  # what the folder held before the claim: a refusal leaves it as it was
+    with suppress(OSError):  # (none, or unreadable: the claim says why)
+        had = set(os.listdir(out_dir)) if par.is_main else had
     lock = par.on_main(lambda: claim_out_dir(out_dir, say), "rank 0's claim of the out_dir")  # None off rank 0
     if lock is not None:
         cleanup.callback(lock.release)
-        cleanup.callback(unmark_if_unused, out_dir)  # before the release: a refused start leaves no marker
+        cleanup.callback(unmark_if_unused, out_dir, had)  # before the release: a refused start leaves no marker
     resume = decide_resume(out_dir, mode=cfg.train.resume, config_conflicts=lambda saved: resume_conflicts(saved, cfg),
                            gather=par.gather, other_files=(METRICS_NAME,))
     if resume is None:

@@ -31,7 +31,7 @@ from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, sho
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
 from locks import remove_stale_temps
-from ownership import check_output
+from ownership import check_output, check_replaceable, record_written
 from settings import finite_number  # a value a curve can take (a string would be drawn as a category)
 
 from .report.metrics import MAX_METRICS_BYTES, METRICS_NAME, Damaged, metrics_lines
@@ -297,7 +297,12 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = resolve_out(args.out, args.runs)  # an unknown suffix is refused before any reading or drawing
+    picked = args.out is None or str(out) != args.out  # a name it chose (curves.png in a folder, .png added)
+    if picked:  # never over a user's file of that name in a folder of the user's: only over its own picture
+        check_replaceable(out.parent, (out.name,), "--out")
     print(plot(args.runs, out, log_scale=args.log_scale))
+    if picked:
+        record_written(out.parent, (out.name,))
     return 0
 
 
