@@ -359,6 +359,16 @@ def path_arg(value: str) -> str:
     return os.path.expanduser(value)
 
 
+def file_arg(value: str) -> str:
+    """path_arg for an option that writes one file: a name that spells a folder (ending in a separator, or . or
+    ..) is argparse's one line, never a file written at the name without its separator."""
+    path = path_arg(value)
+    if os.path.basename(path) in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{ascii(value[:80])} names a folder (by its spelling), but this option writes "
+                                         "one file; name the file, e.g. samples/out.txt")
+    return path
+
+
 def path_arg_path(value: str) -> Path:
     """path_arg, returning a Path (for options whose code works on Paths)."""
     return Path(path_arg(value))
@@ -370,7 +380,7 @@ def optional_path_arg(value: str) -> str:
 
 
 # what tests enumerate: every path option of every parser (empty_ok: '' is that option's "none")
-path_arg.checks_path = path_arg_path.checks_path = optional_path_arg.checks_path = True
+path_arg.checks_path = path_arg_path.checks_path = optional_path_arg.checks_path = file_arg.checks_path = True
 optional_path_arg.empty_ok = True
 
 

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from fileio import atomic_write_bytes, path_arg
+from fileio import atomic_write_bytes, file_arg
 from ownership import check_output
 from model import GPT
 from runtime.precision import allow_tf32
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--quick", action="store_true", help="a tiny model and global batch 16: a smoke test")
-    p.add_argument("--json", type=path_arg, help="write the row here")
+    p.add_argument("--json", type=file_arg, help="write the row here")
     return p
 
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from errors import ArgumentParser, UserError
-from fileio import check_output_not_input, check_writable_dir, no_empty_dirs_left, output_target, path_arg
+from fileio import check_output_not_input, check_writable_dir, no_empty_dirs_left, output_target, file_arg, path_arg
 from ownership import check_output
 from training.float8 import RECIPES as FLOAT8_RECIPES
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isa-avx2", action="store_true", help="after the native run, run the same sections again in a "
                    "child process under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 (the AVX2-only class, "
                    "emulated) and print both reports")
-    p.add_argument("--json", default=None, type=path_arg, help="also write the results to this file")
+    p.add_argument("--json", default=None, type=file_arg, help="also write the results to this file")
     return p
 
 

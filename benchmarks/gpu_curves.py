@@ -23,7 +23,7 @@ from pathlib import Path
 
 from errors import UserError, run_cli
 from eval.figures import new_figure
-from fileio import atomic_write, path_arg, read_user_file
+from fileio import atomic_write, file_arg, read_user_file
 from ownership import check_output
 
 OURS = re.compile(r"^\s*([\d.]+) iter (\d+): train loss [\d.]+, val loss ([\d.]+)")
@@ -86,7 +86,7 @@ def card(folder: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("logs", type=Path)
-    p.add_argument("out", type=path_arg)
+    p.add_argument("out", type=file_arg)
     p.add_argument("--target", type=float, default=1.47, help="the characters' val loss to reach (nanoGPT's best)")
     args = p.parse_args(argv)
     out = check_output(args.out, "out")  # the gate (ownership.py): a picture, never into a managed folder

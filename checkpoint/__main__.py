@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from errors import ArgumentParser, UserError, run_cli
-from fileio import check_output_not_input, check_path_value, output_target, path_arg
+from fileio import check_output_not_input, check_path_value, output_target, file_arg, path_arg
 from ownership import OUT_DIR, check_output, kind_of
 
 from .format import CKPT_NAME, FORMAT, SCHEMA, VERSION, load_checkpoint, resolve_checkpoint_path, save_checkpoint
@@ -65,7 +65,7 @@ def build_parser() -> ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("consolidate", help="write a sharded checkpoint (ckpt.dcp/) as one file")
     c.add_argument("source", type=path_arg, help="a training out_dir, or a ckpt.dcp/ (best.dcp/) directory")
-    c.add_argument("--out", default=None, type=path_arg,
+    c.add_argument("--out", default=None, type=file_arg,
                    help=f"the file to write (default: <out_dir>/{CONSOLIDATED_NAME})")
     return p
 

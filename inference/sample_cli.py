@@ -14,7 +14,7 @@ import torch
 
 from checkpoint import checkpoint_dirs, checkpoint_files, default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, point_at_devnull, reader_left, short_error, to_stderr, write_fix
-from fileio import atomic_write_bytes, check_output_not_input, check_path_value, output_target, path_arg
+from fileio import atomic_write_bytes, check_output_not_input, check_path_value, output_target, file_arg, path_arg
 from inference.prompts import encode_prompt, read_prompts, reads_stdin
 from model.generate import generate, generate_stream
 from ownership import check_output
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                         help="print a single sample token by token as it is generated (default: on; "
                              "--no-stream prints it whole at the end)")
-    output.add_argument("--out", default=None, metavar="FILE", type=path_arg,
+    output.add_argument("--out", default=None, metavar="FILE", type=file_arg,
                         help="write the samples to FILE (written whole, atomically) instead of stdout")
     device = p.add_argument_group("device")
     device.add_argument("--device", default="auto", help="auto (cuda > mps > cpu; the default), cpu, cuda, cuda:N, mps")

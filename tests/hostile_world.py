@@ -91,8 +91,8 @@ def make_kind(kind: str, path: Path, content: bytes = OLD) -> Path:
         path.symlink_to(f"target-of-{path.name}")
     elif kind == "dangling_symlink":
         path.symlink_to(f"target-of-{path.name}")
-    else:
-        assert kind == "missing"
+    else:  # (trailing_separator: a missing name, given with a separator after it)
+        assert kind in ("missing", "trailing_separator")
     return path
 
 

@@ -48,7 +48,7 @@ from cli_lines import an_error_line
 # ------------------------------------------------------------------------------------------ the kinds
 
 INPUT_KINDS = ("regular", "empty", "directory", "fifo", "null_device", "full_device", "socket", "symlink_loop",
-               "symlink", "dangling_symlink", "missing")
+               "symlink", "dangling_symlink", "missing", "trailing_separator")
 OUTPUT_KINDS = INPUT_KINDS + ("fifo_read",)
 
 
@@ -157,14 +157,16 @@ DIR_OUTPUTS = ("export --out", "data.prepare --root", "train.py train.out_dir", 
 # atomically), a symlink's target, a character device, a FIFO being read; refused for a FIFO nobody reads
 # (writing would hang), a socket, a symlink loop and a directory (training.plot puts curves.png inside
 # it). A full device is a write error, one line. A folder output: a new or existing folder, nothing else.
+# A trailing separator (`name/`, missing) spells a folder: a folder output makes it; training.plot puts curves.png
+# in it; every other file output refuses it in one line (fileio.file_arg), never writing a file at `name`.
 WRITTEN = {"regular", "empty", "missing", "symlink", "dangling_symlink", "null_device", "fifo_read"}
-FOLDER_WRITTEN = {"directory", "missing"}
+FOLDER_WRITTEN = {"directory", "missing", "trailing_separator"}
 
 
 def expected_to_work(option: str, kind: str) -> bool:
     if option in DIR_OUTPUTS:
         return kind in FOLDER_WRITTEN
-    return kind in WRITTEN or (option == "training.plot --out" and kind == "directory")
+    return kind in WRITTEN or (option == "training.plot --out" and kind in ("directory", "trailing_separator"))
 
 
 def bench_json(argv: list[str]) -> int:
@@ -192,8 +194,9 @@ def test_every_path_option_takes_every_kind_of_path(world, option, kind, capsys,
     path = make_kind(kind, case / opt.name)
     before = snapshot(path)
     target_before = snapshot(path.parent / f"target-of-{path.name}")
+    given = f"{path}{os.sep}" if kind == "trailing_separator" else path
     with fifo_reader(path) if kind == "fifo_read" else contextlib.nullcontext(bytearray()) as got:
-        code, out, err = run_entry(opt.main, opt.argv(path, world, case), capsys)
+        code, out, err = run_entry(opt.main, opt.argv(given, world, case), capsys)
     assert "Traceback" not in err, err
     if opt.output:
         assert (code == 0) == expected_to_work(option, kind), (code, err)
@@ -210,7 +213,7 @@ def test_every_path_option_takes_every_kind_of_path(world, option, kind, capsys,
         elif kind in ("null_device", "full_device", "fifo", "fifo_read", "socket"):  # written into, kept
             assert after[0] == before[0] and after == before, (before, after)
             written = None
-        elif kind == "directory" and option not in DIR_OUTPUTS:  # a file output given a folder: the file goes inside
+        elif kind in ("directory", "trailing_separator") and option not in DIR_OUTPUTS:  # the file goes inside
             written = next(p for p in path.iterdir())
         else:
             written = path
