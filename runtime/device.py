@@ -29,7 +29,9 @@ def resolve_device(name: str, local_rank: int = 0, option: str = "--train.device
         dev = torch.device(name)
     except RuntimeError:
         dev = None
-    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
+    # one rule for every command (train.device's check, training/config/sections._device, spells the same): a
+    # CPU or MPS index (cpu:1) picks nothing, so it is refused, not taken as the plain device
+    if dev is None or dev.type not in ("cpu", "cuda", "mps") or (dev.type != "cuda" and dev.index is not None):
         raise UserError(f"unknown {option}={name!r}; use auto, cpu, cuda, cuda:N or mps")
     if dev.type == "cuda":
         if not torch.cuda.is_available():

@@ -204,3 +204,56 @@ def test_shard_tokens_that_would_write_over_100k_files_is_refused_before_the_pre
     assert shakespeare_path.stat().st_size == 1_115_394 and math.ceil(1_115_394 / 100_000) == 12
 
 
+
+
+# ------------------------------------------------------------------------------------------ --device, every command
+
+def _device_options():
+    """Every command's device option (a new command with --device adds its row): (name, main, argv of a value)."""
+    from benchmarks import cli as bench_cli
+    from inference import chat_cli, sample_cli
+    from server import cli as serve_cli
+    from training import cli as train_cli
+    from hostile_world import train_argv
+    return {
+        "sample.py --device": (sample_cli.main, lambda w, v: ["--checkpoint", w.ckpt, "--device", v]),
+        "chat.py --device": (chat_cli.main, lambda w, v: ["--checkpoint", w.ckpt, "--device", v]),
+        "serve.py --device": (serve_cli.main, lambda w, v: ["--checkpoint", w.ckpt, "--device", v]),
+        "eval.hellaswag --device": (hellaswag.main, lambda w, v: ["--checkpoint", w.gpt2, "--data", w.hellaswag,
+                                                                   "--device", v]),
+        "bench.py --device": (bench_cli.main, lambda w, v: ["--device", v, "--quick", "--only", "loss"]),
+        "train.py train.device": (train_cli.main, lambda w, v: train_argv(w.root / "never", w.data_root,
+                                                                           f"--train.device={v}",
+                                                                           "--wandb.mode=disabled")),
+    }
+
+
+# not a device on any machine (cpu:1, an index of the CPU, picks nothing): train.py refused them, sample.py took cpu:1
+NOT_DEVICES = ["cpu:0", "cpu:1", "mps:0", "meta", "xla", "CPU", "cuda:-1", "cuda:1e9", "", "é"]
+
+
+@pytest.mark.parametrize("value", NOT_DEVICES)
+@pytest.mark.parametrize("option", ["sample.py --device", "chat.py --device", "serve.py --device",
+                                    "eval.hellaswag --device", "bench.py --device", "train.py train.device"])
+def test_every_device_option_refuses_what_is_no_device_in_one_line(world, capsys, option, value):
+    main, argv = _device_options()[option]
+    code, out, err = run_entry(lambda a: main(a) and 0, argv(world, value), capsys)
+    line = an_error_line(code, err)
+    assert "device" in line, line
+    assert not (world.root / "never").exists()
+
+
+@pytest.mark.parametrize("value", list(dict.fromkeys(DEVICES + NOT_DEVICES)))
+def test_a_device_string_has_one_rule_for_train_py_and_the_other_commands(value):
+    """What train.device's check refuses as no device, runtime.device.resolve_device (sample, chat, serve, eval,
+    bench) refuses too (cpu:1 was taken as cpu). Whether a device is there is another question: cuda on a CPU
+    machine, or an index past the GPUs, is refused by both later."""
+    from runtime.device import resolve_device
+    from training.config.sections import _device
+    try:
+        resolve_device(value, option="--device")
+        spelled = True
+    except UserError as e:
+        spelled = "unknown" not in str(e)
+    if _device(value) is not None:
+        assert not spelled, value
