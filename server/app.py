@@ -53,6 +53,8 @@ def create_app(served: Served) -> FastAPI:
     app = FastAPI(title="smallgpt", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     page = PAGE.read_text(encoding="utf-8")
 
+    GET = ["GET", "HEAD"]  # what answers a GET answers a HEAD (RFC 9110: its headers, no body): health checkers send it
+
     @app.exception_handler(ApiError)
     async def api_error(_, e: ApiError):
         return JSONResponse(e.body(), status_code=e.status)
@@ -82,21 +84,21 @@ def create_app(served: Served) -> FastAPI:
         # failure of the server, so no error line and no 500
         return Response(status_code=400)
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", response_class=HTMLResponse, methods=GET)
     async def index():
         return HTMLResponse(page)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=GET)
     async def health():
         # max_tokens (the most a request may ask for) and context (block_size): the page's bounds come from here
         return {"status": "ok", "model": served.model_id, "chat": served.template is not None,
                 "max_tokens": served.limits.max_tokens, "context": served.engine.block_size, **served.engine.load()}
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=GET)
     async def models():
         return {"object": "list", "data": [_model_card(served)]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.api_route("/v1/models/{model_id:path}", methods=GET)
     async def model(model_id: str):
         if not model_id.strip("/"):  # "/v1/models/": a trailing slash, answered as every other one (no model '')
             raise HTTPException(404)

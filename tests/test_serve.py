@@ -184,6 +184,16 @@ def test_wrong_method_is_405(served, http):
     error_of(http.get(served[0].url + CHAT), 405)
 
 
+@pytest.mark.parametrize("route", ["/", "/health", "/v1/models", f"/v1/models/{MODEL}", "/v1/models/nope"])
+def test_every_get_route_answers_head_with_gets_status_and_headers_and_no_body(served, http, route):
+    """Found from outside: HEAD / was a 405 (uptime checkers send HEAD)."""
+    got, head = http.get(served[0].url + route), http.head(served[0].url + route)
+    assert head.status_code == got.status_code and head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    if route != "/health":  # (its load figures change between the two requests)
+        assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.content))
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_row(served):
     server = served[0]
     body = {"messages": USER, "max_tokens": 60, "stream": True, "temperature": 1.0}
