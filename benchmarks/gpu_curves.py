@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from errors import UserError, run_cli
-from eval.figures import new_figure
+from eval.drawing import new_figure
 from fileio import atomic_write, file_arg, read_user_file
 from ownership import check_output
 

@@ -17,7 +17,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from errors import UserError, to_stderr
+from errors import to_stderr
+
+from .drawing import matplotlib_agg, new_figure
 
 # The surprisal colour scale, from 0 bits (white: the model was sure) to the surprisal of a uniform guess
 # over the vocabulary (dark red): one scale for the PNG and the HTML, which needs no matplotlib.
@@ -45,18 +47,6 @@ class Inspection:
         """Mean surprisal per token, over tokens 1..T-1 (bits/token); nan for a single token."""
         rest = self.bits[1:]
         return sum(rest) / len(rest) if rest else math.nan
-
-
-def new_figure(figsize: tuple[float, float]):
-    """A Figure on its own Agg canvas: no pyplot, so no display, no global list of open figures to close."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise UserError("drawing the figures needs matplotlib, which is not installed; pip install matplotlib") from None
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def figure_png(fig, dpi: int = 100) -> bytes:
@@ -98,10 +88,9 @@ def _drawn(text: str) -> str:
 def _font_glyphs() -> frozenset[int] | None:
     """The code points the monospace font of the token labels has (None: unknown, draw as is)."""
     try:
-        from matplotlib import font_manager, ft2font
-
-        path = font_manager.findfont(font_manager.FontProperties(family="monospace"), fallback_to_default=True)
-        return frozenset(ft2font.FT2Font(path).get_charmap())
+        mpl = matplotlib_agg()
+        path = mpl.font_manager.findfont(mpl.font_manager.FontProperties(family="monospace"), fallback_to_default=True)
+        return frozenset(mpl.ft2font.FT2Font(path).get_charmap())
     except Exception:  # noqa: BLE001 (no matplotlib, or a font it cannot read: drawing says what it says)
         return None
 
@@ -158,15 +147,13 @@ def attention_figure(insp: Inspection, layer: int | None = None, head: int | Non
     heads; `head` alone: that head in every layer; both: that one map, large, every token labelled.
     A square-root colour scale from 0 to 1, shared by every map, so that weak but spread-out attention
     (1/T each) still shows and maps compare with each other."""
-    import matplotlib
-    from matplotlib.colors import PowerNorm
-
+    mpl = matplotlib_agg()
     att = insp.attention  # (L, H, T, T)
     L, H, T, _ = att.shape
     layers = [layer] if layer is not None else list(range(L))
     heads = [head] if head is not None else list(range(H))
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
-    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    cmap = mpl.colormaps["viridis"].with_extremes(bad="#d9d9d9")
+    norm = mpl.colors.PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
     labels = insp.labels
     if len(layers) == 1 and len(heads) == 1:
         size = min(max(6.0, 0.16 * T + 2.0), 14.0)
@@ -210,10 +197,7 @@ def surprisal_figure(insp: Inspection, line_units: int = 96):
     colour is the token's surprisal, -log2 p(token | the text before it), with its value in bits; under it,
     the model's top guesses for that slot, in percent, the right one in bold. The first token has no
     surprisal (nothing predicts it). At most the last MAX_PNG_TOKENS tokens; the HTML shows them all."""
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import LinearSegmentedColormap, Normalize
-    from matplotlib.patches import Rectangle
-
+    mpl = matplotlib_agg()
     start = max(0, len(insp.ids) - MAX_PNG_TOKENS)
     k = len(insp.guesses[0]) if insp.guesses else 0
     cells = []  # (t, x, row, width) in character units
@@ -239,7 +223,8 @@ def surprisal_figure(insp: Inspection, line_units: int = 96):
     for t, x, row, width in cells:
         y = row * row_h / unit
         rgb = ramp_rgb(insp.bits[t], top)
-        ax.add_patch(Rectangle((x, y), width - 0.4, 2.6, facecolor=hex_color(rgb), edgecolor="#bbbbbb", lw=0.4))
+        ax.add_patch(mpl.patches.Rectangle((x, y), width - 0.4, 2.6, facecolor=hex_color(rgb), edgecolor="#bbbbbb",
+                                           lw=0.4))
         ax.text(x + 0.3, y + 1.3, shown(insp.labels[t], 10), va="center", ha="left", fontsize=10,
                 fontfamily="monospace", color=ink(rgb))
         bits = "" if t == 0 else f"{insp.bits[t]:.1f}"
@@ -252,8 +237,9 @@ def surprisal_figure(insp: Inspection, line_units: int = 96):
     fig.suptitle(f"Surprisal of each token in bits (colour and number), and the model's top-{k} guesses for it "
                  f"in % (bold: the right one); {insp.mean_bits():.2f} bits/token{kept}\n{insp.description}",
                  fontsize=9)
-    cmap = LinearSegmentedColormap.from_list("surprisal", [(s, tuple(c / 255 for c in rgb)) for s, rgb in RAMP])
-    mappable = ScalarMappable(norm=Normalize(0, top), cmap=cmap)
+    stops = [(s, tuple(c / 255 for c in rgb)) for s, rgb in RAMP]
+    cmap = mpl.colors.LinearSegmentedColormap.from_list("surprisal", stops)
+    mappable = mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, top), cmap=cmap)
     bar = fig.add_axes((0.3, 0.45 / height, 0.4, 0.12 / height))
     fig.colorbar(mappable, cax=bar, orientation="horizontal", label="surprisal (bits); the right end: a uniform guess")
     return fig

@@ -224,6 +224,43 @@ def test_the_parallel_check_finds_what_it_looks_for():
         "calls torch.distributed.broadcast_object_list"])
 
 
+def matplotlib_imports(trees: dict[str, ast.AST]) -> list[str]:
+    """module:line of every import of matplotlib (or a part of it): a statement, or importlib's or the builtin's
+    call with the name spelled out."""
+    def named(name) -> bool:
+        return isinstance(name, str) and (name == "matplotlib" or name.startswith("matplotlib."))
+
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                hit = any(named(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                hit = node.level == 0 and named(node.module)
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                hit = func in ("import_module", "__import__") and named(node.args[0].value)
+            else:
+                continue
+            if hit:
+                found.append(f"{module}:{node.lineno}")
+    return found
+
+
+def test_only_the_drawing_module_imports_matplotlib():
+    """Before: eval/figures.py, training/plot.py (through pyplot) and benchmarks/gpu_curves.py each imported
+    matplotlib their own way, and a bad MPLBACKEND (agg2) made that import raise: a traceback at the training
+    loop's inspect step, in python -m training.plot and in python -m eval.inspect. eval/drawing.py's
+    matplotlib_agg imports it without reading MPLBACKEND; nothing else may (its submodules included)."""
+    offenders = [where for where in matplotlib_imports(product_trees()) if not where.startswith("eval.drawing:")]
+    assert not offenders, f"import matplotlib only through eval.drawing.matplotlib_agg: {offenders}"
+    seen = matplotlib_imports({"m": ast.parse("import matplotlib.pyplot as plt\nfrom matplotlib import ticker\n"
+                                              "importlib.import_module('matplotlib.figure')\nfrom . import x\n"
+                                              "import matplotlibx\n")})
+    assert seen == ["m:1", "m:2", "m:3"]
+    assert any(w.startswith("eval.drawing:") for w in matplotlib_imports(product_trees()))
+
+
 def test_no_file_is_over_500_lines():
     """One concern per file, the tests' own included."""
     files = [*project_modules().values(), *sorted((ROOT / "tests").glob("*.py"))]

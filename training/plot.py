@@ -7,8 +7,8 @@ the learning rate, read from the metrics.jsonl of one or more runs, in one PNG (
 --out: a file whose suffix matplotlib writes (.png, .pdf, .svg, ...); a folder, or a name ending in / (made
 when missing), gets curves.png inside it and a name without a suffix gets .png; the path written is printed.
 --log-scale: logarithmic loss and bits-per-byte axes (where late progress shows). matplotlib is a runtime
-requirement (requirements.txt); imported here only, so a partial install still trains, and its absence here is
-a one-line hint.
+requirement (requirements.txt); imported only to draw (eval/drawing.py), so a partial install still trains, and its
+absence here is a one-line hint.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from typing import Iterator
 
 from bounded import TooLarge, opened
 from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, short_error
+from eval.drawing import matplotlib_agg, new_figure
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
 from locks import remove_stale_temps
@@ -150,17 +151,6 @@ def series(columns: dict[str, array], key: str, x: str) -> tuple[array, array]:
     return xs, ys
 
 
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise UserError("plotting needs matplotlib, which is not installed; pip install matplotlib") from None
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _compact(value: float, _pos=None) -> str:
     """A tick label that stays short: 150000 -> 150k, 1200000 -> 1.2M (full numbers run together)."""
     for factor, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -172,13 +162,13 @@ def _compact(value: float, _pos=None) -> str:
 def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
     """One figure, four titled panels, one colour per run: loss against step and against tokens seen
     (train solid, val dashed with markers), val bits per byte against step, the learning rate against step."""
-    plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    mpl = matplotlib_agg("plotting")
+    FuncFormatter, MaxNLocator = mpl.ticker.FuncFormatter, mpl.ticker.MaxNLocator
 
     runs = {str(d): read_metrics(d) for d in run_dirs}
-    fig, grid = plt.subplots(2, 2, figsize=(13, 8.5))
-    loss_step, loss_tokens, bpb, lr = grid.flat
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
+    fig = new_figure((13, 8.5), "plotting")
+    loss_step, loss_tokens, bpb, lr = fig.subplots(2, 2).flat
+    colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"] * 10
     for color, (name, records) in zip(colors, runs.items()):
         def draw(ax, key, x, **style):  # nothing logged: no line, so the panel says "not logged", not an empty legend
             xs, ys = series(records, key, x)
@@ -206,15 +196,13 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     if log_scale:
-        from matplotlib.ticker import NullFormatter
-
         for ax in (loss_step, loss_tokens, bpb):
             if ax.lines:
                 ax.set_yscale("log")
                 # a loss spans less than a decade: plain numbers at even steps, not "4 x 10^0" at 3 and 4
                 ax.yaxis.set_major_locator(MaxNLocator(nbins=8))
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
-                ax.yaxis.set_minor_formatter(NullFormatter())
+                ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
     fig.suptitle(f"Training curves: {', '.join(runs)}", fontsize=11)
     fig.tight_layout()
     return fig
@@ -245,12 +233,7 @@ def resolve_out(out: str | Path | None, runs: list[Path]) -> Path:
 
 
 def _formats() -> set[str]:
-    plt = _pyplot()
-    fig = plt.figure()
-    try:
-        return set(fig.canvas.get_supported_filetypes())
-    finally:
-        plt.close(fig)
+    return set(new_figure((1, 1), "plotting").canvas.get_supported_filetypes())
 
 
 def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
@@ -261,7 +244,6 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
     parent = Path(os.path.realpath(out)).parent
     check_output(out, "--out", home=parent if parent in runs else None)
     fig = make_figure(run_dirs, log_scale=log_scale)  # every input is checked before anything is written
-    plt = _pyplot()
     try:
         target, straight = output_target(out, "--out")
         if straight:  # a device or a FIFO: drawn whole first, as a PNG writer seeks, which a FIFO cannot
@@ -278,8 +260,6 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
         if reader_left(e):  # --out /dev/stdout | head: run_cli's quiet end
             raise
         raise UserError(f"cannot write {out} ({short_error(e)}); choose another --out") from None
-    finally:
-        plt.close(fig)
     return out
 
 
