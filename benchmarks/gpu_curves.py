@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from errors import UserError, run_cli
-from eval.drawing import new_figure
+from eval.drawing import literal_legend, new_figure
 from fileio import atomic_write, file_arg, read_user_file
 from ownership import check_output
 
@@ -106,13 +106,14 @@ def main(argv: list[str] | None = None) -> int:
                          else f"; never <= {args.target}")
             print(line)
             ax.plot([s for s, _, _ in curve], [v for _, _, v in curve], marker="o", ms=3, label=label)
+        runs = list(ax.lines)  # (the target's line, drawn next, is no run: not in the legend)
         if panel == "char":  # the band where the runs are compared: the first eval (step 0, ~4.2) flattens it
             ax.axhline(args.target, color="grey", lw=0.8, ls="--")
             second = max(c[1][2] if len(c) > 1 else c[0][2] for _, p, c in found if p == "char")
             ax.set_ylim(args.target - 0.07, max(second, args.target + 0.1))
         ax.set(xlabel="wall time since the command started, s (start-up and compile included)", ylabel="val loss",
                title=f"tiny shakespeare, {'characters' if panel == 'char' else 'GPT-2 BPE'}, {card(args.logs)}")
-        ax.legend()
+        literal_legend(ax, runs, [line.get_label() for line in runs])
     fig.tight_layout()
     with atomic_write(out, "out", follow=True) as tmp:  # as training.plot writes its picture
         fig.savefig(tmp, dpi=110, format=out.suffix[1:] or "png")

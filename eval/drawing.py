@@ -1,8 +1,10 @@
 """matplotlib, loaded one way for every figure this project draws (eval/figures.py's, training/plot.py's,
 benchmarks/gpu_curves.py's): the only file that imports it (tests/test_architecture_rules.py checks).
 
-Our figures are always files drawn by Agg, so MPLBACKEND has no meaning for them and only breaks them: a bad
-value (`MPLBACKEND=agg2`) makes `import matplotlib` itself raise. Here it is not read.
+Our figures are always files drawn by Agg, so two of matplotlib's global settings have no meaning for them and
+only break them: MPLBACKEND (a bad value, `MPLBACKEND=agg2`, makes `import matplotlib` itself raise) and
+mathtext (a `$` in a run's path, a title or the inspected text was parsed as TeX: a ParseFatalException, or
+`price$5 and $6` drawn as italic math). Here MPLBACKEND is not read, and text is drawn as it is written.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ SUBMODULES = ("backends.backend_agg", "figure", "ticker", "colors", "cm", "patch
 
 
 def matplotlib_agg(what: str = "drawing the figures") -> ModuleType:
-    """matplotlib, with SUBMODULES imported and Agg selected; `what` names the missing-matplotlib
+    """matplotlib, with SUBMODULES imported, Agg selected and mathtext off; `what` names the missing-matplotlib
     hint's task ("plotting needs matplotlib, ...")."""
     # matplotlib reads MPLBACKEND once, while it is imported, and a value it does not know raises there: the
     # variable is hidden for that import only (the environment is as it was after, for any child process)
@@ -33,6 +35,8 @@ def matplotlib_agg(what: str = "drawing the figures") -> ModuleType:
         if hidden is not None:
             os.environ["MPLBACKEND"] = hidden
     mpl.use("Agg")  # files only: no display (our figures have their own Agg canvas; pyplot, if anyone's, too)
+    # user text (paths, descriptions, the inspected text) is drawn literally; none of our own labels uses math
+    mpl.rcParams["text.parse_math"] = False
     return mpl
 
 
@@ -42,3 +46,21 @@ def new_figure(figsize: tuple[float, float], what: str = "drawing the figures"):
     fig = mpl.figure.Figure(figsize=figsize)
     mpl.backends.backend_agg.FigureCanvasAgg(fig)
     return fig
+
+
+def drawable(text: str) -> str:
+    """`text` as a figure draws it: as it is, but for the bytes of a path that are not UTF-8, which Python holds
+    as lone surrogates that Agg refuses (a TypeError while drawing): those as \\xNN, as a terminal would show them."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to: as its code point, \\ud800
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def literal_legend(ax, handles: list, labels: list[str], **kwargs):
+    """ax.legend with every label shown as it is: matplotlib leaves out a label that starts with "_" (a run
+    folder named _old), so each entry is made with a placeholder and its text set after."""
+    legend = ax.legend(handles, ["x"] * len(handles), **kwargs)
+    for text, label in zip(legend.get_texts(), labels):
+        text.set_text(label)
+    return legend

@@ -19,7 +19,7 @@ import torch
 
 from errors import to_stderr
 
-from .drawing import matplotlib_agg, new_figure
+from .drawing import drawable, matplotlib_agg, new_figure
 
 # The surprisal colour scale, from 0 bits (white: the model was sure) to the surprisal of a uniform guess
 # over the vocabulary (dark red): one scale for the PNG and the HTML, which needs no matplotlib.
@@ -155,6 +155,7 @@ def attention_figure(insp: Inspection, layer: int | None = None, head: int | Non
     cmap = mpl.colormaps["viridis"].with_extremes(bad="#d9d9d9")
     norm = mpl.colors.PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
     labels = insp.labels
+    desc = drawable(insp.description)
     if len(layers) == 1 and len(heads) == 1:
         size = min(max(6.0, 0.16 * T + 2.0), 14.0)
         fig = new_figure((size + 1.2, size))
@@ -163,7 +164,7 @@ def attention_figure(insp: Inspection, layer: int | None = None, head: int | Non
         _ticks(ax, labels, x=True, y=True, fontsize=max(5.0, min(10.0, 0.6 * 72 * size / max(T, 1))))
         ax.set_xlabel("attended to (key)")
         ax.set_ylabel("attending (query)")
-        ax.set_title(f"Attention weights, layer {layers[0]}, head {heads[0]}: {insp.description}", fontsize=10)
+        ax.set_title(f"Attention weights, layer {layers[0]}, head {heads[0]}: {desc}", fontsize=10)
         fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="weight")
         fig.tight_layout()
         return fig
@@ -178,7 +179,7 @@ def attention_figure(insp: Inspection, layer: int | None = None, head: int | Non
             # the tokens along the left and bottom edges, one label every 7 points at most
             _ticks(ax, labels, x=r == len(layers) - 1, y=c == 0, fontsize=5.0, limit=int(cell * 72 / 7))
             ax.set_title(f"L{li} H{hi}", fontsize=8, pad=2)
-    fig.suptitle(f"Attention weights (rows: layers, columns: heads; row = query, column = key): {insp.description}",
+    fig.suptitle(f"Attention weights (rows: layers, columns: heads; row = query, column = key): {desc}",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.93, 1))
     fig.colorbar(image, cax=fig.add_axes((0.945, 0.15, 0.012, 0.7)), label="weight")
@@ -235,7 +236,7 @@ def surprisal_figure(insp: Inspection, line_units: int = 96):
                     fontweight="bold" if right else "normal")
     kept = f"; the last {len(insp.ids) - start} of {len(insp.ids)} tokens" if start else ""
     fig.suptitle(f"Surprisal of each token in bits (colour and number), and the model's top-{k} guesses for it "
-                 f"in % (bold: the right one); {insp.mean_bits():.2f} bits/token{kept}\n{insp.description}",
+                 f"in % (bold: the right one); {insp.mean_bits():.2f} bits/token{kept}\n{drawable(insp.description)}",
                  fontsize=9)
     stops = [(s, tuple(c / 255 for c in rgb)) for s, rgb in RAMP]
     cmap = mpl.colors.LinearSegmentedColormap.from_list("surprisal", stops)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from checkpoint import save_checkpoint
+from eval.drawing import new_figure
 from test_inspect import TEXT, checkpoint_payload, tiny_model
 from test_plot import write_run
 
@@ -68,3 +69,103 @@ def test_the_loader_hides_mplbackend_only_while_it_imports(monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "agg2")
     mpl = matplotlib_agg()
     assert os.environ["MPLBACKEND"] == "agg2" and mpl.get_backend().lower() == "agg"
+
+
+# ------------------------------------------------------------------------------------------ text drawn as written
+
+# a file name: any bytes but NUL and /, read back as Python holds them (bytes that are not UTF-8 as lone surrogates)
+NAMES = st.one_of(
+    st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0/"), min_size=1, max_size=30),
+    st.binary(min_size=1, max_size=30).filter(lambda b: b"\0" not in b and b"/" not in b).map(os.fsdecode),
+).filter(lambda name: name not in (".", "..") and len(os.fsencode(name)) <= 255)
+MATH = ["m$\\foo{$", "price$5 and $6", "$x^2$", "_old", os.fsdecode(b"run\xff$a$")]  # parsed as TeX before
+
+
+def as_drawn(text: str) -> str:
+    """The reference: text as it is, the bytes of a name that are not UTF-8 as a terminal shows them (\\xff)."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def assert_literal(fig) -> list[str]:
+    """Every text of the drawn figure is drawn as it is written (no mathtext); its texts."""
+    import matplotlib.text
+
+    fig.canvas.draw()  # (tick labels exist once drawn; drawing is where mathtext raised)
+    texts = fig.findobj(matplotlib.text.Text)
+    parsed = [t.get_text() for t in texts if t._preprocess_math(t.get_text())[1]]
+    assert not parsed, f"drawn as math: {parsed}"
+    return [t.get_text() for t in texts]
+
+
+@pytest.mark.filterwarnings("ignore:Glyph")
+@given(names=st.lists(NAMES, min_size=1, max_size=2, unique_by=os.fsencode))
+@example(names=MATH[:3])
+@example(names=MATH[3:])
+def test_run_names_are_drawn_as_written(tmp_path_factory, names):
+    """Before: `python -m training.plot 'm$\\foo{$'` exited 1 with ParseFatalException, `price$5 and $6` was drawn
+    as italic math, a run folder named _old was left out of the legends, and a name that is not UTF-8 was a
+    TypeError. The suptitle and every legend entry are the names as written."""
+    from training import plot
+
+    root = tmp_path_factory.mktemp("names")
+    runs = [write_run(root / name) for name in names]
+    fig = plot.make_figure(runs)
+    assert_literal(fig)
+    shown = [as_drawn(str(r)) for r in runs]
+    assert fig._suptitle.get_text() == f"Training curves: {', '.join(shown)}"
+    expected = ([[f"{n} {s}" for n in shown for s in ("train", "val")]] * 2 + [[f"{n} val" for n in shown], shown])
+    assert [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes] == expected
+
+
+@pytest.mark.filterwarnings("ignore:Glyph")
+@given(description=NAMES, labels=st.lists(st.text(min_size=1, max_size=4), min_size=2, max_size=5))
+@example(description=MATH[0], labels=["$a", "b$", "$\\foo{", "$x$"])
+@example(description=MATH[1], labels=["price", "$5", " and ", "$6"])
+def test_descriptions_and_tokens_are_drawn_as_written(description, labels):
+    """eval/figures.py's titles carry the checkpoint's description (its path) and its cells and ticks the
+    inspected text's tokens: drawn as written (whitespace made visible, as shown() says), never as math."""
+    import torch
+
+    from eval.figures import Inspection, attention_figure, shown, surprisal_figure
+
+    t = len(labels)
+    attention = (torch.tril(torch.ones(2, 2, t, t)) / torch.arange(1, t + 1).view(1, 1, t, 1))
+    insp = Inspection(list(range(t)), labels, attention, [float("nan")] + [1.0] * (t - 1),
+                      [[(0, labels[0], 0.5), (1, labels[-1], 0.25)]] * t, 100, description)
+    for fig, cut in ((attention_figure(insp), 12), (attention_figure(insp, 1, 0), 12), (surprisal_figure(insp), 10)):
+        texts = assert_literal(fig)
+        title = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
+        assert title.endswith(as_drawn(description)), title
+        assert {shown(label, cut) for label in labels} <= set(texts)
+
+
+def test_none_of_our_own_labels_is_math(tmp_path):
+    """Mathtext is off for every figure: no label of ours may rely on it (a `$` would now be drawn as a `$`)."""
+    from training import plot
+
+    run = write_run(tmp_path / "run")
+    for log_scale in (False, True):
+        texts = assert_literal(plot.make_figure([run], log_scale=log_scale))
+        assert not [t for t in texts if "$" in t or "\\" in t], texts
+
+
+def gpu_round(folder: Path, card: str) -> Path:
+    """A round's logs as benchmarks/gpu_round.sh stamps them, with `card` in its summary."""
+    folder.mkdir(parents=True)
+    (folder / "ours_char.log").write_text("".join(f"  {10.0 * i:.1f} iter {100 * i}: train loss 2.0, val loss "
+                                                  f"{4.2 - 0.5 * i:.4f}\n" for i in range(5)))
+    (folder / "summary.txt").write_text(f"######## 12:00 {card}, 80 GB, 550\n")
+    return folder
+
+
+@pytest.mark.parametrize("card", MATH[:3])
+def test_the_gpu_curves_card_is_drawn_as_written(tmp_path, card, capsys, monkeypatch):
+    """benchmarks/gpu_curves.py draws the card of a round's summary.txt in its titles: as written, too."""
+    from benchmarks import gpu_curves
+
+    drawn = []
+    monkeypatch.setattr(gpu_curves, "new_figure", lambda size: drawn.append(new_figure(size)) or drawn[-1])
+    assert gpu_curves.main([str(gpu_round(tmp_path / "logs", card)), str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_literal(drawn[0])
+    assert drawn[0].axes[0].get_title().endswith(card)

@@ -28,7 +28,7 @@ from typing import Iterator
 
 from bounded import TooLarge, opened
 from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, short_error
-from eval.drawing import matplotlib_agg, new_figure
+from eval.drawing import drawable, literal_legend, matplotlib_agg, new_figure
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
 from locks import remove_stale_temps
@@ -169,7 +169,8 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
     fig = new_figure((13, 8.5), "plotting")
     loss_step, loss_tokens, bpb, lr = fig.subplots(2, 2).flat
     colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"] * 10
-    for color, (name, records) in zip(colors, runs.items()):
+    for color, (path, records) in zip(colors, runs.items()):
+        name = drawable(path)
         def draw(ax, key, x, **style):  # nothing logged: no line, so the panel says "not logged", not an empty legend
             xs, ys = series(records, key, x)
             if xs:
@@ -192,7 +193,7 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
         ax.xaxis.set_major_formatter(FuncFormatter(_compact))
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend(fontsize=8)
+            literal_legend(ax, ax.lines, [line.get_label() for line in ax.lines], fontsize=8)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     if log_scale:
@@ -203,7 +204,7 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
                 ax.yaxis.set_major_locator(MaxNLocator(nbins=8))
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
                 ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-    fig.suptitle(f"Training curves: {', '.join(runs)}", fontsize=11)
+    fig.suptitle(f"Training curves: {', '.join(map(drawable, runs))}", fontsize=11)
     fig.tight_layout()
     return fig
 
