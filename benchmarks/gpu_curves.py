@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from errors import UserError, run_cli
-from eval.drawing import literal_legend, new_figure
+from eval.drawing import MAX_DRAWN, literal_legend, new_figure
 from fileio import atomic_write, file_arg, read_user_file
 from ownership import check_output
 
@@ -38,13 +38,22 @@ MAX_LOG = 64 * 2**20  # a round's log is a few hundred KB
 
 
 def val_curve(path: Path, pattern: re.Pattern) -> list[tuple[float, int, float]]:
-    """(seconds, step, val loss) of every eval line of a stamped log."""
+    """(seconds, step, val loss) of every eval line of a stamped log; a line whose numbers no axis spans (past
+    eval/drawing.py's MAX_DRAWN: 400 digits read as inf) left out, with a note."""
     text = read_user_file(path, "the log", fix="run the round's step first", limit=MAX_LOG)
-    out = []
-    for line in text.decode("utf-8", errors="replace").split("\n"):  # stamp's lines: a bar's \r frames within one
+    out, beyond = [], []
+    for number, line in enumerate(text.decode("utf-8", errors="replace").split("\n"), 1):  # a bar's \r frames in one
         m = pattern.match(line.rsplit("\r", 1)[-1]) or pattern.match(line)
         if m:
-            out.append((float(m.group(1)), int(m.group(2)), float(m.group(3))))
+            point = (float(m.group(1)), int(m.group(2)), float(m.group(3)))
+            if all(abs(v) <= MAX_DRAWN for v in point):
+                out.append(point)
+            else:
+                beyond.append(number)
+    if beyond:
+        more = f" (and {len(beyond) - 1} more line(s) like it)" if len(beyond) > 1 else ""
+        print(f"note: {path} line {beyond[0]}: a number beyond {MAX_DRAWN:g} either way, more than a plot's axis "
+              f"spans; left out{more}", file=sys.stderr)
     return out
 
 

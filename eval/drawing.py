@@ -15,6 +15,10 @@ from types import ModuleType
 
 from errors import UserError
 
+# the largest |value| an axis is drawn over: the span of two values, the axis' margins and its ticks stay finite
+# (1e308 then -1e308 overflowed to inf there, an exception in tight_layout; so did 1.7e308 alone, with margins; a
+# log axis from 5e-324 to 1e300 overflowed its margin). No loss, rate, count or time of a run comes near it.
+MAX_DRAWN = 1e200
 # what the project draws with, imported here (after matplotlib itself) so that no other file imports matplotlib
 SUBMODULES = ("backends.backend_agg", "figure", "ticker", "colors", "cm", "patches", "font_manager", "ft2font")
 

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from checkpoint import save_checkpoint
+from errors import UserError
 from eval.drawing import new_figure
+from eval.figures import figure_png
 from test_inspect import TEXT, checkpoint_payload, tiny_model
 from test_plot import write_run
 
@@ -169,3 +171,67 @@ def test_the_gpu_curves_card_is_drawn_as_written(tmp_path, card, capsys, monkeyp
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert_literal(drawn[0])
     assert drawn[0].axes[0].get_title().endswith(card)
+
+
+# ------------------------------------------------------------------------------------------ numbers an axis spans
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False)  # every finite double: huge, tiny, subnormal, -0.0
+PLOTTED = ("iter", "tokens_seen", "train/loss", "val/loss", "val/bpb", "lr")
+
+
+def step_lines(draw_value) -> st.SearchStrategy:
+    """Metrics lines whose plotted keys take any finite values (iter: any whole number a double holds)."""
+    value = {k: (st.integers(-2**1023, 2**1023) | st.integers(-10, 10)) if k == "iter" else draw_value for k in PLOTTED}
+    return st.lists(st.fixed_dictionaries({}, optional=value), min_size=1, max_size=6)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # numpy's overflow warnings are on the user's stderr too
+@pytest.mark.filterwarnings("error::UserWarning")  # (and "Data has no positive values", a log axis of none)
+@given(lines=step_lines(FINITE), log_scale=st.booleans())
+@example(lines=[{"iter": 1, "train/loss": 1e308, "lr": 1e308, "tokens_seen": 1e308},
+                {"iter": 2, "train/loss": -1e308, "lr": -1e308, "tokens_seen": -1e308}], log_scale=False)
+@example(lines=[{"iter": 1, "train/loss": 1.7e308}, {"iter": 2, "train/loss": 5e-324, "lr": 5e-324}], log_scale=True)
+@example(lines=[{"iter": 1, "train/loss": 1e200}, {"iter": 2, "train/loss": 5e-324}, {"iter": 3, "val/bpb": -1.0}],
+         log_scale=True)
+@example(lines=[{"iter": 10**308, "train/loss": 1.0}, {"iter": -10**308, "train/loss": 2.0}], log_scale=False)
+def test_any_finite_numbers_plot_and_what_no_axis_spans_is_a_note(tmp_path_factory, lines, log_scale, capsys):
+    """Before: train/loss 1e308 then -1e308 (or lr, tokens_seen) was `ValueError: arange: cannot compute length`
+    in tight_layout. A value beyond MAX_DRAWN either way is skipped with a note naming the file, the line and the
+    key (a step beyond it: the line), as a value that is not a number is; everything else is drawn as logged."""
+    import json
+
+    from training import plot
+
+    run = tmp_path_factory.mktemp("numbers") / "metrics.jsonl"
+    run.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    within = [line for line in lines if "iter" in line and abs(line["iter"]) <= 1e200]
+    kept = {k: [line[k] for line in within if k in line and abs(line[k]) <= 1e200] for k in PLOTTED}
+    if not kept["train/loss"] + kept["val/loss"]:
+        with pytest.raises(UserError, match="has no train or val loss yet"):
+            plot.read_metrics(run)
+        return
+    columns = plot.read_metrics(run)
+    assert {k: [v for v in columns[k] if v == v] for k in PLOTTED} == kept  # (NaN: not logged)
+    beyond = [(n, k) for n, line in enumerate(lines, 1) if "iter" in line  # (a line without a step is no record)
+              for k in PLOTTED if k in line and abs(line[k]) > 1e200]
+    err = capsys.readouterr().err
+    for n, k in beyond:  # each key's first such line is named
+        if (n, k) == min((m, j) for m, j in beyond if j == k):
+            assert f"{run} line {n}: {k} is " in err and "beyond 1e+200" in err, err
+    fig = plot.make_figure([run], log_scale=log_scale)
+    figure_png(fig)
+
+
+def test_a_round_log_number_no_axis_spans_is_a_note(tmp_path, capsys):
+    """benchmarks/gpu_curves.py reads its numbers from a round's logs: a second eval's val loss of 400 digits (inf
+    as a float) was a traceback setting the loss axis' limits to it; the line is left out with a note."""
+    from benchmarks import gpu_curves
+
+    logs = gpu_round(tmp_path / "logs", "H100")
+    lines = (logs / "ours_char.log").read_text().splitlines(keepends=True)
+    lines[1] = f"  10.0 iter 100: train loss 2.0, val loss {'9' * 400}\n"
+    (logs / "ours_char.log").write_text("".join(lines))
+    assert gpu_curves.main([str(logs), str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
+    assert f"{logs / 'ours_char.log'} line 2: a number beyond 1e+200" in capsys.readouterr().err
+    assert [step for _, step, _ in gpu_curves.val_curve(logs / "ours_char.log", gpu_curves.OURS)] == [0, 200, 300, 400]

@@ -28,7 +28,7 @@ from typing import Iterator
 
 from bounded import TooLarge, opened
 from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, short_error
-from eval.drawing import drawable, literal_legend, matplotlib_agg, new_figure
+from eval.drawing import MAX_DRAWN, drawable, literal_legend, matplotlib_agg, new_figure
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
 from locks import remove_stale_temps
@@ -50,6 +50,18 @@ Y_KEYS = ("train/loss", "val/loss", "val/bpb", "lr")
 
 KEYS = (*X_KEYS, *Y_KEYS)  # the order of a step's numbers, as read_metrics keeps them
 NAN = float("nan")  # a number not logged (or not a number) at a step: every plotted value is finite
+
+
+def fault(key: str, value) -> str | None:
+    """Why `value` of `key` cannot be plotted, or None: a step is a whole number (2.0 is no step the trainer logs),
+    any other key a number or null (the trainer's "not logged"), and no value beyond MAX_DRAWN either way."""
+    if key != "iter" and value is None:
+        return None
+    if key == "iter" and not (isinstance(value, int) and finite_number(value)):
+        return "not a whole number"
+    if not finite_number(value):
+        return "not a number"
+    return f"beyond {MAX_DRAWN:g} either way, more than a plot's axis spans" if abs(value) > MAX_DRAWN else None
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str | Damaged]]:
@@ -77,12 +89,12 @@ def read_metrics(run_dir: Path) -> dict[str, array]:
     of doubles per plotted key (KEYS; NaN where not logged: a plotted number is finite): 8 bytes a number, not the
     file, nor a Python float in a tuple (~3.4 GB for the 1 GiB a run may log). A torn last line is skipped, and so is a plotted value that is not a number, with one note per
     key naming the file, the line and the key (one bad value in a long run should not cost the whole plot; null
-    is the trainer's own "no value")."""
+    is the trainer's own "no value"); so is a value beyond MAX_DRAWN, which no axis can span."""
     path = metrics_file(run_dir)
     if not path.exists() and not path.is_symlink():
         raise UserError(f"no {METRICS_NAME} in {run_dir}; pass a training out_dir (train.out_dir) or the file itself")
     columns = {k: array("d") for k in KEYS}
-    skipped: dict[str, list] = {}  # key -> [first line, its value, how many lines]
+    skipped: dict[tuple[str, str], list] = {}  # (key, why) -> [first line, its value, how many lines]
     damaged: list = []  # [first line, why, how many]: skipped, the rest still plots (as a resume drops them)
     torn = None  # the last line seen if it is not JSON: torn by a kill when nothing follows it, else damaged
     try:
@@ -102,12 +114,10 @@ def read_metrics(run_dir: Path) -> dict[str, array]:
                 continue
             if not isinstance(record, dict) or "iter" not in record:
                 continue  # not a step record
-            # a step is a whole number (2.0 is no step the trainer logs); any other key may be null: not logged
-            bad = [k for k in KEYS if k in record and not (
-                isinstance(record[k], int) and finite_number(record[k]) if k == "iter"
-                else record[k] is None or finite_number(record[k]))]
-            for key in bad:
-                first = skipped.setdefault(key, [number, record[key], 0])
+            bad = {k: fault(k, record[k]) for k in KEYS if k in record}
+            bad = {k: reason for k, reason in bad.items() if reason}
+            for key, reason in bad.items():
+                first = skipped.setdefault((key, reason), [number, record[key], 0])
                 first[2] += 1
             if "iter" in bad:
                 continue  # no step to put the line at
@@ -118,19 +128,19 @@ def read_metrics(run_dir: Path) -> dict[str, array]:
         raise UserError(f"{path}: out of memory holding the numbers of its first {kept:,} steps; plot a shorter "
                         "metrics file (e.g. every 10th line: awk 'NR % 10 == 1')") from None
     if not any(math.isfinite(v) for k in ("train/loss", "val/loss") for v in columns[k]):
-        why = next((f" ({path} line {number}: {key} is {clipped(value)}, not a number)"
-                    for key, (number, value, _) in skipped.items() if key in ("iter", "train/loss", "val/loss")), "")
+        why = next((f" ({path} line {number}: {key} is {clipped(value)}, {reason})"
+                    for (key, reason), (number, value, _) in skipped.items()
+                    if key in ("iter", "train/loss", "val/loss")), "")
         raise UserError(f"{path} has no train or val loss yet{why}; plot again once the run has logged a step"
                         + (", or fix that line" if why else ""))
     if damaged:
         number, why, count = damaged
         more = f" (and {count - 1} more damaged line(s))" if count > 1 else ""
         print(f"note: {path} line {number} is damaged ({why}); skipped{more}", file=sys.stderr)
-    for key, (number, value, count) in skipped.items():
+    for (key, why), (number, value, count) in skipped.items():
         more = f" (and {count - 1} more line(s) like it)" if count > 1 else ""
-        what, kind = ("the line", "a whole number") if key == "iter" else ("that value", "a number")
-        print(f"note: {path} line {number}: {key} is {clipped(value)}, not {kind}; {what} skipped{more}",
-              file=sys.stderr)
+        what = "the line" if key == "iter" else "that value"
+        print(f"note: {path} line {number}: {key} is {clipped(value)}, {why}; {what} skipped{more}", file=sys.stderr)
     return columns
 
 
@@ -198,7 +208,7 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     if log_scale:
         for ax in (loss_step, loss_tokens, bpb):
-            if ax.lines:
+            if any(y > 0 for line in ax.lines for y in line.get_ydata()):  # (none: matplotlib's warning, linear)
                 ax.set_yscale("log")
                 # a loss spans less than a decade: plain numbers at even steps, not "4 x 10^0" at 3 and 4
                 ax.yaxis.set_major_locator(MaxNLocator(nbins=8))
