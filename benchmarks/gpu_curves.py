@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from errors import UserError, run_cli
-from eval.drawing import MAX_DRAWN, literal_legend, new_figure
+from eval.drawing import MAX_DRAWN, check_format, literal_legend, new_figure, save_figure
 from fileio import atomic_write, file_arg, read_user_file
 from ownership import check_output
 
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     out = check_output(args.out, "out")  # the gate (ownership.py): a picture, never into a managed folder
     if out.is_dir():
         raise UserError(f"out {out} is a folder; name the picture's file, e.g. {out / 'gpu-curves.png'}")
+    fmt = check_format(out.suffix or ".png", "out", out)  # (no suffix: a PNG, as before)
     found = curves(args.logs)
     panels = [panel for panel in ("char", "bpe") if any(f[1] == panel for f in found)]
     fig = new_figure((7 * len(panels), 4))  # (its one line where matplotlib is missing)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         literal_legend(ax, runs, [line.get_label() for line in runs])
     fig.tight_layout()
     with atomic_write(out, "out", follow=True) as tmp:  # as training.plot writes its picture
-        fig.savefig(tmp, dpi=110, format=out.suffix[1:] or "png")
+        save_figure(fig, tmp, fmt, dpi=110, name=out)
     return 0
 
 

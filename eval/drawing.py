@@ -13,12 +13,15 @@ import os
 import sys
 from types import ModuleType
 
-from errors import UserError
+from errors import UserError, short_error
 
 # the largest |value| an axis is drawn over: the span of two values, the axis' margins and its ticks stay finite
 # (1e308 then -1e308 overflowed to inf there, an exception in tight_layout; so did 1.7e308 alone, with margins; a
 # log axis from 5e-324 to 1e300 overflowed its margin). No loss, rate, count or time of a run comes near it.
 MAX_DRAWN = 1e200
+# Formats matplotlib lists that need a program outside Python: never offered (`.pgf` was, and its writer raised
+# "'xelatex' not found", a traceback)
+OUTSIDE_PYTHON = {"pgf": "a TeX engine (xelatex)"}
 # what the project draws with, imported here (after matplotlib itself) so that no other file imports matplotlib
 SUBMODULES = ("backends.backend_agg", "figure", "ticker", "colors", "cm", "patches", "font_manager", "ft2font")
 
@@ -50,6 +53,33 @@ def new_figure(figsize: tuple[float, float], what: str = "drawing the figures"):
     fig = mpl.figure.Figure(figsize=figsize)
     mpl.backends.backend_agg.FigureCanvasAgg(fig)
     return fig
+
+
+def image_formats() -> set[str]:
+    """The file suffixes (no dot, lower case) a figure is written as with nothing but Python's packages."""
+    return set(new_figure((1, 1)).canvas.get_supported_filetypes()) - set(OUTSIDE_PYTHON)
+
+
+def check_format(suffix: str, option: str, out) -> str:
+    """The format a file's suffix (".png") names, or one line: `option` `out` cannot be written as that."""
+    fmt = suffix.lstrip(".").lower()
+    formats = image_formats()
+    if fmt not in formats:
+        why = f" (they need {OUTSIDE_PYTHON[fmt]}, outside Python)" if fmt in OUTSIDE_PYTHON else ""
+        raise UserError(f"{option} {out}: cannot write {suffix!r} files{why}; use one of "
+                        f"{', '.join('.' + f for f in sorted(formats))} (e.g. .png)")
+    return fmt
+
+
+def save_figure(fig, file, fmt: str, *, dpi: float, name) -> None:
+    """fig written to `file` (a path or a binary file) as `fmt`. An OSError is the caller's to say (a full disk, a
+    closed pipe); any other failure of the format's writer is one line naming `name`, the output."""
+    try:
+        fig.savefig(file, dpi=dpi, format=fmt)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 (a writer's own fault, whatever its type: one line, not a traceback)
+        raise UserError(f"cannot write {name} as .{fmt} ({short_error(e)}); choose another suffix, e.g. .png") from None
 
 
 def drawable(text: str) -> str:

@@ -235,3 +235,52 @@ def test_a_round_log_number_no_axis_spans_is_a_note(tmp_path, capsys):
     assert (tmp_path / "c.png").stat().st_size > 0
     assert f"{logs / 'ours_char.log'} line 2: a number beyond 1e+200" in capsys.readouterr().err
     assert [step for _, step, _ in gpu_curves.val_curve(logs / "ours_char.log", gpu_curves.OURS)] == [0, 200, 300, 400]
+
+
+# ------------------------------------------------------------------------------------------ formats offered
+
+def test_every_format_offered_writes_a_file_in_process(tmp_path, capsys):
+    """Before: `--out c.pgf` was offered (the refusal's list is matplotlib's) and printed RuntimeError 'xelatex'
+    not found, a traceback. Every suffix the refusal offers now writes a non-empty file, with nothing on stderr."""
+    from errors import run_cli
+    from training import plot
+
+    run = write_run(tmp_path / "run")
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: plot.main([str(run), "--out", str(tmp_path / "c.nope")]))
+    err = capsys.readouterr().err
+    offered = err.split("use one of ", 1)[1].split(" (e.g.")[0].split(", ")
+    assert e.value.code == 2 and ".png" in offered and ".pgf" not in offered, err
+    for suffix in offered:
+        assert plot.main([str(run), "--out", str(tmp_path / f"c{suffix}")]) == 0
+        assert (tmp_path / f"c{suffix}").stat().st_size > 0, suffix
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("entry", ["training.plot", "benchmarks.gpu_curves"])
+def test_pgf_and_a_failing_writer_are_one_line_and_keep_the_file_there(entry, tmp_path, capsys, monkeypatch):
+    """A format no writer here has (.pgf: a TeX engine) is refused before drawing; a writer that fails anyway
+    (any exception of its own) is one line naming the output, and the file already at that path is kept."""
+    import matplotlib.figure
+
+    from benchmarks import gpu_curves
+    from errors import run_cli
+    from training import plot
+
+    if entry == "training.plot":
+        main, inputs = plot.main, [str(write_run(tmp_path / "run"))]
+    else:
+        main, inputs = gpu_curves.main, [str(gpu_round(tmp_path / "logs", "H100"))]
+
+    for out, words in ((tmp_path / "c.pgf", "cannot write '.pgf' files (they need a TeX engine"),
+                       (tmp_path / "c.svg", "cannot write " + str(tmp_path / "c.svg") + " as .svg (RuntimeError: no")):
+        out.write_bytes(b"kept")
+        args = [*inputs, "--out", str(out)] if entry == "training.plot" else [*inputs, str(out)]
+        if out.suffix == ".svg":
+            monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: (_ for _ in ()).throw(
+                RuntimeError("no writer today")))
+        with pytest.raises(SystemExit) as e:
+            run_cli(lambda: main(args))
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+        assert out.read_bytes() == b"kept" and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -4,7 +4,7 @@ the learning rate, read from the metrics.jsonl of one or more runs, in one PNG (
     python -m training.plot out/small                       # -> out/small/curves.png
     python -m training.plot out/small out/small_modern --out compare.png --log-scale
 
---out: a file whose suffix matplotlib writes (.png, .pdf, .svg, ...); a folder, or a name ending in / (made
+--out: a file whose suffix matplotlib writes with nothing outside Python (.png, .pdf, .svg, ...; not .pgf); a folder, or a name ending in / (made
 when missing), gets curves.png inside it and a name without a suffix gets .png; the path written is printed.
 --log-scale: logarithmic loss and bits-per-byte axes (where late progress shows). matplotlib is a runtime
 requirement (requirements.txt); imported only to draw (eval/drawing.py), so a partial install still trains, and its
@@ -28,7 +28,8 @@ from typing import Iterator
 
 from bounded import TooLarge, opened
 from errors import ArgumentParser, UserError, clipped, reader_left, run_cli, short_error
-from eval.drawing import MAX_DRAWN, drawable, literal_legend, matplotlib_agg, new_figure
+from eval.drawing import (MAX_DRAWN, check_format, drawable, literal_legend, matplotlib_agg, new_figure,
+                          save_figure)
 from fileio import (atomic_write, atomic_write_bytes, check_output_not_input, json_loads, no_empty_dirs_left,
                     output_target, path_arg, path_arg_path, path_kind, read_user_file, too_large)
 from locks import remove_stale_temps
@@ -236,15 +237,9 @@ def resolve_out(out: str | Path | None, runs: list[Path]) -> Path:
         return out
     if not out.suffix:
         return out.with_name(out.name + ".png")
-    formats = _formats()
-    if out.suffix.lstrip(".").lower() not in formats:
-        raise UserError(f"--out {out}: matplotlib cannot write {out.suffix!r} files; use one of "
-                        f"{', '.join('.' + f for f in sorted(formats))} (e.g. .png)")
+    matplotlib_agg("plotting")  # (its one line where matplotlib is missing, before the formats it writes)
+    check_format(out.suffix, "--out", out)
     return out
-
-
-def _formats() -> set[str]:
-    return set(new_figure((1, 1), "plotting").canvas.get_supported_filetypes())
 
 
 def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
@@ -259,14 +254,14 @@ def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
         target, straight = output_target(out, "--out")
         if straight:  # a device or a FIFO: drawn whole first, as a PNG writer seeks, which a FIFO cannot
             image = io.BytesIO()
-            fig.savefig(image, dpi=110, format="png")
+            save_figure(fig, image, "png", dpi=110, name=out)
             atomic_write_bytes(out, image.getvalue(), "--out", follow=True)
         else:
             with no_empty_dirs_left(target.parent):  # a failed write leaves none of the folders made for it
                 target.parent.mkdir(parents=True, exist_ok=True)  # `--out docs/curves.png` in a fresh clone
                 remove_stale_temps(target.parent, name=target.name)  # what a plot killed mid-write left
                 with atomic_write(out, "--out", follow=True) as tmp:  # a failure (a full disk) leaves the old PNG
-                    fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
+                    save_figure(fig, tmp, out.suffix.lstrip(".").lower() or "png", dpi=110, name=out)
     except OSError as e:
         if reader_left(e):  # --out /dev/stdout | head: run_cli's quiet end
             raise
