@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import matplotlib.colors as matplotlib_colors
 from hypothesis import example, given, settings, strategies as st
 
 from checkpoint import save_checkpoint
@@ -284,3 +285,23 @@ def test_pgf_and_a_failing_writer_are_one_line_and_keep_the_file_there(entry, tm
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
         assert out.read_bytes() == b"kept" and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+# ------------------------------------------------------------------------------------------ every run drawn
+
+@settings(max_examples=3)
+@given(count=st.integers(1, 30))
+@example(count=101)
+@pytest.mark.filterwarnings("ignore:Tight layout not applied")  # (101 legends entries do not fit: drawn all the same)
+def test_every_run_given_is_drawn(tmp_path_factory, count):
+    """Before: a list of ten cycles of colours was zipped with the runs: 101 run folders drew 100, silently. Each
+    run is drawn in every panel, in a colour of its own."""
+    from training import plot
+
+    root = tmp_path_factory.mktemp("runs")
+    runs = [write_run(root / f"r{i}", steps=3) for i in range(count)]
+    fig = plot.make_figure(runs)
+    loss_step, _, _, lr = fig.axes
+    assert [line.get_label() for line in lr.lines] == [str(r) for r in runs]
+    assert len(loss_step.lines) == 2 * count
+    assert len({tuple(matplotlib_colors.to_rgba(line.get_color())) for line in lr.lines}) == count

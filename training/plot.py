@@ -179,8 +179,11 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
     runs = {str(d): read_metrics(d) for d in run_dirs}
     fig = new_figure((13, 8.5), "plotting")
     loss_step, loss_tokens, bpb, lr = fig.subplots(2, 2).flat
-    colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"] * 10
-    for color, (path, records) in zip(colors, runs.items()):
+    colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(runs) > len(colors):  # every run drawn, each its own colour (a fixed list zipped with them dropped the rest)
+        colors = [mpl.colormaps["turbo"](i / (len(runs) - 1)) for i in range(len(runs))]
+    for i, (path, records) in enumerate(runs.items()):
+        color = colors[i]
         name = drawable(path)
         def draw(ax, key, x, **style):  # nothing logged: no line, so the panel says "not logged", not an empty legend
             xs, ys = series(records, key, x)
