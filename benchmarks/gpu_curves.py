@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             ax.set_ylim(args.target - 0.07, max(second, args.target + 0.1))
         ax.set(xlabel="wall time since the command started, s (start-up and compile included)", ylabel="val loss",
                title=f"tiny shakespeare, {'characters' if panel == 'char' else 'GPT-2 BPE'}, {card(args.logs)}")
-        literal_legend(ax, runs, [line.get_label() for line in runs])
+        literal_legend(ax, runs, [line.get_label() for line in runs], framealpha=1.0)  # (PostScript has no alpha)
     fig.tight_layout()
     with atomic_write(out, "out", follow=True) as tmp:  # as training.plot writes its picture
         save_figure(fig, tmp, fmt, dpi=110, name=out)

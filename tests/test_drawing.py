@@ -305,3 +305,45 @@ def test_every_run_given_is_drawn(tmp_path_factory, count):
     assert [line.get_label() for line in lr.lines] == [str(r) for r in runs]
     assert len(loss_step.lines) == 2 * count
     assert len({tuple(matplotlib_colors.to_rgba(line.get_color())) for line in lr.lines}) == count
+
+
+# ------------------------------------------------------------------------------------------ the smaller ones
+
+@pytest.mark.parametrize("kind", ["fifo", "null_device"])
+def test_a_metrics_file_that_is_no_regular_file_is_named_so(tmp_path, kind, capsys):
+    """Before: a FIFO given as metrics.jsonl (nobody writing it) read as empty: "has no train or val loss yet"."""
+    from errors import run_cli
+    from hostile_world import make_kind
+    from training import plot
+
+    path = make_kind(kind, tmp_path / "metrics.jsonl")
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: plot.main([str(path), "--out", str(tmp_path / "c.png")]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "not a regular file" in err and "loss" not in err, err
+    assert not (tmp_path / "c.png").exists()
+
+
+@given(stem=st.text("abc_-1", min_size=1, max_size=6), dots=st.integers(0, 2))
+def test_a_name_with_no_or_an_empty_suffix_gets_png(tmp_path_factory, stem, dots):
+    """Before: `--out c.` wrote c..png. A name with no suffix or an empty one (`c`, `c.`) is written as c.png."""
+    from training import plot
+
+    root = tmp_path_factory.mktemp("names")
+    assert plot.resolve_out(str(root / (stem + "." * dots)), [root]) == root / f"{stem}.png"
+
+
+@pytest.mark.parametrize("entry", ["training.plot", "benchmarks.gpu_curves"])
+@pytest.mark.parametrize("suffix", [".eps", ".ps"])
+def test_postscript_is_written_without_the_transparency_warning(entry, suffix, tmp_path, caplog):
+    """Before: `--out x.eps` logged matplotlib's "The PostScript backend does not support transparency" on stderr
+    (the grid's alpha, the legends' frames): the figures have no transparency now."""
+    from benchmarks import gpu_curves
+    from training import plot
+
+    out = tmp_path / f"x{suffix}"
+    if entry == "training.plot":
+        assert plot.main([str(write_run(tmp_path / "run")), "--out", str(out), "--log-scale"]) == 0
+    else:
+        assert gpu_curves.main([str(gpu_round(tmp_path / "logs", "H100")), str(out)]) == 0
+    assert out.read_bytes()[:4] == b"%!PS" and not [r.getMessage() for r in caplog.records], caplog.records

@@ -4,8 +4,9 @@ the learning rate, read from the metrics.jsonl of one or more runs, in one PNG (
     python -m training.plot out/small                       # -> out/small/curves.png
     python -m training.plot out/small out/small_modern --out compare.png --log-scale
 
---out: a file whose suffix matplotlib writes with nothing outside Python (.png, .pdf, .svg, ...; not .pgf); a folder, or a name ending in / (made
-when missing), gets curves.png inside it and a name without a suffix gets .png; the path written is printed.
+--out: a file whose suffix matplotlib writes with nothing outside Python (.png, .pdf, .svg, ...; not .pgf); a
+folder, or a name ending in / (made when missing), gets curves.png inside it and a name without a suffix gets .png
+(`c` and `c.`: c.png); the path written is printed.
 --log-scale: logarithmic loss and bits-per-byte axes (where late progress shows). matplotlib is a runtime
 requirement (requirements.txt); imported only to draw (eval/drawing.py), so a partial install still trains, and its
 absence here is a one-line hint.
@@ -77,8 +78,11 @@ def _lines(path: Path) -> Iterator[tuple[int, str | Damaged]]:
         read_user_file(path, what, fix=fix, limit=0)
         raise
     with f:
-        if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
+        mode = os.fstat(f.fileno()).st_mode
+        if stat.S_ISDIR(mode):
             raise UserError(f"{what} {path} is {path_kind(path)}; pass a file")
+        if not stat.S_ISREG(mode):  # a FIFO or a device: no run wrote it (a FIFO nobody writes read as no loss yet)
+            raise UserError(f"{what} {path} is {path_kind(path)}, not a regular file; {fix}")
         try:
             yield from metrics_lines(f, bom=True)
         except TooLarge as e:
@@ -205,9 +209,9 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
         ax.set_ylabel(ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
         ax.xaxis.set_major_formatter(FuncFormatter(_compact))
-        ax.grid(alpha=0.3)
+        ax.grid(color="#e7e7e7")  # the default grey at 30% on white, opaque: PostScript (.eps, .ps) has no alpha
         if ax.lines:
-            literal_legend(ax, ax.lines, [line.get_label() for line in ax.lines], fontsize=8)
+            literal_legend(ax, ax.lines, [line.get_label() for line in ax.lines], fontsize=8, framealpha=1.0)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     if log_scale:
@@ -238,8 +242,8 @@ def resolve_out(out: str | Path | None, runs: list[Path]) -> Path:
         return out / "curves.png"
     if output_target(out, "--out")[1]:  # a device or a FIFO: written straight into, as PNG, never renamed
         return out
-    if not out.suffix:
-        return out.with_name(out.name + ".png")
+    if not out.suffix:  # `c` and `c.` (an empty suffix: not c..png) are both c.png
+        return out.with_name(out.name.rstrip(".") + ".png") if out.name.rstrip(".") else out.with_name(out.name + ".png")
     matplotlib_agg("plotting")  # (its one line where matplotlib is missing, before the formats it writes)
     check_format(out.suffix, "--out", out)
     return out
