@@ -65,6 +65,19 @@ def python_files() -> dict[str, Path]:
     return files
 
 
+def test_no_test_module_imports_another():
+    """What two test modules share lives in a helper module (tests/figure_inputs.py, multirank_runs.py, ...): a test
+    module imported by another runs its module-level code twice and ties the two files' fixtures together."""
+    tests = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.name} imports {n}" for n in names if n.split(".")[0] in tests]
+    assert tests and not found, found
+
+
 def test_nothing_imports_an_entry_script():
     """train.py, sample.py, bench.py, chat.py and serve.py are entry points: what they do lives in a package,
     which the tests and the other entry points import; nothing imports a script, the tests included (a test

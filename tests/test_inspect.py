@@ -3,7 +3,6 @@ own q and k, rebuilt here by hand; its surprisal is F.cross_entropy in bits; its
 browser; it reads every kind of checkpoint; every bad input is one error line."""
 from __future__ import annotations
 
-import dataclasses
 import html
 import math
 import os
@@ -22,33 +21,10 @@ from hypothesis import event, given, strategies as st
 
 from checkpoint import save_checkpoint
 from checkpoint.hf import write_hf_weights
-from data import tokenizer_from_meta
 from errors import UserError, run_cli
 from eval import figures, inspect
-from model import GPT, GPTConfig
 from cli_lines import one_error_line
-
-TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
-CHARS = "".join(sorted(set(TEXT)))
-TOK = tokenizer_from_meta({"tokenizer": "char", "chars": CHARS})
-
-
-def tiny_model(seed: int = 0, **options) -> GPT:
-    """A 2-layer, 2-head GPT with large random weights: peaky attention, far from uniform."""
-    torch.manual_seed(seed)
-    config = GPTConfig(**{**dict(vocab_size=TOK.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16), **options})
-    model = GPT(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.5)
-    return model.eval()
-
-
-def checkpoint_payload(model: GPT) -> dict:
-    return {"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "config": {},
-            "tokenizer": {"tokenizer": "char", "chars": CHARS}, "iter": 0}
-
+from figure_inputs import CHARS, TEXT, TOK, checkpoint_payload, tiny_model
 
 # ------------------------------------------------------------------------- the weights, rebuilt by hand
 

@@ -14,20 +14,9 @@ from errors import run_cli
 from training import plot
 from training.report import metrics
 
+from figure_inputs import write_run
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_run(path: Path, steps: int = 6, scale: float = 1.0) -> Path:
-    path.mkdir(parents=True)
-    lines = []
-    for i in range(1, steps + 1):
-        rec = {"iter": i, "train/loss": scale * (5 - 0.5 * i), "lr": 1e-3 * i / steps, "tokens_seen": 128 * i}
-        if i % 3 == 0:
-            rec["val/loss"] = scale * (5.2 - 0.5 * i)
-            rec["val/bpb"] = scale * (5.2 - 0.5 * i) / 0.6931
-        lines.append(json.dumps(rec))
-    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    return path
 
 
 def test_two_runs_in_one_figure_with_train_val_bpb_and_lr_curves(tmp_path):
