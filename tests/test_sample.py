@@ -135,7 +135,8 @@ def test_bad_option_in_a_subprocess_is_one_error_line_without_traceback():
         (["--min-p", "nan"], ["--min-p"]),
         (["--repetition-penalty", "0"], ["--repetition-penalty", "> 0"]),
         (["--repetition-penalty", "inf"], ["--repetition-penalty"]),
-        (["--out", "/"], ["--out", "is a directory"]),
+        (["--out", "/"], ["--out", "names a folder"]),  # by its spelling (fileio.file_arg), before it is looked at
+        (["--out", "/tmp"], ["--out", "is a directory"]),  # a folder by what is there
         (["--out", "/nonexistent/dir/s.txt"], ["--out", "does not exist"]),
         (["--prompt-file", "/dev/zero"], ["prompt file /dev/zero", "larger than 16 MiB"]),
         (["--num-samples", "0"], ["--num-samples", ">= 1"]),
