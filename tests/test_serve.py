@@ -29,7 +29,9 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 def served(tmp_path_factory):
     path = tmp_path_factory.mktemp("chat") / "ckpt.pt"
     model, tok, template = make_chat_checkpoint(path)
-    server = Server(path, "--model-name", MODEL, "--slots", "4", "--queue", "64", "--read-timeout", "1",
+    # --read-timeout 3: short, for the test of bodies that never come, and long enough that a body sent at once
+    # arrives within it while the other test process keeps both cores busy (at 1 s, one of 500 requests once did not)
+    server = Server(path, "--model-name", MODEL, "--slots", "4", "--queue", "64", "--read-timeout", "3",
                     "--request-timeout", "60")
     yield server, model, tok, template, path
     server.stop()
@@ -275,7 +277,7 @@ def test_hostile_clients_get_answers_and_a_good_request_still_gets_its_reply(ser
                  for k in (0, 1, len(stream) // 2, len(stream) - 1)]
         impatient = [pool.submit(lambda: http.post(server.url + CHAT, json={"messages": USER, "max_tokens": 60},
                                                     timeout=0.05)) for _ in range(10)]
-        for f in slow:  # the read timeout (1 s here) answers them
+        for f in slow:  # the read timeout (3 s here) answers them
             assert f.result().startswith(b"HTTP/1.1 408"), f.result()[:200]
         for f in gone:
             f.result()
