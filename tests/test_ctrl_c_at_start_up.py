@@ -56,3 +56,23 @@ def test_a_commands_package_imports_nothing_heavy(package):
     code = f"import sys; import {package}; print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+
+
+def guard_calls(path) -> list[list[str]]:
+    """The calls each `if __name__ == "__main__":` block of the module makes, in order, as source text."""
+    return [[ast.unparse(stmt.value.func) for stmt in node.body if isinstance(stmt, ast.Expr)
+             and isinstance(stmt.value, ast.Call)]
+            for node in parsed(path).body if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)]
+
+
+@pytest.mark.parametrize("command", commands())
+def test_a_command_quiets_ctrl_c_first_and_hands_it_back_before_its_work(command):
+    """The first guard (before the imports) calls errors.quiet_interrupts; the last one calls errors.start_up_done
+    before run_cli: without it a Ctrl-C during the work would end the process at once (os._exit), with no
+    cleanup (a half-written output's temp file left, no checkpoint) and no test would notice."""
+    mods = project_modules()
+    blocks = guard_calls(mods.get(f"{command}.__main__") or mods[command])  # (python -m checkpoint: its __main__)
+    assert len(blocks) >= 2 and blocks[0] == ["errors.quiet_interrupts"], blocks
+    last = blocks[-1]
+    runs = [i for i, call in enumerate(last) if call.endswith("run_cli")]
+    assert last[:1] == ["errors.start_up_done"] and runs, last

@@ -40,7 +40,7 @@ def command(args: list, env: dict) -> subprocess.CompletedProcess:
 
 # ------------------------------------------------------------------------------------------ MPLBACKEND
 
-@settings(max_examples=3)
+@settings(max_examples=2)  # (each a fresh interpreter)
 @example(backend="agg2")
 @given(backend=ENV_TEXT)
 def test_a_bad_mplbackend_changes_no_plot(tmp_path_factory, backend):
@@ -53,7 +53,7 @@ def test_a_bad_mplbackend_changes_no_plot(tmp_path_factory, backend):
     assert (tmp / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and done.stdout.strip() == str(tmp / "c.png")
 
 
-@settings(max_examples=2)
+@settings(max_examples=1)  # (each a fresh interpreter loading a checkpoint)
 @example(backend="agg2")
 @given(backend=ENV_TEXT)
 def test_a_bad_mplbackend_changes_no_inspection(tmp_path_factory, ckpt, backend):
@@ -102,6 +102,7 @@ def assert_literal(fig) -> list[str]:
 
 
 @pytest.mark.filterwarnings("ignore:Glyph")
+@settings(max_examples=max(5, settings().max_examples // 2))  # (each draws a whole figure)
 @given(names=st.lists(NAMES, min_size=1, max_size=2, unique_by=os.fsencode))
 @example(names=MATH[:3])
 @example(names=MATH[3:])
@@ -122,6 +123,7 @@ def test_run_names_are_drawn_as_written(tmp_path_factory, names):
 
 
 @pytest.mark.filterwarnings("ignore:Glyph")
+@settings(max_examples=max(5, settings().max_examples // 2))  # (each draws a whole figure)
 @given(description=NAMES, labels=st.lists(st.text(min_size=1, max_size=4), min_size=2, max_size=5))
 @example(description=MATH[0], labels=["$a", "b$", "$\\foo{", "$x$"])
 @example(description=MATH[1], labels=["price", "$5", " and ", "$6"])
@@ -189,6 +191,7 @@ def step_lines(draw_value) -> st.SearchStrategy:
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # numpy's overflow warnings are on the user's stderr too
 @pytest.mark.filterwarnings("error::UserWarning")  # (and "Data has no positive values", a log axis of none)
+@settings(max_examples=max(5, settings().max_examples // 2))  # (each draws a whole figure)
 @given(lines=step_lines(FINITE), log_scale=st.booleans())
 @example(lines=[{"iter": 1, "train/loss": 1e308, "lr": 1e308, "tokens_seen": 1e308},
                 {"iter": 2, "train/loss": -1e308, "lr": -1e308, "tokens_seen": -1e308}], log_scale=False)

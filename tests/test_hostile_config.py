@@ -311,6 +311,20 @@ def test_a_number_yaml_reads_in_base_60_or_octal_is_one_line(tmp_path, key, numb
     assert repr(value) in line or str(value) in line  # the number YAML would have read, said
 
 
+
+@pytest.mark.parametrize("text, value", [("07", 7), ("00", 0), ("0x10", 16), ("0b101", 5), ("1_000", 1000), ("-12", -12),
+                                         ("!!float 012", 12.0), ("007.5", 7.5), ("1e3", "1e3"), ('"1:20"', "1:20")])
+def test_numbers_yaml_reads_as_a_command_line_does_still_load(tmp_path, text, value):
+    """The refusal above is no wider than its class: where YAML's reading is the decimal one (or the characters are
+    text), the file reads as before."""
+    from training.config.reading import read_yaml
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(f"train:\n  max_iters: {text}\n")
+    got = read_yaml(path)["train"]["max_iters"]
+    assert got == value and type(got) is type(value)
+
+
 YAML_CASES = [
     ("? [a, b]\n: 1\n", "the key at line 1 is a list"),  # was TypeError: unhashable type: 'list'
     ("train:\n  ? {a: 1}\n  : 1\n", "the key at line 2 is a dict"),

@@ -118,7 +118,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_yaml_int(self, node):
-        self._no_yaml11_surprise(node)
+        self._no_yaml11_surprise(node, super().construct_yaml_int)
         try:
             value = super().construct_yaml_int(node)
             if value.bit_length() <= 14_000:  # a 0x... of more bits has over 4300 digits: not even printable
@@ -130,16 +130,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                         "characters, too many for an integer; write a sensible value") from None
 
     def construct_yaml_float(self, node):
-        self._no_yaml11_surprise(node)
+        self._no_yaml11_surprise(node, super().construct_yaml_float)  # (`!!float 012` is 12.0: no octal float)
         return super().construct_yaml_float(node)
 
-    def _no_yaml11_surprise(self, node):
+    def _no_yaml11_surprise(self, node, read):
         """YAML 1.1 (PyYAML's) reads `1:20` as base 60 (80) and `012` as octal (10): a time, a clock-like value or
         a zero-padded count would become another number without a word."""
         digits = node.value.lstrip("+-").replace("_", "")
-        octal = len(digits) > 1 and digits[0] == "0" and digits.isdigit() and int(digits, 8) != int(digits)  # (07: 7)
+        octal = (read == super().construct_yaml_int and len(digits) > 1 and digits[0] == "0" and digits.isdigit()
+                 and int(digits, 8) != int(digits))  # (07 is 7 either way)
         if ":" in digits or octal:
-            value = super().construct_yaml_float(node) if "." in digits else super().construct_yaml_int(node)
+            value = read(node)  # what YAML would have read
             raise UserError(f"{self.name}: {clipped(node.value)} at line {node.start_mark.line + 1} is read by YAML as "
                             f"a number in {'base 60' if ':' in digits else 'octal'} ({clipped(value)}); write the number "
                             "in decimal, or quote it if it is text")
