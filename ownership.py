@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Iterable
 
 from bounded import TooLarge, read_at_most, read_head, read_own
-from errors import UserError
+from errors import UserError, short_error, write_fix
 from fileio import atomic_write_bytes, check_no_links, check_path_value, json_loads
 
 MARKER = ".smallgpt-owner.json"
@@ -271,21 +271,33 @@ def check_replaceable(folder: str | os.PathLike, names: Iterable[str], option: s
                         f"changed since); it is never overwritten: move it away, or choose another {option}")
 
 
-def record_written(folder: str | os.PathLike, names: Iterable[str]) -> None:
-    """Note in `folder`'s WRITTEN the regular files `names` just written there (check_replaceable's record)."""
+def record_written(folder: str | os.PathLike, names: Iterable[str], option: str = "--out", *,
+                   create: bool = True) -> None:
+    """Note in `folder`'s WRITTEN the regular files `names` just written there (check_replaceable's record).
+    `create` False: only a folder that has a record already (a file the user named, written where a record lists
+    its name). A failure to write the record (a full disk) is one UserError line."""
     folder = Path(folder)
-    if kind_of(folder) is not None:
+    if kind_of(folder) is not None or not create and not os.path.lexists(folder / WRITTEN):
         return
     record = _written(folder)
     if record is None:  # not ours (check_replaceable refused it before anything was written): left as it is
         return
+    names = set(names)
     for name in names:
         try:
             if stat.S_ISREG(os.stat(folder / name).st_mode):
                 record[name] = (os.stat(folder / name).st_size, _digest(folder / name))
+            else:
+                record.pop(name, None)
         except OSError:
             record.pop(name, None)
-    atomic_write_bytes(folder / WRITTEN, (json.dumps({"written": record}, indent=1) + "\n").encode())
+    try:
+        atomic_write_bytes(folder / WRITTEN, (json.dumps({"written": record}, indent=1) + "\n").encode())
+    except OSError as e:
+        raise UserError(f"wrote {', '.join(sorted(names))} in {option} {folder}, but cannot update {WRITTEN} there, "
+                        f"its record ({short_error(e)}); {write_fix(e, f'choose another {option}')}, then move "
+                        f"{'it' if len(names) == 1 else 'them'} away and rerun (an unrecorded file is never "
+                        "replaced)") from None
 
 
 def _written(folder: Path) -> dict[str, tuple[int, str]] | None:

@@ -5,6 +5,8 @@ command manages (a training out_dir, an HF export, a prepared data folder, a sha
 from __future__ import annotations
 
 import dataclasses
+import errno
+import json
 import shutil
 from pathlib import Path
 
@@ -14,6 +16,8 @@ from hypothesis import strategies as st
 
 import eval.inspect as inspect_cli
 import ownership
+from data import tasks as tasks_cli
+from training import plot as plot_cli
 from entry_points import NOT_ENTRY_POINTS, PARSERS, WRITERS, run_entry
 from errors import UserError
 from fileio import no_empty_dirs_left
@@ -255,3 +259,62 @@ def test_class2_a_file_the_user_named_is_the_output(writer, world, capsys, tmp_p
     code, _, err = run_entry(writer.main, writer.argv(out, world), capsys)
     assert code == 0, err
     assert out.read_bytes() != b"old" and (mine / "notes.txt").read_text() == "the user's"
+
+# The record of what a writer wrote in a user's folder (ownership.WRITTEN): kept up to date by every write that
+# replaces one of its files, written file by file, bounded, and a failure to write it is one line.
+# The record of what a writer wrote in a user's folder (ownership.WRITTEN): kept up to date by every write that
+# replaces one of its files, written file by file, bounded, and a failure to write it is one line.
+def test_class2_plot_a_file_named_then_the_folder_replaces_its_own_picture(world, capsys, tmp_path):
+    """`plot r --out p/` (recorded), `plot r --out p/curves.png` (a new picture: the record was left with the old
+    digest), then `plot r --out p/` refused its own curves.png as "a file this command did not write there"."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for argv in ([world.run, "--out", f"{mine}/"], [world.run, "--out", mine / "curves.png", "--log-scale"],
+                 [world.run, "--out", f"{mine}/"]):
+        before = (mine / "curves.png").read_bytes() if (mine / "curves.png").exists() else None
+        code, _, err = run_entry(plot_cli.main, argv, capsys)
+        assert code == 0, err
+        assert (mine / "curves.png").read_bytes() != before
+
+
+@pytest.mark.parametrize("spelling", ["./mine/c.png", "mine//c.png", "mine/../mine/c.png"])
+def test_class2_plot_a_file_the_user_named_in_any_spelling_is_the_output(spelling, world, capsys, tmp_path, monkeypatch):
+    """Picked or named was decided by comparing spellings (str(out) != args.out): `./c.png` counted as a name the
+    command picked, so the user's file at it was refused, the message naming `--out .`."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "c.png").write_bytes(b"the user's old picture")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_entry(plot_cli.main, [world.run, "--out", spelling], capsys)
+    assert code == 0, err
+    assert (mine / "c.png").read_bytes().startswith(b"\x89PNG")
+    assert plot_cli.resolve_output(spelling, [world.run]) == (Path(spelling), False)
+    assert plot_cli.resolve_output("mine/", [world.run]) == (Path("mine/curves.png"), True)
+    assert plot_cli.resolve_output("mine/c", [world.run]) == (Path("mine/c.png"), True)
+
+
+def failing_write(module, monkeypatch, at: int):
+    """`module`'s atomic_write_bytes, failing with a full disk at its `at`-th call (1 = the first)."""
+    calls, real = [], module.atomic_write_bytes
+
+    def write(*a, **k):
+        calls.append(a[0])
+        if len(calls) == at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, "atomic_write_bytes", write)
+
+
+@pytest.mark.parametrize("writer", ["training.plot --out", "eval.inspect --out", "data.tasks --out"])
+def test_class2_a_failure_to_write_the_record_is_one_line(writer, world, capsys, tmp_path, monkeypatch):
+    """training.plot wrote its record outside plot()'s OSError handler: a full disk there was a traceback."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    w = next(w for w in WRITERS if w.name == writer)
+    failing_write(ownership, monkeypatch, 1)
+    code, _, err = run_entry(w.main, w.argv(mine if writer != "training.plot --out" else f"{mine}/", world), capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert ownership.WRITTEN in lines[0] and "space" in lines[0], lines[0]
+

@@ -228,25 +228,33 @@ def make_figure(run_dirs: list[Path], *, log_scale: bool = False):
 
 
 def resolve_out(out: str | Path | None, runs: list[Path]) -> Path:
-    """The file to write: --out as given when its suffix is one matplotlib writes; a folder gets
-    curves.png inside, and so does a name ending in a separator (`figs/`: made if it is not there yet); a name
-    without a suffix gets .png; no --out: <first run>/curves.png."""
+    """The file to write (resolve_output's, without who named it)."""
+    return resolve_output(out, runs)[0]
+
+
+def resolve_output(out: str | Path | None, runs: list[Path]) -> tuple[Path, bool]:
+    """The file to write, and whether this command picked its name: --out as given when its suffix is one
+    matplotlib writes (named by the user); a folder gets curves.png inside, and so does a name ending in a
+    separator (`figs/`: made if it is not there yet); a name without a suffix gets .png; no --out:
+    <first run>/curves.png (picked, all three). Said by the branch taken, not by comparing spellings: `./c.png`,
+    `dir//c.png` and `a/../a/c.png` are names the user gave."""
     if out is None:
-        return runs[0] / "curves.png" if runs[0].is_dir() else runs[0].with_suffix(".png")
+        return (runs[0] / "curves.png" if runs[0].is_dir() else runs[0].with_suffix(".png")), True
     # the trailing separator is read from the text: Path("figs/") is Path("figs"), a file named figs.png below
     says_folder = isinstance(out, str) and out.endswith(tuple(s for s in (os.sep, os.altsep) if s))
     out = Path(out)
     if says_folder and out.exists() and not out.is_dir():
         raise UserError(f"--out {out}{os.sep} names a folder, but {out} is a file; choose another --out")
     if says_folder or out.is_dir():
-        return out / "curves.png"
+        return out / "curves.png", True
     if output_target(out, "--out")[1]:  # a device or a FIFO: written straight into, as PNG, never renamed
-        return out
+        return out, False
     if not out.suffix:  # `c` and `c.` (an empty suffix: not c..png) are both c.png
-        return out.with_name(out.name.rstrip(".") + ".png") if out.name.rstrip(".") else out.with_name(out.name + ".png")
+        stem = out.name.rstrip(".")
+        return (out.with_name(stem + ".png") if stem else out.with_name(out.name + ".png")), True
     matplotlib_agg("plotting")  # (its one line where matplotlib is missing, before the formats it writes)
     check_format(out.suffix, "--out", out)
-    return out
+    return out, False
 
 
 def plot(run_dirs: list[Path], out: Path, *, log_scale: bool = False) -> Path:
@@ -289,13 +297,15 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    out = resolve_out(args.out, args.runs)  # an unknown suffix is refused before any reading or drawing
-    picked = args.out is None or str(out) != args.out  # a name it chose (curves.png in a folder, .png added)
-    if picked:  # never over a user's file of that name in a folder of the user's: only over its own picture
+    # an unknown suffix is refused before any reading or drawing; picked: a name it chose (curves.png in a folder,
+    # .png added), never written over a user's file of that name in a folder of the user's: only over its own picture
+    out, picked = resolve_output(args.out, args.runs)
+    if picked:
         check_replaceable(out.parent, (out.name,), "--out")
     print(plot(args.runs, out, log_scale=args.log_scale))
-    if picked:
-        record_written(out.parent, (out.name,))
+    # recorded where it picked the name, and where the user named a file in a folder that has a record (else the
+    # record would still hold the earlier picture's digest, and `--out folder/` then refused its own curves.png)
+    record_written(out.parent, (out.name,), "--out", create=picked)
     return 0
 
 
