@@ -24,7 +24,7 @@ import json
 import random
 from pathlib import Path
 
-from errors import ArgumentParser, UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli, short_error, write_fix
 from fileio import atomic_write_bytes, check_writable_dir, no_empty_dirs_left, output_target, path_arg
 from ownership import check_output, check_replaceable, record_written
 
@@ -180,9 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         # a file of the user's at one of its names (a 2,000-row SFT set) is refused, before any is written: only
         # what an earlier run wrote there (recorded), or the very bytes, is replaced
         check_replaceable(out, FILES, "--out", new=files)
-        for name, data in files.items():
-            atomic_write_bytes(out / name, data)
-        record_written(out, FILES)
+        for name, data in files.items():  # each recorded as it is written: a rerun after a failed write replaces them
+            try:
+                atomic_write_bytes(out / name, data)
+            except OSError as e:  # a full disk: one line (the files before it stay written, and recorded)
+                raise UserError(f"cannot write {out / name} ({short_error(e)}); "
+                                f"{write_fix(e, 'choose another --out')}") from None
+            record_written(out, (name,), "--out")
     print(out)
     return 0
 

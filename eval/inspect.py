@@ -4,7 +4,8 @@ model is by each token, with its top-5 guesses.
     python -m eval.inspect --checkpoint out/shakespeare_char --text $'ROMEO:\nBut soft' --out inspect/  # $'' makes \n a newline
     python -m eval.inspect --checkpoint gpt2 --text-file snippet.txt --out inspect/ --layer 5 --head 1
 
-writes into --out (created if needed; files there of the same names are replaced):
+writes into --out (created if needed; its own files there from an earlier run are replaced, a file of the user's
+at one of these names is refused before anything is written: ownership.check_replaceable):
 - attention.png: every layer (rows) and head (columns) as a heatmap, query tokens down, key tokens across;
 - surprisal.png and surprisal.html: the text, each token coloured by its surprisal -log2 p(token | the
   text before it), in bits, with the model's top-5 guesses for it (the HTML shows them on hover and needs
@@ -181,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     text = read_text(args)
     with no_empty_dirs_left(out):  # a refusal after it (a bad checkpoint, a layer past the model's) leaves no --out
         check_writable_dir(out, "--out")  # before the model is loaded and run: a bad --out costs nothing
-        draw(spec, text, out, names, args.layer, args.head)
-        record_written(out, names)
+        draw(spec, text, out, names, args.layer, args.head)  # each picture recorded as it is written
         return 0
 
 
@@ -230,6 +230,9 @@ def draw(spec: str, text: str, out: Path, names: list[str], layer: int | None, h
             atomic_write_bytes(out / name, data, what="--out", follow=True)
         except OSError as e:
             raise UserError(f"cannot write {out / name} ({short_error(e)}); {write_fix(e, 'choose another --out')}") from None
+        # recorded now, not once all are written: a write that fails at the third (a full disk) leaves the first two
+        # replaced and recorded, so the rerun replaces them again rather than refusing them as the user's
+        record_written(out, (name,), "--out")
         print(out / name)
     note(f"{desc}: {len(ids)} tokens, {insp.mean_bits():.3f} bits/token")
     return 0

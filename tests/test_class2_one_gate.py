@@ -318,3 +318,29 @@ def test_class2_a_failure_to_write_the_record_is_one_line(writer, world, capsys,
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert ownership.WRITTEN in lines[0] and "space" in lines[0], lines[0]
 
+
+@pytest.mark.parametrize("writer", ["eval.inspect --out", "data.tasks --out"])
+@pytest.mark.parametrize("at", [2, 3])
+def test_class2_a_rerun_after_a_failed_write_replaces_what_was_written(writer, at, world, capsys, tmp_path,
+                                                                     monkeypatch):
+    """The record was written once every file was: a full disk at the third left the first two replaced and
+    unrecorded, and every later run refused them as the user's."""
+    module, argv = {
+        "eval.inspect --out": (inspect_cli, lambda o, n: ["--checkpoint", world.ckpt, "--text", "hear me " * n,
+                                                          "--out", o]),
+        "data.tasks --out": (tasks_cli, lambda o, n: ["--out", o, "--train", "2", "--heldout", "0",
+                                                      "--pretrain-lines", "0", "--seed", str(n)]),
+    }[writer]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    code, _, err = run_entry(module.main, argv(mine, 1), capsys)
+    assert code == 0, err
+    with monkeypatch.context() as m:
+        failing_write(module, m, at)
+        code, _, err = run_entry(module.main, argv(mine, 2), capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
+    code, _, err = run_entry(module.main, argv(mine, 3), capsys)
+    assert code == 0, err
+    assert (mine / "notes.txt").read_text() == "the user's"
