@@ -48,7 +48,10 @@ MARKER = ".smallgpt-owner.json"
 # in a folder of the user's that a command writes named files into (data.tasks, eval.inspect, training.plot): the
 # size and sha256 of each file it wrote there, so that a later run replaces its own files and no one else's
 WRITTEN = ".smallgpt-written.json"
-WRITTEN_MAX = 64 << 10
+# bytes: compact JSON, ~100 bytes an entry (a name, a size, a sha256) and entries whose file is gone or changed size
+# are dropped at each write, so ~10k files of its own live in one folder before a run is refused (64 KiB, with
+# indent=1 and nothing dropped, refused a loop of eval.inspect over 720 heads at its 589th)
+WRITTEN_MAX = 1 << 20
 OUT_DIR, DATA, EXPORT, CHECKPOINT = "out_dir", "data", "export", "checkpoint"
 # what each kind is, and who writes it (named in every refusal, so the user knows which setting to move)
 WHAT = {OUT_DIR: "a training out_dir", DATA: "a prepared data folder", EXPORT: "an HF export",
@@ -249,7 +252,13 @@ def check_replaceable(folder: str | os.PathLike, names: Iterable[str], option: s
     if kind_of(folder) is not None:
         return
     check_no_links(folder, (WRITTEN,))  # the record is the project's own file (class 1)
-    record = _written(folder)
+    try:
+        record = _written(folder)
+    except TooLarge:
+        raise UserError(f"{option} {folder} holds {WRITTEN}, this project's record of the files it wrote there, and "
+                        f"it is too large (over {WRITTEN_MAX >> 20} MiB: too many files of its own in one folder); "
+                        f"remove it (the files it listed are then refused as the user's: move them away too), or "
+                        f"choose another {option}") from None
     if record is None:
         raise UserError(f"{option} {folder} already holds {WRITTEN}, which is not a record this project wrote; move it "
                         f"away, or choose another {option}")
@@ -273,16 +282,30 @@ def check_replaceable(folder: str | os.PathLike, names: Iterable[str], option: s
 
 def record_written(folder: str | os.PathLike, names: Iterable[str], option: str = "--out", *,
                    create: bool = True) -> None:
-    """Note in `folder`'s WRITTEN the regular files `names` just written there (check_replaceable's record).
-    `create` False: only a folder that has a record already (a file the user named, written where a record lists
-    its name). A failure to write the record (a full disk) is one UserError line."""
+    """Note in `folder`'s WRITTEN the regular files `names` just written there (check_replaceable's record), each
+    right after it is written (a run that fails at its third file has its first two recorded: the rerun replaces
+    them). Entries whose file is gone, or is no longer a regular file of the recorded size, are dropped (not its
+    own any more), so the record stays as large as what is there. `create` False: only a folder that has a record
+    already (a file the user named, written where a record lists its name). A failure to write the record (a full
+    disk) is one UserError line."""
     folder = Path(folder)
     if kind_of(folder) is not None or not create and not os.path.lexists(folder / WRITTEN):
         return
-    record = _written(folder)
+    try:
+        record = _written(folder)
+    except TooLarge:  # check_replaceable says so at the next run that picks a name here
+        return
     if record is None:  # not ours (check_replaceable refused it before anything was written): left as it is
         return
     names = set(names)
+    for name in [n for n in record if n not in names]:
+        try:
+            st = os.stat(folder / name)
+            if stat.S_ISREG(st.st_mode) and st.st_size == record[name][0]:
+                continue
+        except (OSError, ValueError):
+            pass
+        del record[name]
     for name in names:
         try:
             if stat.S_ISREG(os.stat(folder / name).st_mode):
@@ -292,7 +315,7 @@ def record_written(folder: str | os.PathLike, names: Iterable[str], option: str 
         except OSError:
             record.pop(name, None)
     try:
-        atomic_write_bytes(folder / WRITTEN, (json.dumps({"written": record}, indent=1) + "\n").encode())
+        atomic_write_bytes(folder / WRITTEN, (json.dumps({"written": record}, separators=(",", ":")) + "\n").encode())
     except OSError as e:
         raise UserError(f"wrote {', '.join(sorted(names))} in {option} {folder}, but cannot update {WRITTEN} there, "
                         f"its record ({short_error(e)}); {write_fix(e, f'choose another {option}')}, then move "
@@ -302,13 +325,16 @@ def record_written(folder: str | os.PathLike, names: Iterable[str], option: str 
 
 def _written(folder: Path) -> dict[str, tuple[int, str]] | None:
     """The record WRITTEN in `folder`: {} where there is none; None where a file at its name is no record of ours
-    (damaged, too large, unreadable: a user's, never replaced)."""
+    (damaged, unreadable: a user's, never replaced). One over WRITTEN_MAX raises TooLarge (check_replaceable
+    says so, and how to fix it)."""
     if not os.path.lexists(folder / WRITTEN):
         return {}
     try:
         info = json_loads(read_at_most(folder / WRITTEN, WRITTEN_MAX))
         return {name: (int(size), str(digest)) for name, (size, digest) in info["written"].items()}
-    except (OSError, TooLarge, ValueError, TypeError, KeyError, AttributeError):
+    except TooLarge:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 

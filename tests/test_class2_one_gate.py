@@ -344,3 +344,26 @@ def test_class2_a_rerun_after_a_failed_write_replaces_what_was_written(writer, a
     code, _, err = run_entry(module.main, argv(mine, 3), capsys)
     assert code == 0, err
     assert (mine / "notes.txt").read_text() == "the user's"
+
+
+def test_class2_a_record_past_the_old_bound_is_read_and_pruned(world, capsys, tmp_path):
+    """The record only grew (indent=1, ~110 bytes an entry, never pruned): past 64 KiB every later run was refused
+    as "not a record this project wrote". Entries whose file is gone are dropped at the next write."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    gone = {f"attention_L{i}_H{i}.png": [1000 + i, "0" * 64] for i in range(1000)}
+    (mine / ownership.WRITTEN).write_text(json.dumps({"written": gone}, indent=1) + "\n")
+    assert (mine / ownership.WRITTEN).stat().st_size > 64 << 10
+    code, _, err = run_entry(tasks_cli.main, ["--out", mine, "--train", "2", "--heldout", "0", "--pretrain-lines", "0"],
+                             capsys)
+    assert code == 0, err
+    record = json.loads((mine / ownership.WRITTEN).read_text())["written"]
+    assert set(record) == {"train.jsonl", "heldout.jsonl", "pretrain.txt"}
+    assert (mine / ownership.WRITTEN).stat().st_size < 1000
+
+
+def test_class2_a_record_over_the_bound_is_said_too_large_not_foreign(tmp_path):
+    (tmp_path / ownership.WRITTEN).write_bytes(b" " * (ownership.WRITTEN_MAX + 1))
+    with pytest.raises(UserError) as e:
+        ownership.check_replaceable(tmp_path, ("c.png",), "--out")
+    assert "too large" in str(e.value) and "remove it" in str(e.value) and "not a record" not in str(e.value)
