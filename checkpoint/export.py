@@ -135,7 +135,9 @@ def export_hf(model: GPT, tokenizer: dict, out: str | os.PathLike, checkpoint: d
     check_target(out, EXPORT, "--out", reading=tuple(r for r in (source, named) if r is not None))
     if out.is_dir() and any(out.iterdir()):
         held = "an exported model" if (out / "model.safetensors").exists() else "other files"
-        raise UserError(f"{out} already holds {held}; choose another --out or delete it first")
+        names = sorted(p.name for p in out.iterdir())  # what is there, named: a user's config.json is no export
+        shown = ", ".join(clipped(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(f"{out} already holds {held} ({shown}); choose another --out or delete it first")
     eot, vocab = EOT, GPT2_VOCAB
     if isinstance(tokenizer.get("bpe"), str):
         files, eot, vocab = bpe_tokenizer_files(tokenizer["bpe"], model.config.block_size)
