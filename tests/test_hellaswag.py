@@ -321,19 +321,24 @@ LABELS = st.recursive(
     lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2), max_leaves=3)
 
 
+def every_reader(record: dict, tmp_path_factory, monkeypatch) -> tuple:
+    """load_items of `record` as each source gives it: a --data .jsonl line, and the HF copy (datasets faked)."""
+    path = tmp_path_factory.mktemp("item") / "item.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    datasets = type(sys)("datasets")
+    datasets.load_dataset = lambda *a, **k: [record]
+    monkeypatch.setitem(sys.modules, "datasets", datasets)
+    monkeypatch.setattr(hellaswag, "hub_offline_unless_reachable", lambda: None)
+    return lambda: load_items(path), lambda: load_items(None)
+
+
 @given(label=LABELS)
 def test_any_label_is_its_index_or_one_short_error_line_from_every_reader(label, tmp_path_factory, monkeypatch):
     """Before: a label string of 4301 digits went to int() and was a ValueError traceback."""
     record = {"ctx": "a", "endings": ["b", "c", "d", "e"], "label": label}
     ok = (not isinstance(label, bool) and isinstance(label, int) and 0 <= label <= 3) or (
         isinstance(label, str) and label.strip() in ("0", "1", "2", "3"))
-    path = tmp_path_factory.mktemp("label") / "label.jsonl"
-    path.write_text(json.dumps(record) + "\n")
-    datasets = type(sys)("datasets")
-    datasets.load_dataset = lambda *a, **k: [record]
-    monkeypatch.setitem(sys.modules, "datasets", datasets)
-    monkeypatch.setattr(hellaswag, "hub_offline_unless_reachable", lambda: None)
-    for read in (lambda: load_items(path), lambda: load_items(None)):  # --data, and the HF copy
+    for read in every_reader(record, tmp_path_factory, monkeypatch):
         if ok:
             assert read()[0].label == int(str(label).strip())
             continue
@@ -357,13 +362,7 @@ def test_any_ctx_and_endings_are_an_item_or_one_short_error_line_from_every_read
     ok = (isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4
           and all(isinstance(e, str) and e.strip() for e in endings)
           and all(not any(0xD800 <= ord(c) <= 0xDFFF for c in t) for t in texts if isinstance(t, str)))
-    path = tmp_path_factory.mktemp("endings") / "endings.jsonl"
-    path.write_text(json.dumps(record) + "\n")
-    datasets = type(sys)("datasets")
-    datasets.load_dataset = lambda *a, **k: [record]
-    monkeypatch.setitem(sys.modules, "datasets", datasets)
-    monkeypatch.setattr(hellaswag, "hub_offline_unless_reachable", lambda: None)
-    for read in (lambda: load_items(path), lambda: load_items(None)):  # --data, and the HF copy
+    for read in every_reader(record, tmp_path_factory, monkeypatch):
         if ok:
             item = read()[0]
             assert (item.ctx, list(item.endings)) == (ctx, endings)
