@@ -308,12 +308,13 @@ def record_written(folder: str | os.PathLike, names: Iterable[str], option: str 
         del record[name]
     for name in names:
         try:
-            if stat.S_ISREG(os.stat(folder / name).st_mode):
-                record[name] = (os.stat(folder / name).st_size, _digest(folder / name))
-            else:
-                record.pop(name, None)
+            st = os.stat(folder / name)
+            if stat.S_ISREG(st.st_mode):
+                record[name] = (st.st_size, _digest(folder / name))
+                continue
         except OSError:
-            record.pop(name, None)
+            pass
+        record.pop(name, None)
     try:
         atomic_write_bytes(folder / WRITTEN, (json.dumps({"written": record}, separators=(",", ":")) + "\n").encode())
     except OSError as e:

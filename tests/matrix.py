@@ -25,7 +25,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 from errors import ArgumentParser, UserError, clipped, run_cli  # noqa: E402 (the product's one-line option errors)
+from multirank_runs import free_port  # noqa: E402 (tests/, this script's folder)
 
 # factor -> its values; the first value of each is the plain default a refusal row starts from
 FACTORS: dict[str, tuple[str, ...]] = {
@@ -189,10 +189,7 @@ def launch(args: list[str], env: dict[str, str], ranks: int = 1, timeout: float 
         r = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *args], capture_output=True,
                            text=True, env=env, timeout=timeout)
         return r.returncode, r.stdout, r.stderr
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
+    base = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks),
             "LOCAL_WORLD_SIZE": str(ranks)}
     logs = [tempfile.TemporaryFile("w+") for _ in range(2 * ranks)]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "faults.py"), *args], stdout=logs[2 * r],

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,8 @@ from checkpoint import save_checkpoint
 from data import get_tokenizer
 from data.chat_template import template_for
 from model import GPT, GPTConfig
+
+from multirank_runs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "".join(sorted(set(" !',.?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n")))
@@ -42,12 +43,6 @@ def make_chat_checkpoint(path: Path, block_size: int = 128, seed: int = 0):
                            "tokenizer": {"tokenizer": "char", "chars": CHARS}, "iter": 0,
                            "chat_template": template.to_dict()})
     return model.eval(), tok, template
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
