@@ -32,8 +32,10 @@ NANOGPT = re.compile(r"^\s*([\d.]+) step (\d+): train loss [\d.]+, val loss ([\d
 RUNS = (("nanogpt_char.log", NANOGPT, "nanoGPT: train_shakespeare_char.py", "char"),
         ("ours_char.log", OURS, "ours: shakespeare_char_gpu.yaml (compiled)", "char"),
         ("ours_char_graph.log", OURS, "ours: shakespeare_char_gpu.yaml, CUDA graph, no compile", "char"),
+        ("ours_char_1000.log", OURS, "ours: shakespeare_char_gpu.yaml, 1000 steps", "char"),
         ("ours_char_adamw.log", OURS, "ours: shakespeare_char_gpu.yaml with AdamW", "char"),
-        ("ours_bpe.log", OURS, "ours: shakespeare_gpu.yaml (GPT-2 BPE)", "bpe"))
+        ("ours_bpe.log", OURS, "ours: shakespeare_gpu.yaml (GPT-2 BPE), CUDA graph", "bpe"),
+        ("ours_bpe_compiled.log", OURS, "ours: shakespeare_gpu.yaml (GPT-2 BPE), compiled", "bpe"))
 MAX_LOG = 64 * 2**20  # a round's log is a few hundred KB
 
 

@@ -4,12 +4,13 @@
 #   cp -r ../shared/anchors .anchors && cp -r ../shared/tiktoken_cache ../shared/data .anchors/
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
 #   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
-# Next (not yet run on a GPU): the graphed training step first, then the same-loss question, then the rest
-# (a session's 15 device minutes hold a start and about two calls: the first ~360 s of walls, too few left for
-#  loss's 230 s cap, which opens the second; give the second what is left as its budget, the third another session)
-#   ONLY="nanogpt_char ours_char_graph startup small small_eager small_profile" bash benchmarks/gpu_round.sh 540
-#   ONLY="loss auto_16gb auto_24gb float8" bash benchmarks/gpu_round.sh 540
-#   ONLY="loss_det char_profile ours_char_adamw ours_bpe" bash benchmarks/gpu_round.sh 540   # if device time is left
+# Measured 2026-11-28 on an H100 (benchmarks/results/h100-2026-11-28): nanogpt_char ours_char_graph startup small
+# small_eager small_profile loss, then auto_16gb auto_24gb, then loss_det. Next, one call (~400 s of walls):
+#   ONLY="ours_char_1000 char_profile loss_det ours_bpe ours_bpe_compiled float8" bash benchmarks/gpu_round.sh 540
+# float8 needs torchao, which the GPU image lacks: carry its wheel (built against torch 2.11, the image's;
+# .whl/ is git-ignored, and the round installs what it holds):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl torchao==0.17.0      # then carry [".anchors", ".whl"]
 # Steps run in order of importance; each has its own time cap, and a step that would not fit in what is
 # left of the budget is skipped (said in summary.txt), so a cut run still reports the first ones.
 # Lines of training output are stamped with the seconds since the command started (val loss against
@@ -19,6 +20,10 @@ OUT=${OUT:-/tmp/gpu_round}; L=$OUT/logs; mkdir -p "$L"
 export TIKTOKEN_CACHE_DIR=$A/tiktoken_cache SMALLGPT_SHAKESPEARE=$A/data/tinyshakespeare/input.txt
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SMALLGPT_CACHE_DIR=/tmp/smallgpt-cache
 PY=${PY:-python3}
+if compgen -G "$R/.whl/*.whl" > /dev/null; then  # carried wheels (torchao for float8): installed beside the image's
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$R"/.whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 S=$OUT/summary.txt
 say() { echo "$*" | tee -a "$S"; }
 pack() { (cd "$OUT" && tar czf gpu.tgz logs 2>/dev/null); }
@@ -61,10 +66,13 @@ step ours_124m 130 $PY train.py --config gpt2_124m --data.dataset=shakespeare --
 # 5. characters: nanoGPT's train_shakespeare_char ("baby GPT"), then ours shakespeare_char_gpu.yaml
 step nanogpt_char 110 bash -c "cd $A/nanogpt && $PY train.py config/train_shakespeare_char.py --max_iters=2500 \
   --lr_decay_iters=2500 --wandb_log=False --always_save_checkpoint=False --out_dir=/tmp/gr_ngc"
-step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.out_dir=/tmp/gr_char
+step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.compile=true --train.out_dir=/tmp/gr_char
 # (2026-11-27: compile and start-up took 49 s of the 83 s to val 1.47.) Without compile the step is replayed as
 # one CUDA graph (training/graphs/step.py: no compile, a capture of ~1 s): the same run to val 1.47 that way
+# (2026-11-28: val 1.4680 at step 750, 33.5 s; nanoGPT's best 1.4727 at 96.4 s; shipped since)
 step ours_char_graph 100 $PY train.py --config shakespeare_char_gpu --train.compile=false --train.out_dir=/tmp/gr_char_graph
+# its val was lowest at steps 750-1000 and rose after (overfitting): the schedule ended at step 1000 instead
+step ours_char_1000 70 $PY train.py --config shakespeare_char_gpu --train.max_iters=1000 --train.out_dir=/tmp/gr_char_1000
 # where the char run's start-up goes (2026-11-27: 12 s before its first step, 0.8 s of it on a CPU): one step, profiled
 step startup 60 bash -c "$PY -m cProfile -o /tmp/gr_startup.prof train.py --config shakespeare_char_gpu --train.compile=false \
   --train.max_iters=1 --train.eval_iters=1 --train.eval_full=false --train.out_dir=/tmp/gr_startup && \
@@ -89,8 +97,9 @@ step sample 30 $PY sample.py --checkpoint /tmp/gr_small --seed 1 --max-new-token
 step loss 230 $PY bench.py --device cuda --only loss --loss-steps 200 --loss-noise-runs 3 --json "$L/loss.json"
 step loss_det 230 $PY bench.py --device cuda --only loss --loss-steps 200 --loss-noise-runs 1 --loss-deterministic \
   --json "$L/loss-det.json"
-# 8. GPT-2 BPE on tiny shakespeare: ours shakespeare_gpu.yaml
+# 8. GPT-2 BPE on tiny shakespeare: ours shakespeare_gpu.yaml as shipped (its step a CUDA graph), then compiled
 step ours_bpe 80 $PY train.py --config shakespeare_gpu --train.out_dir=/tmp/gr_bpe
+step ours_bpe_compiled 90 $PY train.py --config shakespeare_gpu --train.compile=true --train.out_dir=/tmp/gr_bpe_c
 # 9. levers one at a time: ours at nanoGPT's fixed micro-batch (16 x 32), then batch auto on 16 and 24 GB cards
 step ours_124m_16 110 $PY train.py --config gpt2_124m --data.dataset=shakespeare --data.val_fraction=0.1 --data.num_proc=0 \
   --train.batch_size=16 --train.grad_accum_steps=32 --train.global_batch_size=0 --train.max_iters=4 --train.eval_iters=1 \

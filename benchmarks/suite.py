@@ -161,14 +161,24 @@ def measure(args: argparse.Namespace, argv=None) -> int:
                     data_dir = prepare_data(DataConfig(root=str(Path(tmp) / "loss")), progress=False)
             shape = (QUICK_GPU if args.quick else GPT2_124M) if cuda else CPU_SHAPES[0]
             was = torch.are_deterministic_algorithms_enabled()
-            torch.use_deterministic_algorithms(args.loss_deterministic or was, warn_only=True)  # warn: ops without run
+            was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+            # Not warn_only: under it SDPA's cuDNN and flash backwards keep their atomic adds (the H100, 2026-11-28:
+            # the baseline's own re-run parted from it at step 1 with the warning printed); strict, they take their
+            # deterministic algorithms, and an op that has none is refused in one line
+            torch.use_deterministic_algorithms(args.loss_deterministic or was,
+                                               warn_only=not args.loss_deterministic and was_warn)
             try:
                 report["loss_check"] = loss_check(
                     shape, device=device, dtype=auto_dtype if cuda else None, compiled=compile_, steps=args.loss_steps,
                     eval_batches=2 if args.quick else 20, data_dir=data_dir, tolerance=args.loss_tol, say=say,
                     noise_runs=(1 if cuda else 0) if args.loss_noise_runs is None else args.loss_noise_runs)
+            except RuntimeError as e:
+                if not args.loss_deterministic or "deterministic" not in str(e):
+                    raise
+                raise UserError(f"--loss-deterministic: {str(e).splitlines()[0]} (run the check without "
+                                f"--loss-deterministic)") from None
             finally:
-                torch.use_deterministic_algorithms(was)
+                torch.use_deterministic_algorithms(was, warn_only=was_warn)
 
         if "corpus" in args.sections:
             procs = args.corpus_procs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")

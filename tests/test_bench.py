@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_lines import an_error_line
 from errors import UserError, run_cli
 import benchmarks.cli
 import benchmarks.decode
@@ -82,6 +83,28 @@ def test_bench_loss_check_runs_and_its_rerun_of_the_baseline_is_bitwise_equal_on
     assert lc["first_differing_step"]["again0"] is None
     assert lc["again_train_losses"] == [lc["base_train_losses"]]
     assert not torch.are_deterministic_algorithms_enabled()  # the process is left as it was
+
+
+def test_loss_deterministic_is_strict_and_an_op_without_a_deterministic_algorithm_is_one_line(monkeypatch, capsys):
+    """--loss-deterministic runs the check under deterministic algorithms with warn_only off: under warn_only, SDPA's
+    cuDNN and flash backwards keep their atomic adds (on an H100 the baseline's own re-run parted at step 1 with
+    torch's warning printed). An op that has no deterministic algorithm then raises: one line naming the option,
+    and the process's setting is given back."""
+    seen = []
+
+    def strict_check(*a, **k):
+        seen.append((torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()))
+        raise RuntimeError("index_reduce_cuda does not have a deterministic implementation, but you set "
+                           "'torch.use_deterministic_algorithms(True)'. You can turn off determinism ...\nmore")
+    monkeypatch.setattr(benchmarks.suite, "loss_check", strict_check)
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: benchmarks.cli.main([*QUICK, "--device", "cpu", "--only", "loss", "--loss-steps", "3",
+                                             "--loss-deterministic"]))
+    err = capsys.readouterr().err
+    assert seen == [(True, False)]
+    line = an_error_line(e.value.code, err, "run the check without --loss-deterministic")
+    assert line.startswith("error: --loss-deterministic: index_reduce_cuda does not have a deterministic implementation")
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_bench_times_the_step_train_py_runs_and_the_sampler_sample_py_runs(monkeypatch, capsys):

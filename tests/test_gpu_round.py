@@ -247,7 +247,7 @@ def test_the_curves_draw_the_logs_a_round_left_and_say_when_each_reached_the_tar
         "nanoGPT: train_shakespeare_char.py: best 1.4690 at step 2250, 81.7 s; val 1.4690 <= 1.47 at step 2250, 81.7 s",
         "ours: shakespeare_char_gpu.yaml, CUDA graph, no compile: best 1.4400 at step 1250, 44.0 s; val 1.4650 <= 1.47 "
         "at step 1000, 38.2 s",
-        "ours: shakespeare_gpu.yaml (GPT-2 BPE): best 5.1000 at step 250, 30.0 s"]
+        "ours: shakespeare_gpu.yaml (GPT-2 BPE), CUDA graph: best 5.1000 at step 250, 30.0 s"]
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "logs"]  # no temp left
 
