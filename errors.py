@@ -211,6 +211,12 @@ def is_out_of_memory(e: BaseException) -> bool:
             or "out of memory" in text or "can't allocate memory" in text)
 
 
+def no_deterministic_algorithm(e: BaseException) -> bool:
+    """torch's RuntimeError for an op with no deterministic implementation under
+    torch.use_deterministic_algorithms(True) (torch gives it no type of its own)."""
+    return isinstance(e, RuntimeError) and "does not have a deterministic implementation" in str(e)
+
+
 WENT_AWAY, NO_ANSWER = "went away", "did not answer"
 
 

@@ -65,11 +65,9 @@ def as_on_cuda(rule):
     return lambda cfg, par, device, dtype: rule(cfg, par, torch.device("cuda"), dtype)
 
 
-def profile_step(config: str, mode: str, steps: int, overrides: list[str] = (), top: int = 0,
-                 device: torch.device = torch.device("cuda")) -> dict:
-    """On a CPU (a smoke run of this script) the "kernels" are the aten ops and their self CPU time, and
-    the graph mode runs uncaptured."""
-    cfg = config_of(config, mode, overrides)
+def profile_step(cfg, mode: str, steps: int, top: int = 0, device: torch.device = torch.device("cuda")) -> dict:
+    """`cfg`: the mode's config (config_of). On a CPU (a smoke run of this script) the "kernels" are the aten ops
+    and their self CPU time, and the graph mode runs uncaptured."""
     t, block = cfg.train, cfg.model.block_size
     cuda = device.type == "cuda"
     if cuda:  # this mode's own peak, an eval's included (since 2026-11-27): the graphs' pools are held for the run
@@ -155,25 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def checked(argv: list[str] | None = None) -> argparse.Namespace:
-    """The options, every mode's config loaded: each check done before the first profile (a typo in the last mode
-    would otherwise be found after the first ones' minutes on the GPU; tests/test_gpu_round.py runs it)."""
+def checked(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]:
+    """The options and every mode's config, loaded: each check done before the first profile (a typo in the last
+    mode would otherwise be found after the first ones' minutes on the GPU; tests/test_gpu_round.py runs it)."""
     args = build_parser().parse_args(argv)
+    configs = {}
     for mode in args.modes.split(","):
         if mode not in MODES:
             raise UserError(f"--modes takes {', '.join(MODES)} separated by commas, got {mode!r}")
-        config_of(args.config, mode, args.set)
-    return args
+        configs[mode] = config_of(args.config, mode, args.set)
+    return args, configs
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = checked(argv)
+    args, configs = checked(argv)
     device = torch.device(args.device)
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{args.config} {' '.join(args.set)} on {where}, torch {torch.__version__}")
     eager_losses = None
-    for mode in args.modes.split(","):
-        row = profile_step(args.config, mode, args.steps, args.set, args.top, device)
+    for mode, cfg in configs.items():
+        row = profile_step(cfg, mode, args.steps, args.top, device)
         print(f"{mode:8s} slowest step {row['slowest_step_s']:6.2f} s, then {row['step_ms']:6.2f} ms "
               f"a step, GPU busy {row['gpu_busy_ms']:.2f} ms of it ({row['gpu_busy_share']:.0%}), "
               f"{row['kernels_per_step']} kernels a step, {row['peak_reserved_gib']:.2f} GiB reserved at peak"

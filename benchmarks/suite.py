@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from data import DataConfig, prepare_data
-from errors import UserError, short_error
+from errors import UserError, no_deterministic_algorithm, short_error
 from fileio import _start_time, atomic_write_bytes
 from locks import pid_alive
 from runtime.device import resolve_device, use_device
@@ -173,7 +173,7 @@ def measure(args: argparse.Namespace, argv=None) -> int:
                     eval_batches=2 if args.quick else 20, data_dir=data_dir, tolerance=args.loss_tol, say=say,
                     noise_runs=(1 if cuda else 0) if args.loss_noise_runs is None else args.loss_noise_runs)
             except RuntimeError as e:
-                if not args.loss_deterministic or "deterministic" not in str(e):
+                if not (args.loss_deterministic and no_deterministic_algorithm(e)):
                     raise
                 raise UserError(f"--loss-deterministic: {str(e).splitlines()[0]} (run the check without "
                                 f"--loss-deterministic)") from None

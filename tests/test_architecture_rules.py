@@ -290,7 +290,7 @@ def test_a_loaded_config_is_never_changed():
 
 # the one place that reads a library's message to tell what went wrong: torch's CPU allocator and its collectives
 # raise plain RuntimeErrors, with no type that says "out of memory" or "another rank went away"
-MESSAGE_READERS = {("errors", "is_out_of_memory"), ("errors", "lost_peer")}
+MESSAGE_READERS = {("errors", "is_out_of_memory"), ("errors", "lost_peer"), ("errors", "no_deterministic_algorithm")}
 
 
 def message_comparisons(trees: dict[str, ast.AST]) -> list[str]:
