@@ -97,14 +97,15 @@ def inspect_tokens(model: torch.nn.Module, tok, ids: Sequence[int], *, top_k: in
     return Inspection(idx[0].tolist(), labels, attention, bits, guesses, tok.vocab_size, description)
 
 
-def text_ids(tok, text: str, block_size: int, note) -> list[int]:
+def text_ids(tok, text: str, block_size: int, note, where: str = "the text") -> list[int]:
     """The token ids of `text` to inspect: at least 2 (one to predict from, one to predict), at most the
-    last block_size, with a note saying what was kept."""
+    last block_size, with a note saying what was kept. `where`: the text's source in a refusal (a --text-file
+    names its path: an empty file, or a FIFO nobody writes, read as empty)."""
     ids = tok.encode(text)  # the char tokenizer raises UserError for characters it lacks
     if not ids:
-        raise UserError("the text is empty: there is nothing to inspect; pass --text TEXT or a non-empty --text-file")
+        raise UserError(f"{where} is empty: there is nothing to inspect; pass --text TEXT or a non-empty --text-file")
     if len(ids) < 2:
-        raise UserError("the text is a single token: the model predicts nothing from it; pass at least 2 tokens")
+        raise UserError(f"{where} is a single token: the model predicts nothing from it; pass at least 2 tokens")
     if len(ids) > block_size:
         kept = tok.decode(ids[-block_size:])
         note(f"the text is {len(ids)} tokens, longer than block_size ({block_size}): only its last {block_size} "
@@ -133,14 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_text(args: argparse.Namespace) -> str:
+def read_text(args: argparse.Namespace) -> tuple[str, str]:
+    """(the text, where it came from: --text or --text-file PATH, for a refusal of it)."""
     if args.text is not None:
         data, where = os.fsencode(args.text), "--text"  # argv's undecodable bytes come back as they were typed
     else:
         data = read_user_file(args.text_file, "--text-file", fix="check the path", limit=MAX_TEXT_BYTES)
         where = f"--text-file {args.text_file}"
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8"), where
     except UnicodeDecodeError as e:
         raise UserError(f"{where} is not valid UTF-8: byte 0x{data[e.start]:02x} at byte offset {e.start}; "
                         "re-encode it as UTF-8 (e.g. iconv -t UTF-8)") from None
@@ -179,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         check_output_not_input(out / name, inputs, "--out")
         check_target(out, name)
     check_replaceable(out, names, "--out")  # a user's attention.png there is refused; its own pictures replaced
-    text = read_text(args)
+    text, where = read_text(args)
     with no_empty_dirs_left(out):  # a refusal after it (a bad checkpoint, a layer past the model's) leaves no --out
         check_writable_dir(out, "--out")  # before the model is loaded and run: a bad --out costs nothing
-        draw(spec, text, out, names, args.layer, args.head)  # each picture recorded as it is written
+        draw(spec, text, out, names, args.layer, args.head, where)  # each picture recorded as it is written
         return 0
 
 
@@ -190,11 +192,11 @@ def check_target(out: Path, name: str) -> None:
     """The picture `name` can be written in --out, checked before the model runs and before any picture is
     written (found from outside: a surprisal.html that was a folder was refused after attention.png and
     surprisal.png had replaced the earlier ones, naming --out as if it were that file)."""
+    if not os.path.isdir(out):  # new, or no folder (a file, a link loop: not a picture's fault): check_writable_dir
+        return
     target = out / name
     try:
         kind = os.stat(target).st_mode  # through a link: what a write would reach
-    except NotADirectoryError:  # --out is a file, or lies under one: check_writable_dir names that
-        return
     except FileNotFoundError:  # a new name; or a link to nowhere, whose target is created if its folder is there
         if os.path.islink(target) and not Path(os.path.realpath(target)).parent.is_dir():
             raise UserError(f"--out {out}: {name} there is a link into a folder that does not exist; move it away "
@@ -210,8 +212,9 @@ def check_target(out: Path, name: str) -> None:
                         "away or choose another --out")
 
 
-def draw(spec: str, text: str, out: Path, names: list[str], layer: int | None, head: int | None) -> int:
-    """Load the model, run it on `text`, and write the pictures into `out` (checked)."""
+def draw(spec: str, text: str, out: Path, names: list[str], layer: int | None, head: int | None,
+         where: str = "the text") -> int:
+    """Load the model, run it on `text` (from `where`), and write the pictures into `out` (checked)."""
     def note(msg: str) -> None:
         to_stderr(f"eval.inspect: {msg}")
 
@@ -219,7 +222,7 @@ def draw(spec: str, text: str, out: Path, names: list[str], layer: int | None, h
     model, tok, desc = loaded.model, loaded.tok, loaded.description
     check_index(layer, "--layer", model.config.n_layer, "layer")
     check_index(head, "--head", model.config.n_head, "head")
-    ids = text_ids(tok, text, model.config.block_size, note)
+    ids = text_ids(tok, text, model.config.block_size, note, where)
     insp = inspect_tokens(model, tok, ids, description=desc)
     pictures = {names[0]: figure_png(attention_figure(insp)), names[1]: figure_png(surprisal_figure(insp)),
                 names[2]: surprisal_html(insp, f"Surprisal: {desc}").encode("utf-8")}

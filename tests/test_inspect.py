@@ -329,9 +329,10 @@ def bad_checkpoint(tmp_path: Path, what: str) -> Path:
     ("out_file", ["--text", TEXT], ["is a file, not a directory"]),
     ("out_under_file", ["--text", TEXT], ["lies under a file"]),
     ("out_proc", ["--text", TEXT], ["--out"]),
+    ("out_loop", ["--text", TEXT], ["--out=", "pics is a symlink to nothing (or a loop)"]),  # not "attention.png"
     ("text_missing", [], ["does not exist"]),
     ("text_dir", [], ["is a directory"]),
-    ("text_fifo", [], ["text is empty"]),  # no process writes into it: read as empty, never waited on
+    ("text_fifo", [], ["--text-file", "text.txt is empty"]),  # no process writes it: read as empty, never waited on
     ("text_latin1", [], ["not valid UTF-8", "byte 0xe9 at byte offset 1"]),
     ("ckpt_missing", ["--text", TEXT], ["does not exist"]),
     ("ckpt_fifo", ["--text", TEXT], ["is not a regular file"]),
@@ -348,6 +349,8 @@ def test_bad_inputs_are_one_line_errors_and_write_no_picture(setup, argv, words,
         out = tmp_path / "f" / "pics"
     elif setup == "out_proc":
         out = Path("/proc/inspect-pics")
+    elif setup == "out_loop":
+        out.symlink_to(out.name)
     elif setup.startswith("text_") if setup else False:
         path = tmp_path / "text.txt"
         if setup == "text_dir":
