@@ -1,6 +1,7 @@
 """The hostile tests' shared pieces: an entry point run in-process (one line, never a hang), every kind of
 path made at a name, a path's snapshot, and the world (a 1-rank FSDP run, a single-file checkpoint, a tiny
-GPT-2 one, a HellaSwag item, a prompt, a corpus) that tests/conftest.py's `world` fixture builds."""
+GPT-2 one, a HellaSwag item, a prompt, a corpus, held-out task rows) that tests/conftest.py's `world` fixture
+builds."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +21,7 @@ import torch
 from training.config.sections import load_config
 from training import loop
 from checkpoint import save_checkpoint
+from data.tasks import generate, write_jsonl
 from errors import run_cli
 from model import GPT, GPTConfig
 from multirank_runs import argv as tiny_train_argv
@@ -121,6 +123,7 @@ class World:
     hellaswag: Path
     prompt: Path
     corpus: Path
+    tasks: Path  # held-out rows of data/tasks.py (eval.chat_tasks --tasks)
 
 
 TRAIN_TINY = ("--model.dropout=0.0", "--model.n_layer=1", "--model.n_embd=16", "--model.block_size=16",
@@ -154,8 +157,9 @@ def build_world(data_root: Path):
     (root / "hs.jsonl").write_text(json.dumps(item) + "\n")
     (root / "prompt.txt").write_text("hear")
     (root / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    write_jsonl(root / "heldout.jsonl", generate(2, 4)[1])
     yield World(root, data_root, run, single / "ckpt.pt", gpt2, root / "hs.jsonl", root / "prompt.txt",
-                root / "corpus.txt")
+                root / "corpus.txt", root / "heldout.jsonl")
     shutil.rmtree(root, ignore_errors=True)
 
 

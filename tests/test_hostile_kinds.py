@@ -14,29 +14,36 @@ the defect this guards against replaced it with a regular file); elsewhere /dev/
 as no other user can replace it.
 
 The shared world of the hostile tests (a 1-rank FSDP run, a tiny GPT-2 tokenizer checkpoint, a HellaSwag
-item, a prompt, a corpus) and their helpers: tests/hostile_world.py.
+item, a prompt, a corpus, held-out task rows) and their helpers: tests/hostile_world.py.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import pytest
 
 from benchmarks import cli as bench_cli
+import eval.chat_tasks as chat_tasks
 import eval.hellaswag as hellaswag
-from inference import sample_cli
+import eval.inspect as inspect_cli
+from inference import chat_cli, sample_cli
+from server import cli as serve_cli
 from training import cli as train_cli
 from checkpoint import load_checkpoint
 from checkpoint.__main__ import main as checkpoint_main
 from checkpoint.export import main as export_main
 from data.prepare import main as prepare_main
+from data import tasks as tasks_cli
 from errors import UserError, short_error
 from fileio import atomic_write_bytes
 from training import plot
@@ -98,6 +105,27 @@ def _loads(path: Path) -> bool:
     return "model" in load_checkpoint(path, needed=("model",))
 
 
+def chat_main(argv: list[str]) -> int | None:
+    """chat.py with an empty stdin (piped, no terminal): a checkpoint that loads ends at once, with no message."""
+    with mock.patch.object(sys, "stdin", io.TextIOWrapper(io.BytesIO(b""))):
+        return chat_cli.main(argv)
+
+
+def serve_main(argv: list[str]) -> int | None:
+    """serve.py up to the point of serving: everything that reads --checkpoint is done before uvicorn's
+    Server.run, which a real server stays in until stopped; here it returns at once (the seam: the socket
+    bound, the engine started and stopped, nothing served)."""
+    with mock.patch.object(serve_cli.uvicorn.Server, "run", lambda self, sockets=None: None):
+        return serve_cli.main(argv)
+
+
+# --port 0: no port fought over; --threads 1: the test process keeps its one torch thread (tests/conftest.py)
+SERVE_FAST = ["--port", "0", "--threads", "1", "--device", "cpu", "--dtype", "float32"]
+CHAT_FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "2", "--seed", "1"]
+INSPECT_TEXT = ["--text", "hear me"]
+TASKS_FAST = ["--train", "2", "--heldout", "0", "--pretrain-lines", "0"]
+
+
 @dataclasses.dataclass
 class Option:
     main: Callable
@@ -151,8 +179,23 @@ OPTIONS: dict[str, Option] = {
         "--device", "cpu", "--budget-configs", p], name="cfg.yaml"),
     "bench.py --nanogpt-dir": Option(lambda a: bench_cli.parse_args(a) and 0, lambda p, w, t: [
         "--device", "cpu", "--only", "train", "--nanogpt-dir", p], name="nanogpt"),
+    "chat.py --checkpoint": Option(chat_main, lambda p, w, t: ["--checkpoint", p, *CHAT_FAST], name="ckpt.pt"),
+    "serve.py --checkpoint": Option(serve_main, lambda p, w, t: ["--checkpoint", p, *SERVE_FAST], name="ckpt.pt"),
+    "eval.chat_tasks --checkpoint": Option(chat_tasks.main, lambda p, w, t: ["--checkpoint", p, "--tasks", w.tasks],
+                                           name="ckpt.pt"),
+    "eval.chat_tasks --tasks": Option(chat_tasks.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--tasks", p],
+                                      name="heldout.jsonl"),
+    "eval.inspect --checkpoint": Option(inspect_cli.main, lambda p, w, t: ["--checkpoint", p, *INSPECT_TEXT, "--out",
+                                                                           t / "inspect"], name="ckpt.pt"),
+    "eval.inspect --text-file": Option(inspect_cli.main, lambda p, w, t: ["--checkpoint", w.ckpt, "--text-file", p,
+                                                                          "--out", t / "inspect"], name="snippet.txt"),
+    "eval.inspect --out": Option(inspect_cli.main, lambda p, w, t: ["--checkpoint", w.ckpt, *INSPECT_TEXT, "--out", p],
+                                 output=True, loads=lambda d: _png(d / "attention.png"), name="inspect"),
+    "data.tasks --out": Option(tasks_cli.main, lambda p, w, t: ["--out", p, *TASKS_FAST], output=True,
+                               loads=lambda d: all((d / f).is_file() for f in tasks_cli.FILES), name="tasks"),
 }
-DIR_OUTPUTS = ("export --out", "data.prepare --root", "train.py train.out_dir", "train.py data.root")
+DIR_OUTPUTS = ("export --out", "data.prepare --root", "train.py train.out_dir", "train.py data.root",
+               "eval.inspect --out", "data.tasks --out")
 # The choice per kind (fileio.output_target): a file output is written into a regular file (replaced
 # atomically), a symlink's target, a character device, a FIFO being read; refused for a FIFO nobody reads
 # (writing would hang), a socket, a symlink loop and a directory (training.plot puts curves.png inside
