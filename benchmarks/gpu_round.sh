@@ -5,8 +5,8 @@
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
 #   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
 # Measured 2026-11-28 on an H100 (benchmarks/results/h100-2026-11-28): nanogpt_char ours_char_graph startup small
-# small_eager small_profile loss, then auto_16gb auto_24gb, then loss_det. Next, one call (~400 s of walls):
-#   ONLY="ours_char_1000 char_profile loss_det ours_bpe ours_bpe_compiled float8" bash benchmarks/gpu_round.sh 540
+# small_eager small_profile loss, then auto_16gb auto_24gb, then loss_det. Next, one call (~500 s of walls; float8 last):
+#   ONLY="ours_char_1000 char_profile loss_det ours_bpe ours_bpe_compiled auto_16gb_chunked float8" bash benchmarks/gpu_round.sh 540
 # float8 needs torchao, which the GPU image lacks: carry its wheel (built against torch 2.11, the image's;
 # .whl/ is git-ignored, and the round installs what it holds):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -106,6 +106,10 @@ step ours_124m_16 110 $PY train.py --config gpt2_124m --data.dataset=shakespeare
   --train.log_interval=1 --train.warmup_iters=2 --train.eval_interval=1000 --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m16
 step auto_16gb 100 $PY -m benchmarks.auto_batch --memory-gb 16 --json "$L/auto-16gb.json"
 step auto_24gb 100 $PY -m benchmarks.auto_batch --memory-gb 24 --json "$L/auto-24gb.json"
+# 2026-11-28: auto chose 8 at 16 GB and 16 at 24 GB, half of what fits (the eager probe's full-logits loss holds fp32
+# copies the compiled step never makes): the same with the probe's loss in chunks, and whether its real steps fit
+step auto_16gb_chunked 100 $PY -m benchmarks.auto_batch --memory-gb 16 --probe-loss chunked --json "$L/auto-16gb-chunked.json"
+step auto_24gb_chunked 100 $PY -m benchmarks.auto_batch --memory-gb 24 --probe-loss chunked --json "$L/auto-24gb-chunked.json"
 step float8 170 $PY bench.py --device cuda --only train --vocabs 50304 --batch-sizes 16 --float8 tensorwise --warmup 3 --iters 15 --json "$L/float8.json"
 say "######## done after $(( $(date +%s) - T0 )) s"
 pack

@@ -290,3 +290,24 @@ def test_the_curves_of_a_folder_without_them_are_one_line(logs, words, tmp_path,
     code, _, err = cli([str(folder), str(out)], capsys, main=gpu_curves.main)
     an_error_line(code, err, *words)
     assert not (tmp_path / "curves.png").exists() and not list(tmp_path.rglob("*.png"))
+
+
+def test_the_auto_batch_probe_in_chunks_measures_a_chunked_loss_where_the_run_has_full_logits():
+    """`benchmarks.auto_batch --probe-loss chunked` (the next GPU round's question: on an H100 the eager probe's
+    full-logits loss peaked at 16.3 GiB where the compiled steps peaked at 9.2): the memory probe is handed a loss in
+    chunks where the run's is the full logits, a loss already in chunks as it is; and after the benchmark's chain
+    training.batch_size measures with its own function again (the option changes nothing train.py runs)."""
+    from runtime.loss_path import LMLoss
+    import training.batch_size
+
+    seen = []
+    probe = auto_batch.chunked_probe(lambda model, loss, device, dtype, *, block_size, vocab_size, extra:
+                                     seen.append(loss) or 7)
+    for loss in (LMLoss(), LMLoss(chunk_rows=256)):
+        assert probe(None, loss, torch.device("cpu"), torch.float32, block_size=8, vocab_size=50304, extra=0) == 7
+    assert seen[0].chunk_rows is not None and 0 < seen[0].chunk_rows and seen[1] == LMLoss(chunk_rows=256)
+    own = training.batch_size.measured_bytes
+    row = auto_batch.main(["--quick", "--device", "cpu", "--memory-gb", "1", "--probe-loss", "chunked", "--no-compile",
+                           "--steps", "1", "--warmup", "0"])
+    assert row["probe_loss"] == "chunked" and row["error"] is None and row["micro_batch"] >= 1
+    assert training.batch_size.measured_bytes is own
