@@ -5,10 +5,12 @@
 #   bash benchmarks/gpu_round.sh [budget_s]      # logs in $OUT (default /tmp/gpu_round), packed in gpu.tgz
 #   ONLY="char_profile ours_char_adamw loss" bash benchmarks/gpu_round.sh 540   # only the steps named
 # Measured 2026-11-28 on an H100 (benchmarks/results/h100-2026-11-28): nanogpt_char ours_char_graph startup small
-# small_eager small_profile loss, then auto_16gb auto_24gb, then loss_det. Next, one call (~500 s of walls; float8 last):
-#   ONLY="ours_char_1000 char_profile loss_det ours_bpe ours_bpe_compiled auto_16gb_chunked float8" bash benchmarks/gpu_round.sh 540
-# float8 needs torchao, which the GPU image lacks: carry its wheel (built against torch 2.11, the image's;
-# .whl/ is git-ignored, and the round installs what it holds):
+# small_eager small_profile loss, then auto_16gb auto_24gb float8 (no torchao there: one line), then loss_det.
+# Next, two calls (walls estimated from those logs: ~300 s before float8's 170 s cap, then ~330 s):
+#   ONLY="ours_char_1000 loss_det ours_bpe auto_16gb_chunked auto_24gb_chunked float8" bash benchmarks/gpu_round.sh 540
+#   ONLY="small_same small_same_eager char_profile ours_bpe_compiled" bash benchmarks/gpu_round.sh 540
+# float8 needs torchao, which the GPU image lacks: carry its wheel (torchao 0.17.0, the first for torch 2.11+ by
+# torchao's own table; .whl/ is git-ignored, and the round installs what it holds):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl torchao==0.17.0      # then carry [".anchors", ".whl"]
 # Steps run in order of importance; each has its own time cap, and a step that would not fit in what is
@@ -38,8 +40,10 @@ step() {
   local left=$(( BUDGET - ($(date +%s) - T0) ))
   if [ "$left" -lt "$cap" ]; then say "== $name: skipped (cap ${cap}s, ${left}s left)"; return; fi
   local s=$(date +%s%N)
-  ( timeout -k 5 "$cap" "$@" 2>&1 | stamp ) > "$L/$name.log"
-  say "== $name: rc=${PIPESTATUS[0]} wall=$(( ($(date +%s%N) - s) / 1000000 )) ms: $*"
+  # the command's own status (124: cut at its cap), not stamp's: before 2026-11-28 every step read rc=0
+  ( timeout -k 5 "$cap" "$@" 2>&1 | stamp; exit "${PIPESTATUS[0]}" ) > "$L/$name.log"
+  local rc=$?
+  say "== $name: rc=$rc wall=$(( ($(date +%s%N) - s) / 1000000 )) ms: $*"
   pack
 }
 cd "$R"
@@ -66,7 +70,7 @@ step ours_124m 130 $PY train.py --config gpt2_124m --data.dataset=shakespeare --
 # 5. characters: nanoGPT's train_shakespeare_char ("baby GPT"), then ours shakespeare_char_gpu.yaml
 step nanogpt_char 110 bash -c "cd $A/nanogpt && $PY train.py config/train_shakespeare_char.py --max_iters=2500 \
   --lr_decay_iters=2500 --wandb_log=False --always_save_checkpoint=False --out_dir=/tmp/gr_ngc"
-step ours_char 100 $PY train.py --config shakespeare_char_gpu --train.compile=true --train.out_dir=/tmp/gr_char
+step ours_char 140 $PY train.py --config shakespeare_char_gpu --train.compile=true --train.out_dir=/tmp/gr_char
 # (2026-11-27: compile and start-up took 49 s of the 83 s to val 1.47.) Without compile the step is replayed as
 # one CUDA graph (training/graphs/step.py: no compile, a capture of ~1 s): the same run to val 1.47 that way
 # (2026-11-28: val 1.4680 at step 750, 33.5 s; nanoGPT's best 1.4727 at 96.4 s; shipped since)
@@ -89,6 +93,12 @@ step ours_char_adamw 100 $PY train.py --config shakespeare_char_gpu --train.opti
 step small 80 $PY train.py --config small.yaml --train.out_dir=/tmp/gr_small
 step small_eager 80 $PY train.py --config small.yaml --train.cuda_graph=false --train.out_dir=/tmp/gr_small_eager
 step small_profile 100 $PY -m benchmarks.gpu_step_profile
+# the graphed and the eager run of small.yaml parted by iter 10 (10.6636 against 10.6665, 2026-11-28) while the
+# profile's 24 steps agree bit for bit: the same pair without the time budget's timed steps and without dropout
+step small_same 60 $PY train.py --config small.yaml --train.time_budget=0 --model.dropout=0 --train.log_interval=1 \
+  --train.max_iters=300 --train.out_dir=/tmp/gr_small_same
+step small_same_eager 60 $PY train.py --config small.yaml --train.time_budget=0 --model.dropout=0 --train.log_interval=1 \
+  --train.max_iters=300 --train.cuda_graph=false --train.out_dir=/tmp/gr_small_same_eager
 step sample 30 $PY sample.py --checkpoint /tmp/gr_small --seed 1 --max-new-tokens 200
 # 7. the same-loss check, 200 steps under nanoGPT's schedule, beside three re-runs of the baseline (its own
 #    spread) and the first step where each run parts from the baseline bit for bit; then all of it under
@@ -99,15 +109,15 @@ step loss_det 230 $PY bench.py --device cuda --only loss --loss-steps 200 --loss
   --json "$L/loss-det.json"
 # 8. GPT-2 BPE on tiny shakespeare: ours shakespeare_gpu.yaml as shipped (its step a CUDA graph), then compiled
 step ours_bpe 80 $PY train.py --config shakespeare_gpu --train.out_dir=/tmp/gr_bpe
-step ours_bpe_compiled 90 $PY train.py --config shakespeare_gpu --train.compile=true --train.out_dir=/tmp/gr_bpe_c
+step ours_bpe_compiled 130 $PY train.py --config shakespeare_gpu --train.compile=true --train.out_dir=/tmp/gr_bpe_c
 # 9. levers one at a time: ours at nanoGPT's fixed micro-batch (16 x 32), then batch auto on 16 and 24 GB cards
 step ours_124m_16 110 $PY train.py --config gpt2_124m --data.dataset=shakespeare --data.val_fraction=0.1 --data.num_proc=0 \
   --train.batch_size=16 --train.grad_accum_steps=32 --train.global_batch_size=0 --train.max_iters=4 --train.eval_iters=1 \
   --train.log_interval=1 --train.warmup_iters=2 --train.eval_interval=1000 --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m16
 step auto_16gb 100 $PY -m benchmarks.auto_batch --memory-gb 16 --json "$L/auto-16gb.json"
 step auto_24gb 100 $PY -m benchmarks.auto_batch --memory-gb 24 --json "$L/auto-24gb.json"
-# 2026-11-28: auto chose 8 at 16 GB and 16 at 24 GB, half of what fits (the eager probe's full-logits loss holds fp32
-# copies the compiled step never makes): the same with the probe's loss in chunks, and whether its real steps fit
+# 2026-11-28: auto chose 8 at 16 GB where 16 fits (its probe, eager with the full-logits loss, peaked at 16.3 GiB at
+# 16 x 1024, the compiled steps at 9.2): the same with the probe's loss in chunks, and whether its real steps fit
 step auto_16gb_chunked 100 $PY -m benchmarks.auto_batch --memory-gb 16 --probe-loss chunked --json "$L/auto-16gb-chunked.json"
 step auto_24gb_chunked 100 $PY -m benchmarks.auto_batch --memory-gb 24 --probe-loss chunked --json "$L/auto-24gb-chunked.json"
 step float8 170 $PY bench.py --device cuda --only train --vocabs 50304 --batch-sizes 16 --float8 tensorwise --warmup 3 --iters 15 --json "$L/float8.json"
