@@ -8,7 +8,8 @@ field and the fix, and no validation library's wording or traceback reaches the 
 What is accepted, where OpenAI's API has more:
 - n: 1 only (a request for several choices is refused: send that many requests; they batch together);
 - stop: a string or up to 4 strings (the reply is cut before the first one);
-- logprobs, tools, non-zero frequency/presence penalties: refused by name;
+- logprobs, tools, non-zero frequency/presence penalties, and a response_format, tool_choice, modalities or
+  audio that asks for another kind of reply than text: refused by name;
 - other fields (user, metadata, ...) are ignored, as OpenAI-compatible servers commonly do;
 - model: optional; when given it must be the served model's id (404 model_not_found otherwise);
 - message content: a string, or a list of {"type": "text", "text": ...} parts (joined);
@@ -29,9 +30,12 @@ MAX_STOP = 4
 # is greedy already; a top_p under 1e-6 keeps the top token only, as 1e-6 does (under 1.2e-38 it would keep
 # nothing). So both are moved to the value that gives the same tokens.
 MIN_TEMPERATURE, MIN_TOP_P = 1e-4, 1e-6
-# fields this server does not implement, and the values that ask for nothing (accepted)
+# fields this server does not implement, and the values that ask for nothing (accepted). A field that asks
+# for another kind of reply (JSON mode, a tool call, audio) is refused too: ignored, it was a 200 with free text
 UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None,), "tools": (None, []), "functions": (None, []),
-               "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1), "logit_bias": (None, {})}
+               "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1), "logit_bias": (None, {}),
+               "response_format": (None, {"type": "text"}), "tool_choice": (None, "none", "auto"),
+               "function_call": (None, "none", "auto"), "modalities": (None, ["text"]), "audio": (None,)}
 
 
 class ApiError(Exception):

@@ -331,7 +331,9 @@ def test_class_an_unsupported_field_passes_only_with_a_value_that_asks_for_nothi
     # what asks for nothing, as JSON writes it (the request's own text): 0 is not false, 1.0 not 1, true not 1
     nothing = {"logprobs": {"null", "false"}, "top_logprobs": {"null"}, "tools": {"null", "[]"},
                "functions": {"null", "[]"}, "echo": {"null", "false"}, "suffix": {"null", '""'},
-               "best_of": {"null", "1"}, "logit_bias": {"null", "{}"}}[name]
+               "best_of": {"null", "1"}, "logit_bias": {"null", "{}"}, "response_format": {"null", '{"type": "text"}'},
+               "tool_choice": {"null", '"none"', '"auto"'}, "function_call": {"null", '"none"', '"auto"'},
+               "modalities": {"null", '["text"]'}, "audio": {"null"}}[name]
     harmless = json.dumps(value) in nothing
     try:
         check_params({name: value}, Limits())

@@ -1,0 +1,61 @@
+"""Requests found from outside (`python serve.py` on loopback, real HTTP) that asked for something the server
+does not do and got a 200 anyway: each class is replayed through a real server (tests/serving.py) on both
+endpoints, as a property over the class."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serving import Server, make_chat_checkpoint
+
+ROUTES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]}, "/v1/completions": {"prompt": "hi"}}
+ERROR_KEYS = {"message", "type", "param", "code"}
+# what asks for another kind of reply than text: JSON mode, a tool or function call, audio
+ASKS = {
+    "response_format": st.sampled_from([{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x"}},
+                                        {"type": "text", "x": 1}, {"type": "TEXT"}, "json", []]),
+    "tool_choice": st.sampled_from(["required", {"type": "function", "function": {"name": "f"}}, "any", [], 0]),
+    "function_call": st.sampled_from([{"name": "f"}, "required", "f", []]),
+    "modalities": st.sampled_from([["text", "audio"], ["audio"], [], "text", ["TEXT"]]),
+    "audio": st.sampled_from([{"voice": "alloy", "format": "wav"}, {}, [], "alloy", False]),
+}
+NOTHING = {"response_format": [None, {"type": "text"}], "tool_choice": [None, "none", "auto"],
+           "function_call": [None, "none", "auto"], "modalities": [None, ["text"]], "audio": [None]}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = tmp_path_factory.mktemp("chat") / "ckpt.pt"
+    make_chat_checkpoint(path, block_size=32)
+    s = Server(path, "--max-tokens", "2")
+    yield s
+    s.stop()
+    assert "Traceback" not in s.log(), s.log()
+
+
+def post(server: Server, route: str, **fields) -> httpx.Response:
+    return server.http.post(server.url + route, content=json.dumps({**ROUTES[route], **fields}))
+
+
+@settings(max_examples=15)
+@given(route=st.sampled_from(sorted(ROUTES)), data=st.data(), name=st.sampled_from(sorted(ASKS)))
+def test_class_a_field_asking_for_another_kind_of_reply_is_refused_by_name(server, route, data, name):
+    """response_format json_object (JSON mode), tool_choice "required", modalities ["audio"] were ignored: a 200
+    with free text, where the client asked for JSON, a tool call or audio. Refused by name, as logprobs is."""
+    value = data.draw(ASKS[name])
+    r = post(server, route, **{name: value})
+    assert r.status_code == 400, (name, value, r.status_code, r.text)
+    err = r.json()["error"]
+    assert set(err) == ERROR_KEYS and err["param"] == name and err["code"] == "unsupported_parameter", err
+    assert name in err["message"] and "leave it out" in err["message"], err
+
+
+@settings(max_examples=8)
+@given(route=st.sampled_from(sorted(ROUTES)), data=st.data(), name=st.sampled_from(sorted(NOTHING)))
+def test_class_the_same_fields_asking_for_text_only_are_served(server, route, data, name):
+    r = post(server, route, max_tokens=2, **{name: data.draw(st.sampled_from(NOTHING[name]))})
+    assert r.status_code == 200, r.text
