@@ -79,9 +79,12 @@ def main(argv: list[str] | None = None) -> int:
                         "with that run's out_dir")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     ready = setup_decoding(loaded.model, device, args.dtype, say=note)
-    session = ChatSession(ready.model, tok, template, system=args.system, max_new_tokens=args.max_new_tokens,
-                          sampling=Sampling(temperature, args.top_k, args.top_p if args.top_p < 1 else None),
-                          decode_fn=ready.decode_fn, seed=seed, notice=note)
+    try:  # the session's only refusal is the system message's (characters the vocabulary lacks, too long)
+        session = ChatSession(ready.model, tok, template, system=args.system, max_new_tokens=args.max_new_tokens,
+                              sampling=Sampling(temperature, args.top_k, args.top_p if args.top_p < 1 else None),
+                              decode_fn=ready.decode_fn, seed=seed, notice=note)
+    except UserError as e:  # named: with messages piped in, an unnamed line read as a message's
+        raise UserError(f"--system: {e}") from None
     note(f"{loaded.description}, {tok.name} tokenizer, context {loaded.model.config.block_size} tokens; {device}, "
          f"{dtype_name(ready.dtype)}; temperature {temperature:g}; seed {seed}")
     return converse(session, interactive)
