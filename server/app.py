@@ -47,7 +47,8 @@ class Served:
     created: int
 
 
-def create_app(served: Served) -> FastAPI:
+def create_app(served: Served, hosts: frozenset[str] | None = None) -> FastAPI:
+    """`hosts`: the names a request's Host header may give (serve.py on loopback: loopback_names()); None: any."""
     # redirect_slashes off: Starlette's 307 for "/health/" built its Location from the client's Host header
     # (an open redirect); a trailing slash is a 404 naming the route without it instead
     app = FastAPI(title="smallgpt", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
@@ -137,7 +138,21 @@ def create_app(served: Served) -> FastAPI:
         return await respond(request, served, prompt, params, frozenset({tok.eot}), tok.vocab_size, tok.decode,
                              chat=False)
 
-    return Guard(app)
+    return Guard(app, hosts)
+
+
+def loopback_names() -> frozenset[str]:
+    """What a client on this machine calls a loopback server: a page of another site that a DNS name rebound
+    to 127.0.0.1 lets reach the server sends that site's name instead, and is refused (Guard)."""
+    return frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def host_name(value: bytes) -> str:
+    """A Host header's name, lower-case, without its port or an IPv6 address's brackets."""
+    text = value.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1:text.find("]")] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
 def _model_card(served: Served) -> dict:
@@ -333,8 +348,8 @@ class Guard:
     request, h11 drained the whole declared body (found from outside: after a 413 for Content-Length 2**40
     the server read on ~100 GiB in 25 s, and never closed the connection)."""
 
-    def __init__(self, app: FastAPI):
-        self.app = app
+    def __init__(self, app: FastAPI, hosts: frozenset[str] | None = None):
+        self.app, self.hosts = app, hosts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -363,7 +378,7 @@ class Guard:
             await send(message)
 
         try:
-            await self.app(scope, reading, tracked)
+            await (self.app if self._host_ok(scope) else self._wrong_host)(scope, reading, tracked)
         except Exception as e:  # noqa: BLE001 - the last line of defence; the server stays up
             to_stderr(f"error: {scope.get('method')} {scope.get('path', '')[:100]} failed ({short_error(e)})")
             if not started:
@@ -371,6 +386,23 @@ class Guard:
                 await tracked({"type": "http.response.start", "status": 500,
                                "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": body})
+
+
+    def _host_ok(self, scope) -> bool:
+        if self.hosts is None:
+            return True
+        given = [v for k, v in scope.get("headers", []) if k == b"host"]
+        return not given or (len(given) == 1 and host_name(given[0]) in self.hosts)  # HTTP/1.0 may send none
+
+    async def _wrong_host(self, scope, receive, send):
+        given = b", ".join(v for k, v in scope.get("headers", []) if k == b"host").decode("latin-1")
+        port = (scope.get("server") or (None, ""))[1]
+        body = json.dumps(error_body(
+            f"Host {given[:100]!r} is not this server's name: it listens on loopback only, as "
+            f"http://127.0.0.1:{port} or http://localhost:{port} (a page of another site must not reach it); to "
+            "serve other names, start serve.py with --host", code="host_not_allowed")).encode()
+        await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def internal_error(e: Exception) -> dict:

@@ -10,6 +10,7 @@ the user makes by name (--host 0.0.0.0).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 import time
@@ -25,7 +26,7 @@ from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name
 
-from .app import Served, create_app
+from .app import Served, create_app, loopback_names
 from .engine import Engine
 from .schema import Limits
 
@@ -103,13 +104,16 @@ def main(argv=None) -> int:
                     read_timeout_s=args.read_timeout)
     engine = Engine(ready.model, slots=args.slots, queue_size=args.queue)
     name = args.model_name or model_id(spec)
-    app = create_app(Served(engine, tok, template, name, limits, int(time.time())))
     sock = listen(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    # on loopback only loopback names are served (DNS rebinding: a page of another site renamed to 127.0.0.1);
+    # a server the user exposed with --host answers whatever name reaches it
+    app = create_app(Served(engine, tok, template, name, limits, int(time.time())),
+                     hosts=loopback_names() | {host} if ipaddress.ip_address(host).is_loopback else None)
     # a stop (SIGTERM, Ctrl-C) lets the requests in flight finish within --shutdown-timeout: unbounded, a client
     # that stopped reading a long stream kept its reply unsent, and the server alive, for as long as it held on
     config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=args.max_connections,
                             timeout_keep_alive=5, lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout)
-    host, port = sock.getsockname()[:2]
     to_stderr(f"{loaded.description}: {'chat' if template else 'plain completion (no chat template)'}, "
               f"{tok.name} tokenizer, {device} {dtype_name(ready.dtype)}, {torch.get_num_threads()} thread(s), "
               f"{args.slots} slots; serving {name!r} on http://{host if ':' not in host else f'[{host}]'}:{port}")

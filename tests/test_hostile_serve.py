@@ -252,7 +252,7 @@ def _refused_upload(port: int, path: str, declared: int, send: int) -> tuple[byt
     import time
 
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {declared}\r\n\r\n".encode())
         try:
             for _ in range(send // 2**16):
@@ -292,7 +292,7 @@ def test_a_response_before_the_body_is_read_ends_the_connection(tmp_path):
         import socket
 
         with socket.create_connection(("127.0.0.1", server.port)) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n"
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10000000\r\n"
                       b"Expect: 100-continue\r\n\r\n")
             s.settimeout(3)
             first = s.recv(64)

@@ -59,3 +59,34 @@ def test_class_a_field_asking_for_another_kind_of_reply_is_refused_by_name(serve
 def test_class_the_same_fields_asking_for_text_only_are_served(server, route, data, name):
     r = post(server, route, max_tokens=2, **{name: data.draw(st.sampled_from(NOTHING[name]))})
     assert r.status_code == 200, r.text
+
+
+LOOPBACK = ["127.0.0.1", "localhost", "LocalHost", "[::1]"]
+# a name no client on this machine gives a loopback server: what a page of another site sends after its DNS name
+# was rebound to 127.0.0.1 (the browser keeps the site's name in Host)
+FOREIGN = st.from_regex(r"\A[a-z0-9][a-z0-9.-]{0,30}(:[0-9]{1,5})?\Z").filter(
+    lambda h: h.split(":")[0] not in {"127.0.0.1", "localhost"})
+
+
+@settings(max_examples=15)
+@given(host=FOREIGN, path=st.sampled_from(["/", "/health", "/v1/models"]))
+def test_class_a_loopback_server_refuses_a_host_that_is_not_its_name(server, host, path):
+    """serve.py on loopback answered any Host header: a page of another site whose name was rebound to 127.0.0.1
+    (DNS rebinding) could load the page, read /v1/models and POST to the API. On loopback only loopback names are
+    served; the refusal is OpenAI's error shape, naming the Host and the address to use."""
+    r = server.http.get(server.url + path, headers={"Host": host})
+    assert r.status_code == 403, (host, path, r.status_code, r.text)
+    err = r.json()["error"]
+    assert set(err) == ERROR_KEYS and err["code"] == "host_not_allowed" and host in err["message"], err
+    assert "http://127.0.0.1:" in err["message"] and "--host" in err["message"], err
+    r = server.http.post(server.url + "/v1/completions", headers={"Host": host},
+                         content=json.dumps(ROUTES["/v1/completions"]))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", r.text
+
+
+@pytest.mark.parametrize("name", LOOPBACK)
+def test_loopback_names_with_or_without_the_port_are_served(server, name):
+    port = server.url.rsplit(":", 1)[1]
+    for host in (name, f"{name}:{port}"):
+        r = server.http.get(server.url + "/health", headers={"Host": host})
+        assert r.status_code == 200 and r.json()["status"] == "ok", (host, r.text)

@@ -221,7 +221,7 @@ def raw(port: int, data: bytes, *, read: bool = True, timeout: float = 10.0) -> 
 
 def request_bytes(path: str, body: bytes, declared: int | None = None) -> bytes:
     n = len(body) if declared is None else declared
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n"
             "Connection: close\r\n\r\n").encode() + body
 
 
@@ -396,7 +396,7 @@ def test_a_stop_ends_within_the_shutdown_timeout_when_a_client_stopped_reading(t
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30000, "temperature": 0.0,
                            "stream": True}).encode()
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # and never read: the reply stalls
         deadline = time.monotonic() + 30
         while not server.health()["active"] and time.monotonic() < deadline:  # the reply under way: its 30,000
