@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from errors import UserError, point_at_devnull, short_error, to_stderr, utf8_text
+from errors import UserError, clipped, point_at_devnull, short_error, to_stderr, utf8_text
 from inference.chat_session import ChatSession
 from runtime.sampling import check_temperature
 
@@ -63,6 +63,8 @@ def run_command(session: ChatSession, line: str) -> str:
     """Do the command on `line` ('/name arg'); what to tell the user. Quit for /quit; UserError for a bad one."""
     # any whitespace after the name ("/clear\t" too), none before it ("/ clear" is no command)
     name, arg = (([] if line[1:2].isspace() else line[1:].split(maxsplit=1)) + ["", ""])[:2]
+    if name in ("quit", "clear") and arg.strip():  # "/clear all", "/quit now": ignored, it was done as if alone
+        raise UserError(f"/{name} takes nothing after it, got {clipped(arg.strip())}; type /{name} alone")
     if name == "quit":
         raise Quit
     if name == "clear":

@@ -43,3 +43,22 @@ def test_class_a_system_message_the_model_cannot_take_is_named_as_system(chat_ck
     line = one_error_line(code, "\n".join(ln for ln in err.splitlines() if ln not in notes))
     assert line.startswith("error: --system: "), line
     assert out == "", out
+
+
+# what may follow a command's name on its line: anything but a line end, not whitespace alone
+ARGUMENT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\n\r\x0b\x0c\x1c\x1d"
+                                 "\x1e\x85\u2028\u2029"), min_size=1, max_size=20).filter(lambda a: a.strip())
+
+
+@settings(max_examples=10)
+@given(name=st.sampled_from(["clear", "quit"]), arg=ARGUMENT)
+def test_class_a_command_that_takes_nothing_refuses_what_follows_it(chat_ckpt, capsys, monkeypatch, name, arg):
+    """'/clear all' and '/quit now' were done as if alone, the words after them dropped unsaid. One line naming
+    the command; the chat goes on (the next message is answered, and a plain /quit still quits)."""
+    stdin = f"/{name} {arg}\nhi\n/quit\n".encode("utf-8", "surrogatepass")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code, out, err = cli(["--checkpoint", str(chat_ckpt), "--device", "cpu", "--dtype", "float32",
+                          "--max-new-tokens", "2"], capsys, main=chat_cli.main)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 0 and len(errors) == 1 and f"line 1 of stdin: /{name} takes nothing after it" in errors[0], err
+    assert out.count("\n") == 1, out  # the reply to "hi" (a command writes no line): the chat went on
