@@ -22,12 +22,15 @@ OUT=${OUT:-/tmp/gpu_round}; L=$OUT/logs; mkdir -p "$L"
 export TIKTOKEN_CACHE_DIR=$A/tiktoken_cache SMALLGPT_SHAKESPEARE=$A/data/tinyshakespeare/input.txt
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SMALLGPT_CACHE_DIR=/tmp/smallgpt-cache
 PY=${PY:-python3}
-if compgen -G "$R/.whl/*.whl" > /dev/null; then  # carried wheels (torchao for float8): installed beside the image's
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$R"/.whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
 S=$OUT/summary.txt
 say() { echo "$*" | tee -a "$S"; }
+if compgen -G "$R/.whl/*.whl" > /dev/null; then  # carried wheels (torchao for float8): installed beside the image's
+  if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$R"/.whl/*.whl; then
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; say "== wheels: $(cd "$R/.whl" && echo *.whl)"
+  else
+    say "== wheels: pip install failed (the steps that need them will say so)"
+  fi
+fi
 pack() { (cd "$OUT" && tar czf gpu.tgz logs 2>/dev/null); }
 stamp() { $PY -u -c 'import sys, time
 t = time.time()

@@ -175,7 +175,7 @@ def measure(args: argparse.Namespace, argv=None) -> int:
             except RuntimeError as e:
                 if not (args.loss_deterministic and no_deterministic_algorithm(e)):
                     raise
-                raise UserError(f"--loss-deterministic: {str(e).splitlines()[0]} (run the check without "
+                raise UserError(f"--loss-deterministic: {short_error(e)} (run the check without "
                                 f"--loss-deterministic)") from None
             finally:
                 torch.use_deterministic_algorithms(was, warn_only=was_warn)

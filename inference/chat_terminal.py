@@ -63,10 +63,10 @@ def run_command(session: ChatSession, line: str) -> str:
     """Do the command on `line` ('/name arg'); what to tell the user. Quit for /quit; UserError for a bad one."""
     # any whitespace after the name ("/clear\t" too), none before it ("/ clear" is no command)
     name, arg = (([] if line[1:2].isspace() else line[1:].split(maxsplit=1)) + ["", ""])[:2]
-    if name in ("quit", "clear") and arg.strip():  # "/clear all", "/quit now": ignored, it was done as if alone
-        raise UserError(f"/{name} takes nothing after it, got {clipped(arg.strip())}; type /{name} alone")
-    if name == "quit":
+    if name == "quit":  # "/quit now" too: whatever follows, the user asked to stop
         raise Quit
+    if name == "clear" and arg.strip():  # "/clear all": it was done as if alone, the words dropped unsaid
+        raise UserError(f"/clear takes nothing after it, got {clipped(arg.strip())}; type /clear alone")
     if name == "clear":
         session.clear()
         return "the conversation is cleared" + (" (the system message stays)" if session.messages else "")

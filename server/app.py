@@ -27,6 +27,7 @@ from errors import UserError, short_error, to_stderr
 from fileio import json_loads
 
 from .engine import Engine, QueueFull, Request, Sampling
+from .hosts import host_of
 from .schema import ApiError, Limits, Params, check_messages, check_model, check_params, check_prompt, error_body
 from .text import StopText
 
@@ -48,7 +49,7 @@ class Served:
 
 
 def create_app(served: Served, hosts: frozenset[str] | None = None) -> FastAPI:
-    """`hosts`: the names a request's Host header may give (serve.py on loopback: loopback_names()); None: any."""
+    """`hosts`: the names a request's Host header may give (server/hosts.py's allowed_hosts); None: any."""
     # redirect_slashes off: Starlette's 307 for "/health/" built its Location from the client's Host header
     # (an open redirect); a trailing slash is a 404 naming the route without it instead
     app = FastAPI(title="smallgpt", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
@@ -139,20 +140,6 @@ def create_app(served: Served, hosts: frozenset[str] | None = None) -> FastAPI:
                              chat=False)
 
     return Guard(app, hosts)
-
-
-def loopback_names() -> frozenset[str]:
-    """What a client on this machine calls a loopback server: a page of another site that a DNS name rebound
-    to 127.0.0.1 lets reach the server sends that site's name instead, and is refused (Guard)."""
-    return frozenset({"127.0.0.1", "localhost", "::1"})
-
-
-def host_name(value: bytes) -> str:
-    """A Host header's name, lower-case, without its port or an IPv6 address's brackets."""
-    text = value.decode("latin-1").strip().lower()
-    if text.startswith("["):
-        return text[1:text.find("]")] if "]" in text else text
-    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
 def _model_card(served: Served) -> dict:
@@ -392,16 +379,18 @@ class Guard:
         if self.hosts is None:
             return True
         given = [v for k, v in scope.get("headers", []) if k == b"host"]
-        return not given or (len(given) == 1 and host_name(given[0]) in self.hosts)  # HTTP/1.0 may send none
+        return not given or (len(given) == 1 and host_of(given[0]) in self.hosts)  # HTTP/1.0 may send none
 
     async def _wrong_host(self, scope, receive, send):
         given = b", ".join(v for k, v in scope.get("headers", []) if k == b"host").decode("latin-1")
-        port = (scope.get("server") or (None, ""))[1]
+        address, port = scope.get("server") or ("127.0.0.1", "")
+        url = f"http://{f'[{address}]' if ':' in address else address}:{port}"
         body = json.dumps(error_body(
-            f"Host {given[:100]!r} is not this server's name: it listens on loopback only, as "
-            f"http://127.0.0.1:{port} or http://localhost:{port} (a page of another site must not reach it); to "
-            "serve other names, start serve.py with --host", code="host_not_allowed")).encode()
-        await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"application/json")]})
+            f"Host {given[:100]!r} is not this server's name: it listens on loopback only, as {url} (a page of "
+            "another site must not reach it); for a reverse proxy on this machine that passes its own name, start "
+            "serve.py with --allow-host NAME", code="host_not_allowed")).encode()
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -10,7 +10,6 @@ the user makes by name (--host 0.0.0.0).
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import socket
 import time
@@ -20,14 +19,15 @@ import torch
 import uvicorn
 
 from checkpoint import default_checkpoint, load_for_inference
-from errors import ArgumentParser, UserError, short_error, to_stderr, utf8_arg
+from errors import ArgumentParser, UserError, clipped, short_error, to_stderr, utf8_arg
 from fileio import path_arg
 from runtime.decoding import setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name
 
-from .app import Served, create_app, loopback_names
+from .app import Served, create_app
 from .engine import Engine
+from .hosts import allowed_hosts
 from .schema import Limits
 
 MAX_SLOTS, MAX_QUEUE = 1024, 100_000
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, type=path_arg, help="ckpt.pt, a training out_dir, an HF GPT-2 directory or hub name "
                    "(default: the run under out/ trained last)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="on loopback, also answer "
+                   "requests whose Host is NAME (a reverse proxy on this machine that passes its own name); repeatable")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help="as sample.py's --dtype")
@@ -74,6 +76,10 @@ def check_args(args) -> None:
         args.model_name = utf8_arg(args.model_name, "--model-name")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    for name in args.allow_host:  # a Host header's name: no port, path, user or space in it
+        if not name.strip() or any(c in name for c in " /@\t\n\r\\") or not name.isascii():
+            raise UserError(f"--allow-host takes a host name as a Host header gives it (e.g. chat.example.org), got "
+                            f"{clipped(name)}")
 
 
 def default_threads() -> int:
@@ -106,10 +112,9 @@ def main(argv=None) -> int:
     name = args.model_name or model_id(spec)
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
-    # on loopback only loopback names are served (DNS rebinding: a page of another site renamed to 127.0.0.1);
-    # a server the user exposed with --host answers whatever name reaches it
+    # on loopback only this machine's names for it are served (DNS rebinding: server/hosts.py)
     app = create_app(Served(engine, tok, template, name, limits, int(time.time())),
-                     hosts=loopback_names() | {host} if ipaddress.ip_address(host).is_loopback else None)
+                     hosts=allowed_hosts(host, args.host, args.allow_host))
     # a stop (SIGTERM, Ctrl-C) lets the requests in flight finish within --shutdown-timeout: unbounded, a client
     # that stopped reading a long stream kept its reply unsent, and the server alive, for as long as it held on
     config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=args.max_connections,

@@ -292,7 +292,7 @@ def test_the_curves_of_a_folder_without_them_are_one_line(logs, words, tmp_path,
     assert not (tmp_path / "curves.png").exists() and not list(tmp_path.rglob("*.png"))
 
 
-def test_the_auto_batch_probe_in_chunks_measures_a_chunked_loss_where_the_run_has_full_logits():
+def test_the_auto_batch_probe_in_chunks_measures_a_chunked_loss_where_the_run_has_full_logits(monkeypatch):
     """`benchmarks.auto_batch --probe-loss chunked` (the next GPU round's question: on an H100 the eager probe's
     full-logits loss peaked at 16.3 GiB where the compiled steps peaked at 9.2): the memory probe is handed a loss in
     chunks where the run's is the full logits, a loss already in chunks as it is; and after the benchmark's chain
@@ -306,8 +306,15 @@ def test_the_auto_batch_probe_in_chunks_measures_a_chunked_loss_where_the_run_ha
     for loss in (LMLoss(), LMLoss(chunk_rows=256)):
         assert probe(None, loss, torch.device("cpu"), torch.float32, block_size=8, vocab_size=50304, extra=0) == 7
     assert seen[0].chunk_rows is not None and 0 < seen[0].chunk_rows and seen[1] == LMLoss(chunk_rows=256)
-    own = training.batch_size.measured_bytes
+    own, during = training.batch_size.measured_bytes, []
+    chain = auto_batch.build_trainer
+
+    def spied(*a, **k):  # the measure measure_batch looks up while the chain runs (a CUDA run's; a CPU estimates)
+        during.append(training.batch_size.measured_bytes)
+        return chain(*a, **k)
+    monkeypatch.setattr(auto_batch, "build_trainer", spied)
     row = auto_batch.main(["--quick", "--device", "cpu", "--memory-gb", "1", "--probe-loss", "chunked", "--no-compile",
                            "--steps", "1", "--warmup", "0"])
     assert row["probe_loss"] == "chunked" and row["error"] is None and row["micro_batch"] >= 1
+    assert len(during) == 1 and during[0] is not own and during[0].__qualname__.startswith("chunked_probe")
     assert training.batch_size.measured_bytes is own

@@ -51,14 +51,14 @@ ARGUMENT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclu
 
 
 @settings(max_examples=10)
-@given(name=st.sampled_from(["clear", "quit"]), arg=ARGUMENT)
-def test_class_a_command_that_takes_nothing_refuses_what_follows_it(chat_ckpt, capsys, monkeypatch, name, arg):
-    """'/clear all' and '/quit now' were done as if alone, the words after them dropped unsaid. One line naming
-    the command; the chat goes on (the next message is answered, and a plain /quit still quits)."""
-    stdin = f"/{name} {arg}\nhi\n/quit\n".encode("utf-8", "surrogatepass")
+@given(arg=ARGUMENT)
+def test_class_clear_refuses_what_follows_it_and_quit_quits_whatever_follows(chat_ckpt, capsys, monkeypatch, arg):
+    """'/clear all' was done as if alone, the words after it dropped unsaid: one line naming /clear, and the chat goes
+    on (the next message is answered). '/quit now' quits: whatever follows, the user asked to stop."""
+    stdin = f"/clear {arg}\nhi\n/quit {arg}\nhi\n".encode("utf-8", "surrogatepass")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
     code, out, err = cli(["--checkpoint", str(chat_ckpt), "--device", "cpu", "--dtype", "float32",
                           "--max-new-tokens", "2"], capsys, main=chat_cli.main)
     errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-    assert code == 0 and len(errors) == 1 and f"line 1 of stdin: /{name} takes nothing after it" in errors[0], err
-    assert out.count("\n") == 1, out  # the reply to "hi" (a command writes no line): the chat went on
+    assert code == 0 and len(errors) == 1 and "line 1 of stdin: /clear takes nothing after it" in errors[0], err
+    assert out.count("\n") == 1, out  # the reply to the first "hi" (a command writes no line), none to the second

@@ -31,7 +31,7 @@ NOTHING = {"response_format": [None, {"type": "text"}], "tool_choice": [None, "n
 def server(tmp_path_factory):
     path = tmp_path_factory.mktemp("chat") / "ckpt.pt"
     make_chat_checkpoint(path, block_size=32)
-    s = Server(path, "--max-tokens", "2")
+    s = Server(path, "--max-tokens", "2", "--allow-host", "Proxy.Example")
     yield s
     s.stop()
     assert "Traceback" not in s.log(), s.log()
@@ -61,11 +61,12 @@ def test_class_the_same_fields_asking_for_text_only_are_served(server, route, da
     assert r.status_code == 200, r.text
 
 
-LOOPBACK = ["127.0.0.1", "localhost", "LocalHost", "[::1]"]
+LOOPBACK = ["127.0.0.1", "localhost", "LocalHost", "localhost.", "[::1]", "[0:0:0:0:0:0:0:1]", "[::ffff:127.0.0.1]",
+            "proxy.example"]  # the last: its --allow-host
 # a name no client on this machine gives a loopback server: what a page of another site sends after its DNS name
 # was rebound to 127.0.0.1 (the browser keeps the site's name in Host)
 FOREIGN = st.from_regex(r"\A[a-z0-9][a-z0-9.-]{0,30}(:[0-9]{1,5})?\Z").filter(
-    lambda h: h.split(":")[0] not in {"127.0.0.1", "localhost"})
+    lambda h: h.split(":")[0].rstrip(".") not in {"127.0.0.1", "localhost", "proxy.example"})
 
 
 @settings(max_examples=15)
@@ -78,7 +79,7 @@ def test_class_a_loopback_server_refuses_a_host_that_is_not_its_name(server, hos
     assert r.status_code == 403, (host, path, r.status_code, r.text)
     err = r.json()["error"]
     assert set(err) == ERROR_KEYS and err["code"] == "host_not_allowed" and host in err["message"], err
-    assert "http://127.0.0.1:" in err["message"] and "--host" in err["message"], err
+    assert f"{server.url} (a page" in err["message"] and "--allow-host NAME" in err["message"], err
     r = server.http.post(server.url + "/v1/completions", headers={"Host": host},
                          content=json.dumps(ROUTES["/v1/completions"]))
     assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", r.text
@@ -90,3 +91,40 @@ def test_loopback_names_with_or_without_the_port_are_served(server, name):
     for host in (name, f"{name}:{port}"):
         r = server.http.get(server.url + "/health", headers={"Host": host})
         assert r.status_code == 200 and r.json()["status"] == "ok", (host, r.text)
+
+
+# (the value of a Host header, its name as the server compares it), by hand; None: no host[:port] at all
+HOST_OF = [(b"127.0.0.1:8000", "127.0.0.1"), (b"LOCALHOST.", "localhost"), (b"[::1]:9", "::1"), (b"[::1]:", "::1"),
+           (b"[0:0:0:0:0:0:0:1]", "::1"), (b"[::FFFF:127.0.0.1]:5", "127.0.0.1"), (b"[fe80::1%eth0]", "fe80::1"),
+           (b" evil.com:80 ", "evil.com"), (b"[::1]evil.com", None), (b"[::1", None), (b"a:b", None)]
+
+
+@pytest.mark.parametrize("value,name", HOST_OF)
+def test_a_host_header_is_read_as_one_name_per_spelling(value, name):
+    from server.hosts import host_of
+    assert host_of(value) == name
+
+
+@pytest.mark.parametrize("bound,given,allowed", [
+    ("127.0.0.1", "127.0.0.1", {"127.0.0.1", "localhost", "::1"}),
+    ("127.0.0.1", "vm", {"127.0.0.1", "localhost", "::1", "vm"}),  # --host vm, a name /etc/hosts maps to loopback
+    ("127.0.0.2", "127.0.0.2", {"127.0.0.1", "localhost", "::1", "127.0.0.2"}),
+    ("::1", "::1", {"127.0.0.1", "localhost", "::1"}),
+    ("::ffff:127.0.0.1", "::ffff:127.0.0.1", {"127.0.0.1", "localhost", "::1"}),  # loopback, IPv4-mapped
+    ("0.0.0.0", "0.0.0.0", None), ("::", "::", None), ("192.168.1.5", "192.168.1.5", None)])
+def test_a_loopback_server_answers_this_machines_names_and_an_exposed_one_any(bound, given, allowed):
+    from server.hosts import allowed_hosts
+    got = allowed_hosts(bound, given)
+    assert (got if got is None else set(got)) == allowed
+
+
+@settings(max_examples=20)
+@given(name=st.sampled_from(["", " ", "a b", "evil.com/x", "user@evil.com", "caf\u00e9.example", "a\tb"]) | st.text(
+    max_size=10).filter(lambda n: not n.strip() or any(c in n for c in " /@\t\n\r\\") or not n.isascii()))
+def test_class_an_allow_host_that_is_no_host_name_is_one_line(name, capsys):
+    from errors import run_cli
+    from server import cli as serve_cli
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: serve_cli.check_args(serve_cli.build_parser().parse_args(["--allow-host", name])))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: --allow-host takes a host name") and err.count("\n") == 1, err
