@@ -138,8 +138,8 @@ WRITERS: list[Writer] = [
     Writer("eval.inspect --out", inspect_cli.main,
            lambda o, w: ["--checkpoint", w.ckpt, "--text", "hear me", "--out", o], "folder"),
     Writer("training.plot --out", plot.main, lambda o, w: [w.run, "--out", o], "file", file_name="curves.png"),
-    Writer("bench.py --json", bench_cli.main, lambda o, w: ["--device", "cpu", "--quick", "--only", "loss", "--json", o],
-           "file"),
+    Writer("bench.py --json", bench_cli.main, lambda o, w: ["--device", "cpu", "--quick", "--only", "decode", "--no-hf",
+                                                           "--json", o], "file"),  # its quickest section: ~2 s
     Writer("checkpoint consolidate --out", checkpoint_cli.main,
            lambda o, w: ["consolidate", w.run / "ckpt.dcp", "--out", o], "file"),
     Writer("checkpoint.export --out", export_cli.main, lambda o, w: ["--checkpoint", w.gpt2, "--out", o], "folder",

@@ -260,8 +260,7 @@ def test_class2_a_file_the_user_named_is_the_output(writer, world, capsys, tmp_p
     assert code == 0, err
     assert out.read_bytes() != b"old" and (mine / "notes.txt").read_text() == "the user's"
 
-# The record of what a writer wrote in a user's folder (ownership.WRITTEN): kept up to date by every write that
-# replaces one of its files, written file by file, bounded, and a failure to write it is one line.
+
 # The record of what a writer wrote in a user's folder (ownership.WRITTEN): kept up to date by every write that
 # replaces one of its files, written file by file, bounded, and a failure to write it is one line.
 def test_class2_plot_a_file_named_then_the_folder_replaces_its_own_picture(world, capsys, tmp_path):
