@@ -185,7 +185,11 @@ log = WandbLogger(mode="offline", project="p", run_name="", run_id=None, out_dir
 log.log({"a": 1.0}, 1)
 me = os.getpid()
 for t in os.listdir(f"/proc/{me}/task"):  # wandb-core, the only child
-    for child in open(f"/proc/{me}/task/{t}/children").read().split():
+    try:  # a thread that ended since the listing has no folder (seen once in a CI rehearsal)
+        children = open(f"/proc/{me}/task/{t}/children").read().split()
+    except FileNotFoundError:
+        continue
+    for child in children:
         os.kill(int(child), signal.SIGKILL)
 deadline, i = time.monotonic() + 10, 2
 while log.run is not None and time.monotonic() < deadline:  # until wandb notices (a log may be buffered first)
