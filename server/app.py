@@ -27,7 +27,7 @@ from errors import UserError, short_error, to_stderr
 from fileio import json_loads
 
 from .engine import Engine, QueueFull, Request, Sampling
-from .hosts import host_of
+from .hosts import refusal
 from .schema import ApiError, Limits, Params, check_messages, check_model, check_params, check_prompt, error_body
 from .text import StopText
 
@@ -365,7 +365,11 @@ class Guard:
             await send(message)
 
         try:
-            await (self.app if self._host_ok(scope) else self._wrong_host)(scope, reading, tracked)
+            refused = refusal(scope.get("headers", []), self.hosts)  # not for this loopback server (DNS rebinding)
+            if refused:
+                await self._refuse(*refused, scope, tracked)
+            else:
+                await self.app(scope, reading, tracked)
         except Exception as e:  # noqa: BLE001 - the last line of defence; the server stays up
             to_stderr(f"error: {scope.get('method')} {scope.get('path', '')[:100]} failed ({short_error(e)})")
             if not started:
@@ -375,20 +379,12 @@ class Guard:
                 await send({"type": "http.response.body", "body": body})
 
 
-    def _host_ok(self, scope) -> bool:
-        if self.hosts is None:
-            return True
-        given = [v for k, v in scope.get("headers", []) if k == b"host"]
-        return not given or (len(given) == 1 and host_of(given[0]) in self.hosts)  # HTTP/1.0 may send none
-
-    async def _wrong_host(self, scope, receive, send):
-        given = b", ".join(v for k, v in scope.get("headers", []) if k == b"host").decode("latin-1")
+    async def _refuse(self, code: str, why: str, scope, send):
         address, port = scope.get("server") or ("127.0.0.1", "")
         url = f"http://{f'[{address}]' if ':' in address else address}:{port}"
         body = json.dumps(error_body(
-            f"Host {given[:100]!r} is not this server's name: it listens on loopback only, as {url} (a page of "
-            "another site must not reach it); for a reverse proxy on this machine that passes its own name, start "
-            "serve.py with --allow-host NAME", code="host_not_allowed")).encode()
+            f"{why}: it listens on loopback only, as {url}; for a reverse proxy on this machine that passes its own "
+            "name, start serve.py with --allow-host NAME", code=code)).encode()
         await send({"type": "http.response.start", "status": 403,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -4,12 +4,16 @@ A page of another site can rebind its DNS name to 127.0.0.1 and then reach a ser
 user's browser: load its page, read /v1/models, POST to the API. The browser still sends the site's own name in
 the Host header, so a server that listens on loopback answers only the names a client on this machine uses for
 it: the loopback names, the address it is bound to, the name given to --host, and each --allow-host (a reverse
-proxy on this machine that passes its clients' Host through). A server the user exposed (--host 0.0.0.0, or an
-address of another interface) answers whatever name reaches it.
+proxy on this machine that passes its clients' Host through). A page of another site that simply posts to
+http://127.0.0.1:8000 sends the right Host but its own Origin (a browser sends one with every cross-site POST;
+curl and the openai package send none): an Origin of another name is refused too, so no page but the server's
+own makes it generate. A server the user exposed (--host 0.0.0.0, or an address of another interface) answers
+whatever name reaches it.
 """
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import urlsplit
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
@@ -56,3 +60,29 @@ def allowed_hosts(bound: str, given: str, extra: list[str] = ()) -> frozenset[st
     if not is_loopback(bound):
         return None
     return frozenset(canonical(n) for n in (*LOOPBACK_NAMES, bound, given, *extra))
+
+
+def origin_host(value: bytes) -> str | None:
+    """The canonical name of an Origin header's site ('http://localhost:8000' -> 'localhost'); None: no http(s)
+    origin ('null', a sandboxed frame's or a file's)."""
+    try:
+        parts = urlsplit(value.decode("latin-1").strip())
+        name = parts.hostname
+    except ValueError:
+        return None
+    return canonical(name) if parts.scheme in ("http", "https") and name else None
+
+
+def refusal(headers: list[tuple[bytes, bytes]], hosts: frozenset[str] | None) -> tuple[str, str] | None:
+    """(code, why) where a request is not for this loopback server: its Host another name, or its Origin a page
+    of another site; None where it is (or the server answers any name: `hosts` None). HTTP/1.0 may send no Host."""
+    if hosts is None:
+        return None
+    for header, code, what, read in ((b"host", "host_not_allowed", "Host", host_of),
+                                     (b"origin", "origin_not_allowed", "Origin", origin_host)):
+        given = [v for k, v in headers if k == header]
+        if given and (len(given) > 1 or read(given[0]) not in hosts):
+            shown = b", ".join(given).decode("latin-1")[:100]
+            return code, (f"Host {shown!r} is not this server's name" if header == b"host" else
+                          f"a page of another site (Origin {shown!r}) may not use this server")
+    return None

@@ -79,7 +79,7 @@ def test_class_a_loopback_server_refuses_a_host_that_is_not_its_name(server, hos
     assert r.status_code == 403, (host, path, r.status_code, r.text)
     err = r.json()["error"]
     assert set(err) == ERROR_KEYS and err["code"] == "host_not_allowed" and host in err["message"], err
-    assert f"{server.url} (a page" in err["message"] and "--allow-host NAME" in err["message"], err
+    assert f"as {server.url};" in err["message"] and "--allow-host NAME" in err["message"], err
     r = server.http.post(server.url + "/v1/completions", headers={"Host": host},
                          content=json.dumps(ROUTES["/v1/completions"]))
     assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", r.text
@@ -91,6 +91,32 @@ def test_loopback_names_with_or_without_the_port_are_served(server, name):
     for host in (name, f"{name}:{port}"):
         r = server.http.get(server.url + "/health", headers={"Host": host})
         assert r.status_code == 200 and r.json()["status"] == "ok", (host, r.text)
+
+
+@settings(max_examples=15)
+@given(site=FOREIGN, scheme=st.sampled_from(["http", "https"]), route=st.sampled_from(sorted(ROUTES)))
+def test_class_a_page_of_another_site_may_not_post_to_a_loopback_server(server, site, scheme, route):
+    """A page of another site that posts to http://127.0.0.1:PORT sends the right Host, and its own Origin (every
+    cross-site POST of a browser does, a "simple" text/plain one too, with no preflight): it made the server
+    generate for it. An Origin of another name is refused; the server's own page (its Origin one of its names) and
+    clients that send no Origin (curl, the openai package) are served."""
+    r = server.http.post(server.url + route, headers={"Origin": f"{scheme}://{site}", "Content-Type": "text/plain"},
+                         content=json.dumps(ROUTES[route]))
+    assert r.status_code == 403, (site, r.status_code, r.text)
+    err = r.json()["error"]
+    assert set(err) == ERROR_KEYS and err["code"] == "origin_not_allowed" and site in err["message"], err
+    port = server.url.rsplit(":", 1)[1]
+    for origin in (server.url, f"http://localhost:{port}", "https://proxy.example"):
+        r = server.http.post(server.url + route, headers={"Origin": origin}, content=json.dumps(ROUTES[route]))
+        assert r.status_code == 200, (origin, r.text)
+
+
+@pytest.mark.parametrize("value,name", [(b"http://127.0.0.1:8000", "127.0.0.1"), (b"https://LocalHost", "localhost"),
+                                        (b"http://[::1]:80", "::1"), (b"null", None), (b"file://", None),
+                                        (b"http://evil.com", "evil.com"), (b"http://[::1", None)])
+def test_an_origin_header_is_read_as_its_sites_name(value, name):
+    from server.hosts import origin_host
+    assert origin_host(value) == name
 
 
 # (the value of a Host header, its name as the server compares it), by hand; None: no host[:port] at all
