@@ -65,9 +65,9 @@ def run_command(session: ChatSession, line: str) -> str:
     name, arg = (([] if line[1:2].isspace() else line[1:].split(maxsplit=1)) + ["", ""])[:2]
     if name == "quit":  # "/quit now" too: whatever follows, the user asked to stop
         raise Quit
-    if name == "clear" and arg.strip():  # "/clear all": it was done as if alone, the words dropped unsaid
-        raise UserError(f"/clear takes nothing after it, got {clipped(arg.strip())}; type /clear alone")
     if name == "clear":
+        if arg.strip():  # "/clear all": it was done as if alone, the words dropped unsaid
+            raise UserError(f"/clear takes nothing after it, got {clipped(arg.strip())}; type /clear alone")
         session.clear()
         return "the conversation is cleared" + (" (the system message stays)" if session.messages else "")
     if name == "system":

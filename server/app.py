@@ -27,7 +27,7 @@ from errors import UserError, short_error, to_stderr
 from fileio import json_loads
 
 from .engine import Engine, QueueFull, Request, Sampling
-from .hosts import refusal
+from .hosts import refusal, url_of
 from .schema import ApiError, Limits, Params, check_messages, check_model, check_params, check_prompt, error_body
 from .text import StopText
 
@@ -49,7 +49,7 @@ class Served:
 
 
 def create_app(served: Served, hosts: frozenset[str] | None = None) -> FastAPI:
-    """`hosts`: the names a request's Host header may give (server/hosts.py's allowed_hosts); None: any."""
+    """`hosts`: the names a request's Host and Origin may give (server/hosts.py's allowed_hosts); None: any."""
     # redirect_slashes off: Starlette's 307 for "/health/" built its Location from the client's Host header
     # (an open redirect); a trailing slash is a 404 naming the route without it instead
     app = FastAPI(title="smallgpt", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
@@ -333,7 +333,10 @@ class Guard:
     then reads is not lost to the reset that closing on unread bytes sends. What is left unread then, the
     response says `Connection: close`, so uvicorn ends the connection after it: else, to read the next
     request, h11 drained the whole declared body (found from outside: after a 413 for Content-Length 2**40
-    the server read on ~100 GiB in 25 s, and never closed the connection)."""
+    the server read on ~100 GiB in 25 s, and never closed the connection).
+
+    With `hosts` (a loopback server), a request that is not for this server (server/hosts.py: its Host another
+    name, its Origin another site) is answered 403 before the app sees it."""
 
     def __init__(self, app: FastAPI, hosts: frozenset[str] | None = None):
         self.app, self.hosts = app, hosts
@@ -378,10 +381,8 @@ class Guard:
                                "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": body})
 
-
     async def _refuse(self, code: str, why: str, scope, send):
-        address, port = scope.get("server") or ("127.0.0.1", "")
-        url = f"http://{f'[{address}]' if ':' in address else address}:{port}"
+        url = url_of(*(scope.get("server") or ("127.0.0.1", "")))
         body = json.dumps(error_body(
             f"{why}: it listens on loopback only, as {url}; for a reverse proxy on this machine that passes its own "
             "name, start serve.py with --allow-host NAME", code=code)).encode()

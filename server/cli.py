@@ -27,7 +27,7 @@ from runtime.precision import DTYPE_NAMES, dtype_name
 
 from .app import Served, create_app
 from .engine import Engine
-from .hosts import allowed_hosts
+from .hosts import allowed_hosts, url_of
 from .schema import Limits
 
 MAX_SLOTS, MAX_QUEUE = 1024, 100_000
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                             timeout_keep_alive=5, lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout)
     to_stderr(f"{loaded.description}: {'chat' if template else 'plain completion (no chat template)'}, "
               f"{tok.name} tokenizer, {device} {dtype_name(ready.dtype)}, {torch.get_num_threads()} thread(s), "
-              f"{args.slots} slots; serving {name!r} on http://{host if ':' not in host else f'[{host}]'}:{port}")
+              f"{args.slots} slots; serving {name!r} on {url_of(host, port)}")
     engine.start()
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -18,16 +18,27 @@ from urllib.parse import urlsplit
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
-def canonical(name: str) -> str:
-    """One spelling per name: lower-case, no trailing dot, an IP address in its short form (an IPv4-mapped IPv6
-    address as IPv4, an IPv6 zone dropped): '[0:0:0:0:0:0:0:1]' and '::1', 'LocalHost.' and 'localhost' alike."""
-    name = name.strip().lower()
-    name = name[:-1] if name.endswith(".") else name
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address `name` spells (an IPv4-mapped IPv6 address as IPv4, an IPv6 zone dropped); None: a name."""
     try:
         ip = ipaddress.ip_address(name.split("%", 1)[0])
     except ValueError:
-        return name
-    return str(getattr(ip, "ipv4_mapped", None) or ip)
+        return None
+    return getattr(ip, "ipv4_mapped", None) or ip
+
+
+def canonical(name: str) -> str:
+    """One spelling per name: lower-case, no trailing dot, an IP address in its short form (_ip):
+    '[0:0:0:0:0:0:0:1]' and '::1', 'LocalHost.' and 'localhost' alike."""
+    name = name.strip().lower()
+    name = name[:-1] if name.endswith(".") else name
+    ip = _ip(name)
+    return name if ip is None else str(ip)
+
+
+def url_of(address: str, port: int | str) -> str:
+    """http://ADDRESS:PORT, an IPv6 address in brackets (the start-up line's and the refusal's)."""
+    return f"http://{f'[{address}]' if ':' in address else address}:{port}"
 
 
 def host_of(value: bytes) -> str | None:
@@ -48,11 +59,8 @@ def host_of(value: bytes) -> str | None:
 
 
 def is_loopback(address: str) -> bool:
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+    ip = _ip(address)
+    return ip is not None and ip.is_loopback
 
 
 def allowed_hosts(bound: str, given: str, extra: list[str] = ()) -> frozenset[str] | None:
@@ -78,11 +86,10 @@ def refusal(headers: list[tuple[bytes, bytes]], hosts: frozenset[str] | None) ->
     of another site; None where it is (or the server answers any name: `hosts` None). HTTP/1.0 may send no Host."""
     if hosts is None:
         return None
-    for header, code, what, read in ((b"host", "host_not_allowed", "Host", host_of),
-                                     (b"origin", "origin_not_allowed", "Origin", origin_host)):
+    for header, read, code, why in ((b"host", host_of, "host_not_allowed", "Host {!r} is not this server's name"),
+                                    (b"origin", origin_host, "origin_not_allowed",
+                                     "a page of another site (Origin {!r}) may not use this server")):
         given = [v for k, v in headers if k == header]
         if given and (len(given) > 1 or read(given[0]) not in hosts):
-            shown = b", ".join(given).decode("latin-1")[:100]
-            return code, (f"Host {shown!r} is not this server's name" if header == b"host" else
-                          f"a page of another site (Origin {shown!r}) may not use this server")
+            return code, why.format(b", ".join(given).decode("latin-1")[:100])
     return None
