@@ -13,9 +13,9 @@
 It imports model/ (to build a GPT) and never training/: training registers its parts with it, and
 inference asks it for a model.
 """
-import importlib
+from lazy import exports_on_first_use
 
-_EXPORTS = {  # each name and the module it lives in: imported on first use (__getattr__ below)
+_EXPORTS = {  # each name and the module it lives in: imported on first use (lazy.py)
     "BEST_NAME": "format", "CKPT_NAME": "format", "FORMAT": "format", "SCHEMA": "format",
     "SHARDED_BEST_NAME": "format", "SHARDED_CKPT_NAME": "format", "VERSION": "format", "find_checkpoint": "format",
     "load_checkpoint": "format", "resolve_checkpoint_path": "format", "save_checkpoint": "format",
@@ -35,12 +35,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # The package imports its modules when a name is first used, not when it is imported: `python -m checkpoint`
-    # and `python -m checkpoint.export` import this package before their own first line, and torch (~1 s) would
-    # run before the command could make Ctrl-C during start-up one line (errors.quiet_interrupts).
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = exports_on_first_use(__name__, _EXPORTS)  # (lazy.py: why)
