@@ -12,14 +12,14 @@ reached against the cap (a step that runs out of memory is reported, not a crash
     python -m benchmarks.auto_batch --memory-gb 24 --json benchmarks/results/results-auto-batch-24gb-h100.json
     python -m benchmarks.auto_batch --quick --device cpu --memory-gb 1   # smoke test: tiny model; on a CPU the limit
                                                                           # is the free memory, --memory-gb a label
-    python -m benchmarks.auto_batch --memory-gb 16 --probe-loss chunked  # the probe in chunks (a question, below)
 
---probe-loss chunked asks a question of the next GPU round. The choice measures each candidate by one eager
-forward+backward with the run's loss; a compiled run's is the full logits, and eager cross-entropy over them makes
-fp32 copies the compiled step never holds: on an H100 (2026-11-28) the probe peaked at 16.3 GiB at 16 x 1024 where
-the compiled steps of that micro-batch peaked at 9.2, so at 16 GB auto chose 8 (381k tok/s) where 16 fits. With
-the option the probe runs the LM-head loss in chunks (what an eager run would); the row's real peak says whether
-that estimate still covers the compiled step. train.py is unchanged until it is measured.
+The probe's loss: the choice measures each candidate by one eager forward+backward; a compiled run's loss is the
+full logits, and eager cross-entropy over them holds fp32 copies the compiled step never holds. On an H100
+(2026-11-28) that probe peaked at 16.3 GiB at 16 x 1024 where the compiled steps peaked at 9.2, so at 16 GB auto
+chose 8 (381k tok/s) where 16 fits. This benchmark's --probe-loss chunked then measured the probe with the loss in
+chunks (benchmarks/results/h100-2026-11-28b): 16 GB chose 16 (probe 10.5 GiB, real steps 9.2, 464k tok/s), 24 GB
+chose 32 (16.0 against 16.2, 490k tok/s, where the full-logits probe chose 16 at 460k). train.py's probe has done
+so since (training/batch_size.py's measured_bytes), and the option went.
 
 One size per process: the cap, the allocator's cache and compile's graphs are per process.
 """
@@ -31,7 +31,6 @@ if __name__ == "__main__":  # a command: Ctrl-C while the imports below run is o
     errors.quiet_interrupts()
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -41,9 +40,7 @@ import torch
 from fileio import atomic_write_bytes, file_arg
 from ownership import check_output
 from model import GPT
-from runtime.loss_path import choose_loss_chunk_rows
 from runtime.precision import allow_tf32
-import training.batch_size
 from training.builders import build_trainer
 from training.config.sections import load_config
 from training.parallel.distributed import Parallel
@@ -62,8 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile)")
     p.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--probe-loss", choices=("run", "chunked"), default="run",
-                   help="the loss the memory probe runs: the run's (train.py's), or in chunks (see above)")
     p.add_argument("--quick", action="store_true", help="a tiny model and global batch 16: a smoke test")
     p.add_argument("--json", type=file_arg, help="write the row here")
     return p
@@ -108,16 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
             return tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous()
 
     t0 = time.perf_counter()  # the run's chain: auto's choice, then the loss product for it, optimizers, compile
-    measured = training.batch_size.measured_bytes
-    if args.probe_loss == "chunked":
-        training.batch_size.measured_bytes = chunked_probe(measured)
-    try:
-        trainer = build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}),
-                                say=lambda line: None)
-    finally:
-        training.batch_size.measured_bytes = measured
+    trainer = build_trainer(cfg, Parallel(), device, model, plan, lambda micro: (Batches(), {}), say=lambda line: None)
     chain_s = time.perf_counter() - t0  # the whole chain, the batch decision in it (before 2026-11-26: the decision)
-    tag = f"auto batch {args.memory_gb:g} GiB" + (", probe loss in chunks" if args.probe_loss == "chunked" else "")
+    tag = f"auto batch {args.memory_gb:g} GiB"
     print(f"[{tag}] {plan.decisions['batch'].note}; set up in {chain_s:.1f} s", flush=True)
     batches = [Batches().get_batch(0, k) for k in range(plan.accum)]
     if device.type == "cuda":
@@ -136,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     row = {"row": f"batch_size auto, {args.memory_gb:g} GiB", "device": torch.cuda.get_device_name(device)
            if device.type == "cuda" else "cpu", "memory_gb": args.memory_gb, "micro_batch": plan.micro_batch,
            "micro_steps": plan.accum, "global_batch": t.global_batch_size, "block_size": block,
-           "note": plan.decisions["batch"].note, "probe_loss": args.probe_loss,
+           "note": plan.decisions["batch"].note,
            "chain_s": round(chain_s, 2), "step_s": step_s, "compiled": t.compile, "dtype": t.dtype,
            "tok_per_s": t.global_batch_size * block / step_s if step_s else None,
            "steps_peak_gib": round(peak / 2**30, 2) if peak is not None else None, "error": error}
@@ -147,16 +135,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         atomic_write_bytes(args.json, (json.dumps(row, indent=1) + "\n").encode(), "--json", follow=True)
     return row
-
-
-def chunked_probe(measured):
-    """training.batch_size.measured_bytes, its probe's loss in chunks where the run's is the full logits."""
-    def measure_with(model, loss, device, dtype, *, block_size: int, vocab_size: int, extra: int):
-        if loss.chunk_rows is None:
-            loss = dataclasses.replace(loss, chunk_rows=choose_loss_chunk_rows(device, compiled=False,
-                                                                               vocab_size=vocab_size))
-        return measured(model, loss, device, dtype, block_size=block_size, vocab_size=vocab_size, extra=extra)
-    return measure_with
 
 
 if __name__ == "__main__":

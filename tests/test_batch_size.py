@@ -261,6 +261,29 @@ def test_the_measure_runs_a_real_forward_backward_at_the_size_and_leaves_the_run
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_the_measure_runs_the_loss_in_chunks_where_a_compiled_run_has_full_logits(monkeypatch):
+    """A compiled GPU run's loss is the full logits (LMLoss()), which the eager probe would run as eager
+    cross-entropy with fp32 copies the compiled step never holds (an H100, 2026-11-28: 16.3 GiB probed at
+    16 x 1024 against 9.2 real, so 16 GB got half the micro-batch that fits). The probe runs that loss in
+    chunks; a loss already in chunks (an eager run's) is probed as it is: the loss the forward+backward receives."""
+    import training.batch_size as batch_size
+    from model import GPT, GPTConfig
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    seen = []
+    probe = batch_size.forward_backward_probe
+    monkeypatch.setattr(batch_size, "forward_backward_probe", lambda m, loss, *a: seen.append(loss) or probe(m, loss, *a))
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, dropout=0.0))
+    for loss in (LMLoss(), LMLoss(chunk_rows=96)):
+        batch_size.measured_bytes(model, loss, torch.device("cpu"), torch.float32, block_size=32, vocab_size=50304,
+                                  extra=0)(2)
+    assert seen[0].chunk_rows is not None and seen[0].chunk_rows >= 64, seen[0]  # 2 x 32 = 64 rows: one chunk or more
+    assert seen[1] == LMLoss(chunk_rows=96)
+    assert all(p.grad is None for p in model.parameters())
+
+
 @pytest.mark.parametrize("argv", [["--train.batch_size=4"], ["--train.batch_size=6", "--train.grad_accum_steps=3"],
                                   ["--train.batch_size=5", "--train.grad_accum_steps=2"]])
 @pytest.mark.parametrize("world", [2, 3, 4])

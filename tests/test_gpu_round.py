@@ -271,6 +271,32 @@ def test_the_curves_leave_out_a_log_cut_before_its_first_eval_and_keep_a_bars_fr
     assert svg.lstrip().startswith("<?xml") and "NVIDIA H100 80GB HBM3" in svg
 
 
+def test_the_curves_of_several_folders_draw_each_run_from_the_last_that_holds_it(tmp_path, capsys):
+    """A round of several calls or sessions (2026-11-28: nanoGPT's char run in one folder, the char config's new
+    schedule and the BPE runs in another): one picture, each run's log from the last folder that holds it, the
+    folder named in its label; two cards are both named. The reference: the synthetic logs' own numbers."""
+    first, second = tmp_path / "h100-a", tmp_path / "h100-b"
+    for folder, card in ((first, "NVIDIA H100 80GB HBM3"), (second, "NVIDIA H200")):
+        folder.mkdir()
+        (folder / "summary.txt").write_text(f"######## 2026-11-28T02:23:14Z {card}, 81559 MiB, 580.159.04\n")
+    (first / "nanogpt_char.log").write_text(stamped([(81.7, "step 2250: train loss 1.3000, val loss 1.4690")]))
+    (first / "ours_char_graph.log").write_text(stamped([(33.5, "iter 750: train loss 1.1000, val loss 1.4680")]))
+    (second / "ours_char_graph.log").write_text(stamped([(24.1, "iter 625: train loss 1.1600, val loss 1.4673")]))
+    (second / "nanogpt_bpe.log").write_text(stamped([(45.5, "step 300: train loss 3.5800, val loss 4.8837")]))
+    code, out, err = cli([str(first), str(second), str(tmp_path / "curves.svg")], capsys, main=gpu_curves.main)
+    assert code == 0, err
+    assert out.splitlines() == [
+        "nanoGPT: train_shakespeare_char.py (h100-a): best 1.4690 at step 2250, 81.7 s; val 1.4690 <= 1.47 at step "
+        "2250, 81.7 s",
+        "ours: shakespeare_char_gpu.yaml, CUDA graph, no compile (h100-b): best 1.4673 at step 625, 24.1 s; val 1.4673 "
+        "<= 1.47 at step 625, 24.1 s",
+        "nanoGPT: its baby-GPT recipe on GPT-2 BPE (h100-b): best 4.8837 at step 300, 45.5 s"]
+    svg = (tmp_path / "curves.svg").read_text()
+    assert "NVIDIA H100 80GB HBM3 / NVIDIA H200" in svg
+    code, _, err = cli([str(first), str(tmp_path / "nowhere"), str(tmp_path / "c.png")], capsys, main=gpu_curves.main)
+    an_error_line(code, err, "nowhere is not a folder")
+
+
 @pytest.mark.parametrize("logs, words", [
     ("missing", ["is not a folder"]),
     ("empty", ["holds none of the round's training logs"]),
@@ -290,31 +316,3 @@ def test_the_curves_of_a_folder_without_them_are_one_line(logs, words, tmp_path,
     code, _, err = cli([str(folder), str(out)], capsys, main=gpu_curves.main)
     an_error_line(code, err, *words)
     assert not (tmp_path / "curves.png").exists() and not list(tmp_path.rglob("*.png"))
-
-
-def test_the_auto_batch_probe_in_chunks_measures_a_chunked_loss_where_the_run_has_full_logits(monkeypatch):
-    """`benchmarks.auto_batch --probe-loss chunked` (the next GPU round's question: on an H100 the eager probe's
-    full-logits loss peaked at 16.3 GiB where the compiled steps peaked at 9.2): the memory probe is handed a loss in
-    chunks where the run's is the full logits, a loss already in chunks as it is; and after the benchmark's chain
-    training.batch_size measures with its own function again (the option changes nothing train.py runs)."""
-    from runtime.loss_path import LMLoss
-    import training.batch_size
-
-    seen = []
-    probe = auto_batch.chunked_probe(lambda model, loss, device, dtype, *, block_size, vocab_size, extra:
-                                     seen.append(loss) or 7)
-    for loss in (LMLoss(), LMLoss(chunk_rows=256)):
-        assert probe(None, loss, torch.device("cpu"), torch.float32, block_size=8, vocab_size=50304, extra=0) == 7
-    assert seen[0].chunk_rows is not None and 0 < seen[0].chunk_rows and seen[1] == LMLoss(chunk_rows=256)
-    own, during = training.batch_size.measured_bytes, []
-    chain = auto_batch.build_trainer
-
-    def spied(*a, **k):  # the measure measure_batch looks up while the chain runs (a CUDA run's; a CPU estimates)
-        during.append(training.batch_size.measured_bytes)
-        return chain(*a, **k)
-    monkeypatch.setattr(auto_batch, "build_trainer", spied)
-    row = auto_batch.main(["--quick", "--device", "cpu", "--memory-gb", "1", "--probe-loss", "chunked", "--no-compile",
-                           "--steps", "1", "--warmup", "0"])
-    assert row["probe_loss"] == "chunked" and row["error"] is None and row["micro_batch"] >= 1
-    assert len(during) == 1 and during[0] is not own and during[0].__qualname__.startswith("chunked_probe")
-    assert training.batch_size.measured_bytes is own

@@ -12,7 +12,8 @@ the limit (`memory_limit`: on CUDA the smaller of free + already reserved and th
 of the total, which `torch.cuda.set_per_process_memory_fraction` sets). On CUDA the peak is measured:
 one real forward+backward of the run's model at that micro-batch (random tokens of the run's block
 size, under the run's autocast, RNG forked and gradients dropped: forward_backward_probe), on the
-plain module (eager: a compiled step usually needs less), each rank alone; running out of memory means
+plain module (eager: a compiled step usually needs less; the loss in chunks where a compiled run's is the
+full logits, measured_bytes), each rank alone; running out of memory means
 "does not fit", never a crash. Where no real peak can be measured (a CPU: glibc keeps no peak
 statistics; FSDP on several ranks: an OOM inside a collective would hang the other ranks) the peak is
 training_bytes' arithmetic estimate at that micro-batch, and the note says so. The ranks then agree
@@ -24,12 +25,13 @@ first session; reapply_batch checks that the saved micro-batch still divides eac
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
 
 from errors import UserError
-from runtime.loss_path import LMLoss
+from runtime.loss_path import LMLoss, choose_loss_chunk_rows
 from runtime.memory import HEADROOM, available_bytes, training_bytes
 from runtime.precision import autocast
 
@@ -99,8 +101,15 @@ def choose(per_rank: int, measure: Callable[[int], int], limit: int) -> tuple[in
 
 def measured_bytes(model: torch.nn.Module, loss: LMLoss, device: torch.device, dtype: torch.dtype, *, block_size: int,
                    vocab_size: int, extra: int) -> Callable[[int], int]:
-    """measure(m): the CUDA peak of one forward+backward of `model` and the run's `loss` at micro-batch m,
-    plus `extra`."""
+    """measure(m): the CUDA peak of one forward+backward of `model` at micro-batch m, plus `extra`; the
+    loss as the run computes it, in chunks where the run's is the full logits (a compiled run's)."""
+    if loss.chunk_rows is None:
+        # The probe runs eagerly, and eager cross-entropy over the full logits holds fp32 copies that a compiled
+        # step fuses away: on an H100 (2026-11-28) it peaked at 16.3 GiB at 16 x 1024 where the compiled steps
+        # peaked at 9.2, so a 16 GB card got 8 (381k tok/s). The loss in chunks is the closer estimate: 10.5 GiB
+        # against the real 9.2 (16 chosen, 464k tok/s), and at 32 x 1024 16.0 against 16.2, inside HEADROOM.
+        loss = dataclasses.replace(loss, chunk_rows=choose_loss_chunk_rows(device, compiled=False,
+                                                                           vocab_size=vocab_size))
     gen = torch.Generator(device=device).manual_seed(0)  # the run's own RNG streams are not touched
 
     def measure(m: int) -> int:
