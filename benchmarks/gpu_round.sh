@@ -116,7 +116,8 @@ for b, h, t in ((16, 12, 1024), (64, 12, 1024), (64, 6, 256)):
   step ours_bpe 80 $PY train.py --config shakespeare_gpu --train.out_dir=/tmp/gr_bpe
   # nanoGPT ships no GPT-2 BPE config for training on tiny shakespeare from scratch: its baby-GPT recipe
   # (train_shakespeare_char.py: 6L/384, block 256, batch 64, dropout 0.2, compiled) on its prepared BPE data, its
-  # schedule ended at 1000 steps and evaluated as ours is (every 100 steps, 20 batches), for the BPE curves' picture
+  # schedule ended at 1000 steps and evaluated as often as ours (every 100 steps, 20 batches; its batches random
+  # windows, ours fixed ones), for the BPE curves' picture
   step nanogpt_bpe 120 bash -c "cd $A/nanogpt && $PY train.py config/train_shakespeare_char.py --dataset=shakespeare \
     --max_iters=1000 --lr_decay_iters=1000 --eval_interval=100 --eval_iters=20 --wandb_log=False \
     --always_save_checkpoint=False --out_dir=/tmp/gr_ngb"
@@ -126,7 +127,8 @@ for b, h, t in ((16, 12, 1024), (64, 12, 1024), (64, 6, 256)):
     --train.batch_size=16 --train.grad_accum_steps=32 --train.global_batch_size=0 --train.max_iters=4 --train.eval_iters=1 \
     --train.log_interval=1 --train.warmup_iters=2 --train.eval_interval=1000 --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m16
   # the largest micro-batch that fits is not always the fastest: on a 24 GB cap 32 x 1024 ran 490k tok/s (2026-11-28)
-  # where 64 x 1024, auto's choice on 80 GB, ran 463-480k (2026-11-27): 32 x 16 beside ours_124m and nanoGPT's run
+  # where 64 x 1024, auto's choice on 80 GB on 2026-11-27, ran 463-480k (auto may choose 128 since its probe takes the
+  # loss in chunks): 32 x 16 beside ours_124m (auto) and nanoGPT's run
   step ours_124m_32 110 $PY train.py --config gpt2_124m --data.dataset=shakespeare --data.val_fraction=0.1 --data.num_proc=0 \
     --train.batch_size=32 --train.grad_accum_steps=16 --train.global_batch_size=0 --train.max_iters=6 --train.eval_iters=1 \
     --train.log_interval=1 --train.warmup_iters=2 --train.eval_interval=1000 --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m32

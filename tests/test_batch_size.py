@@ -265,7 +265,10 @@ def test_the_measure_runs_the_loss_in_chunks_where_a_compiled_run_has_full_logit
     """A compiled GPU run's loss is the full logits (LMLoss()), which the eager probe would run as eager
     cross-entropy with fp32 copies the compiled step never holds (an H100, 2026-11-28: 16.3 GiB probed at
     16 x 1024 against 9.2 real, so 16 GB got half the micro-batch that fits). The probe runs that loss in
-    chunks; a loss already in chunks (an eager run's) is probed as it is: the loss the forward+backward receives."""
+    chunks, plus the one (m, T, V) copy of the logits in the compute dtype that the compiled step keeps (the
+    real steps' peak grew by that much a sequence more than the chunked probe's); a loss already in chunks (an
+    eager run's) is probed as it is. The reference: the loss the forward+backward receives, and the logits'
+    bytes by hand (2 sequences x 32 positions x 50304 x 4 bytes of fp32; 2 bytes under bf16)."""
     import training.batch_size as batch_size
     from model import GPT, GPTConfig
 
@@ -276,11 +279,12 @@ def test_the_measure_runs_the_loss_in_chunks_where_a_compiled_run_has_full_logit
     probe = batch_size.forward_backward_probe
     monkeypatch.setattr(batch_size, "forward_backward_probe", lambda m, loss, *a: seen.append(loss) or probe(m, loss, *a))
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=50304, dropout=0.0))
-    for loss in (LMLoss(), LMLoss(chunk_rows=96)):
-        batch_size.measured_bytes(model, loss, torch.device("cpu"), torch.float32, block_size=32, vocab_size=50304,
-                                  extra=0)(2)
+    peaks = [batch_size.measured_bytes(model, loss, torch.device("cpu"), dtype, block_size=32, vocab_size=50304,
+                                       extra=7)(2)
+             for loss, dtype in ((LMLoss(), torch.float32), (LMLoss(), torch.bfloat16), (LMLoss(chunk_rows=96), torch.float32))]
     assert seen[0].chunk_rows is not None and seen[0].chunk_rows >= 64, seen[0]  # 2 x 32 = 64 rows: one chunk or more
-    assert seen[1] == LMLoss(chunk_rows=96)
+    assert seen[2] == LMLoss(chunk_rows=96)
+    assert peaks == [2 * 32 * 50304 * 4 + 7, 2 * 32 * 50304 * 2 + 7, 7]
     assert all(p.grad is None for p in model.parameters())
 
 

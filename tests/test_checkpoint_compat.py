@@ -81,7 +81,10 @@ V3_ARGV = ["--config", "shakespeare_char", "--model.n_layer=1", "--model.n_head=
 
 def test_a_format_3_run_resumes_bit_for_bit_as_it_would_have_gone_on(tmp_path):
     """Its plan (a time budget's schedule among it) is kept, not decided again, and the steps after the
-    resume give the uninterrupted run's losses and weights exactly."""
+    resume give the uninterrupted run's losses exactly and its weights to the last bits: the fixture was made on
+    an AVX512 CPU, whose kernels sum in another order than an AVX2 CPU's (a Zen 3, 2026-11-28: the losses equal,
+    the weights 3.4e-7 apart at most after the last step). A resume that lost state (the optimizer's moments,
+    the schedule, the data position) moves them by orders of magnitude more."""
     root = tmp_path / "prepared"
     shutil.copytree(PREPARED_V1, root)
     out = tmp_path / "v3-run"
@@ -94,7 +97,7 @@ def test_a_format_3_run_resumes_bit_for_bit_as_it_would_have_gone_on(tmp_path):
     weights = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
     assert set(weights) == set(after["model"])
     for k, t in after["model"].items():
-        assert torch.equal(weights[k], t), k
+        torch.testing.assert_close(weights[k], t, rtol=0, atol=2e-6, msg=k)
 
 
 def version_1_of(v2: dict) -> dict:

@@ -102,14 +102,20 @@ def choose(per_rank: int, measure: Callable[[int], int], limit: int) -> tuple[in
 def measured_bytes(model: torch.nn.Module, loss: LMLoss, device: torch.device, dtype: torch.dtype, *, block_size: int,
                    vocab_size: int, extra: int) -> Callable[[int], int]:
     """measure(m): the CUDA peak of one forward+backward of `model` at micro-batch m, plus `extra`; the
-    loss as the run computes it, in chunks where the run's is the full logits (a compiled run's)."""
-    if loss.chunk_rows is None:
-        # The probe runs eagerly, and eager cross-entropy over the full logits holds fp32 copies that a compiled
-        # step fuses away: on an H100 (2026-11-28) it peaked at 16.3 GiB at 16 x 1024 where the compiled steps
-        # peaked at 9.2, so a 16 GB card got 8 (381k tok/s). The loss in chunks is the closer estimate: 10.5 GiB
-        # against the real 9.2 (16 chosen, 464k tok/s), and at 32 x 1024 16.0 against 16.2, inside HEADROOM.
-        loss = dataclasses.replace(loss, chunk_rows=choose_loss_chunk_rows(device, compiled=False,
-                                                                           vocab_size=vocab_size))
+    loss as the run computes it, or, where the run's is the full logits of a large vocabulary (a compiled
+    run's), in chunks plus the logits the compiled step holds."""
+    logits = 0  # bytes a sequence: what the compiled step holds that the probe's chunks do not
+    rows = choose_loss_chunk_rows(device, compiled=False, vocab_size=vocab_size) if loss.chunk_rows is None else None
+    if rows is not None:
+        # The probe runs eagerly, and eager cross-entropy over the full logits holds fp32 copies a compiled step
+        # fuses away (an H100, 2026-11-28: 16.3 GiB at 16 x 1024 where the compiled steps peaked at 9.2, so a
+        # 16 GB card got 8 sequences, 381k tok/s, where 16 fit). So the probe runs the loss in chunks, as an eager
+        # run does, plus the one (m, T, V) copy of the logits in the compute dtype the compiled step keeps: the
+        # chunks alone read 10.5 and 16.0 GiB at 16 and 32 sequences against the real 9.2 and 16.2 (0.34 GiB a
+        # sequence against the real 0.44: the difference is one sequence's bf16 logits, 0.096 GiB). With them,
+        # 12.0 and 19.1: above the real peak at both, and growing as it does.
+        loss = dataclasses.replace(loss, chunk_rows=rows)
+        logits = block_size * vocab_size * dtype.itemsize
     gen = torch.Generator(device=device).manual_seed(0)  # the run's own RNG streams are not touched
 
     def measure(m: int) -> int:
@@ -122,7 +128,7 @@ def measured_bytes(model: torch.nn.Module, loss: LMLoss, device: torch.device, d
             forward_backward_probe(model, loss, batch, lambda dt: autocast(device, dt))(dtype)
         finally:
             model.zero_grad(set_to_none=True)  # an OOM mid-backward leaves partial gradients
-        return torch.cuda.max_memory_allocated(device) + extra
+        return torch.cuda.max_memory_allocated(device) + m * logits + extra
     return measure
 
 
