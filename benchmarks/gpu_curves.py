@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             second = max(c[1][2] if len(c) > 1 else c[0][2] for _, p, c in found if p == "char")
             ax.set_ylim(args.target - 0.07, max(second, args.target + 0.1))
         else:  # the same for BPE: nanoGPT's step-0 eval (~10.9) would flatten the rest
-            later = [v for _, p, c in found if p == panel for _, _, v in c[1:]] or [c[0][2] for _, p, c in found if p == panel]
-            lows = [v for _, p, c in found if p == panel for _, _, v in c]
-            ax.set_ylim(min(lows) - 0.1, max(later) + 0.1)
+            runs_here = [c for _, p, c in found if p == panel]
+            later = [v for c in runs_here for _, _, v in c[1:]] or [c[0][2] for c in runs_here]
+            ax.set_ylim(min(v for c in runs_here for _, _, v in c) - 0.1, max(later) + 0.1)
         ax.set(xlabel="wall time since the command started, s (start-up and compile included)", ylabel="val loss",
                title=f"tiny shakespeare, {'characters' if panel == 'char' else 'GPT-2 BPE'}, "
                      f"{' / '.join(dict.fromkeys(card(f) for f in args.logs))}")
