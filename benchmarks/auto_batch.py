@@ -19,7 +19,8 @@ full logits, and eager cross-entropy over them holds fp32 copies the compiled st
 chose 8 (381k tok/s) where 16 fits. This benchmark's --probe-loss chunked then measured the probe with the loss in
 chunks (benchmarks/results/h100-2026-11-28b): 16 GB chose 16 (probe 10.5 GiB, real steps 9.2, 464k tok/s), 24 GB
 chose 32 (16.0 against 16.2, 490k tok/s, where the full-logits probe chose 16 at 460k). train.py's probe has done
-so since (training/batch_size.py's measured_bytes), and the option went.
+so since, plus the one copy of the logits the compiled step keeps (training/batch_size.py's measured_bytes: the real
+peak grew faster than the chunks alone), and the option went.
 
 One size per process: the cap, the allocator's cache and compile's graphs are per process.
 """
