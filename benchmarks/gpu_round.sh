@@ -20,6 +20,12 @@
 # Lines of training output are stamped with the seconds since the command started (val loss against
 # wall time, for the curves: python -m benchmarks.gpu_curves).
 R=$(pwd); A=$R/.anchors; BUDGET=${1:-540}; T0=$(date +%s)
+# an ONLY name that is no step would run nothing and say nothing, and cost a device call: refused first, before
+# anything is written
+STEPS=$(sed -n 's/^ *step \([a-z0-9_]*\) .*/\1/p' "${BASH_SOURCE[0]}" | tr '\n' ' ')
+for WANT in $ONLY; do
+  case " $STEPS" in *" $WANT "*) ;; *) echo "error: ONLY names '$WANT', which is no step of this round; the steps are: ${STEPS% }" >&2; exit 2;; esac
+done
 OUT=${OUT:-/tmp/gpu_round}; L=$OUT/logs; mkdir -p "$L"
 export TIKTOKEN_CACHE_DIR=$A/tiktoken_cache SMALLGPT_SHAKESPEARE=$A/data/tinyshakespeare/input.txt
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SMALLGPT_CACHE_DIR=/tmp/smallgpt-cache

@@ -3,9 +3,7 @@ directly (forked from a warm interpreter, with torchrun's environment), the loss
 HellaSwag-during-training check the multi-rank tests share."""
 from __future__ import annotations
 
-import io
 import json
-import multiprocessing
 import os
 import signal
 import socket
@@ -14,6 +12,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from warm_runs import Process
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,81 +49,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# A rank is a process forked from a warm interpreter that has imported torch and the training code once
-# (multiprocessing's fork server, one per test process), as torch's own distributed tests fork theirs: a
-# fresh interpreter spends ~2.5 s of CPU importing them, for each rank of each run, which on 2 cores was
-# a fifth of the suite. Each rank is still its own process (own pid and session, its environment, stdout
-# and stderr, signals and exit status), running tests/faults.py's main as `python tests/faults.py` would;
-# what a fresh interpreter's start-up does (imports, Ctrl-C during them) is tested on real scripts
-# elsewhere, and the torchrun tests start theirs through torchrun.
-_PRELOAD = ["torch", "torch._dynamo", "training.cli", "faults", "multirank_runs"]
-_forkserver = None
-
-
-def _context():
-    global _forkserver
-    if _forkserver is None:
-        _forkserver = multiprocessing.get_context("forkserver")
-        _forkserver.set_forkserver_preload(_PRELOAD)
-    return _forkserver
-
-
-def _text_stream(fd: int, errors: str, unbuffered: bool):
-    if unbuffered:  # as `python -u` or PYTHONUNBUFFERED: every write reaches the file at once
-        return io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), encoding="utf-8", errors=errors,
-                                write_through=True)
-    return open(fd, "w", encoding="utf-8", errors=errors, closefd=False)
-
-
-def _run_rank(args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
-    """In the forked process: become `python tests/faults.py ARGS` run with `env` in `cwd`."""
-    os.setsid()  # a session of its own, as start_new_session=True: a killpg reaches its workers too
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    for fd, path in ((1, stdout), (2, stderr)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        os.dup2(f, fd)
-        os.close(f)
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-    sys.stdout = sys.__stdout__ = _text_stream(1, "strict", unbuffered)
-    sys.stderr = sys.__stderr__ = _text_stream(2, "backslashreplace", unbuffered)
-    sys.argv = [str(ROOT / "tests" / "faults.py"), *args]
-    import torch
-
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
-    import faults
-
-    faults.main(args)
-
-
-class Rank:
-    """`python tests/faults.py ARGS` as a process forked from the warm interpreter, with Popen's pid, poll,
-    wait, send_signal and returncode (negative: the signal that ended it); its output goes to two files."""
-
-    def __init__(self, args: list[str], env: dict[str, str], stdout: Path, stderr: Path):
-        for path in (stdout, stderr):
-            Path(path).write_text("")
-        self._process = _context().Process(target=_run_rank, args=(list(args), dict(env), os.getcwd(), str(stdout),
-                                                                   str(stderr)))
-        self._process.start()
-        self.pid = self._process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
-
-    def poll(self) -> int | None:
-        return self._process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(["tests/faults.py"], timeout)
-        return self._process.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
+def Rank(args: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> Process:
+    """`python tests/faults.py ARGS` (train.py's main with the test-only faults in `env`) as a process
+    forked from the warm interpreter (tests/warm_runs.py: a fresh one spends ~2.5 s of CPU importing, for
+    each rank of each run), in a session of its own so that a killpg reaches its workers too."""
+    return Process([str(ROOT / "tests" / "faults.py"), *args], env=env, stdout=stdout, stderr=stderr,
+                   start_new_session=True)
 
 
 def two_ranks(args: list[str], **env: str) -> subprocess.CompletedProcess:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import bounded
 from bounded import LineTooLong, TooLarge, TooLargeError, opened, read_at_most, read_lines, read_own
 from errors import UserError
 from code_reading import ROOT, product_trees
+import warm_runs
 
 HUGE = 4 << 30  # sparse: no disk, and a whole read needs 4 GiB, over the cap below
 
@@ -92,8 +91,7 @@ def test_a_huge_file_at_an_own_files_name_is_one_line_in_little_memory_and_is_ke
         (d / other).write_text(json.dumps(content))
     with big.open("wb") as f:
         f.truncate(HUGE)
-    r = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(d), call], capture_output=True, text=True,
-                       timeout=120)
+    r = warm_runs.run(["-c", CHILD, ROOT, d, call])
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if expected == "refused":

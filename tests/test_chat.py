@@ -21,6 +21,7 @@ import torch
 
 from chat_models import char_tok, layout, save_chat_checkpoint, tiny_chat_model
 from data.chat_template import template_for
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -35,8 +36,7 @@ def chat_ckpt(tmp_path_factory):
 
 
 def chat(args, stdin: bytes, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "chat.py"), *map(str, args)], input=stdin, cwd=ROOT,
-                          capture_output=True, timeout=timeout, env=ENV)
+    return warm_runs.run([ROOT / "chat.py", *args], input=stdin, cwd=ROOT, timeout=timeout, env=ENV, text=False)
 
 
 def reference_replies(model, messages: list[str], max_new: int, system: str | None = None) -> list[str]:

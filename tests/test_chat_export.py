@@ -16,6 +16,7 @@ from data.chat_template import template_for  # noqa: E402
 from data.tokenizer import get_tokenizer, train_bpe  # noqa: E402
 from errors import UserError  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+import warm_runs
 
 CONVS = [
     [{"role": "user", "content": "hi"}],
@@ -137,9 +138,8 @@ def test_the_exported_models_greedy_reply_through_transformers_equals_chat_py(tm
     checkpoint.export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
     root = Path(__file__).resolve().parents[1]
     message, new = "What is 2 + 2?", 6
-    run = subprocess.run([sys.executable, str(root / "chat.py"), "--checkpoint", str(tmp_path / "run"),
-                          "--max-new-tokens", str(new), "--dtype", "float32", "--device", "cpu"],
-                         input=message + "\n", capture_output=True, text=True, timeout=120, cwd=root)
+    run = warm_runs.run([root / "chat.py", "--checkpoint", tmp_path / "run", "--max-new-tokens", new,
+                         "--dtype", "float32", "--device", "cpu"], input=message + "\n", cwd=root)
     assert run.returncode == 0, run.stderr
     ours = run.stdout.rstrip("\n").replace("\\n", "\n").replace("\\r", "\r").replace("\\\\", "\\")
     prompt = template.encode_prompt(tok, [{"role": "user", "content": message}])

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import torch
 
 from errors import UserError
 from checkpoint import FORMAT, load_checkpoint, save_checkpoint
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +89,7 @@ def test_process_killed_between_write_and_rename_leaves_old_checkpoint_loadable(
         os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)   # die right before the rename
         save_checkpoint({str(path)!r}, {{"model": {{"w": torch.full((4, 4), 2.0)}}, "iter": 2}})
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
+    r = warm_runs.run(["-c", child], text=False)
     assert r.returncode == -9, r.stderr.decode()
     assert len(list(tmp_path.glob(".ckpt.pt.*.tmp"))) == 1  # the new bytes were written, not renamed
     assert load_checkpoint(path)["iter"] == 1

@@ -28,7 +28,6 @@ import dataclasses
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from doc_commands import ROOT, all_commands, documents, unlabelled_commands
 from errors import run_cli
 from model import GPT, GPTConfig
 from training import plot
+import warm_runs
 
 COMMANDS = all_commands()
 ENTRIES = {("train.py",): train_cli.main, ("sample.py",): sample_cli.main, ("bench.py",): bench_cli.main,
@@ -152,9 +152,8 @@ def test_class6_every_documented_command_runs(cmd, sandbox, capsys, monkeypatch)
     monkeypatch.chdir(sandbox)
     main, args = substituted(cmd)
     if main is None:  # another entry point: as a subprocess, in the sandbox
-        run = subprocess.run([sys.executable, *(str(ROOT / a) if a.endswith(".py") else a for a in args)],
-                             input=cmd.stdin or "", capture_output=True, text=True, timeout=120, cwd=sandbox,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        run = warm_runs.run([ROOT / a if a.endswith(".py") else a for a in args], input=cmd.stdin or "", cwd=sandbox,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
         code, out, err = run.returncode, run.stdout, run.stderr
     else:
         if cmd.stdin is not None:

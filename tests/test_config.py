@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from hypothesis import strategies as st
 from errors import UserError
 from checkpoint import load_checkpoint, save_checkpoint
 from training.config.sections import Config, load_config, resume_conflicts, section_keys
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,8 +190,8 @@ def test_print_config_prints_yaml_that_loads_back_to_the_same_config(tmp_path, c
 @pytest.mark.slow
 def test_cli_bad_config_prints_one_line_error_without_traceback(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", "small", "--train.max_iters=0",
-                        f"--train.out_dir={tmp_path / 'out'}"], capture_output=True, text=True, env=env, timeout=120)
+    r = warm_runs.run([ROOT / "train.py", "--config", "small", "--train.max_iters=0",
+                       f"--train.out_dir={tmp_path / 'out'}"], env=env)
     assert r.returncode == 2
     assert r.stderr.strip() == "error: train.max_iters must be >= 1, got 0"
     assert not (tmp_path / "out").exists()

@@ -1,10 +1,7 @@
 """Bad input: a one-line UserError naming the problem and the fix, and good prepared data untouched."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +16,7 @@ from data.prepare import main as prepare_main
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError, run_cli
 from prepared_files import first_file
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,10 +243,7 @@ def test_no_prepared_data_points_at_prepare(tmp_path):
 
 @pytest.mark.slow
 def test_cli_bad_input_prints_one_error_line_and_no_traceback(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "data.prepare", "--dataset", str(tmp_path / "missing.txt"), "--root", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, env=os.environ.copy(), timeout=60,
-    )
+    r = warm_runs.run(["-m", "data.prepare", "--dataset", tmp_path / "missing.txt", "--root", tmp_path], cwd=ROOT)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.txt" in lines[0], r.stderr

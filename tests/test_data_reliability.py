@@ -22,6 +22,7 @@ from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
 from locks import DirLock
 from prepared_files import first_file
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +92,7 @@ def test_a_prepare_killed_mid_shard_resumes_and_ends_byte_equal_to_an_uninterrup
     """) + kill + textwrap.dedent(f"""
         prepare_data(DataConfig(root={str(root)!r}, **{settings!r}), progress=False)
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    r = warm_runs.run(["-c", child])
     assert r.returncode == -9, r.stderr
     out = root / whole.name
     assert not (out / "meta.json").exists()
@@ -137,7 +138,7 @@ def test_a_prepare_killed_inside_its_only_shard_resumes_from_its_last_record(tmp
     """) + KILL_MID_SHARD + textwrap.dedent(f"""
         prepare_data(DataConfig(root={str(root)!r}, **{settings!r}), progress=False)
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    r = warm_runs.run(["-c", child])
     assert r.returncode == -9, r.stderr
     out = root / whole.name
     (record,) = out.glob(".prepare-*.json")

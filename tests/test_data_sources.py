@@ -6,8 +6,6 @@ import gzip
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -24,6 +22,7 @@ import data.prepare
 from data import BatchLoader, DataConfig, load_meta, prepare_data
 from errors import UserError
 from prepared_files import read_bins, read_split, split_on
+import warm_runs
 
 ENC = tiktoken.get_encoding("gpt2")
 EOT = 50256
@@ -293,8 +292,7 @@ except UserError as e:
 
 
 def capped_prepare(dataset: Path, root: Path, format: str = "text") -> str:
-    r = subprocess.run([sys.executable, "-c", CAPPED_PREPARE, str(ROOT), str(dataset), str(root), format],
-                       capture_output=True, text=True, timeout=300)
+    r = warm_runs.run(["-c", CAPPED_PREPARE, ROOT, dataset, root, format])
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from errors import UserError
 from eval.drawing import new_figure
 from eval.figures import figure_png
 from figure_inputs import TEXT, checkpoint_payload, tiny_model, write_run
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +34,7 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 def command(args: list, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
+    return warm_runs.run(args, cwd=ROOT, env={**os.environ, **env})
 
 
 # ------------------------------------------------------------------------------------------ MPLBACKEND

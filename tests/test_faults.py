@@ -19,6 +19,7 @@ import torch
 
 from checkpoint import load_checkpoint
 from tiny_runs import tiny_argv
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -26,29 +27,34 @@ pytestmark = pytest.mark.slow
 
 
 def train_argv(out: Path, data_root: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *tiny_argv(out, data_root, "--model.dropout=0.1", "--train.max_iters=60",
-                                                               "--train.checkpoint_interval=4", "--train.eval_interval=20",
-                                                               "--train.log_interval=5", *extra)]
+    return tiny_argv(out, data_root, "--model.dropout=0.1", "--train.max_iters=60", "--train.checkpoint_interval=4",
+                     "--train.eval_interval=20", "--train.log_interval=5", *extra)
+
+
+def train(out: Path, data_root: Path, *extra: str, **env: str):
+    """A run of train.py forked from a warm interpreter (tests/warm_runs.py): a fresh one's start-up is
+    where the random kills below land, not what these runs are for."""
+    return warm_runs.run([ROOT / "train.py", *train_argv(out, data_root, *extra)], env={**ENV, **env})
 
 
 def test_kill_9_at_random_moments_then_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, data_root):
-    reference = subprocess.run(train_argv(tmp_path / "ref", data_root), env=ENV, capture_output=True, text=True,
-                               timeout=300)
+    reference = train(tmp_path / "ref", data_root)
     assert reference.returncode == 0, reference.stderr[-2000:]
     out, rng = tmp_path / "killed", random.Random(1234)
     # first, deterministically, a kill in the middle of a checkpoint write (the 1st, then the 2nd of a
     # process): a half-written temp file is left behind, which the next trainer must remove
     for k in (1, 2):
-        killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *train_argv(out, data_root)[2:]],
-                                env={**ENV, "SMALLGPT_TEST_KILL_IN_SAVE": str(k)}, capture_output=True, timeout=300)
+        killed = warm_runs.run([ROOT / "tests" / "faults.py", *train_argv(out, data_root)],
+                               env={**ENV, "SMALLGPT_TEST_KILL_IN_SAVE": str(k)})
         assert killed.returncode == -signal.SIGKILL
         assert len(list(out.glob(".ckpt.pt.*.tmp"))) == 1  # the killed writer's; the one before it was removed
     for _ in range(2):  # then each kill lands anywhere: imports, set-up, a step, mid-checkpoint-write
-        proc = subprocess.Popen(train_argv(out, data_root), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *train_argv(out, data_root)], env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # a fresh interpreter
         time.sleep(rng.uniform(0.3, 4.0))  # start-up takes ~3 s: some land in imports, some in steps
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    final = subprocess.run(train_argv(out, data_root), env=ENV, capture_output=True, text=True, timeout=300)
+    final = train(out, data_root)
     assert final.returncode == 0, final.stderr[-2000:]
     a, b = load_checkpoint(tmp_path / "ref"), load_checkpoint(out)
     assert a["train"]["iter"] == b["train"]["iter"] == 60
@@ -59,7 +65,7 @@ def test_kill_9_at_random_moments_then_resume_ends_bitwise_equal_to_an_uninterru
 
 def test_a_checkpoint_onto_a_full_filesystem_is_one_line_and_keeps_the_previous_one(tmp_path, data_root):
     probe = tmp_path / "probe"
-    r = subprocess.run(train_argv(probe, data_root, "--train.max_iters=2"), env=ENV, capture_output=True, timeout=300)
+    r = train(probe, data_root, "--train.max_iters=2")
     assert r.returncode == 0
     size = (probe / "ckpt.pt").stat().st_size
     disk = tmp_path / "disk"
@@ -71,8 +77,7 @@ def test_a_checkpoint_onto_a_full_filesystem_is_one_line_and_keeps_the_previous_
                     "simulated full disk of test_train_reliability.py covers the code path instead")
     try:
         out = disk / "out"
-        r = subprocess.run(train_argv(out, data_root, "--train.max_iters=8"), env=ENV, capture_output=True, text=True,
-                           timeout=300)
+        r = train(out, data_root, "--train.max_iters=8")
         errors = [ln for ln in r.stderr.replace("\r", "\n").splitlines() if ln.startswith("error:")]
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert len(errors) == 1 and "No space left on device" in errors[0] and "ckpt.pt, still holds iter 4" in errors[0]

@@ -21,11 +21,13 @@ import io
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, strategies as st
 
 from benchmarks import auto_batch, cli as bench_cli, gpu_curves, gpu_step_profile
 from cli_lines import an_error_line, cli
@@ -316,3 +318,33 @@ def test_the_curves_of_a_folder_without_them_are_one_line(logs, words, tmp_path,
     code, _, err = cli([str(folder), str(out)], capsys, main=gpu_curves.main)
     an_error_line(code, err, *words)
     assert not (tmp_path / "curves.png").exists() and not list(tmp_path.rglob("*.png"))
+
+
+def _round(only: str, out: Path):
+    env = {**os.environ, "ONLY": only, "OUT": str(out), "PY": "true", "PATH": os.environ["PATH"]}
+    return subprocess.run(["bash", str(ROUND), "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+@given(name=st.one_of(st.from_regex(r"[a-z0-9_]{1,12}", fullmatch=True),
+                      st.sampled_from(sorted(ROUND_STEPS)).map(lambda s: s + "x"),
+                      st.sampled_from(sorted(ROUND_STEPS)).map(lambda s: s[:-1])))
+def test_an_only_name_that_is_no_step_is_one_line_before_anything_is_written(name, tmp_path_factory):
+    """Before: ONLY="ours_124m ours_bpee" ran ours_124m and said nothing of the other (a device call spent on
+    a typo). Each name ONLY gives that is not one of the round's `step NAME` lines (as this file reads them) is
+    refused in one line naming it, and no logs folder is made."""
+    if name in ROUND_STEPS:
+        return
+    out = tmp_path_factory.mktemp("round") / "out"
+    r = _round(f"{sorted(ROUND_STEPS)[0]} {name}", out)
+    line = an_error_line(r.returncode, r.stderr, f"ONLY names '{name}'", "no step")
+    assert r.stderr.count("\n") == 1 and all(s in line for s in ROUND_STEPS), line
+    assert not out.exists()
+
+
+def test_each_step_name_is_taken_by_only(tmp_path):
+    """The other side: every step's name passes the check (with a 1 s budget each is then skipped, said in the
+    summary, and nothing runs)."""
+    r = _round(" ".join(sorted(ROUND_STEPS)), tmp_path / "out")
+    assert r.returncode == 0 and "error:" not in r.stderr, r.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert sorted(re.findall(r"== (\w+): skipped", summary)) == sorted(ROUND_STEPS), summary

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from eval.hellaswag import evaluate_hellaswag, hellaswag_metrics, load_items, sc
 from model import GPT, GPTConfig
 from checkpoint import load_model, save_checkpoint
 from runtime.precision import autocast
+import warm_runs
 
 transformers = pytest.importorskip("transformers")
 
@@ -188,8 +188,7 @@ def run(argv, capsys):
 
 
 def run_script(argv):
-    return subprocess.run([sys.executable, "-m", "eval.hellaswag", *map(str, argv)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env=ENV)
+    return warm_runs.run(["-m", "eval.hellaswag", *argv], cwd=ROOT, env=ENV)
 
 
 def test_cli_prints_acc_and_acc_norm_of_the_reference_choices(hf_dir, data_path, reference, capsys):

@@ -119,13 +119,11 @@ def test_from_pretrained_of_an_unreachable_hub_name_is_refused(monkeypatch):
 
 
 def run_export_cli(*args):
-    import subprocess
-    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-m", "checkpoint.export", *map(str, args)],
-                          cwd=root, capture_output=True, text=True, timeout=120)
+    import warm_runs
+
+    return warm_runs.run(["-m", "checkpoint.export", *args], cwd=Path(__file__).resolve().parents[1])
 
 
 def test_export_cli_writes_a_directory_transformers_loads(tmp_path):

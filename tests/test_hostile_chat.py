@@ -23,6 +23,7 @@ from data.conversations import NOT_TEXT, chat_rows, fault_kind
 from data.sources import open_source
 from errors import UserError
 from model import GPT, GPTConfig
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = char_tok()
@@ -92,8 +93,8 @@ def chat_ckpt(tmp_path_factory):
 
 
 def chat(args, stdin: bytes) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "chat.py"), "--device", "cpu", "--max-new-tokens", "4",
-                           *map(str, args)], input=stdin, cwd=ROOT, capture_output=True, timeout=120, env=ENV)
+    return warm_runs.run([ROOT / "chat.py", "--device", "cpu", "--max-new-tokens", "4", *args], input=stdin, cwd=ROOT,
+                         env=ENV, text=False)
 
 
 def test_class_command_then_any_whitespace_is_that_command_and_bad_command_lines_write_no_reply_line(chat_ckpt):
@@ -190,9 +191,7 @@ def test_a_plain_models_advice_to_fine_tune_it_runs_as_written(tmp_path, capsys,
 
 
 def test_chat_reading_dev_zero_ends_with_one_line(chat_ckpt):
-    with open("/dev/zero", "rb") as zero:
-        r = subprocess.run([sys.executable, str(ROOT / "chat.py"), "--checkpoint", str(chat_ckpt)], stdin=zero,
-                           cwd=ROOT, capture_output=True, timeout=120, env=ENV)
+    r = warm_runs.run([ROOT / "chat.py", "--checkpoint", chat_ckpt], stdin="/dev/zero", cwd=ROOT, env=ENV, text=False)
     err = r.stderr.decode()
     assert r.returncode == 2 and r.stdout == b"" and err.count("error:") == 1 and "without a line end" in err, err
 
@@ -200,8 +199,8 @@ def test_chat_reading_dev_zero_ends_with_one_line(chat_ckpt):
 @pytest.mark.parametrize("text", [b"ab\xffc", b"\xed\xa0\x80"])  # (a subprocess each)
 def test_class_system_argument_not_utf8_is_one_line(chat_ckpt, text):
     # argv's undecodable bytes reach Python as lone surrogates: the char tokenizer's traceback
-    r = subprocess.run([sys.executable, str(ROOT / "chat.py"), "--checkpoint", str(chat_ckpt), "--system", text],
-                       input=b"hi\n", cwd=ROOT, capture_output=True, timeout=120, env=ENV)
+    r = warm_runs.run([ROOT / "chat.py", "--checkpoint", chat_ckpt, "--system", text], input=b"hi\n", cwd=ROOT,
+                      env=ENV, text=False)
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 2 and err.startswith("error: --system is not valid UTF-8") and err.count("\n") == 1, err
 

@@ -18,8 +18,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 import typing
 from pathlib import Path
@@ -37,6 +35,7 @@ from training.timing.schedule import lr_at
 
 from hostile_values import SPECIAL_FLOATS, SPECIAL_INTS
 from cli_lines import an_error_line
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("model", "data", "train", "eval", "wandb")
@@ -193,8 +192,7 @@ def test_a_run_at_lr_1e30_stops_at_the_non_finite_guard(tmp_path, data_root):
     argv = train_argv(tmp_path / "out", data_root, "--train.lr=1e30", "--train.max_iters=4", "--train.warmup_iters=0",
                       "--train.grad_clip=0")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], capture_output=True, text=True, timeout=120,
-                       env=env, cwd=tmp_path)
+    r = warm_runs.run([ROOT / "train.py", *argv], env=env, cwd=tmp_path)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "non-finite" in errors[0], errors[0]
@@ -209,8 +207,7 @@ def test_a_run_with_the_other_extreme_accepted_values_trains_finite(tmp_path, da
                       "--model.layer_norm_eps=1e308", "--model.pos_embedding=rope", "--model.rope_base=1e308",
                       "--model.logit_softcap=1e6", "--train.weight_decay=0", "--train.max_iters=3")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], capture_output=True, text=True, timeout=120,
-                       env=env, cwd=tmp_path)
+    r = warm_runs.run([ROOT / "train.py", *argv], env=env, cwd=tmp_path)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     losses = [rec[k] for rec in map(json.loads, (tmp_path / "out" / "metrics.jsonl").read_text().splitlines())
               for k in rec if k.endswith("loss")]

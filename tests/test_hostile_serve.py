@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,6 +18,7 @@ import server.app
 from server.app import Served, create_app
 from server.engine import Engine
 from server.schema import Limits
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = char_tok()
@@ -113,9 +112,8 @@ def test_class_integer_over_pythons_digit_limit_anywhere_says_so_not_how_to_rais
 def test_class_model_name_not_utf8_is_one_line_before_serving(tmp_path, name):
     # the server started, and every JSON reply naming the model (/v1/models, /health, chat) was a 500
     ckpt = save_chat_checkpoint(tmp_path / "ckpt.pt", tiny_chat_model())
-    r = subprocess.run([sys.executable, str(ROOT / "serve.py"), "--checkpoint", str(ckpt), "--port", "0",
-                        "--model-name", name], cwd=ROOT, capture_output=True, timeout=120,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = warm_runs.run([ROOT / "serve.py", "--checkpoint", ckpt, "--port", "0", "--model-name", name], cwd=ROOT,
+                      env={**os.environ, "OMP_NUM_THREADS": "1"}, text=False)
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 2 and err.startswith("error: --model-name is not valid UTF-8") and err.count("\n") == 1, err
 

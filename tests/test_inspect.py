@@ -10,7 +10,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from errors import UserError, run_cli
 from eval import figures, inspect
 from cli_lines import one_error_line
 from figure_inputs import CHARS, TEXT, TOK, checkpoint_payload, tiny_model
+import warm_runs
 
 # ------------------------------------------------------------------------- the weights, rebuilt by hand
 
@@ -385,8 +385,8 @@ def test_out_never_replaces_the_text_file_it_reads(char_ckpt, tmp_path, capsys):
 
 def test_the_real_command_prints_one_error_line_without_traceback(tmp_path):
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "eval.inspect", "--checkpoint", tmp_path / "nope.pt", "--text", "hi",
-                           "--out", tmp_path], cwd=root, capture_output=True, text=True, timeout=120)
+    done = warm_runs.run(["-m", "eval.inspect", "--checkpoint", tmp_path / "nope.pt", "--text", "hi", "--out", tmp_path],
+                         cwd=root)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: checkpoint")
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from model.generate import generate
 from checkpoint import load_for_inference, save_checkpoint
 from sample_runs import CHARS, ENV, make_char_checkpoint, run
 from cli_lines import one_error_line
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,7 @@ def char_ckpt(tmp_path_factory):
 
 
 def run_script(argv, cwd=ROOT, **kw):
-    return subprocess.run([sys.executable, str(ROOT / "sample.py"), *map(str, argv)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, env=ENV, **kw)
+    return warm_runs.run([ROOT / "sample.py", *argv], cwd=cwd, env=ENV, **kw)
 
 
 # ---------------------------------------------------------------------------------- HF parity
@@ -348,13 +347,13 @@ def test_prompts_of_different_lengths_in_one_batch_equal_each_run_alone(char_ckp
 @pytest.mark.slow
 def test_train_a_tiny_model_then_sample_from_its_out_dir(tmp_path, shakespeare_path):
     out_dir = tmp_path / "out"
-    train = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=2",
+    train = warm_runs.run(
+        [ROOT / "train.py", "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=2",
          "--model.block_size=32", "--train.max_iters=5", "--train.eval_interval=5", "--train.eval_iters=1",
          "--train.batch_size=4", "--train.warmup_iters=1", "--data.tokenizer=char",
          f"--data.root={tmp_path / 'data'}", f"--data.local_path={shakespeare_path}",
          f"--train.out_dir={out_dir}", "--train.device=cpu", "--wandb.mode=disabled"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+        cwd=tmp_path, env=ENV)
     assert train.returncode == 0, train.stderr[-2000:]
     r = run_script(["--checkpoint", out_dir, "--max-new-tokens", "20", "--seed", "0"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -402,8 +401,7 @@ def test_a_checkpoint_whose_config_is_absurdly_large_is_refused_before_building(
 def test_stdin_of_dev_zero_is_refused_in_one_line_after_a_bounded_read(capsys, monkeypatch):
     import io
 
-    with open("/dev/zero", "rb") as zero:  # a real process, a real endless stdin
-        r = run_script(["--checkpoint", "/nonexistent.pt", "-"], stdin=zero)
+    r = run_script(["--checkpoint", "/nonexistent.pt", "-"], stdin="/dev/zero")  # a real process, endless stdin
     one_error_line(r.returncode, r.stderr, "the prompt on stdin is larger than 16 MiB")
     assert "batch size" not in r.stderr
     for argv in (["--prompt-file", "-"], ["--prompt", "-"]):  # the other spellings of stdin, in this process

@@ -9,8 +9,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 
 import httpx
 import openai
@@ -19,6 +17,7 @@ import pytest
 
 from model.generate import generate
 from serving import CHARS, ROOT, Browser, Server, chromium, make_chat_checkpoint
+import warm_runs
 
 MODEL = "tinychat"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, who are you?"}]
@@ -62,10 +61,9 @@ def reference_reply(model, tok, template, messages, max_tokens: int) -> str:
 
 def chat_py_reply(checkpoint, system: str, message: str, max_tokens: int) -> str:
     """`python chat.py` with the message piped on stdin (greedy): its one stdout line, unescaped."""
-    r = subprocess.run([sys.executable, "chat.py", "--checkpoint", str(checkpoint), "--system", system,
-                        "--max-new-tokens", str(max_tokens), "--dtype", "float32", "--device", "cpu"],
-                       input=message + "\n", capture_output=True, text=True, cwd=ROOT, timeout=120,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = warm_runs.run(["chat.py", "--checkpoint", checkpoint, "--system", system, "--max-new-tokens", max_tokens,
+                       "--dtype", "float32", "--device", "cpu"], input=message + "\n", cwd=ROOT,
+                      env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     line = r.stdout.removesuffix("\n")
     assert "\n" not in line, r.stdout

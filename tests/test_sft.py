@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from data.tasks import ALPHABET, generate, pretrain_text, write_jsonl
 from data.tokenizer import CharTokenizer
 from training.config.sections import load_config
 from training.report.evaluate import bits_per_byte
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ONE_THREAD = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -193,7 +192,7 @@ def test_a_chat_prepare_killed_mid_shard_resumes_and_ends_byte_equal(tmp_path):
         data.shards.RECORD_EVERY_S = 0.0
         from data import DataConfig, prepare_data
     """) + KILL_MID_SHARD + f"prepare_data(DataConfig(root={str(root)!r}, **{settings!r}), progress=False)\n"
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    r = warm_runs.run(["-c", child])
     assert r.returncode == -9, r.stderr
     assert not (root / whole.name / "meta.json").exists()
     again = prepare_data(DataConfig(root=str(root), **settings), progress=False)
@@ -251,9 +250,8 @@ def test_a_kill_9_and_rerun_is_bitwise_the_uninterrupted_fine_tune(tasks, tmp_pa
     common = ("--train.max_iters=6", "--train.checkpoint_interval=2", "--model.dropout=0.1")
     full = loop.train(load_config(sft_argv(tasks, tmp_path / "full", *common)))
     out = tmp_path / "killed"
-    killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *sft_argv(tasks, out, *common)],
-                            env={**__import__("os").environ, **ENV_ONE_THREAD, "SMALLGPT_TEST_KILL_AFTER": "5"},
-                            capture_output=True, text=True, timeout=300)
+    killed = warm_runs.run([ROOT / "tests" / "faults.py", *sft_argv(tasks, out, *common)],
+                           env={**__import__("os").environ, **ENV_ONE_THREAD, "SMALLGPT_TEST_KILL_AFTER": "5"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert load_checkpoint(out)["train"]["iter"] == 4
     resumed = loop.train(load_config(sft_argv(tasks, out, *common)))

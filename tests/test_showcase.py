@@ -9,8 +9,6 @@ import functools
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from training.report.showcase import build_showcase
 from multirank_runs import argv as multirank_argv, two_ranks
 from tiny_runs import _one_thread, run, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
 from wandb_files import file_records
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 12  # generated per prompt: enough to tell two texts apart, cheap on a tiny model
@@ -206,8 +205,7 @@ def test_a_replayed_metrics_record_sends_its_numbers_and_leaves_its_samples_to_t
     (a list) are not; the table holds them, logged whole at the next round. (In a process of its own: wandb's
     service is started fresh, as a run starts it.)"""
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"} | {"WANDB_MODE": "offline"}
-    r = subprocess.run([sys.executable, "-c", REPLAY, str(ROOT), str(tmp_path)], capture_output=True, text=True,
-                       env=env, timeout=180)
+    r = warm_runs.run(["-c", REPLAY, ROOT, tmp_path], env=env)
     assert r.returncode == 0 and "warning" not in r.stdout + r.stderr, r.stdout + r.stderr
     (folder,) = sorted((tmp_path / "wandb").glob("offline-run-*-replay01*"))
     media = wandb_media(folder, 3)

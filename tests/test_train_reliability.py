@@ -22,6 +22,7 @@ from errors import UserError
 from checkpoint import load_checkpoint, save_checkpoint
 from tiny_runs import run, tiny_argv
 from cli_lines import cli, an_error_line
+import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -34,8 +35,8 @@ def test_a_second_trainer_on_the_same_out_dir_stops_and_the_checkpoint_is_never_
     out = tmp_path / "out"
     argv = tiny_argv(out, data_root, "--train.max_iters=100000", "--train.checkpoint_interval=2",
                      "--train.eval_interval=100000", "--train.log_interval=50")
-    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = warm_runs.Process([ROOT / "train.py", *argv], env=ENV, stdout=tmp_path / "first.out",
+                              stderr=tmp_path / "first.err")
     deadline = time.time() + 60
     while not (out / "ckpt.pt").exists():
         assert time.time() < deadline and first.poll() is None, first.communicate()
@@ -53,8 +54,7 @@ def test_a_second_trainer_on_the_same_out_dir_stops_and_the_checkpoint_is_never_
 
     t = threading.Thread(target=reader)
     t.start()
-    second = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], env=ENV, capture_output=True, text=True,
-                            timeout=120)
+    second = warm_runs.run([ROOT / "train.py", *argv], env=ENV, timeout=120)
     t.join(timeout=60)
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=60)
@@ -203,9 +203,8 @@ def test_a_metrics_file_that_is_a_directory_is_one_line(tmp_path, data_root, cap
 
 @pytest.mark.slow
 def test_sampling_into_a_full_device_is_one_line(char_ckpt):
-    with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(char_ckpt), "--max-new-tokens",
-                            "50", "--seed", "1"], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV, timeout=120)
+    r = warm_runs.run([ROOT / "sample.py", "--checkpoint", char_ckpt, "--max-new-tokens", "50", "--seed", "1"],
+                      stdout="/dev/full", env=ENV)
     an_error_line(r.returncode, r.stderr, "cannot write the samples to stdout", "No space left on device")
 
 
@@ -279,7 +278,7 @@ def test_a_non_utf8_prompt_is_one_line_naming_the_byte_offset_on_every_input_pat
     """One rule everywhere: before, char checkpoints crashed with UnicodeEncodeError and gpt2 ones
     silently turned the bytes into '?'."""
     bad = b"ROMEO:\xff\xfe"
-    args = [sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(char_ckpt), "--max-new-tokens", "2"]
+    args = [ROOT / "sample.py", "--checkpoint", char_ckpt, "--max-new-tokens", "2"]
     kw = {}
     if where == "argv":
         args += ["--prompt", os.fsdecode(bad)]
@@ -289,7 +288,7 @@ def test_a_non_utf8_prompt_is_one_line_naming_the_byte_offset_on_every_input_pat
     else:
         (tmp_path / "p.txt").write_bytes(bad)
         args += ["--prompt-file", str(tmp_path / "p.txt")]
-    r = subprocess.run(args, capture_output=True, env=ENV, timeout=120, **kw)
+    r = warm_runs.run(args, env=ENV, text=False, **kw)
     an_error_line(r.returncode, r.stderr.decode(), "not valid UTF-8: byte 0xff at byte offset 6")
 
 

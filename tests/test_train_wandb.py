@@ -7,8 +7,6 @@ import glob
 import json
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from checkpoint import load_checkpoint
 from faults import inject
 from tiny_runs import ROOT, _one_thread, run, sub_env, tiny_argv  # noqa: F401 (_one_thread: an autouse fixture)
 from wandb_files import file_records, history_steps
+import warm_runs
 
 
 def test_wandb_offline_run_has_summary_and_config_and_resume_reuses_the_id(tmp_path, data_root):
@@ -122,10 +121,9 @@ def test_after_kill_9_every_logged_step_reaches_wandb_exactly_once(tmp_path, dat
     out = tmp_path / "out"
     common = ("--wandb.mode=offline", "--train.max_iters=10", "--train.checkpoint_interval=3",
               "--train.eval_interval=100", "--train.log_interval=1")
-    killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *tiny_argv(out, data_root, *common)],
-                            env={**{k: v for k, v in sub_env().items() if k != "WANDB_SERVICE"},  # its own wandb-core
-                                 "SMALLGPT_TEST_KILL_AFTER": "7"}, capture_output=True, text=True,
-                            timeout=300)
+    killed = warm_runs.run([ROOT / "tests" / "faults.py", *tiny_argv(out, data_root, *common)],
+                           env={**{k: v for k, v in sub_env().items() if k != "WANDB_SERVICE"},  # its own wandb-core
+                                "SMALLGPT_TEST_KILL_AFTER": "7"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert load_checkpoint(out)["train"]["iter"] == 6
     res = run(out, data_root, *common)
