@@ -37,6 +37,7 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 from errors import ArgumentParser, UserError, clipped, run_cli  # noqa: E402 (the product's one-line option errors)
 from multirank_runs import free_port  # noqa: E402 (tests/, this script's folder)
+import warm_runs  # noqa: E402
 
 # factor -> its values; the first value of each is the plain default a refusal row starts from
 FACTORS: dict[str, tuple[str, ...]] = {
@@ -184,31 +185,28 @@ def source_dir(work: Path, row: dict[str, str]) -> Path:
 
 def launch(args: list[str], env: dict[str, str], ranks: int = 1, timeout: float = 240) -> tuple[int, str, str]:
     """tests/faults.py (train.py's main with the test-only hooks in env) on `ranks` processes, started as
-    torchrun would start them (tests/multirank_runs.py's two_ranks); a failed rank stops the other."""
+    torchrun would start them (tests/multirank_runs.py's two_ranks) and forked from a warm interpreter
+    (tests/warm_runs.py); a failed rank stops the other."""
     if ranks == 1:
-        r = subprocess.run([sys.executable, str(ROOT / "tests" / "faults.py"), *args], capture_output=True,
-                           text=True, env=env, timeout=timeout)
+        r = warm_runs.run([ROOT / "tests" / "faults.py", *args], env=env, timeout=timeout)
         return r.returncode, r.stdout, r.stderr
     base = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks),
             "LOCAL_WORLD_SIZE": str(ranks)}
-    logs = [tempfile.TemporaryFile("w+") for _ in range(2 * ranks)]
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "faults.py"), *args], stdout=logs[2 * r],
-                              stderr=logs[2 * r + 1], text=True, start_new_session=True,
-                              env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
-    deadline, failed = time.time() + timeout, None
-    while any(p.poll() is None for p in procs) and time.time() < deadline and failed is None:
-        failed = next((p.returncode for p in procs if p.poll() not in (None, 0)), None)
-        time.sleep(0.05)
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-        p.wait()
-    code = failed if failed is not None else next((p.returncode for p in procs if p.returncode), 0)
-    texts = []
-    for f in logs:
-        f.seek(0)
-        texts.append(f.read())
-        f.close()
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        logs = [Path(tmp) / f"{r}.{kind}" for r in range(ranks) for kind in ("out", "err")]
+        procs = [warm_runs.Process([ROOT / "tests" / "faults.py", *args], stdout=logs[2 * r], stderr=logs[2 * r + 1],
+                                   start_new_session=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(ranks)]
+        deadline, failed = time.time() + timeout, None
+        while any(p.poll() is None for p in procs) and time.time() < deadline and failed is None:
+            failed = next((p.returncode for p in procs if p.poll() not in (None, 0)), None)
+            time.sleep(0.05)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.wait()
+        code = failed if failed is not None else next((p.returncode for p in procs if p.returncode), 0)
+        texts = [f.read_text(encoding="utf-8", errors="replace") for f in logs]
     return code, "".join(texts[0::2]), "".join(texts[1::2])
 
 
@@ -242,9 +240,9 @@ def check(ok: bool, what: str, out: tuple[int, str, str] | None = None) -> None:
 
 
 def greedy(out_dir: Path, env: dict[str, str]) -> str:
-    r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(out_dir), "--prompt", "The ",
-                        "--temperature", "0", "--max-new-tokens", "32", "--seed", "0", "--no-stream", "--device", "cpu",
-                        "--dtype", "float32"], capture_output=True, text=True, env=env, timeout=120)
+    r = warm_runs.run([ROOT / "sample.py", "--checkpoint", out_dir, "--prompt", "The ", "--temperature", "0",
+                       "--max-new-tokens", "32", "--seed", "0", "--no-stream", "--device", "cpu", "--dtype", "float32"],
+                      env=env, timeout=120)
     check(r.returncode == 0, f"sample.py {out_dir.name}", (r.returncode, r.stdout, r.stderr))
     return r.stdout
 
@@ -348,7 +346,9 @@ def prepare(work: Path, needed: list[dict[str, str]]) -> None:
     code = ("from pathlib import Path; from data.tasks import generate, pretrain_text, write_jsonl\n"
             f"write_jsonl(Path({str(work / 'chat.jsonl')!r}), generate(400, 4)[0])\n"
             f"Path({str(work / 'chat_text.txt')!r}).write_text(pretrain_text(400))")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env_for(work), cwd=ROOT, timeout=120)
+    r = warm_runs.run(["-c", code], env=env_for(work), cwd=ROOT, timeout=120)
+    if r.returncode:
+        raise SystemExit(f"error: writing the conversations failed: {first_error(r.stdout, r.stderr)}")
     env = env_for(work)
     toks = sorted({r["tok"] for r in needed})
     chat = any(r["sft"] == "on" for r in needed)
@@ -357,7 +357,7 @@ def prepare(work: Path, needed: list[dict[str, str]]) -> None:
             f"root={str(work / 'data')!r}), progress=False)\n"
             f"for t in {toks if chat else []!r}: prepare_data(DataConfig(dataset={str(work / 'chat.jsonl')!r}, "
             f"tokenizer=t, format='chat', root={str(work / 'data')!r}), progress=False)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    r = warm_runs.run(["-c", code], env=env, cwd=ROOT, timeout=300)
     if r.returncode:
         raise SystemExit(f"error: preparing the data failed: {first_error(r.stdout, r.stderr)}")
     sources = {source_dir(work, r): r for r in needed if r["init"] == "ckpt" and refusal(r) is None}
