@@ -118,7 +118,7 @@ def inject(**faults):
 
 def main(argv: list[str]) -> None:
     """train.py's main with the faults the environment asks for (this module's docstring); the process
-    it runs in is this script's own, or a rank forked from a warm interpreter (tests/multirank_runs.py)."""
+    it runs in is this script's own, or one forked from a warm interpreter (tests/warm_runs.py)."""
     sys.path.insert(0, str(ROOT))
     from training import chain, loop
     from training import cli as train_cli

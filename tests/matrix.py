@@ -132,9 +132,14 @@ MODERN = ("--model.pos_embedding=rope", "--model.norm=rmsnorm", "--model.qk_norm
           "--model.tie_embeddings=false")
 
 
+# the hub's switches are read when transformers is imported, which the runs' fork server does once
+# (tests/warm_runs.py): they are this process's own before it starts
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
 def env_for(work: Path) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled",
-           "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "WANDB_SILENT": "true", **OFFLINE,
            "SMALLGPT_CACHE_DIR": str(work / "choices"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     if (SHARED / "tiktoken_cache").is_dir():
         env.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken_cache"))
@@ -425,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     native = cpu_native_bf16()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="smallgpt-matrix-"))
+    os.environ.update(OFFLINE)
     try:
         prepare(work, [table[n - 1] for n in numbers])
         print(f"prepared data and source runs in {time.perf_counter() - started:.0f} s", flush=True)

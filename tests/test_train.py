@@ -406,7 +406,7 @@ def test_ddp_two_gloo_ranks_match_one_rank_with_twice_the_accumulation(tmp_path,
     a, b = load_checkpoint(tmp_path / "one")["model"], load_checkpoint(tmp_path / "two")["model"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
-    # the other multi-rank tests fork their ranks from a warm interpreter (tests/multirank_runs.py): the same
+    # the other multi-rank tests fork their ranks from a warm interpreter (tests/warm_runs.py): the same
     # run started so ends bit for bit where torchrun's fresh interpreters ended
     r = two_ranks(tiny_argv(tmp_path / "forked", data_root, *common))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -91,7 +91,99 @@ def test_stdout_to_a_full_device_fails_as_a_fresh_interpreter_fails(size, unbuff
     assert warm.stderr.splitlines()[0] == fresh.stderr.splitlines()[0], (warm.stderr, fresh.stderr)
 
 
-def test_a_run_past_its_timeout_is_killed_and_raises(tmp_path):
-    (tmp_path / "prog.py").write_text("import time; time.sleep(60)")
+def test_argv0_path_and_main_are_a_fresh_interpreters(tmp_path):
+    (tmp_path / "prog.py").write_text("import sys, os; print(sys.argv[0], sys.path == [os.path.dirname(__file__)] + "
+                                      "[p for p in sys.path[1:]], __file__, sys.modules['__main__'].__name__)\n"
+                                      "print([p for p in sys.path[1:]])")
+    fresh, warm = both(["prog.py"], tmp_path)
+    assert warm == fresh and fresh[0] == 0
+
+
+def test_what_main_holds_is_destroyed_at_the_end_and_its_del_speaks(tmp_path):
+    (tmp_path / "prog.py").write_text("import atexit\nclass T:\n    def __del__(self):\n        print('del ran', flush=True)"
+                                      "\n        raise RuntimeError('in del')\nt = T()\natexit.register(print, 'atexit')")
+    fresh, warm = both(["prog.py"], tmp_path)
+    assert warm[:2] == fresh[:2] == (0, "atexit\ndel ran\n")
+    assert warm[2].splitlines()[-1] == fresh[2].splitlines()[-1] == "RuntimeError: in del"
+
+
+def test_a_function_defined_in_dash_c_pickles_by_its_main(tmp_path):
+    code = "import pickle\ndef f(): pass\nprint(len(pickle.dumps(f)) > 0)"
+    fresh, warm = both(["-c", code], tmp_path)
+    assert warm == fresh == (0, "True\n", "")
+
+
+def test_dash_m_of_a_package_whose_main_is_preloaded_says_nothing_of_it(tmp_path):
+    fresh, warm = both(["-m", "checkpoint", "--help"], warm_runs.ROOT)
+    assert warm == fresh and fresh[0] == 0 and fresh[2] == ""
+
+
+def test_the_output_ends_when_every_process_holding_it_has_closed_it(tmp_path):
+    # a child left holding stdout keeps subprocess.run waiting: a leftover worker is seen as a hang, not missed
+    code = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(8)']); print('parent done')"
     with pytest.raises(subprocess.TimeoutExpired):
-        warm_runs.run([tmp_path / "prog.py"], timeout=1)
+        subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=3)
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm_runs.run(["-c", code], timeout=3)
+
+
+def test_output_is_decoded_as_subprocess_decodes_it(tmp_path):
+    code = "import sys; sys.stdout.buffer.write(b'a\\r\\nb\\rc\\n'); sys.stdout.flush()"
+    fresh, warm = both(["-c", code], tmp_path)
+    assert warm == fresh and fresh[1] == "a\nb\nc\n"
+    bad = "import sys; sys.stdout.buffer.write(b'\\xff'); sys.stdout.flush()"
+    with pytest.raises(UnicodeDecodeError):
+        subprocess.run([sys.executable, "-c", bad], capture_output=True, text=True, timeout=60)
+    with pytest.raises(UnicodeDecodeError):
+        warm_runs.run(["-c", bad])
+
+
+def test_each_run_draws_its_own_random_numbers_as_fresh_interpreters_do(tmp_path):
+    code = "import random, numpy, torch; print(random.random(), numpy.random.randint(10**9), torch.rand(1).item())"
+    fresh = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout for _ in "ab"]
+    warm = [warm_runs.run(["-c", code]).stdout for _ in "ab"]
+    assert fresh[0] != fresh[1]
+    assert all(x != y for x, y in zip(*(w.split() for w in warm))), warm  # each of the three differs
+
+
+def test_an_excepthook_the_program_installs_is_what_reports_its_exception(tmp_path):
+    code = "import sys\nsys.excepthook = lambda *a: print('hook:', a[1], file=sys.stderr)\nraise ValueError('x')"
+    fresh, warm = both(["-c", code], tmp_path)
+    assert warm == fresh == (1, "", "hook: x\n")
+
+
+def test_a_variable_read_when_an_interpreter_starts_is_refused_not_ignored(tmp_path):
+    for name, value in (("PYTHONHASHSEED", "123"), ("PYTHONIOENCODING", "latin-1"), ("LC_ALL", "C"),
+                        ("HF_HOME", str(tmp_path))):
+        with pytest.raises(ValueError, match=name):
+            warm_runs.run(["-c", "pass"], env={**os.environ, name: value})
+
+
+def test_a_new_session_and_a_killed_run_are_as_asked(tmp_path):
+    r = warm_runs.run(["-c", "import os; print(os.getsid(0) == os.getpid())"])
+    assert r.stdout == "False\n"
+    out = tmp_path / "out"
+    p = warm_runs.Process(["-c", "import os; print(os.getsid(0) == os.getpid(), flush=True); import time; time.sleep(60)"],
+                          stdout=out, start_new_session=True)
+    try:
+        deadline = __import__("time").time() + 30
+        while not out.read_text() and __import__("time").time() < deadline:
+            __import__("time").sleep(0.05)
+        assert out.read_text() == "True\n"
+    finally:
+        p.kill()
+    assert p.wait(30) == -9
+
+
+def test_a_run_past_its_timeout_is_gone(tmp_path):
+    pid = tmp_path / "pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm_runs.run(["-c", f"import os, time; open({str(pid)!r}, 'w').write(str(os.getpid())); time.sleep(60)"],
+                      timeout=2)
+    assert not Path(f"/proc/{pid.read_text()}").exists()
+
+
+def test_the_fork_server_holds_no_module_whose_import_reads_a_variable_tests_set():
+    # matplotlib reads MPLBACKEND when imported, wandb its settings: test_drawing and the wandb tests set them per run
+    r = warm_runs.run(["-c", "import sys; print([m for m in ('matplotlib', 'wandb', 'datasets') if m in sys.modules])"])
+    assert r.returncode == 0 and r.stdout == "[]\n", r
