@@ -187,3 +187,15 @@ def test_the_fork_server_holds_no_module_whose_import_reads_a_variable_tests_set
     # matplotlib reads MPLBACKEND when imported, wandb its settings: test_drawing and the wandb tests set them per run
     r = warm_runs.run(["-c", "import sys; print([m for m in ('matplotlib', 'wandb', 'datasets') if m in sys.modules])"])
     assert r.returncode == 0 and r.stdout == "[]\n", r
+
+
+def test_a_variable_this_process_gained_after_the_server_started_passes_whichever_copy_a_test_holds(monkeypatch):
+    # CI's rehearsal: lm_eval's import sets HF_XET_HIGH_PERFORMANCE in a test process whose fork server had started;
+    # a module-level ENV copied before it and os.environ after it both run, a value the caller sets is refused
+    assert warm_runs.run(["-c", "pass"]).returncode == 0  # (the server is started)
+    before = dict(os.environ)
+    monkeypatch.setenv("HF_XET_TEST_DRIFT", "1")
+    assert warm_runs.run(["-c", "pass"], env=before).returncode == 0
+    assert warm_runs.run(["-c", "pass"], env=dict(os.environ)).returncode == 0
+    with pytest.raises(ValueError, match="HF_XET_TEST_DRIFT"):
+        warm_runs.run(["-c", "pass"], env={**os.environ, "HF_XET_TEST_DRIFT": "2"})

@@ -39,6 +39,7 @@ _PRELOAD = ["torch", "torch._dynamo", "transformers", "training.cli", "inference
             "checkpoint.export", "checkpoint.__main__", "data.prepare", "eval.hellaswag", "eval.inspect",
             "benchmarks.cli", "server.cli", "faults", "warm_runs"]
 _forkserver = None
+_server_env: dict[str, str] = {}  # the variables read at start (_read_at_start) the fork server started with
 _starting = threading.Lock()
 
 
@@ -56,6 +57,7 @@ def _started():
     data/ of its own, `data` was that folder. So it starts from the root, with the root and tests/ on its path."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
+    _server_env.update((k, v) for k, v in os.environ.items() if _read_at_start(k))
     cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), *([path] if path else [])])
     os.chdir(ROOT)
@@ -229,9 +231,11 @@ class Process:
         if not Path(cwd).is_dir():  # as Popen: raised here, not a run that fails somewhere unseen
             raise FileNotFoundError(f"[Errno 2] No such file or directory: {cwd!r}")
         context = _context()
-        # what the caller sets for this run against this process's environment (which the fork server started
-        # with, but for what this process's own imports set since: lm_eval's import sets HF_XET_HIGH_PERFORMANCE)
-        differ = sorted(k for k in set(env) | set(os.environ) if _read_at_start(k) and env.get(k) != os.environ.get(k))
+        # a value the fork server started with is what its preloads read; one this process's environment has
+        # gained since by its own imports (lm_eval's sets HF_XET_HIGH_PERFORMANCE) is let through; any other is
+        # what the caller sets for this run, which a forked run cannot take
+        differ = sorted(k for k in {*env, *os.environ, *_server_env} if _read_at_start(k) and
+                        env.get(k) != _server_env.get(k) and env.get(k) != os.environ.get(k))
         if differ:
             raise ValueError(f"warm_runs: {differ} differ from the fork server's environment, and are read when an "
                              "interpreter starts: start this run fresh (subprocess with sys.executable)")
