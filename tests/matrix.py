@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 from errors import ArgumentParser, UserError, clipped, run_cli  # noqa: E402 (the product's one-line option errors)
-from multirank_runs import free_port  # noqa: E402 (tests/, this script's folder)
+from multirank_runs import two_ranks  # noqa: E402 (tests/, this script's folder)
 import warm_runs  # noqa: E402
 
 # factor -> its values; the first value of each is the plain default a refusal row starts from
@@ -189,30 +189,14 @@ def source_dir(work: Path, row: dict[str, str]) -> Path:
 
 
 def launch(args: list[str], env: dict[str, str], ranks: int = 1, timeout: float = 240) -> tuple[int, str, str]:
-    """tests/faults.py (train.py's main with the test-only hooks in env) on `ranks` processes, started as
-    torchrun would start them (tests/multirank_runs.py's two_ranks) and forked from a warm interpreter
-    (tests/warm_runs.py); a failed rank stops the other."""
+    """tests/faults.py (train.py's main with the test-only hooks in env) on 1 or 2 processes forked from a warm
+    interpreter (tests/warm_runs.py), 2 started as torchrun would start them (tests/multirank_runs.py's
+    two_ranks: a failed rank stops the other)."""
     if ranks == 1:
         r = warm_runs.run([ROOT / "tests" / "faults.py", *args], env=env, timeout=timeout)
-        return r.returncode, r.stdout, r.stderr
-    base = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks),
-            "LOCAL_WORLD_SIZE": str(ranks)}
-    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
-        logs = [Path(tmp) / f"{r}.{kind}" for r in range(ranks) for kind in ("out", "err")]
-        procs = [warm_runs.Process([ROOT / "tests" / "faults.py", *args], stdout=logs[2 * r], stderr=logs[2 * r + 1],
-                                   start_new_session=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
-                 for r in range(ranks)]
-        deadline, failed = time.time() + timeout, None
-        while any(p.poll() is None for p in procs) and time.time() < deadline and failed is None:
-            failed = next((p.returncode for p in procs if p.poll() not in (None, 0)), None)
-            time.sleep(0.05)
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-            p.wait()
-        code = failed if failed is not None else next((p.returncode for p in procs if p.returncode), 0)
-        texts = [f.read_text(encoding="utf-8", errors="replace") for f in logs]
-    return code, "".join(texts[0::2]), "".join(texts[1::2])
+    else:
+        r = two_ranks(args, timeout=timeout, **env)
+    return r.returncode, r.stdout, r.stderr
 
 
 def first_error(stdout: str, stderr: str) -> str:

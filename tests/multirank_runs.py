@@ -57,15 +57,15 @@ def Rank(args: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> Pr
                    start_new_session=True)
 
 
-def two_ranks(args: list[str], **env: str) -> subprocess.CompletedProcess:
+def two_ranks(args: list[str], *, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     """The same 2 ranks started directly with the environment torchrun gives them, without its agent
-    process (forked ranks, above). When a rank fails the other is stopped, as the agent would; stdout and
-    stderr are rank 0's, then rank 1's."""
+    process (forked ranks, above). When a rank fails the other is stopped, as the agent would, and both
+    are killed after `timeout` s; stdout and stderr are rank 0's, then rank 1's."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         files = [(Path(tmp) / f"rank{r}.out", Path(tmp) / f"rank{r}.err") for r in range(2)]
         procs = [Rank(args, rank_env(port, r, **env), *files[r]) for r in range(2)]
-        deadline, failed = time.time() + 300, None
+        deadline, failed = time.time() + timeout, None
         while any(p.poll() is None for p in procs) and time.time() < deadline:
             failed = next((p.returncode for p in procs if p.poll() not in (None, 0)), None)
             if failed is not None:  # a rank failed: the other would wait in a collective
