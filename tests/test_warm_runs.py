@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -166,9 +167,9 @@ def test_a_new_session_and_a_killed_run_are_as_asked(tmp_path):
     p = warm_runs.Process(["-c", "import os; print(os.getsid(0) == os.getpid(), flush=True); import time; time.sleep(60)"],
                           stdout=out, start_new_session=True)
     try:
-        deadline = __import__("time").time() + 30
-        while not out.read_text() and __import__("time").time() < deadline:
-            __import__("time").sleep(0.05)
+        deadline = time.time() + 30
+        while not out.read_text() and time.time() < deadline:
+            time.sleep(0.05)
         assert out.read_text() == "True\n"
     finally:
         p.kill()

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,17 +59,14 @@ def _started():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
     _server_env.update((k, v) for k, v in os.environ.items() if _read_at_start(k))
-    cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), *([path] if path else [])])
-    os.chdir(ROOT)
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        os.chdir(cwd)
-        if path is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = path
+    path = [str(ROOT / "tests"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    cwd = os.getcwd()
+    with mock.patch.dict(os.environ, PYTHONPATH=os.pathsep.join(path)):
+        os.chdir(ROOT)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.chdir(cwd)
     return context
 
 
@@ -98,8 +96,8 @@ def _exit_code(e: SystemExit) -> int:
 
 class _Fd:
     """A file descriptor handed to the forked process (multiprocessing passes it over the fork server's
-    socket, as it passes a Connection): the write end of a real pipe, so that the reader sees the end of
-    its output when the last process holding it closes it, as subprocess's pipes do."""
+    socket, as it passes a Connection): the child's end of a real pipe, so that the reader of its output
+    sees the end when the last process holding the write end closes it, as subprocess's pipes do."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -129,7 +127,6 @@ def _become(args: list[str], env: dict[str, str], cwd: str, streams: tuple, new_
     import gc
     import runpy
     import signal
-    import threading
     import types
 
     for fd, stream in enumerate(streams):  # first: whatever fails next is told on the run's own stderr
