@@ -144,9 +144,16 @@ class DirLock:
             if not self._create(tmp, data):  # there is a lock file: live, or stale and taken over
                 with _flocked(self.path.parent):
                     holder = self.holder()
+                    # None is also a lock released since: then another process may create it (without the
+                    # flock) right now, and replacing it would make two holders. So create it exclusively
+                    # again; only a lock file still there and still stale is replaced (no other process
+                    # removes one but under this flock).
+                    if holder is None and not self._create(tmp, data):
+                        holder = self.holder()
+                        if holder is None:
+                            os.replace(tmp, self.path)  # a stale lock, replaced whole
                     if holder is not None:
                         return holder
-                    os.replace(tmp, self.path)  # a stale lock, replaced whole
             fsync_dir(self.path.parent)
         except OSError as e:  # a full disk: one line, no lock file of ours left behind
             raise UserError(f"cannot write the lock file {self.path} ({short_error(e)}); "
