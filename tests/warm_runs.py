@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # What a run of train.py, sample.py, chat.py, serve.py and the `-m` tools imports; torch._dynamo is imported by the
 # optimizers' first step. Not matplotlib (it reads MPLBACKEND when imported) nor wandb (its tests set its
-# variables before importing it).
+# variables before importing it). Last, warm_heap: what they made is frozen out of each run's collections.
 _PRELOAD = ["torch", "torch._dynamo", "transformers", "training.cli", "inference.sample_cli", "inference.chat_cli",
             "checkpoint.export", "checkpoint.__main__", "data.prepare", "eval.hellaswag", "eval.inspect",
-            "benchmarks.cli", "server.cli", "faults", "warm_runs"]
+            "benchmarks.cli", "server.cli", "faults", "warm_runs", "warm_heap"]
 _forkserver = None
 _server_env: dict[str, str] = {}  # the variables read at start (_read_at_start) the fork server started with
 _starting = threading.Lock()
