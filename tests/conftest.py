@@ -11,14 +11,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
-# Compiled bytecode for the suite's own interpreters: its workers (each test module's assertions rewritten as it
-# is collected) and the hundreds of interpreters the tests start, which inherit the variables. Kept under
-# .pytest_cache/pyc, never beside the sources, and kept where PYTHONDONTWRITEBYTECODE is set: without it each
-# fresh interpreter compiled the project anew (~0.7 s), and each worker its tests (~7 s; 2-core EPYC Zen 3).
-PYC = ROOT / ".pytest_cache" / "pyc"
-sys.pycache_prefix, sys.dont_write_bytecode = str(PYC), False
-os.environ["PYTHONPYCACHEPREFIX"] = str(PYC)
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Tests never touch the network: point tiktoken and the shakespeare source at the local copies.
 if (SHARED / "tiktoken_cache").is_dir():
