@@ -11,7 +11,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
-
 # Tests never touch the network: point tiktoken and the shakespeare source at the local copies.
 if (SHARED / "tiktoken_cache").is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken_cache"))
