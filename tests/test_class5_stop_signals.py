@@ -15,7 +15,7 @@ from pathlib import Path
 from checkpoint import load_checkpoint
 from training.parallel.signals import STOP_SIGNALS
 
-from multirank_runs import argv as train_argv
+from multirank_runs import argv as train_argv, torchrun
 import warm_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,11 +41,8 @@ def test_class5_a_signal_to_one_rank_stops_both_and_rank_0_names_it(tmp_path, da
     # found from outside: rank 0 saw no signal itself and printed "stopped by  after iter 17"
     out = tmp_path / "out"
     # under torchrun's own agent (it sets TORCHELASTIC_RUN_ID, which turns on the ranks' watch of their parent)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(ROOT / "tests" / "faults.py"),
-                          *train_argv(out, data_root, "--train.max_iters=50", "--train.eval_interval=50")],
-                         env={**ENV, "SMALLGPT_TEST_TERM_AFTER": "2", "SMALLGPT_TEST_TERM_SIGNAL": "SIGHUP",
-                              "SMALLGPT_TEST_TERM_RANK": "1"}, capture_output=True, text=True, timeout=300)
+    run = torchrun(train_argv(out, data_root, "--train.max_iters=50", "--train.eval_interval=50"),
+                   SMALLGPT_TEST_TERM_AFTER="2", SMALLGPT_TEST_TERM_SIGNAL="SIGHUP", SMALLGPT_TEST_TERM_RANK="1")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "stopped by SIGHUP (to rank 1) after iter 2;" in run.stdout, run.stdout[-2000:]
     assert load_checkpoint(out / "ckpt.pt")["train"]["iter"] == 2
