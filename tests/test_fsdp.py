@@ -97,15 +97,14 @@ def test_a_two_rank_fsdp_run_with_a_time_budget_finishes_and_resumes_its_plan(tm
     finishes within its plan, every rank holds the same plan, and a resume keeps it. (Batches of 32: the pass over
     the whole val split, 3,485 windows, took 10 of the test's 20 s in batches of 4.)"""
     out = tmp_path / "out"
-    r = two_ranks(argv(out, data_root, "--train.time_budget=10m", "--train.max_iters=6", "--train.eval_full=true",
-                       "--train.batch_size=32"))
+    options = ("--train.time_budget=10m", "--train.max_iters=6", "--train.batch_size=32")  # the resume's too
+    r = two_ranks(argv(out, data_root, *options, "--train.eval_full=true"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("time budget 10m: ") == 1 and "-> max_iters 6 (config: 6)" in r.stdout  # rank 0 says it
     plan = load_checkpoint(out)["plan"]
     assert plan["max_iters"] == 6 and plan["notes"]["schedule"].startswith("time budget 10m")
     assert max(losses(out)) == 6
-    # resumed: nothing to do
-    r = two_ranks(argv(out, data_root, "--train.time_budget=10m", "--train.max_iters=6", "--train.batch_size=32"))
+    r = two_ranks(argv(out, data_root, *options))  # resumed: nothing to do
     assert r.returncode == 0 and "(decided when this run started)" in r.stdout, r.stderr[-3000:]
 
 
