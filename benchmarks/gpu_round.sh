@@ -12,6 +12,9 @@
 # Next, one call (~330 s, ~430 with the profile): GPT-2 124M, ours as shipped and at 32 x 16 beside nanoGPT's, its
 # micro-step's kernels; the BPE config's 300 steps (profile_124m checked on the CPU only, at 1 layer of 64):
 #   ONLY="nanogpt_124m ours_124m ours_124m_32 profile_124m ours_bpe auto_16gb auto_24gb" bash benchmarks/gpu_round.sh 540
+# Then, in a second call, the levers left that do not change the math, each beside ours_124m_32 (the loss path under
+# compile, Inductor's coordinate-descent tuning; its autotuned matmuls if the first two leave it 300 s):
+#   ONLY="levers_124m ours_124m_32_cdt ours_124m_32_autotune" bash benchmarks/gpu_round.sh 420
 # float8 needs torchao, which the GPU image lacks: carry its wheel (torchao 0.17.0, the first for torch 2.11+ by
 # torchao's own table; .whl/ is git-ignored, and the round installs what it holds):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -143,6 +146,20 @@ for b, h, t in ((16, 12, 1024), (64, 12, 1024), (64, 6, 256)):
   # step fuses, the optimizer, the gaps between kernels): 32 x 1024, eager beside compiled, the top 25 kernels
   step profile_124m 160 $PY -m benchmarks.gpu_step_profile --config gpt2_124m --steps 10 --top 25 --modes eager,compiled \
     --set train.batch_size=32 --set train.grad_accum_steps=1 --set train.global_batch_size=0
+  # the levers left that do not change the math, each beside ours_124m_32 (32 x 16, as shipped otherwise): the loss
+  # path under compile (the full logits, which compile fuses, against the fused loss in chunks, timed interleaved
+  # in one process with the baseline), then Inductor's own tuning, set from outside by torch's environment
+  # variables: coordinate-descent tuning of its generated kernels, and autotuned matmuls (longer compiles)
+  step levers_124m 200 $PY bench.py --device cuda --only train --vocabs 50304 --batch-sizes 32 --loss-paths --warmup 3 \
+    --iters 15 --json "$L/levers-124m.json"
+  step ours_124m_32_cdt 170 env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 $PY train.py --config gpt2_124m \
+    --data.dataset=shakespeare --data.val_fraction=0.1 --data.num_proc=0 --train.batch_size=32 --train.grad_accum_steps=16 \
+    --train.global_batch_size=0 --train.max_iters=6 --train.eval_iters=1 --train.log_interval=1 --train.warmup_iters=2 \
+    --train.eval_interval=1000 --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m32cdt
+  step ours_124m_32_autotune 300 env TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1 $PY train.py --config gpt2_124m \
+    --data.dataset=shakespeare --data.val_fraction=0.1 --data.num_proc=0 --train.batch_size=32 --train.grad_accum_steps=16 \
+    --train.global_batch_size=0 --train.max_iters=6 --train.eval_iters=1 --train.log_interval=1 --train.warmup_iters=2 \
+    --train.eval_interval=1000 --train.checkpoint_interval=1000 --train.out_dir=/tmp/gr_124m32at
   step auto_16gb 100 $PY -m benchmarks.auto_batch --memory-gb 16 --json "$L/auto-16gb.json"
   step auto_24gb 100 $PY -m benchmarks.auto_batch --memory-gb 24 --json "$L/auto-24gb.json"
   step float8 260 $PY bench.py --device cuda --only train --vocabs 50304 --batch-sizes 16 --float8 tensorwise,rowwise --warmup 3 --iters 15 --json "$L/float8.json"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import inspect
 import io
@@ -100,6 +101,11 @@ def is_nanogpt(words: list[str]) -> bool:
 def check(words: list[str], json_dir: Path) -> None:
     """Raises (UserError, argparse's SystemExit, AssertionError) where the command would not start."""
     words = [w.replace("/tmp/gpu_round/logs", str(json_dir)) for w in words]
+    if words[0] == "env":  # env NAME=VALUE ... python ...: each name one that torch reads (a typo would set nothing)
+        while "=" in words[1]:
+            name = words.pop(1).split("=")[0]
+            assert name in torch_environment_names(), f"{name} is not an environment variable torch reads"
+        words = words[1:]
     assert words[0] == "python", words
     if words[1:3] == ["-m", "cProfile"]:  # python -m cProfile -o FILE script args...
         words = ["python", *words[5:]]
@@ -123,6 +129,15 @@ def check(words: list[str], json_dir: Path) -> None:
         check_python(args[0])
     else:
         raise AssertionError(f"the round runs {program}, which this test does not know: add its parser here")
+
+
+@functools.cache
+def torch_environment_names() -> set[str]:
+    """The variables torch's Inductor reads at import (`os.environ.get("NAME")` in torch/_inductor/config.py)."""
+    import torch._inductor.config as inductor_config
+
+    source = Path(inductor_config.__file__).read_text(encoding="utf-8")
+    return set(re.findall(r"""environ\.get\(\s*["']([A-Z0-9_]+)["']""", source))
 
 
 def check_python(code: str) -> None:
@@ -202,6 +217,8 @@ def test_the_side_by_side_round_is_read_whole():
     ("step x 10 $PY -m benchmarks.auto_batch --memory-gb 16 --global-batch 100000000", UserError),
     ("step x 10 $PY train.py --config small.yaml --data.dataset=shakespear", UserError),
     ("step x 10 $PY sample.py --checkpoint /tmp/x --max-new-tokens=-1", UserError),
+    ("step x 10 env TORCHINDUCTOR_COORDINATE_DESCENT_TUNNING=1 $PY train.py --config small.yaml", AssertionError),
+    ("step x 10 env TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1 $PY train.py --config small.yaml --train.no_such=1", UserError),
     ("step x 10 $PY -c \"from runtime.attention import no_such_function\"", AssertionError),
     ("step x 10 $PY -c \"from runtime.attention import fastest_kernel; fastest_kernel(1, no_such=2)\"", TypeError),
     ("step x 10 bash -c \"cd $A/nanogpt && $PY train.py config/train_gpt2.py --no_such_key=1\"", ValueError),
