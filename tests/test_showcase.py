@@ -351,10 +351,12 @@ def test_a_default_prompt_the_vocabulary_lacks_starts_from_the_end_of_text(tmp_p
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_ranks_sample_and_draw_at_the_intervals_and_finish(tmp_path, data_root, parallel):
     """Under FSDP every rank takes part in each forward: a rank that skipped the samples' forwards would
-    leave the other waiting in an all-gather. Rank 0 alone writes the text, the same as one rank's."""
+    leave the other waiting in an all-gather. Rank 0 alone writes the text, the same as one plain rank's (no
+    time budget timing the step first, no inspections: neither may move the trajectory)."""
     extra = ("--model.dropout=0.0", f"--train.parallel={parallel}", "--eval.sample_interval=4",
-             f"--eval.sample_tokens={TOKENS}", "--eval.inspect_interval=8", "--train.time_budget=10m")
-    r = two_ranks(multirank_argv(tmp_path / "two", data_root, *extra))
+             f"--eval.sample_tokens={TOKENS}")
+    r = two_ranks(multirank_argv(tmp_path / "two", data_root, *extra, "--eval.inspect_interval=8",
+                                 "--train.time_budget=10m"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("iter 4: sample 1/2:") == 1 and ", samples " in r.stdout  # rank 0's; the budget timed it
     assert sorted(sample_records(tmp_path / "two")) == [4, 8]
