@@ -102,7 +102,7 @@ def create_app(served: Served, hosts: frozenset[str] | None = None) -> FastAPI:
 
     @app.api_route("/v1/models/{model_id:path}", methods=GET)
     async def model(model_id: str):
-        if not model_id.strip("/"):  # "/v1/models/": a trailing slash, answered as every other one (no model '')
+        if not model_id or model_id.endswith("/"):  # "/v1/models/", "/v1/models/ID/": a trailing slash, as any other
             raise HTTPException(404)
         check_model({"model": model_id}, served.model_id)
         return _model_card(served)
@@ -261,6 +261,8 @@ async def _pieces(req: Request, text: StopText) -> AsyncIterator[tuple[str, str 
                 return
             elif kind == "gone":
                 return
+            elif kind == "timeout":  # nothing failed: the queue was long (the same code as the wait above)
+                raise ApiError(503, value, type="server_error", code="timeout")
             else:
                 raise ApiError(503, value, type="server_error", code="generation_failed")
     finally:

@@ -74,6 +74,9 @@ def check_args(args) -> None:
         raise UserError(f"--threads must be in 1..1024, got {args.threads}")
     if args.model_name is not None:  # not UTF-8: every JSON reply that names the model would fail (a 500)
         args.model_name = utf8_arg(args.model_name, "--model-name")
+        if not args.model_name.strip("/ ") or args.model_name.endswith("/"):  # GET /v1/models/ID/ is a trailing slash
+            raise UserError(f"--model-name must be a name that does not end with '/', got {clipped(args.model_name)}; "
+                            "e.g. --model-name my-chat")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     for name in args.allow_host:  # a Host header's name: no port, path, user or space in it

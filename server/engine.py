@@ -52,7 +52,7 @@ class Sampling:
 @dataclass(eq=False)
 class Request:
     """One generation. The engine thread writes its events to `queue` on `loop`: ("token", id) per token,
-    then ("done", finish_reason) or ("error", message) once."""
+    then ("done", finish_reason), ("error", message) or ("timeout", message: its time ran out in the queue) once."""
 
     prompt: list[int]
     sampling: Sampling
@@ -106,6 +106,7 @@ class Engine:
     def submit(self, request: Request) -> None:
         """Queue a request; QueueFull when the slots and the queue are all taken."""
         with self.cond:
+            self._prune_waiting()
             if len(self.waiting) >= self.queue_size + max(0, self.slots - len(self.active)):
                 raise QueueFull
             self.waiting.append(request)
@@ -113,8 +114,16 @@ class Engine:
 
     def load(self) -> dict:
         with self.cond:
+            self._prune_waiting()
             return {"active": len(self.active), "waiting": len(self.waiting), "slots": self.slots,
                     "queue_size": self.queue_size, "decode_steps": self.steps, "max_batch": self.max_batch}
+
+    def _prune_waiting(self) -> None:
+        """Drop the queued requests whose clients went away (under self.cond): kept until a slot freed, each held
+        a place in the queue (a client retrying after its timeout left one behind per try), and live clients got
+        429 from a queue of nobody."""
+        if any(r.cancelled for r in self.waiting):
+            self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
 
     # ------------------------------------------------------------------ the engine thread
     def _run(self) -> None:
@@ -157,7 +166,7 @@ class Engine:
         if request.cancelled:
             return
         if now > request.deadline:
-            request._emit(("error", "the request waited past its time limit in the queue; retry later"))
+            request._emit(("timeout", "the request waited past its time limit in the queue; retry later"))
             return
         row = len(self.active)
         if request.sampling.seed is not None:

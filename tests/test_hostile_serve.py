@@ -217,7 +217,8 @@ def test_class_each_token_limit_field_given_is_checked(app, bad, value, good):
     assert_openai_400(post(app, "/v1/chat/completions", body), bad, bad + ":")
 
 
-ROUTES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/health"), ("GET", "/v1/models")]
+ROUTES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/health"), ("GET", "/v1/models"),
+          ("GET", "/v1/models/m")]  # a model's card: its id followed by a slash was "model 'm/' does not exist"
 
 
 @given(route=st.sampled_from(ROUTES), slashes=st.integers(1, 3),

@@ -341,3 +341,84 @@ def test_class_an_unsupported_field_passes_only_with_a_value_that_asks_for_nothi
         assert not harmless and e.status == 400 and e.param == name, (value, e.message)
     else:
         assert harmless, value
+
+
+@settings(max_examples=60)
+@given(slots=st.integers(1, 3), queue=st.integers(1, 3),
+       ops=st.lists(st.one_of(st.just(("submit", 0)), st.tuples(st.just("cancel"), st.integers(0, 9))), max_size=14))
+def test_class_a_request_whose_client_left_while_queued_holds_no_place(model, slots, queue, ops):
+    """Found from outside: clients that went away while queued (a timed-out client retrying left one per try)
+    kept their places until a slot freed, and live clients got 429 from a queue of nobody; /health counted them.
+    Any sequence of arrivals and departures (the engine not started: nothing leaves the queue by decoding): a
+    request is refused exactly when the live ones fill the slots and the queue, and `waiting` counts the live."""
+    e = Engine(model, slots=slots, queue_size=queue)
+    loop = asyncio.new_event_loop()
+    live = []
+    try:
+        for op, i in ops:
+            if op == "cancel":
+                if live:
+                    live.pop(i % len(live)).cancel()
+            else:
+                req = Request([1], Sampling(), loop, deadline=0)
+                if len(live) >= slots + queue:
+                    with pytest.raises(QueueFull):
+                        e.submit(req)
+                else:
+                    e.submit(req)
+                    live.append(req)
+            assert e.load()["waiting"] == len(live)
+    finally:
+        loop.close()
+
+
+def test_a_request_whose_time_ran_out_in_the_queue_is_a_503_timeout_not_a_failure(model, monkeypatch):
+    """Found from outside: a request that waited past --request-timeout in the queue was answered 503
+    `generation_failed`, though nothing failed; it is `timeout`, whole and streamed (an error event)."""
+    tok = get_tokenizer("char", " abc")
+    e = Engine(model, slots=1, queue_size=4)
+    real = e.model
+
+    def slow(idx, **kw):  # each forward 20 ms: the first request holds the one slot for ~0.6 s
+        time.sleep(0.02)
+        return real(idx, **kw)
+
+    e.model = slow
+    e.start()
+    app = create_app(Served(e, tok, None, "m", Limits(request_timeout_s=0.2), 0))
+
+    async def talk():
+        loop = asyncio.get_running_loop()
+        holder = Request([1, 2], Sampling(temperature=0.0, max_tokens=30), loop, deadline=time.monotonic() + 60)
+        e.submit(holder)
+        await holder.queue.get()  # it decodes: the requests below wait in the queue
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await asyncio.gather(
+                client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 4}),
+                client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 4, "stream": True}))
+
+    try:
+        whole, streamed = asyncio.run(talk())
+    finally:
+        e.stop()
+    assert whole.status_code == 503, whole.text
+    err = whole.json()["error"]
+    assert err["code"] == "timeout" and "waited past its time limit in the queue" in err["message"], err
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert streamed.status_code == 200 and events[-1]["error"]["code"] == "timeout", streamed.text
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+
+
+@given(name=st.text(st.sampled_from("ab/ "), min_size=0, max_size=6))
+def test_class_a_model_name_ending_in_a_slash_or_blank_is_one_line(name, capsys):
+    """GET /v1/models/NAME/ is read as a trailing slash (a 404 naming the route without it), so a served id
+    ending in '/' could never be shown; a blank one names nothing. Refused before anything is loaded."""
+    refused = not name.strip("/ ") or name.endswith("/")
+    args = cli.build_parser().parse_args(["--model-name", name])
+    try:
+        cli.check_args(args)
+    except Exception as e:  # noqa: BLE001 - UserError expected
+        assert refused and type(e).__name__ == "UserError" and "--model-name" in str(e), (name, e)
+        assert "\n" not in str(e)
+    else:
+        assert not refused, name
