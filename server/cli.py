@@ -28,6 +28,7 @@ from runtime.precision import DTYPE_NAMES, dtype_name
 from .app import Served, create_app
 from .engine import Engine
 from .hosts import allowed_hosts, url_of
+from .protocol import protocol_class, quiet_bad_request_warnings
 from .schema import Limits
 
 MAX_SLOTS, MAX_QUEUE = 1024, 100_000
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=None, help="the most new tokens a request may ask for "
                    "(default: the model's block_size)")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take, queue included")
-    p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request's body")
+    p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request's head (its line and "
+                   "headers), and again its body")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds a stop (SIGTERM, Ctrl-C) waits for "
                    "the requests in flight before it closes their connections (default 10)")
     p.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default 256)")
@@ -120,8 +122,12 @@ def main(argv=None) -> int:
                      hosts=allowed_hosts(host, args.host, args.allow_host))
     # a stop (SIGTERM, Ctrl-C) lets the requests in flight finish within --shutdown-timeout: unbounded, a client
     # that stopped reading a long stream kept its reply unsent, and the server alive, for as long as it held on
+    # the HTTP layer's own answers (a request that is not HTTP, a request head that never arrives) in the server's
+    # terms: server/protocol.py
     config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=args.max_connections,
-                            timeout_keep_alive=5, lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_keep_alive=5, lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout,
+                            http=protocol_class(head_timeout_s=args.read_timeout), ws="none")
+    quiet_bad_request_warnings()
     to_stderr(f"{loaded.description}: {'chat' if template else 'plain completion (no chat template)'}, "
               f"{tok.name} tokenizer, {device} {dtype_name(ready.dtype)}, {torch.get_num_threads()} thread(s), "
               f"{args.slots} slots; serving {name!r} on {url_of(host, port)}")
