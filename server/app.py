@@ -204,8 +204,9 @@ async def respond(request: HttpRequest, served: Served, prompt: list[int], param
                        "room for a reply; shorten it", param=param, code="context_length_exceeded")
     max_tokens = params.max_tokens or min(block - len(prompt) + 1, served.limits.max_tokens)
     loop = asyncio.get_running_loop()
-    req = Request(prompt, Sampling(params.temperature, params.top_p, max_tokens, stop_ids, vocab_limit, params.seed),
-                  loop, deadline=time.monotonic() + served.limits.request_timeout_s)
+    sampling = Sampling(params.temperature, params.top_p, max_tokens, stop_ids, vocab_limit, params.seed, params.top_k,
+                        params.min_p, params.repetition_penalty)
+    req = Request(prompt, sampling, loop, deadline=time.monotonic() + served.limits.request_timeout_s)
     try:
         served.engine.submit(req)
     except QueueFull:

@@ -9,9 +9,10 @@ its client goes away. Active rows are kept in cache rows 0..n-1 (a leaving row's
 last one, whose keys and values are copied over), so a step runs n rows and reads only the slots in use,
 never the idle ones.
 
-Each request samples with its own settings: rows that share (temperature, top_p) and no seed are sampled
-by one call of model.generate.sample (the generation path sample.py and chat.py use); a request with a
-seed has its own generator, so its text does not depend on who else is being served.
+Each request samples with its own settings: rows that share them (temperature, top_p, top_k, min_p, the
+repetition penalty) and no seed are sampled by one call of model.generate.sample (the generation path sample.py
+and chat.py use), each with its own context's tokens for the penalty; a request with a seed has its own
+generator, so its text does not depend on who else is being served.
 
 The thread hands each token to its request's asyncio queue with `loop.call_soon_threadsafe`; torch
 releases the GIL inside its kernels, so the event loop keeps answering while a step runs. Requests
@@ -47,6 +48,9 @@ class Sampling:
     stop_ids: frozenset[int] = frozenset()  # sampled -> the reply ends there (the token is not emitted)
     vocab_limit: int | None = None  # sample only ids below it (markers above a padded vocabulary's text)
     seed: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None  # over the tokens of the request's context, prompt and reply
 
 
 @dataclass(eq=False)
@@ -65,6 +69,7 @@ class Request:
     last: int = 0  # the token to feed at the next step
     generated: int = 0
     generator: torch.Generator | None = None
+    seen: torch.Tensor | None = None  # (V,) bool: the context's tokens, where a repetition penalty is asked for
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -176,6 +181,9 @@ class Engine:
         idx = torch.tensor([request.prompt], dtype=torch.long, device=self.device)
         pos = torch.arange(P, device=self.device).unsqueeze(0)
         logits = self.model(idx, input_pos=pos, kv_cache=view)[:, -1]
+        if request.sampling.repetition_penalty is not None:
+            request.seen = torch.zeros(logits.size(-1), dtype=torch.bool, device=self.device)
+            request.seen[idx[0]] = True
         request.length = P
         self.active.append(request)
         self._take(request, self._sample([request], logits)[0])
@@ -202,14 +210,17 @@ class Engine:
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(rows):
             s = r.sampling
-            key = (s.temperature, s.top_p, s.vocab_limit) if r.generator is None else ("own", i)
+            key = ((s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty, s.vocab_limit)
+                   if r.generator is None else ("own", i))
             groups.setdefault(key, []).append(i)
         for members in groups.values():
             s, gen = rows[members[0]].sampling, rows[members[0]].generator or self.generator
             sub = logits[members] if len(members) < len(rows) else logits
+            seen = None if s.repetition_penalty is None else torch.stack([rows[i].seen for i in members])
             if s.vocab_limit is not None:
                 sub = sub[:, : s.vocab_limit]
-            toks = sample(sub, s.temperature, None, s.top_p, gen).tolist()
+                seen = None if seen is None else seen[:, : s.vocab_limit]
+            toks = sample(sub, s.temperature, s.top_k, s.top_p, gen, s.min_p, s.repetition_penalty, seen).tolist()
             for i, t in zip(members, toks):
                 out[i] = t
         return out  # type: ignore[return-value]
@@ -222,6 +233,8 @@ class Engine:
         request._emit(("token", token))
         request.generated += 1
         request.last = token
+        if request.seen is not None:
+            request.seen[token] = True
         if request.generated >= s.max_tokens or request.length >= self.block_size:
             # no slot left in the row for this token's keys: the context is full
             return self._finish(request, "length")

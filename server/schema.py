@@ -10,6 +10,8 @@ What is accepted, where OpenAI's API has more:
 - stop: a string or up to 4 strings (the reply is cut before the first one);
 - logprobs, tools, non-zero frequency/presence penalties, and a response_format, tool_choice, modalities or
   audio that asks for another kind of reply than text: refused by name;
+- top_k, min_p and repetition_penalty, which OpenAI's API lacks, as vLLM's server takes them (top_k -1 or 0,
+  min_p 0 and repetition_penalty 1 turn each off): the same filters as sample.py's;
 - other fields (user, metadata, ...) are ignored, as OpenAI-compatible servers commonly do;
 - model: optional; when given it must be the served model's id (404 model_not_found otherwise);
 - message content: a string, or a list of {"type": "text", "text": ...} parts (joined);
@@ -22,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from data.messages import lone_surrogate
+from runtime.sampling import MIN_SCALE
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP = 4
@@ -72,6 +75,9 @@ class Params:
     include_usage: bool
     seed: int | None
     stop: tuple[str, ...]
+    top_k: int | None = None  # None: off (each of these three)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -162,7 +168,18 @@ def check_params(body: dict, limits: Limits) -> Params:
         include_usage=_flag(options or {}, "include_usage", "stream_options.include_usage"),
         seed=_integer(body, "seed", -(2**63), 2**63 - 1),
         stop=_stops(body.get("stop")),
+        top_k=_off_below_1(_integer(body, "top_k", -1, 2**31 - 1)),  # larger than the vocabulary keeps every token
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0) or None,
+        repetition_penalty=_unless_1(_number(body, "repetition_penalty", 1.0, MIN_SCALE, 1 / MIN_SCALE)),
     )
+
+
+def _off_below_1(top_k: int | None) -> int | None:
+    return top_k if top_k is not None and top_k >= 1 else None  # vLLM's -1 (and 0): every token
+
+
+def _unless_1(penalty: float) -> float | None:
+    return None if penalty == 1.0 else penalty
 
 
 def _greedy_below(temperature: float) -> float:

@@ -52,7 +52,8 @@ def assert_openai_400(r: httpx.Response, param: str, *words: str) -> str:
 USER = '[{"role": "user", "content": "hi"}]'
 
 
-@given(name=st.sampled_from(["temperature", "top_p", "frequency_penalty", "presence_penalty"]),
+@given(name=st.sampled_from(["temperature", "top_p", "frequency_penalty", "presence_penalty", "min_p",
+                             "repetition_penalty"]),
        digits=st.integers(309, 4300), sign=st.sampled_from(["", "-"]))
 def test_class_integer_past_floats_range_in_a_number_field_is_400_not_500(app, name, digits, sign):
     # 10**400 as JSON is a Python int: math.isfinite() of it raised OverflowError (a 500)
@@ -89,7 +90,7 @@ def test_class_n_below_one_is_refused_without_asking_for_n_requests(app, n):
 
 
 @given(field=st.sampled_from(["n", "max_tokens", "max_completion_tokens", "seed", "temperature", "top_p",
-                              "frequency_penalty", "presence_penalty"]),
+                              "frequency_penalty", "presence_penalty", "top_k", "min_p", "repetition_penalty"]),
        digits=st.integers(30, 4300), sign=st.sampled_from(["", "-"]))
 def test_class_a_huge_number_in_any_field_is_quoted_cut(app, field, digits, sign):
     """n of 4000 digits gave an 8,171-byte error, the number twice ("send 9999...9 requests instead"): every

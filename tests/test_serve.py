@@ -83,6 +83,9 @@ def test_openai_client_streams_a_reply_and_gets_the_same_greedy_text_whole(serve
     assert whole.usage.completion_tokens >= len(pieces)
     assert text == reference_reply(model, tok, template, MESSAGES, 30)
     assert text == chat_py_reply(path, MESSAGES[0]["content"], MESSAGES[1]["content"], 30)
+    # vLLM's sampling fields, as its clients send them (extra_body): top_k 1 keeps the greedy token at any temperature
+    hot = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=2, max_tokens=30, extra_body={"top_k": 1})
+    assert hot.choices[0].message.content == text
 
 
 def test_completions_continue_plain_text_and_models_lists_the_model(served, client):

@@ -5,6 +5,7 @@ that was not taught to chat); serve.py's bad options."""
 from __future__ import annotations
 
 import asyncio
+import math
 import json
 import socket
 import time
@@ -422,3 +423,64 @@ def test_class_a_model_name_ending_in_a_slash_or_blank_is_one_line(name, capsys)
         assert "\n" not in str(e)
     else:
         assert not refused, name
+
+
+def penalised_greedy(model, prompt: list[int], n: int, penalty: float) -> list[int]:
+    """The hand-written reference of a greedy reply under CTRL's repetition penalty (HF's
+    RepetitionPenaltyLogitsProcessor): the whole context through the model each step (no cache), every token
+    of it seen so far divided by the penalty where its logit is positive, multiplied where negative, argmax."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids]))[0, -1].double()
+            for t in set(ids):
+                logits[t] = logits[t] / penalty if logits[t] > 0 else logits[t] * penalty
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+@settings(max_examples=12)
+@given(penalty=st.sampled_from([0.5, 1.3, 2.0, 5.0]), prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8))
+def test_class_a_repetition_penalty_gives_the_hand_computed_greedy_reply_among_other_rows(model, engine, penalty, prompt):
+    """top_k, min_p and repetition_penalty (vLLM's fields, sample.py's filters) were ignored: a 200 with the
+    unfiltered text. Each row keeps its own context's tokens for the penalty, batched with rows that have none."""
+    jobs = [(prompt, Sampling(temperature=0.0, max_tokens=10, repetition_penalty=penalty)),
+            ([3, 4], Sampling(temperature=0.0, max_tokens=10)),
+            ([5], Sampling(temperature=0.0, max_tokens=10, repetition_penalty=penalty))]
+    results = run_all(engine, jobs)
+    n = min(10, 32 - len(prompt) + 1)
+    assert results[0][0] == penalised_greedy(model, prompt, n, penalty)
+    assert results[1][0] == alone(model, [3, 4], 10)
+    assert results[2][0] == penalised_greedy(model, [5], 10, penalty)
+
+
+def test_top_k_1_and_min_p_1_keep_only_the_top_token_whatever_the_temperature(model, engine):
+    hot = dict(temperature=2.0, max_tokens=12)
+    results = run_all(engine, [([1, 2], Sampling(**hot, top_k=1)), ([1, 2], Sampling(**hot, min_p=1.0)),
+                               ([1, 2], Sampling(**hot))])
+    greedy = alone(model, [1, 2], 12)
+    assert results[0][0] == greedy and results[1][0] == greedy
+    assert results[2][0] != greedy  # at temperature 2 the unfiltered row does sample (the filters did the work)
+
+
+@settings(max_examples=120)
+@given(name=st.sampled_from(["top_k", "min_p", "repetition_penalty"]),
+       value=st.one_of(st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                       st.text(max_size=3), st.none()))
+def test_class_the_sampling_filters_take_their_range_and_refuse_the_rest_by_name(name, value):
+    """top_k: an integer, -1 or 0 for every token (vLLM's), else >= 1; min_p in [0, 1], 0 off; repetition_penalty in
+    [1e-4, 1e4], 1 off. None is the default."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = value is None or (number and {
+        "top_k": lambda v: isinstance(v, int) and v >= -1,
+        "min_p": lambda v: math.isfinite(v) and 0 <= v <= 1,
+        "repetition_penalty": lambda v: math.isfinite(v) and 1e-4 <= v <= 1e4}[name](value))
+    try:
+        params = check_params({name: value}, Limits())
+    except ApiError as e:
+        assert not ok and e.status == 400 and e.param == name, (value, e.message)
+    else:
+        assert ok, value
+        got = getattr(params, name)
+        off = value is None or value in {"top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,)}[name]
+        assert got is None if off else got == value, (value, got)
