@@ -10,6 +10,7 @@ says which: `backend_for`.
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -25,6 +26,7 @@ import torch
 from errors import UserError, clipped, short_error
 from fileio import atomic_write, no_empty_dirs_left, open_own, path_kind, recover_replaced_dir
 from ownership import BEST_NAME, CKPT_NAME
+from runtime.attention import DEFAULT as DEFAULT_KERNEL, KERNELS
 from runtime.precision import DTYPE_BY_NAME
 from settings import ITERS, MAX_ITERS, MAX_TOKENS_PER_STEP, WARMUP_ITERS, all_of, at_least, at_most, finite_number
 
@@ -177,6 +179,8 @@ def check_plan(state: Any) -> dict[str, Any]:
             raise TypeError(f"{name} should be {kind.__name__}, got {clipped(value)}")
     if state.get("dtype", "float32") not in DTYPE_BY_NAME:
         raise ValueError(f"dtype should be one of {', '.join(DTYPE_BY_NAME)}, got {clipped(state['dtype'])}")
+    if state.get("attention", DEFAULT_KERNEL) not in (DEFAULT_KERNEL, *KERNELS):  # a KeyError at the first forward
+        raise ValueError(f"attention should be one of {', '.join((DEFAULT_KERNEL, *KERNELS))}, got {clipped(state['attention'])}")
     for name, check in PLAN_BOUNDS.items():
         problem = check(state[name]) if name in state else None
         if problem:
@@ -266,6 +270,9 @@ def train_entry_problem(train: Any, plan: Any) -> str | None:
         problem = check(value)
         if problem:
             return f"{key} {problem}"
+    best = train.get("best_val_loss", math.inf)  # inf: no eval yet. NaN compared below nothing: best.pt never again
+    if isinstance(best, bool) or not isinstance(best, (int, float)) or math.isnan(best) or best < 0:
+        return f"best_val_loss {clipped(best)} is not a loss (a number >= 0, or inf before the first eval)"
     end = plan.get("max_iters") if isinstance(plan, dict) else None
     if isinstance(end, int) and not isinstance(end, bool) and train.get("iter", 0) > end:
         return f"iter {train['iter']} is past its plan's max_iters {end}, where train.py stops"
@@ -337,8 +344,8 @@ class TorchFile:
         try:
             with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
                 warnings.simplefilter("ignore")
-                return packed(torch.load(path, map_location="cpu", weights_only=True,
-                                         mmap=mapped and head == b"PK\x03\x04"))
+                payload = packed(torch.load(path, map_location="cpu", weights_only=True,
+                                            mmap=mapped and head == b"PK\x03\x04"))
         except pickle.UnpicklingError as e:
             if head != b"PK\x03\x04":  # a plain pickle: whether it is refused or corrupt, only the message says
                 raise UserError(f"checkpoint {path} is a plain pickle that could not be read safely: one holding objects "
@@ -353,6 +360,35 @@ class TorchFile:
                 TypeError, IndexError, RecursionError) as e:
             raise UserError(f"checkpoint {path} is corrupt or truncated ({short_error(e, 120)}); "
                             "use another checkpoint, e.g. best.pt, or retrain") from None
+        odd = odd_tensor(payload)
+        if odd is not None:  # torch.load takes them; every reader then failed with a traceback (.item(), a copy)
+            raise UserError(f"checkpoint {path}: {odd[0]} is {odd[1]}, not a tensor that holds values; use another "
+                            "checkpoint, e.g. best.pt, or retrain")
+        return payload
+
+
+def nonfinite_weight(state: dict[str, Any]) -> str | None:
+    """The name of the first floating-point tensor of a state dict holding a NaN or an inf (None: all finite).
+    A sharded (DTensor) weight is left to its own rank's steps: checking it would be a collective."""
+    return next((name for name, t in state.items() if type(t) in (torch.Tensor, torch.nn.Parameter)
+                 and t.is_floating_point() and not torch.isfinite(t).all()), None)
+
+
+def odd_tensor(obj: Any, where: str = "") -> tuple[str, str] | None:
+    """(where, what) of the first tensor in `obj` that holds no values of its own (on the meta device) or is not a
+    dense one (sparse, ...); None if every tensor is plain."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "meta":
+            return where or "a tensor", "a meta tensor (a shape without data)"
+        if obj.layout != torch.strided:
+            return where or "a tensor", f"a {str(obj.layout).removeprefix('torch.')} tensor"
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = odd_tensor(value, f"{where}/{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def packed(obj: Any) -> Any:
@@ -360,8 +396,8 @@ def packed(obj: Any) -> Any:
     edited by hand may hold a transposed view (the same values, other strides), and torch's fused CPU AdamW
     updates a non-contiguous parameter or moment wrongly (2.4 off after one step of a 4 x 3 matrix): the
     run would go on, silently wrong. A contiguous tensor is returned as it is, so tied ones stay shared."""
-    if isinstance(obj, torch.Tensor):
-        return obj.contiguous()
+    if isinstance(obj, torch.Tensor):  # (a sparse one has no strides: odd_tensor refuses it, by name)
+        return obj.contiguous() if obj.layout == torch.strided else obj
     if isinstance(obj, dict):
         return {k: packed(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

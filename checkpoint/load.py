@@ -21,8 +21,8 @@ from errors import UserError, clipped, short_error
 from model.gpt import GPT, GPTConfig
 
 from .format import (
-    CHECKPOINT_SUFFIXES, CKPT_NAME, GPT2_HUB_NAME, load_checkpoint, peek_checkpoint, require, resolve_checkpoint_path,
-    train_entry_problem,
+    CHECKPOINT_SUFFIXES, CKPT_NAME, GPT2_HUB_NAME, load_checkpoint, nonfinite_weight, peek_checkpoint, require,
+    resolve_checkpoint_path, train_entry_problem,
 )
 from .hf import Refused, check_pretrained, from_pretrained
 from .hf_chat import read_back
@@ -135,9 +135,8 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
 
 
 def _check_finite(model: GPT, where: Path) -> None:
-    bad = next((name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()),
-               None)
-    if bad is not None:  # train.py never saves such weights; a damaged or foreign file can hold them
+    bad = nonfinite_weight(model.state_dict())
+    if bad is not None:  # train.py never saves such weights (training/loop.py's NonFiniteGuard); a damaged file can
         raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
                         "checkpoint")
 

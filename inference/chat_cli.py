@@ -13,7 +13,7 @@ from errors import ArgumentParser, UserError, utf8_arg
 from fileio import path_arg
 from inference.chat_session import ChatSession
 from inference.chat_terminal import converse, note
-from runtime.decoding import setup_decoding
+from runtime.decoding import check_logits_finite, setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name
 from runtime.sampling import Sampling, check_temperature, check_top_k, check_top_p
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                         "with that run's out_dir")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     ready = setup_decoding(loaded.model, device, args.dtype, say=note)
+    check_logits_finite(ready.model, device, loaded.description, ready.dtype)
     try:  # the session's only refusal is the system message's (characters the vocabulary lacks, too long)
         session = ChatSession(ready.model, tok, template, system=args.system, max_new_tokens=args.max_new_tokens,
                               sampling=Sampling(temperature, args.top_k, args.top_p if args.top_p < 1 else None),

@@ -19,7 +19,7 @@ from inference.prompts import encode_prompt, read_prompts, reads_stdin
 from model.generate import generate, generate_stream
 from ownership import check_output
 from runtime.device import resolve_device
-from runtime.decoding import decode_compile, setup_decoding
+from runtime.decoding import check_logits_finite, decode_compile, setup_decoding
 from runtime.memory import check_fits, sampling_bytes
 from runtime.precision import DTYPE_NAMES, dtype_name
 from runtime.sampling import Sampling, check_repetition_penalty, check_temperature, check_top_k, check_top_p
@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         note(compile_note)
     ready = setup_decoding(model, device, args.dtype, compile=compiled, say=note)
     model, decode_fn, dtype, packed = ready.model, ready.decode_fn, ready.dtype, ready.prepacked
+    check_logits_finite(model, device, desc, dtype)
     generator = torch.Generator(device=device).manual_seed(seed)
     if args.dtype == "auto" and device.type == "cpu":
         note(ready.note)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from errors import UserError
 from model import GPT
 from model.generate import decode_one_token, generate
 
@@ -159,3 +160,17 @@ def setup_decoding(model: GPT, device: torch.device, dtype: str = "auto", *, com
         chosen, note = choose()
     m, fn, packed = prepared(chosen)
     return Decoding(m, fn, chosen, packed, note)
+
+
+
+def check_logits_finite(model, device: torch.device, desc: str, dtype: torch.dtype) -> None:
+    """One token through the model, before anything is generated: logits that are NaN or inf (NaN weights, or
+    finite ones that overflow in this dtype: a diverged run's checkpoint) leave nothing to sample: torch.multinomial
+    failed with a traceback, top-p's cut indexed -1, greedy printed token 0 of all-NaN rows as text."""
+    with torch.inference_mode():
+        logits = model(torch.zeros(1, 1, dtype=torch.long, device=device))
+    if not bool(torch.isfinite(logits).all()):
+        other = "" if dtype == torch.float32 else ", or --dtype float32"
+        raise UserError(f"{desc}: the model's logits are NaN or inf, so no token can be drawn (its weights are NaN, or "
+                        f"overflow in {str(dtype).removeprefix('torch.')}: a diverged run's checkpoint?); use best.pt or an "
+                        f"earlier checkpoint{other}")

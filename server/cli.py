@@ -21,7 +21,7 @@ import uvicorn
 from checkpoint import default_checkpoint, load_for_inference
 from errors import ArgumentParser, UserError, clipped, short_error, to_stderr, utf8_arg
 from fileio import path_arg
-from runtime.decoding import setup_decoding
+from runtime.decoding import check_logits_finite, setup_decoding
 from runtime.device import resolve_device
 from runtime.precision import DTYPE_NAMES, dtype_name
 
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     loaded = load_for_inference(spec)
     tok, template = loaded.tok, loaded.chat_template
     ready = setup_decoding(loaded.model, device, args.dtype, say=to_stderr)
+    check_logits_finite(ready.model, device, loaded.description, ready.dtype)  # before the port is taken
     block = ready.model.config.block_size
     limits = Limits(max_tokens=min(args.max_tokens or block, block), request_timeout_s=args.request_timeout,
                     read_timeout_s=args.read_timeout)

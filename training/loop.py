@@ -74,7 +74,7 @@ def loop(r: Run) -> dict[str, Any]:
     stopped = None
     window = r.window  # restored: a run stopped inside a window goes on with it (training/report/window.py)
     window.resume()  # its clock: the set-up is no step's time
-    guard = NonFiniteGuard(r.device, fp16=r.trainer.step.scaler.is_enabled())
+    guard = NonFiniteGuard(r.device, fp16=r.trainer.step.scaler.is_enabled(), params=list(r.trainer.model.parameters()))
     r.trainer.model.train()
     while state.iter < plan.max_iters:
         r.par.at = f"iter {state.iter + 1}"  # for the line a rank that stops answering makes the others print
@@ -89,7 +89,7 @@ def loop(r: Run) -> dict[str, Any]:
         stopping = r.par.any(r.stop.requested)  # every rank stops after the same step
         due = cadence.after(state.iter, stopping)
         if due.log or due.checkpoint:  # never log, evaluate or save poisoned weights
-            guard.check(r.par, r.checkpointer.latest, r.checkpointer.last_saved_iter)
+            guard.check(r.par, r.checkpointer.latest, r.checkpointer.last_saved_iter, state.iter)
         record = log_step(r, out, lr, window) if due.log else {}
         if record:
             losses[state.iter] = record["train/loss"]
@@ -170,7 +170,15 @@ def evaluate_and_keep_best(r: Run, full: bool = False) -> dict[str, Any]:
         improved = losses["val"] < r.state.best_val_loss
         if improved:
             r.state.best_val_loss = losses["val"]
-    if r.par.broadcast(improved, "rank 0's eval", patient=True):
+        diverged = next((f"{k} loss" for k, v in (*losses.items(), ("whole val", whole)) if v is not None
+                         and not math.isfinite(v)), None)
+    else:
+        diverged = None
+    improved, diverged = r.par.broadcast((improved, diverged), "rank 0's eval", patient=True)
+    if diverged:  # finite weights can still overflow the logits (a step at lr 1e30): nothing of them is saved
+        raise diverged_error(f"the eval's {diverged} became non-finite at iter {r.state.iter}", r.checkpointer.latest,
+                             r.checkpointer.last_saved_iter)
+    if improved:
         save(r, best=True)
     return record
 
@@ -209,8 +217,9 @@ class NonFiniteGuard:
     GradScaler (fp16) an inf grad norm is normal: that step was skipped and the scale lowered, so only the
     loss counts."""
 
-    def __init__(self, device: torch.device, *, fp16: bool):
+    def __init__(self, device: torch.device, *, fp16: bool, params: list[torch.Tensor] = ()):
         self.fp16 = fp16
+        self.params = params  # the weights, checked too: the loss and grad norm are the step's before its update
         self.bad = torch.zeros((), dtype=torch.bool, device=device)
         self.first = torch.full((), -1, dtype=torch.long, device=device)
 
@@ -219,13 +228,25 @@ class NonFiniteGuard:
         self.first = torch.where(~ok & (self.first < 0), iter_num, self.first)
         self.bad |= ~ok
 
-    def check(self, par: Parallel, ckpt_path: Path, last_saved: int | None) -> None:
-        """Raise the one-line error on every rank if any rank has seen a non-finite step."""
+    def check(self, par: Parallel, ckpt_path: Path, last_saved: int | None, iter_num: int) -> None:
+        """Raise the one-line error on every rank if any rank has seen a non-finite step, or holds non-finite
+        weights (a step's update can break them after its own loss and grad norm were finite: a resumed NaN
+        moment, a huge lr). Each rank checks its own weights (its shards, under FSDP)."""
         if par.any(bool(self.bad.item())):
-            fix = "lower train.lr (or train.weight_decay), raise train.warmup_iters or use bfloat16/float32"
-            if last_saved is not None:
-                where = f"{ckpt_path} still holds iter {last_saved}; {fix}, then rerun"
-            else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run
-                where = (f"no checkpoint was written, so there is nothing to resume; {fix}, then "
-                         + no_resume_advice(ckpt_path.parent, (METRICS_NAME,)))
-            raise UserError(f"loss or grad norm became non-finite at iter {int(self.first.item())}; stopped, {where}")
+            raise diverged_error(f"loss or grad norm became non-finite at iter {int(self.first.item())}", ckpt_path,
+                                 last_saved)
+        local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.params]
+        finite = [torch.isfinite(t).all() for t in local if t.is_floating_point() and t.numel()]
+        if par.any(bool(finite) and not bool(torch.stack(finite).all())):
+            raise diverged_error(f"the weights became non-finite by iter {iter_num}", ckpt_path, last_saved)
+
+
+def diverged_error(what: str, ckpt_path: Path, last_saved: int | None) -> UserError:
+    """The one line of a diverged run: what broke, and what the out_dir still holds."""
+    fix = "lower train.lr (or train.weight_decay), raise train.warmup_iters or use bfloat16/float32"
+    if last_saved is not None:
+        where = f"{ckpt_path} still holds iter {last_saved}; {fix}, then rerun"
+    else:  # nothing to resume, and the log it left would make the same out_dir refuse a fresh run
+        where = (f"no checkpoint was written, so there is nothing to resume; {fix}, then "
+                 + no_resume_advice(ckpt_path.parent, (METRICS_NAME,)))
+    return UserError(f"{what}; stopped, {where}")

@@ -57,12 +57,43 @@ class OptimizerState:
         if len(saved) != len(self.optimizers):
             raise ValueError(f"it holds {len(saved)} optimizer state(s), this run has {len(self.optimizers)}")
         for opt, sd in zip(self.optimizers, saved):
+            check_optimizer_state(opt, sd)
             # the checkpoint gives the moments and step counts; the hyperparameters (peak lr, betas,
             # weight decay) stay the config's, which may change on resume
             fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(sd)
             for group, hyper in zip(opt.param_groups, fresh):
                 group.update(hyper)
+
+
+def check_optimizer_state(opt: torch.optim.Optimizer, saved: Any) -> None:
+    """A saved optimizer state against the parameters it will update (ValueError naming the first fault): torch's
+    load_state_dict matches the groups' sizes only, and a moment of another shape then corrupted the heap in the
+    fused step (free(): invalid next size, a segfault), a NaN one poisoned the weights. Each parameter's state
+    tensors have its shape (a 0-dim step count aside), are floating point and finite; the state covers every
+    parameter or none (a fresh optimizer's). A sharded (DTensor) state is DCP's, which checked its shapes."""
+    groups, states = saved.get("param_groups"), saved.get("state")
+    if not isinstance(groups, list) or not isinstance(states, dict) or len(groups) != len(opt.param_groups):
+        raise ValueError("it is not an optimizer state of this run's parameter groups")
+    covered = []
+    for group, own in zip(groups, opt.param_groups):
+        ids = group.get("params") if isinstance(group, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(own["params"]):
+            raise ValueError("a parameter group of another size than this run's")
+        for i, param in zip(ids, own["params"]):
+            state = states.get(i)
+            covered.append(state is not None)
+            for key, value in (state or {}).items():
+                if type(value) is not torch.Tensor or type(param.data) is not torch.Tensor:
+                    continue
+                if value.dim() and tuple(value.shape) != tuple(param.shape):
+                    raise ValueError(f"{key} of parameter {i} is {tuple(value.shape)}, its parameter {tuple(param.shape)}")
+                if value.dim() and not value.is_floating_point():
+                    raise ValueError(f"{key} of parameter {i} is {str(value.dtype).removeprefix('torch.')}, not floating point")
+                if value.is_floating_point() and not torch.isfinite(value).all():
+                    raise ValueError(f"{key} of parameter {i} holds NaN or inf")
+    if any(covered) and not all(covered):
+        raise ValueError(f"it holds the state of {sum(covered)} of the {len(covered)} parameters")
 
 
 class ScalerState:
