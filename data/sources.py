@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from errors import UserError
+from errors import UserError, clipped
 from fileio import path_kind
 
 from .config import CHAT, HF_PREFIX, SHAKESPEARE, DataConfig
@@ -80,7 +80,13 @@ def _local_source(spec: str, cfg: DataConfig, tail: float | None) -> Source:
     elif path.is_file():
         paths, name = [path], path.name.split(".")[0] or path.stem
     elif path.is_dir():
-        paths = sorted(p for p in path.rglob("*") if p.is_file() and folder_takes(p)
+        entries = [p for p in path.rglob("*") if folder_takes(p)]
+        # a FIFO, a socket or a dangling link under a data file's name was skipped silently (named itself: refused)
+        odd = next((p for p in sorted(entries) if not p.is_file() and not p.is_dir()), None)
+        if odd is not None:
+            raise UserError(f"data.dataset {spec!r} holds {clipped(str(odd), 200)}, which is {path_kind(odd)}, not a file; "
+                            "remove it from the folder, or name the files to read with a glob")
+        paths = sorted(p for p in entries if p.is_file()
                        and not (cfg.format == CHAT and file_kind(p)[0] == "text"))  # chat: its row files
         if not paths:
             raise UserError(

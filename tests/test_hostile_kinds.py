@@ -275,3 +275,28 @@ def test_unreadable_inputs_are_one_line(world, tmp_path, capsys):
     path.chmod(0)
     code, _, err = run_entry(sample_cli.main, ["--checkpoint", world.ckpt, "--prompt-file", path, *SAMPLE_FAST], capsys)
     an_error_line(code, err, str(path))
+
+
+@pytest.mark.parametrize("kind", [k for k in INPUT_KINDS if k not in ("missing", "trailing_separator")])
+def test_every_kind_of_entry_under_a_data_files_name_in_a_dataset_folder_is_read_or_named(tmp_path, kind):
+    """Found from outside: a FIFO or a dangling link named b.jsonl inside data.dataset's folder was skipped
+    silently (prepared, trained, exit 0), while the same path named by itself is refused. Each kind is read as
+    the folder's file it claims to be, or refused in one line naming it; the folder is left as it was."""
+    from data import DataConfig
+    from data.sources import open_source
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text("some text\n")
+    entry = make_kind(kind, folder / "b.txt", b"more text\n")
+    if entry.parent != folder:
+        pytest.skip(f"{kind}: a device can be made only as root (mknod); here it is {entry}, outside the folder")
+    before = snapshot(entry)
+    readable = kind in ("regular", "empty", "symlink", "directory")
+    try:
+        open_source(DataConfig(dataset=str(folder), tokenizer="char"))
+    except UserError as e:
+        assert not readable and "b.txt" in str(e) and "not a file" in str(e) and "\n" not in str(e), (kind, e)
+    else:
+        assert readable, kind
+    assert snapshot(entry) == before
