@@ -20,6 +20,7 @@ from settings import finite_number  # (math.isfinite raised on an int of 400 dig
 
 METRICS_NAME = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 * 2**20  # a bound on what the card reads of metrics.jsonl
+MAX_CONFIG_CHARS = 256 * 1024  # a resolved config as JSON; train.py's are a few KB (its prompts and paths bounded)
 MAX_LINE = 64 * 2**10
 NOT_RECORDED = "not recorded"
 
@@ -158,7 +159,11 @@ def model_card(model: GPT, fmt: str, tokenizer: dict, checkpoint: dict | None, s
                 "wall time": _wall_time(train_state.get("elapsed_s")), "run id": train_state.get("run_id"),
                 **_decisions(plan)}
         lines += [*_table({k: NOT_RECORDED if v in (None, "") else v for k, v in done.items()}), ""]
-    if config:
+    size = len(json.dumps(config, default=str)) if config else 0
+    if size > MAX_CONFIG_CHARS:  # a 200 MB run name took 4 minutes to dump, whole, into README.md
+        lines += [f"The resolved training config is left out: it is {size:,} characters, over the {MAX_CONFIG_CHARS:,} of "
+                  "any config train.py writes (a damaged or edited checkpoint?).", ""]
+    elif config:
         try:
             text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip()
         except yaml.YAMLError:  # a foreign checkpoint's odd value: JSON is YAML too

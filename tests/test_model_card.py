@@ -155,3 +155,23 @@ def test_the_export_line_and_the_card_say_which_tokenizer_files_were_written(kin
     else:
         assert {"vocab.json", "merges.txt"} <= set(written) and "tokenizer.json" not in written
         assert "GPT-2's BPE" in said and "vocab.json and merges.txt" in said and "tokenizer.json" not in line
+
+
+@settings(max_examples=4)  # each writes an export
+@given(where=st.sampled_from(["wandb.run_name", "eval.sample_prompts", "data.dataset"]),
+       size=st.integers(300_000, 2_000_000))
+def test_a_config_of_absurd_size_is_left_out_of_the_card_by_its_size(where, size, tmp_path_factory):
+    """Found from outside: a checkpoint whose config held a 200 MB run name made the export take 4 minutes and
+    ~880 MB, and the string went whole into README.md. A config over the bound is left out, said in one line."""
+    base = tmp_path_factory.mktemp("big")
+    section, key = where.split(".")
+    value = ["x" * size] if key == "sample_prompts" else "x" * size
+    torch.save({"format": "smallgpt-checkpoint", "version": 3, "model": GPT(TINY).state_dict(),
+                "model_config": dataclasses.asdict(TINY), "tokenizer": GPT2, "plan": {"notes": {}},
+                "config": {section: {key: value}},
+                "train": {"iter": 1, "best_val_loss": 3.5, "tokens_seen": 64, "elapsed_s": 2.0, "run_id": "r"}},
+               base / "ckpt.pt")
+    assert export.main(["--checkpoint", str(base / "ckpt.pt"), "--out", str(base / "hf")]) == 0
+    card = (base / "hf" / "README.md").read_text()
+    assert len(card) < 20_000 and "The resolved training config is left out" in card, len(card)
+    assert "x" * 1000 not in card
