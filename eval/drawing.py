@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from types import ModuleType
 
 from errors import UserError, short_error
@@ -75,7 +76,9 @@ def save_figure(fig, file, fmt: str, *, dpi: float, name) -> None:
     """fig written to `file` (a path or a binary file) as `fmt`. An OSError is the caller's to say (a full disk, a
     closed pipe); any other failure of the format's writer is one line naming `name`, the output."""
     try:
-        fig.savefig(file, dpi=dpi, format=fmt)
+        with warnings.catch_warnings():  # placing a legend over 2M points is slow, and matplotlib said so on stderr,
+            warnings.filterwarnings("ignore", message="Creating legend with loc")  # with its source path: not ours
+            fig.savefig(file, dpi=dpi, format=fmt)
     except OSError:
         raise
     except Exception as e:  # noqa: BLE001 (a writer's own fault, whatever its type: one line, not a traceback)

@@ -353,3 +353,33 @@ def test_postscript_is_written_without_the_transparency_warning(entry, suffix, t
     else:
         assert gpu_curves.main([str(gpu_round(tmp_path / "logs", "H100")), str(out)]) == 0
     assert out.read_bytes()[:4] == b"%!PS" and not [r.getMessage() for r in caplog.records], caplog.records
+
+
+def test_matplotlibs_slow_legend_warning_is_not_printed_and_other_warnings_are(tmp_path):
+    """Found from outside: `python -m training.plot` of a 2M-line metrics.jsonl printed matplotlib's 'Creating
+    legend with loc="best" can be slow' with its source path on stderr. That one is dropped while saving a
+    figure; any other warning of a draw still reaches the user."""
+    import io
+    import warnings
+
+    from matplotlib.artist import Artist
+    from matplotlib.figure import Figure
+
+    from eval.drawing import save_figure
+
+    class Noisy(Artist):
+        def __init__(self, text):
+            super().__init__()
+            self.text = text
+
+        def draw(self, renderer):
+            warnings.warn(self.text, UserWarning)
+
+    for text, shown in (('Creating legend with loc="best" can be slow with large amounts of data.', False),
+                        ("some other warning", True)):
+        fig = Figure(figsize=(1, 1))
+        fig.add_artist(Noisy(text))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            save_figure(fig, io.BytesIO(), "png", dpi=20, name="x.png")
+        assert any(text in str(w.message) for w in seen) == shown, (text, [str(w.message) for w in seen])
