@@ -19,7 +19,8 @@ from typing import Any, Mapping, Protocol
 
 from errors import EntryMismatch, UserError, short_error
 
-from .format import BEST_NAME, CKPT_NAME, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, nonfinite_weight, save_checkpoint
+from .format import (BEST_NAME, CKPT_NAME, SCHEMA, SHARDED_BEST_NAME, SHARDED_CKPT_NAME, check_finite_weights,
+                     save_checkpoint)
 from .resume import Resume, no_resume_advice
 from .sharded import SHARDED_ENTRIES, load_into
 
@@ -124,7 +125,5 @@ class Checkpointer:
             except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
                 raise UserError(f"checkpoint {where}: its {name!r} entry is malformed ({short_error(e, 120)}); "
                                 "use another checkpoint (e.g. best.pt), or a new --train.out_dir") from None
-        bad = nonfinite_weight(self.states["model"].state_dict()) if "model" in self.states else None
-        if bad is not None:  # resumed, the first step's loss was NaN and the line blamed the learning rate
-            raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
-                            "checkpoint")
+        if "model" in self.states:
+            check_finite_weights(self.states["model"].state_dict(), where)

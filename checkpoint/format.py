@@ -367,11 +367,16 @@ class TorchFile:
         return payload
 
 
-def nonfinite_weight(state: dict[str, Any]) -> str | None:
-    """The name of the first floating-point tensor of a state dict holding a NaN or an inf (None: all finite).
-    A sharded (DTensor) weight is left to its own rank's steps: checking it would be a collective."""
-    return next((name for name, t in state.items() if type(t) in (torch.Tensor, torch.nn.Parameter)
-                 and t.is_floating_point() and not torch.isfinite(t).all()), None)
+def check_finite_weights(state: dict[str, Any], where: str | os.PathLike) -> None:
+    """One line naming the first floating-point tensor of a model's state dict that holds a NaN or an inf: train.py
+    never saves such weights (training/loop.py's NonFiniteGuard), a damaged file can hold them (every load, and a
+    resume, whose first NaN step was blamed on the learning rate). A sharded (DTensor) weight is left to its own
+    rank's steps: checking it would be a collective."""
+    bad = next((name for name, t in state.items() if type(t) in (torch.Tensor, torch.nn.Parameter)
+                and t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
+                        "checkpoint")
 
 
 def odd_tensor(obj: Any, where: str = "") -> tuple[str, str] | None:

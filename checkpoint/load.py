@@ -21,7 +21,7 @@ from errors import UserError, clipped, short_error
 from model.gpt import GPT, GPTConfig
 
 from .format import (
-    CHECKPOINT_SUFFIXES, CKPT_NAME, GPT2_HUB_NAME, load_checkpoint, nonfinite_weight, peek_checkpoint, require,
+    CHECKPOINT_SUFFIXES, CKPT_NAME, GPT2_HUB_NAME, check_finite_weights, load_checkpoint, peek_checkpoint, require,
     resolve_checkpoint_path, train_entry_problem,
 )
 from .hf import Refused, check_pretrained, from_pretrained
@@ -127,18 +127,11 @@ def load_model(spec: str, **overrides: Any) -> LoadedModel:
     # a sharded checkpoint's weights are read by model_from_checkpoint, into the shapes of the model it builds
     ckpt = load_checkpoint(where, needed=("model_config",) if is_sharded_checkpoint(where) else ("model", "model_config"))
     model = model_from_checkpoint(ckpt, where, **overrides)
-    _check_finite(model, where)
+    check_finite_weights(model.state_dict(), where)
     _check_entries(ckpt, where)
     it = ckpt["train"].get("iter") if isinstance(ckpt.get("train"), dict) else None
     desc = f"{where}" + (f" (iter {it})" if isinstance(it, int) else "")
     return LoadedModel(model.eval(), ckpt["tokenizer"], desc, ckpt, chat_template_of(ckpt, where, model))
-
-
-def _check_finite(model: GPT, where: Path) -> None:
-    bad = nonfinite_weight(model.state_dict())
-    if bad is not None:  # train.py never saves such weights (training/loop.py's NonFiniteGuard); a damaged file can
-        raise UserError(f"checkpoint {where} has non-finite weights (NaN or inf in {bad}); use best.pt or an earlier "
-                        "checkpoint")
 
 
 def _check_entries(ckpt: dict[str, Any], where: Path) -> None:
@@ -166,7 +159,7 @@ def check_source(spec: str, **overrides: Any) -> dict[str, Any] | None:
     if is_sharded_checkpoint(where):  # its shards are read by the load
         checked_model_config(ckpt["model_config"], where, **overrides)
     else:  # its tensors are mapped: the model holds the file's pages, not copies (its config checked first)
-        _check_finite(model_from_checkpoint(ckpt, where, **overrides), where)
+        check_finite_weights(model_from_checkpoint(ckpt, where, **overrides).state_dict(), where)
     _check_entries(ckpt, where)
     return ckpt["tokenizer"]
 

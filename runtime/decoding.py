@@ -162,7 +162,6 @@ def setup_decoding(model: GPT, device: torch.device, dtype: str = "auto", *, com
     return Decoding(m, fn, chosen, packed, note)
 
 
-
 def check_logits_finite(model, device: torch.device, desc: str, dtype: torch.dtype) -> None:
     """One token through the model, before anything is generated: logits that are NaN or inf (NaN weights, or
     finite ones that overflow in this dtype: a diverged run's checkpoint) leave nothing to sample: torch.multinomial
